@@ -1,0 +1,16 @@
+"""The generated stubs import and round-trip under each environment's protobuf."""
+
+import google.protobuf
+from pallas_proto import pallas_pb2, pallas_pb2_grpc
+
+
+def test_stubs_roundtrip_under_this_protobuf():
+    blk = pallas_pb2.KVBlock(session_id="s1", epoch=3, block_index=7, fill=32,
+                             checksum=0xDEADBEEF, data=b"\x00\x01" * 64)
+    back = pallas_pb2.KVBlock.FromString(blk.SerializeToString())
+    assert back == blk and back.checksum == 0xDEADBEEF
+    trig = pallas_pb2.TriggerRequest(session_id="s1", epoch=1, scheme=pallas_pb2.SCHEME_CTHO,
+                                     target=pallas_pb2.PeerEndpoint(agent_id="b", address="127.0.0.1:1"))
+    assert pallas_pb2.TriggerRequest.FromString(trig.SerializeToString()).target.agent_id == "b"
+    assert hasattr(pallas_pb2_grpc, "ControlStub") and hasattr(pallas_pb2_grpc, "PeerTransferServicer")
+    assert google.protobuf.__version__

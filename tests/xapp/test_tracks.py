@@ -1,0 +1,50 @@
+import math
+
+import numpy as np
+import pytest
+
+from xapp.tracks import MeasurementReport, NeighbourMeas, TrackStore, UETrack
+
+
+def rep(t, cell=1, rsrp=-90.0, nbs=()):
+    return MeasurementReport(time=t, ue_id="ue1", serving_cell=cell, rsrp_dbm=rsrp, neighbours=tuple(nbs))
+
+
+def test_ring_buffer_keeps_newest_in_order():
+    tr = UETrack("ue1", capacity=4, max_neighbours=2)
+    for i in range(10):
+        tr.append(rep(float(i), cell=i))
+    v = tr.view()
+    assert len(tr) == 4
+    assert v.time.tolist() == [6.0, 7.0, 8.0, 9.0]
+    assert v.serving_cell.tolist() == [6, 7, 8, 9]
+    assert tr.view(last=2).time.tolist() == [8.0, 9.0]
+
+
+def test_neighbours_cut_to_strongest_and_padded():
+    tr = UETrack("ue1", capacity=4, max_neighbours=2)
+    nbs = [NeighbourMeas(pci=p, rsrp_dbm=r) for p, r in [(1, -100.0), (2, -80.0), (3, -90.0)]]
+    tr.append(rep(0.0, nbs=nbs))
+    tr.append(rep(1.0, nbs=nbs[:1]))
+    v = tr.view()
+    assert v.nb_pci[0].tolist() == [2, 3]
+    assert v.nb_pci[1].tolist() == [1, -1]
+    assert math.isnan(v.nb_rsrp_dbm[1, 1])
+
+
+def test_out_of_order_rejected_and_state_kept():
+    tr = UETrack("ue1", capacity=4)
+    tr.append(rep(5.0))
+    with pytest.raises(ValueError, match="older"):
+        tr.append(rep(4.0))
+    assert len(tr) == 1 and tr.view().time.tolist() == [5.0]
+
+
+def test_store_bounds_ues_and_memory():
+    st = TrackStore(capacity=8, max_neighbours=4, max_ues=3)
+    for i in range(5):
+        st.add(MeasurementReport(time=float(i), ue_id=f"u{i}", serving_cell=1))
+    assert len(st) == 3 and st.get("u0") is None and st.get("u4") is not None
+    nbytes = st.get("u4").nbytes
+    assert nbytes == UETrack("x", 8, 4).nbytes
+    assert np.isfinite(nbytes) and nbytes < 8 * (61 + 25 * 4) + 1
