@@ -234,6 +234,32 @@ def validate_controls(controls: Any, *, schema_path: str | os.PathLike | None = 
         raise ConfigError([(_dotted(prefix, e.absolute_path), e.message) for e in errors])
 
 
+def _integers(schema: Mapping[str, Any], node: Mapping[str, Any], value: Any) -> Any:
+    """``value`` with every integral float the schema types ``integer`` turned into an int.
+
+    JSON Schema counts 2.0 as an integer, so the schema accepts it; typed configurations that
+    check ``isinstance(v, int)`` would not. Walks properties, additionalProperties, items and
+    local ``$ref``s (``#/definitions/...``)."""
+    while "$ref" in node:
+        ref = node["$ref"]
+        node = schema
+        for part in ref.lstrip("#/").split("/"):
+            node = node[part]
+    if isinstance(value, float) and node.get("type") == "integer" and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        props = node.get("properties", {})
+        extra = node.get("additionalProperties")
+        out = {}
+        for k, v in value.items():
+            sub = props.get(k, extra if isinstance(extra, Mapping) else None)
+            out[k] = _integers(schema, sub, v) if sub is not None else v
+        return out
+    if isinstance(value, list) and isinstance(node.get("items"), Mapping):
+        return [_integers(schema, node["items"], v) for v in value]
+    return value
+
+
 def _compose_engines(controls: Mapping[str, Any]) -> tuple[Any, Any]:
     """Build the Scheduler Engine's and the predictor's sub-configurations.
 
@@ -251,7 +277,8 @@ def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None
     and for nothing the schema accepts.
     """
     validate_controls(controls, schema_path=schema_path)
-    c = copy.deepcopy(controls)
+    schema = _schema_at(str(schema_path or default_schema_path()))[0]
+    c = _integers(schema, schema, copy.deepcopy(controls))
     scheduler, predictor = _compose_engines(c)
     p = c["proactive"]
     e2 = c["e2"]

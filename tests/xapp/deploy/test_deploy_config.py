@@ -20,7 +20,7 @@ def test_the_shipped_descriptor_loads_into_one_typed_object():
     assert isinstance(cfg, XappConfig)
     assert cfg.scheme == "pallas" and cfg.fallback == "ctho"
     assert cfg.scheduler["alpha"] == 0.8 and cfg.scheduler["t_max_s"] == 5.0
-    assert cfg.predictor["a3_offset_db"] == 3.0
+    assert cfg.predictor["a3"]["offset_db"] == 3.0
     assert cfg.default_goodput_bytes_per_s == pytest.approx(100e6 / 8)
     assert cfg.agent_for_cell(41959425) == AgentEndpoint(
         "edge-a", "gnb_001_001_00000a01",
@@ -76,7 +76,9 @@ def _drop(path):
     (_set(("scheduler", "t_max_s"), "5"), "controls.scheduler.t_max_s", "not of type 'number'"),
     (_drop(("scheduler", "c_sync_s")), "controls.scheduler", "'c_sync_s' is a required property"),
     (_set(("scheduler", "alfa"), 0.5), "controls.scheduler", "'alfa' was unexpected"),
-    (_set(("predictor", "method"), "oracle"), "controls.predictor.method", "is not one of"),
+    (_set(("predictor", "mode"), "oracle"), "controls.predictor.mode", "is not one of"),
+    (_set(("predictor", "a3", "min_points"), 1), "controls.predictor.a3.min_points", "less than the minimum of 2"),
+    (_set(("predictor", "cvh", "tile"), 30), "controls.predictor.cvh", "'tile' was unexpected"),
     (_set(("agents", "edge-a", "control_address"), "edge-a"), "controls.agents.edge-a.control_address",
      "does not match"),
     (_set(("cells", "cell-7"), "edge-a"), "controls.cells", "'cell-7' does not match"),
@@ -97,10 +99,10 @@ def test_invalid_variants_are_refused_naming_the_field(mutate, field, words):
 def test_every_violation_is_listed_not_only_the_first():
     c = copy.deepcopy(BASE)
     c["scheduler"]["alpha"] = 3
-    c["predictor"]["horizon_s"] = -1
+    c["predictor"]["a3"]["horizon_s"] = -1
     with pytest.raises(ConfigError) as ei:
         load_controls(c)
-    assert {p for p, _ in ei.value.errors} == {"controls.scheduler.alpha", "controls.predictor.horizon_s"}
+    assert {p for p, _ in ei.value.errors} == {"controls.scheduler.alpha", "controls.predictor.a3.horizon_s"}
 
 
 def test_valid_variants_load():
@@ -114,6 +116,25 @@ def test_valid_variants_load():
     assert cfg.proactive.allows(0, 5) is True            # a cell rule says yes
     assert cfg.proactive.allows(0, 5, "1-00000A") is False  # the slice rule says no: no wins
     assert cfg.proactive.allows(4, 5) is False           # no rule: the default (off)
+
+
+def test_integral_floats_in_integer_fields_load_as_integers():
+    # JSON Schema counts 4.0 as an integer, so onboarding accepts it; the typed config must too
+    c = copy.deepcopy(BASE)
+    c["predictor"]["a3"]["min_points"] = 4.0
+    c["e2"]["report_period_ms"] = 100.0
+    cfg = load_controls(c)
+    assert type(cfg.predictor["a3"]["min_points"]) is int and cfg.e2.report_period_ms == 100
+    c["predictor"]["a3"]["min_points"] = 4.5
+    with pytest.raises(ConfigError, match=r"controls\.predictor\.a3\.min_points: 4\.5 is not of type 'integer'"):
+        load_controls(c)
+
+
+def test_predictor_fields_may_be_left_to_their_defaults():
+    c = copy.deepcopy(BASE)
+    c["predictor"] = {"mode": "a3", "a3": {"offset_db": 2.0}}
+    cfg = load_controls(c)
+    assert cfg.predictor["mode"] == "a3" and cfg.predictor["a3"]["offset_db"] == 2.0
 
 
 # -- the loader and the schema agree on arbitrary edits of the shipped controls --------------
