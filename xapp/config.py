@@ -115,22 +115,35 @@ class ProactiveRules:
 
 @dataclass(frozen=True)
 class E2SubscriptionConfig:
-    """Parameters of the E2 subscriptions made through the subscription manager's REST API.
+    """Parameters of the E2 subscriptions (made through the subscription manager's REST API)
+    and of E2 ingestion.
 
-    ``client_*`` form the subscription's ClientEndpoint (where submgr reaches the xApp);
-    RAN function ids are E2AP RANfunctionIDs (0..4095); ``report_period_ms`` is the E2SM-KPM
-    reporting period; ``kpm_measurements`` the TS 28.552 names requested per UE (empty: no KPM
-    subscription).
+    ``client_*`` form the subscriptions' ClientEndpoint (where submgr reaches the xApp).
+    ``ran_functions`` maps an E2AP RANfunctionID (0..4095) to its service model, ``"rc"``
+    (E2SM-RC REPORT style 1, message copy of the NR RRC MeasurementReport) or ``"kpm"``
+    (E2SM-KPM REPORT style 4, per-UE measurements); ``report_period_ms`` is the E2SM-KPM
+    reporting period; ``kpm_measurements`` maps a KPM measurement name to the
+    MeasurementReport field it fills (``rsrp_dbm``, ``rsrq_db``, ``sinr_db``, ``lat``, ``lon``,
+    ``speed_mps``, ``heading_deg``, ``serving_cell``, ``serving_pci``).
     """
 
     submgr_url: str
     client_host: str
     client_http_port: int
     client_rmr_port: int
-    rc_ran_function_id: int
-    kpm_ran_function_id: int
+    ran_functions: Mapping[int, str]
     report_period_ms: int
-    kpm_measurements: tuple[str, ...]
+    kpm_measurements: Mapping[str, str]
+
+    @property
+    def rc_ran_function_ids(self) -> tuple[int, ...]:
+        """RAN function ids served by E2SM-RC, ascending."""
+        return tuple(sorted(k for k, v in self.ran_functions.items() if v == "rc"))
+
+    @property
+    def kpm_ran_function_ids(self) -> tuple[int, ...]:
+        """RAN function ids served by E2SM-KPM, ascending."""
+        return tuple(sorted(k for k, v in self.ran_functions.items() if v == "kpm"))
 
 
 @dataclass(frozen=True)
@@ -300,10 +313,9 @@ def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None
         e2=E2SubscriptionConfig(
             submgr_url=e2["submgr_url"], client_host=ep["host"],
             client_http_port=int(ep["http_port"]), client_rmr_port=int(ep["rmr_port"]),
-            rc_ran_function_id=int(e2["rc_ran_function_id"]),
-            kpm_ran_function_id=int(e2["kpm_ran_function_id"]),
+            ran_functions=MappingProxyType({int(k): v for k, v in e2["ran_functions"].items()}),
             report_period_ms=int(e2["report_period_ms"]),
-            kpm_measurements=tuple(e2["kpm_measurements"])),
+            kpm_measurements=MappingProxyType(dict(e2["kpm_measurements"]))),
         a1=A1Config(policy_type_id=int(c["a1"]["policy_type_id"]), handler_id=c["a1"]["handler_id"]),
         controls=MappingProxyType(c),
     )

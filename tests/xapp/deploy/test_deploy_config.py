@@ -29,7 +29,9 @@ def test_the_shipped_descriptor_loads_into_one_typed_object():
     assert cfg.agent_for_cell(12345) is None
     assert cfg.agent_for_e2_node("gnb_001_001_00000a02").agent_id == "edge-b"
     assert cfg.e2_nodes == ("gnb_001_001_00000a01", "gnb_001_001_00000a02")
-    assert cfg.e2.rc_ran_function_id == 3 and cfg.e2.kpm_measurements[0] == "DRB.UEThpDl"
+    assert cfg.e2.ran_functions == {3: "rc", 2: "kpm"}
+    assert cfg.e2.rc_ran_function_ids == (3,) and cfg.e2.kpm_ran_function_ids == (2,)
+    assert cfg.e2.kpm_measurements["L1M.SS-RSRP"] == "rsrp_dbm"
     assert cfg.a1.policy_type_id == 26001
 
 
@@ -82,7 +84,10 @@ def _drop(path):
     (_set(("agents", "edge-a", "control_address"), "edge-a"), "controls.agents.edge-a.control_address",
      "does not match"),
     (_set(("cells", "cell-7"), "edge-a"), "controls.cells", "'cell-7' does not match"),
-    (_set(("e2", "rc_ran_function_id"), 4096), "controls.e2.rc_ran_function_id", "maximum of 4095"),
+    (_set(("e2", "ran_functions", "4096"), "rc"), "controls.e2.ran_functions", "'4096' does not match"),
+    (_set(("e2", "ran_functions", "3"), "ni"), "controls.e2.ran_functions.3", "'ni' is not one of"),
+    (_set(("e2", "kpm_measurements", "DRB.UEThpDl"), "throughput"), "controls.e2.kpm_measurements.DRB.UEThpDl",
+     "is not one of"),
     (_set(("proactive", "slices", "1-xyz"), True), "controls.proactive.slices", "'1-xyz' does not match"),
     (_set(("scheme",), "magic"), "controls.scheme", "is not one of"),
 ])
@@ -109,10 +114,12 @@ def test_valid_variants_load():
     c = copy.deepcopy(BASE)
     c["cells"] = {"0": "edge-a", "68719476735": "nowhere"}   # an unknown agent = no edge agent there
     c["agents"] = {}
-    c["e2"]["kpm_measurements"] = []
+    c["e2"]["kpm_measurements"] = {}
+    c["e2"]["ran_functions"] = {"0": "rc", "4095": "rc"}
     c["proactive"] = {"enabled": False, "cells": {"0": True}, "slices": {"1-00000A": False}}
     cfg = load_controls(c)
     assert cfg.agent_for_cell(68719476735) is None and cfg.unmapped_cells == (0, 68719476735)
+    assert cfg.e2.rc_ran_function_ids == (0, 4095) and cfg.e2.kpm_ran_function_ids == ()
     assert cfg.proactive.allows(0, 5) is True            # a cell rule says yes
     assert cfg.proactive.allows(0, 5, "1-00000A") is False  # the slice rule says no: no wins
     assert cfg.proactive.allows(4, 5) is False           # no rule: the default (off)
