@@ -13,6 +13,8 @@ Public API:
 - :func:`load_config_file` (path) and :func:`from_descriptor` (parsed descriptor) and
   :func:`load_controls` (the ``controls`` mapping) -> :class:`XappConfig`; all raise
   :class:`ConfigError`, whose message names every offending field by its path.
+- :func:`reload_descriptor` is the body of the xApp's config handler (CONFIG_FILE changed):
+  the new configuration, or the current one kept when the new file is invalid.
 - :func:`validate_controls` checks only; :func:`controls_schema` returns the schema.
 
 The sub-configurations of the Scheduler Engine and the predictor are composed in
@@ -31,6 +33,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import structlog
 from jsonschema import Draft7Validator
 
 __all__ = [
@@ -47,12 +50,15 @@ __all__ = [
     "load_controls",
     "from_descriptor",
     "load_config_file",
+    "reload_descriptor",
 ]
 
 #: Environment variable naming the controls schema file (the container image sets it).
 SCHEMA_ENV = "PALLAS_CONTROLS_SCHEMA"
 
 _MBIT = 1e6 / 8.0  # bytes/s per Mbit/s
+
+log = structlog.get_logger("xapp.config")
 
 
 class ConfigError(ValueError):
@@ -350,3 +356,19 @@ def load_config_file(path: str | os.PathLike | None = None, *,
     except json.JSONDecodeError as e:
         raise ConfigError([(str(path), f"not JSON: {e.msg} at line {e.lineno} column {e.colno}")]) from e
     return from_descriptor(doc, schema_path=schema_path)
+
+
+def reload_descriptor(descriptor: Any, current: XappConfig | None, *,
+                      schema_path: str | os.PathLike | None = None) -> XappConfig | None:
+    """Handle a changed descriptor (ricxappframe calls the config handler with the parsed
+    ``$CONFIG_FILE`` whenever it changes): return the new :class:`XappConfig`, or, if the new
+    descriptor is invalid, log every offending field and return ``current`` unchanged (the xApp
+    runs on with its last good configuration)."""
+    try:
+        cfg = from_descriptor(descriptor, schema_path=schema_path)
+    except ConfigError as e:
+        log.error("config_rejected", errors=[f"{p}: {m}" for p, m in e.errors],
+                  kept="previous" if current is not None else "none")
+        return current
+    log.info("config_loaded", scheme=cfg.scheme, agents=len(cfg.agents), cells=len(cfg.cells))
+    return cfg

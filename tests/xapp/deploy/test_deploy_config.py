@@ -9,7 +9,7 @@ from jsonschema import Draft7Validator
 
 from deploy_paths import DESCRIPTORS
 from xapp.config import (AgentEndpoint, ConfigError, XappConfig, from_descriptor,
-                         load_config_file, load_controls)
+                         load_config_file, load_controls, reload_descriptor)
 
 SCHEMA = json.loads((DESCRIPTORS / "schema.json").read_text())
 BASE = json.loads((DESCRIPTORS / "config-file.json").read_text())["controls"]
@@ -125,6 +125,17 @@ def test_valid_variants_load():
     assert cfg.proactive.allows(4, 5) is False           # no rule: the default (off)
 
 
+def test_a_changed_descriptor_replaces_the_config_and_a_bad_one_keeps_it(descriptor):
+    first = reload_descriptor(descriptor, None)
+    assert first.scheduler["alpha"] == 0.8
+    descriptor["controls"]["scheduler"]["alpha"] = 0.6
+    second = reload_descriptor(descriptor, first)
+    assert second is not first and second.scheduler["alpha"] == 0.6
+    descriptor["controls"]["scheduler"]["alpha"] = "high"
+    assert reload_descriptor(descriptor, second) is second
+    assert reload_descriptor({"name": "pallas"}, None) is None
+
+
 def test_integral_floats_in_integer_fields_load_as_integers():
     # JSON Schema counts 4.0 as an integer, so onboarding accepts it; the typed config must too
     c = copy.deepcopy(BASE)
@@ -167,7 +178,7 @@ _json = st.recursive(
     max_leaves=5)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(edits=st.lists(st.tuples(st.sampled_from(_LEAF_PATHS),
                                 _json | st.floats(-1, 100) | st.integers(-1, 70000) | st.booleans(),
                                 st.sampled_from([False, False, False, True])), min_size=1, max_size=2))
