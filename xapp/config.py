@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -279,6 +280,19 @@ def _integers(schema: Mapping[str, Any], node: Mapping[str, Any], value: Any) ->
     return value
 
 
+def _non_finite(value: Any, path: tuple[str, ...]) -> list[str]:
+    """Dotted paths of NaN or infinite floats in ``value``: Python's json module reads the
+    tokens NaN and Infinity, but they are not JSON numbers (RFC 8259), and no bound in a JSON
+    Schema excludes NaN, so they are refused here."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [".".join(path)]
+    if isinstance(value, Mapping):
+        return [p for k, v in value.items() for p in _non_finite(v, path + (str(k),))]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in _non_finite(v, path[:-1] + (f"{path[-1]}[{i}]",))]
+    return []
+
+
 def _compose_engines(controls: Mapping[str, Any]) -> tuple[Any, Any]:
     """Build the Scheduler Engine's and the predictor's sub-configurations.
 
@@ -292,10 +306,13 @@ def _compose_engines(controls: Mapping[str, Any]) -> tuple[Any, Any]:
 def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None) -> XappConfig:
     """Validate a ``controls`` object and build the :class:`XappConfig`.
 
-    Raises :class:`ConfigError` (naming each offending field) if it does not satisfy the schema,
-    and for nothing the schema accepts.
+    Raises :class:`ConfigError` (naming each offending field) if it does not satisfy the schema
+    (or holds a NaN or infinite float, which is no JSON number), and for nothing else.
     """
     validate_controls(controls, schema_path=schema_path)
+    bad = _non_finite(controls, ("controls",))
+    if bad:
+        raise ConfigError([(p, "not a JSON number (NaN or infinity)") for p in bad])
     schema = _schema_at(str(schema_path or default_schema_path()))[0]
     c = _integers(schema, schema, copy.deepcopy(controls))
     scheduler, predictor = _compose_engines(c)
@@ -338,6 +355,10 @@ def from_descriptor(descriptor: Any, *, schema_path: str | os.PathLike | None = 
     return load_controls(descriptor["controls"], schema_path=schema_path)
 
 
+def _no_constants(token: str) -> Any:
+    raise ValueError(f"{token} is not a JSON number")
+
+
 def load_config_file(path: str | os.PathLike | None = None, *,
                      schema_path: str | os.PathLike | None = None) -> XappConfig:
     """Read the descriptor at ``path`` (default ``$CONFIG_FILE``) and build the configuration.
@@ -350,11 +371,13 @@ def load_config_file(path: str | os.PathLike | None = None, *,
         raise ConfigError([("CONFIG_FILE", "no descriptor path given and CONFIG_FILE is not set")])
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+            doc = json.load(f, parse_constant=_no_constants)
     except OSError as e:
         raise ConfigError([(str(path), f"cannot read: {e.strerror or e}")]) from e
     except json.JSONDecodeError as e:
         raise ConfigError([(str(path), f"not JSON: {e.msg} at line {e.lineno} column {e.colno}")]) from e
+    except ValueError as e:  # NaN / Infinity tokens
+        raise ConfigError([(str(path), f"not JSON: {e}")]) from e
     return from_descriptor(doc, schema_path=schema_path)
 
 

@@ -136,6 +136,19 @@ def test_a_changed_descriptor_replaces_the_config_and_a_bad_one_keeps_it(descrip
     assert reload_descriptor({"name": "pallas"}, None) is None
 
 
+def test_nan_and_infinity_are_not_json_numbers(tmp_path, descriptor):
+    c = copy.deepcopy(BASE)
+    c["scheduler"]["stale_age_s"] = float("inf")
+    c["predictor"]["a3"]["offset_db"] = float("nan")
+    with pytest.raises(ConfigError) as ei:
+        load_controls(c)
+    assert [p for p, _ in ei.value.errors] == ["controls.scheduler.stale_age_s", "controls.predictor.a3.offset_db"]
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(descriptor).replace('"stale_age_s": 5.0', '"stale_age_s": Infinity'))
+    with pytest.raises(ConfigError, match="Infinity is not a JSON number"):
+        load_config_file(f)
+
+
 def test_integral_floats_in_integer_fields_load_as_integers():
     # JSON Schema counts 4.0 as an integer, so onboarding accepts it; the typed config must too
     c = copy.deepcopy(BASE)
