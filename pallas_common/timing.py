@@ -248,104 +248,173 @@ class WindowCosts:
     j: np.ndarray         # objective J, s (Eq. 8)
 
 
-class _Geometry:
-    """Block bookkeeping shared by Pallas and its ablations (Eq. 4 and the stream's t_j).
-
-    Works in block units: u = K_trig / P, m = floor(u) prefix blocks (L_hist = m P),
-    a = u - m (fill of the first suffix block at the trigger, in blocks), and since L_hist is a
-    multiple of P, n_full = floor(K_HO / P) - m and N_tail = K_HO mod P with
-    K_HO = K_curr + r_d T_remain_hat (both independent of the window but for n_full).
-    """
-
-    __slots__ = ("tw", "m", "frac", "n_full", "t1", "blk_period", "tau", "k_ho", "n_tail",
-                 "inputs", "col")
-
-    def __init__(self, inputs: WindowInputs, windows: Any) -> None:
-        w = np.asarray(windows, dtype=np.float64)
-        if w.ndim == 1:
-            w = w[None, :]
-        elif w.ndim != 2 or w.shape[0] not in (1, inputs.n_ue):
-            raise ValueError(f"windows must have shape (n_w,) or (n_ue, n_w), got {w.shape}")
-        if np.any(w < 0) or not np.all(np.isfinite(w)):
-            raise ValueError("candidate windows must be finite and >= 0")
-        col = _Columns(inputs)
-        self.inputs, self.col, self.tw = inputs, col, w
-        u = col.y - col.rho * w                       # K_trig / P
-        m = np.floor(u + _GRID_EPS)
-        np.clip(m, 0.0, col.fy, out=m)                # 0 <= L_hist <= K_HO
-        self.m = m
-        self.frac = u - m                             # (K_trig - L_hist) / P, in [0, 1)
-        np.maximum(self.frac, 0.0, out=self.frac)
-        self.n_full = col.fy - m                      # Eq. 5's n_full
-        self.blk_period = col.blk_period              # P / r_d: one block of decode, s
-        self.t1 = (1.0 - self.frac) * col.blk_period  # t_1, s after the trigger
-        self.tau = col.tau                            # P s_kv / B: one block on the link, s
-        self.k_ho = col.k_ho
-        self.n_tail = col.n_tail
-
-    def f_n(self, f0: np.ndarray | None = None) -> np.ndarray:
-        """f_{n_full} of Eq. 5's recursion with f_0 = ``f0`` (default 0), closed form.
-
-        Unrolled, f_j = max(f_0 + j tau, max_{1<=i<=j} (t_i + (j-i+1) tau)); the inner
-        maximum is over a function linear in i, so f_j = max(max(f_0, t_1) + j tau, t_j + tau).
-        """
-        n = self.n_full
-        tn = self.t1 + (n - 1.0) * self.blk_period
-        tn += self.tau                                # t_n + tau
-        start = self.t1 if f0 is None else np.maximum(self.t1, f0)
-        fn = np.maximum(start + n * self.tau, tn)
-        return np.where(n >= 1, fn, 0.0 if f0 is None else f0)
-
-
 def _k_ho(x: WindowInputs) -> np.ndarray:
     """K_HO = K_curr + r_d max(T_remain_hat, 0): predicted tokens at the HO, shape (n_ue,)."""
     return x.k_curr + x.r_d * np.maximum(x.t_remain, 0.0)
 
 
 class _Columns:
-    """Per-UE constants as (n_ue, 1) columns."""
+    """Per-UE constants of Eqs. 4-8, shape (n_ue,), computed once per evaluation.
 
-    __slots__ = ("y", "fy", "rho", "blk_period", "tau", "k_ho", "n_tail", "inv_rp", "const_sit",
-                 "t_remain")
+    The kernels lay (UE, window) arrays out as (n_w, n_ue): every operation then runs along
+    the long, contiguous UE axis (a per-window scalar or a per-UE row broadcasts without cost),
+    which is several times faster than broadcasting (n_ue, 1) columns over a short window axis.
 
-    def __init__(self, x: WindowInputs) -> None:
-        p = x.block_size[:, None]
-        r_d = x.r_d[:, None]
-        self.t_remain = x.t_remain[:, None]
-        self.k_ho = _k_ho(x)[:, None]                 # tokens at the HO
+    The kernel works in block units: u = K_trig / P = y - rho T_w with y = K_HO / P and
+    rho = r_d / P; m = floor(u) prefix blocks (L_hist = m P); a = u - m the fill of the first
+    suffix block at the trigger. Because L_hist is a multiple of P, n_full = floor(y) - m and
+    N_tail = K_HO - P floor(y) (the tail does not depend on the window), and
+    t_{n_full} = T_w - (y - floor(y)) P / r_d, so t_{n_full} + tau - T_w = ``c1`` per UE.
+    """
+
+    __slots__ = ("p", "y", "y_eps", "fy", "rho", "blk", "tau", "keeps_up", "nk_tau", "c1", "c1_pos",
+                 "blk_tau", "p_over_rp", "inv_rp", "const_sit", "t_remain", "k_ho", "n_tail")
+
+    def __init__(self, x: WindowInputs | None) -> None:
+        if x is None:
+            return
+        p = x.block_size
+        r_d = x.r_d
+        self.p = p
+        self.t_remain = x.t_remain
+        self.k_ho = _k_ho(x)                          # tokens at the HO
         self.y = self.k_ho / p
-        self.fy = np.floor(self.y + _GRID_EPS)
-        self.rho = r_d / p                            # blocks/s
-        self.blk_period = p / r_d                     # s per block of decode
-        self.tau = p * x.s_kv[:, None] / x.bandwidth[:, None]
+        self.y_eps = self.y + _GRID_EPS               # snaps exact block multiples up
+        self.fy = np.floor(self.y_eps)
+        self.rho = r_d / p                            # blocks of decode per second
+        self.blk = p / r_d                            # P / r_d: one block of decode, s
+        self.tau = p * x.s_kv / x.bandwidth           # one block on the link, s
+        # The link keeps up with the source iff tau <= P / r_d (then f_j = t_j + tau).
+        self.keeps_up = self.tau <= self.blk
+        self.nk_tau = np.where(self.keeps_up, 0.0, self.tau)
+        self.c1 = self.tau - np.maximum(self.y - self.fy, 0.0) * self.blk
+        self.c1_pos = np.maximum(self.c1, 0.0)        # T_tx_res when it keeps up and n_full >= 1
+        self.blk_tau = self.blk + self.tau            # t_1 + tau = blk_tau - frac * blk
         self.n_tail = np.maximum(self.k_ho - self.fy * p, 0.0)
-        self.inv_rp = 1.0 / x.r_p[:, None]
+        self.inv_rp = 1.0 / x.r_p
+        self.p_over_rp = p * self.inv_rp
         # Eq. 6's window-independent part: c_sync + N_tail / r_p + 1 / r_d_target.
-        self.const_sit = x.c_sync[:, None] + self.n_tail * self.inv_rp + 1.0 / x.r_d_target[:, None]
+        self.const_sit = x.c_sync + self.n_tail * self.inv_rp + 1.0 / x.r_d_target
+
+    def take(self, index: Any) -> "_Columns":
+        """The constants of UEs ``index`` (a slice or an integer array)."""
+        out = _Columns(None)
+        for name in self.__slots__:
+            setattr(out, name, getattr(self, name)[index])
+        return out
 
 
-def _pallas_costs(inputs: WindowInputs, windows: Any, alpha: float) -> WindowCosts:
-    g = _Geometry(inputs, windows)
-    col, tw = g.col, g.tw
-    p = inputs.block_size[:, None]
-    l_hist = g.m * p
-    t_pre = l_hist * col.inv_rp                                        # Eq. 4
-    fn = g.f_n()
-    t_tx_res = np.maximum(fn - tw, 0.0)                                # Eq. 5
-    t_res = np.maximum(t_pre - tw, t_tx_res)                           # Eq. 5 (t_tx_res >= 0)
-    t_sit = t_res + col.const_sit                                      # Eq. 6
-    keeps_up = col.tau <= col.blk_period                               # (n_ue, 1)
-    t_catch = np.where(g.n_full >= 1, np.where(keeps_up, g.t1 + col.tau, fn), 0.0)  # Eq. 7
-    t_ready = np.maximum(t_pre, t_catch)
-    t_early = np.maximum(tw - t_ready, 0.0)                            # Eq. 7
-    j = alpha * t_sit + (1.0 - alpha) * t_early                        # Eq. 8
-    shape = j.shape
-    valid = np.broadcast_to(tw <= np.maximum(col.t_remain, 0.0) + _GRID_EPS, shape)
-    return WindowCosts(
-        windows=np.broadcast_to(tw, shape), valid=valid,
-        k_trig=(g.m + g.frac) * p, l_hist=l_hist, t_pre=t_pre, n_full=g.n_full,
-        t_tx_res=t_tx_res, t_res=t_res, n_tail=np.broadcast_to(col.n_tail, shape), t_sit=t_sit,
-        t_catch=t_catch, t_ready=t_ready, t_early=t_early, j=j)
+def _check_windows(windows: Any, n_ue: int) -> np.ndarray:
+    """Public windows, (n_w,) or (n_ue, n_w), as the kernels' (n_w, 1) or (n_w, n_ue)."""
+    w = np.asarray(windows, dtype=np.float64)
+    if w.ndim == 1:
+        w = w[:, None]
+    elif w.ndim == 2 and w.shape[0] in (1, n_ue):
+        w = w.T
+    else:
+        raise ValueError(f"windows must have shape (n_w,) or (n_ue, n_w), got {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("candidate windows must be finite and >= 0")
+    return w
+
+
+_BLOCK_FIELDS = ("m", "frac", "n", "ind", "t1")
+_KERNEL_FIELDS = _BLOCK_FIELDS + ("t_tx_res", "t_pre", "t_res", "t_catch", "t_ready", "t_early",
+                                  "t_sit", "j", "tmp")
+
+
+def _scratch(shape: tuple[int, ...], names: tuple[str, ...] = _KERNEL_FIELDS) -> dict[str, np.ndarray]:
+    """Uninitialised float64 work arrays, one per name (the kernels write every element)."""
+    return {k: np.empty(shape) for k in names}
+
+
+def _blocks(col: _Columns, w: np.ndarray, o: dict[str, np.ndarray]) -> None:
+    """Eq. 4's split and the suffix stream's block counts, into ``o`` (in place).
+
+    m = floor(K_trig / P) = L_hist / P; frac = (K_trig - L_hist) / P in [0, 1); n = n_full;
+    ind = 1 where n_full >= 1 else 0; t1 = frac P / r_d (t_1 = P / r_d - t1, s after the
+    trigger; the caller completes it where it needs t_1 itself).
+    """
+    m, frac, n, ind, t1 = (o.get(k) for k in _BLOCK_FIELDS)
+    np.multiply(col.rho, w, out=frac)
+    np.subtract(col.y_eps, frac, out=frac)            # u = K_trig / P (+ the grid slack)
+    np.floor(frac, out=m)
+    np.maximum(m, 0.0, out=m)                         # m <= floor(y) holds as T_w >= 0
+    np.subtract(frac, m, out=frac)
+    if n is not None:
+        np.subtract(col.fy, m, out=n)                 # n_full = floor(K_HO / P) - m
+    np.less(m, col.fy, out=ind)                       # n_full >= 1
+    np.multiply(frac, col.blk, out=t1)                # frac P / r_d; t_1 = P / r_d - this
+
+
+def _pallas_kernel(col: _Columns, w: np.ndarray, alpha: float, o: dict[str, np.ndarray],
+                   all_keep_up: bool = False, j_only: bool = False) -> dict[str, np.ndarray]:
+    """Eqs. 4-8 on (n_w, n_ue) into the work arrays ``o`` (see :func:`_scratch`); returns ``o``.
+
+    Every step writes into a preallocated array: at 10,000 UEs x 51 windows the evaluation is
+    bound by memory traffic, and fresh temporaries of this size cost more than the arithmetic.
+    ``all_keep_up`` (every UE's link keeps up with its source) takes the shorter path in which
+    T_tx_res and T_catch do not need f_n's slow-link branch. ``j_only`` (the decision's hot
+    path) leaves T_SIT and n_full unwritten and J short of its window-independent part
+    alpha (c_sync + N_tail / r_p + 1 / r_d_target), which changes no argmin or tie.
+    """
+    if j_only and all_keep_up:
+        o = dict(o, n=None)
+    _blocks(col, w, o)
+    m, frac, n, ind, t1 = o["m"], o["frac"], o["n"], o["ind"], o["t1"]
+    tx, pre, res, catch = o["t_tx_res"], o["t_pre"], o["t_res"], o["t_catch"]
+    ready, early, sit, j, tmp = o["t_ready"], o["t_early"], o["t_sit"], o["j"], o["tmp"]
+    if all_keep_up:
+        # f_n = t_n + tau = T_w + c1, so T_tx_res = max(0, c1) once a suffix block is complete,
+        # and the stream catches up at f_1 = t_1 + tau.
+        np.multiply(ind, col.c1_pos, out=tx)
+        np.subtract(col.blk_tau, t1, out=catch)       # t1 holds frac * P / r_d here
+        catch *= ind
+    else:
+        np.subtract(col.blk, t1, out=t1)              # t_1 = (1 - frac) P / r_d
+        # Eq. 5: T_tx_res = max(0, f_n - T_w), f_n = max(t_1 + n tau, T_w + c1) for n >= 1.
+        np.multiply(n, col.tau, out=tx)
+        tx += t1
+        tx -= w
+        np.maximum(tx, col.c1, out=tx)
+        np.maximum(tx, 0.0, out=tx)
+        tx *= ind
+        # Eq. 7: the stream catches up at f_1 = t_1 + tau if the link keeps up, else never
+        # (T_catch = f_n = t_1 + n tau); 0 if no suffix block completes before the HO.
+        np.subtract(n, 1.0, out=catch)
+        catch *= col.nk_tau
+        catch += t1
+        catch += col.tau
+        catch *= ind
+    np.multiply(m, col.p_over_rp, out=pre)            # Eq. 4: T_pre = L_hist / r_p
+    np.subtract(pre, w, out=res)
+    np.maximum(res, tx, out=res)                      # Eq. 5: T_res (T_tx_res >= 0)
+    np.maximum(pre, catch, out=ready)                 # Eq. 7: T_ready
+    np.subtract(w, ready, out=early)
+    np.maximum(early, 0.0, out=early)                 # Eq. 7: T_early
+    np.multiply(early, 1.0 - alpha, out=tmp)
+    if j_only:
+        np.multiply(res, alpha, out=j)                # Eq. 8 less alpha * (T_SIT - T_res)
+    else:
+        np.add(res, col.const_sit, out=sit)           # Eq. 6: T_SIT
+        np.multiply(sit, alpha, out=j)
+    j += tmp                                          # Eq. 8: J
+    return o
+
+
+def _f_n(col: _Columns, w: np.ndarray, o: dict[str, np.ndarray], f0: np.ndarray) -> np.ndarray:
+    """f_{n_full} of Eq. 5's recursion with f_0 = ``f0``, closed form (after :func:`_blocks`).
+
+    Unrolled, f_j = max(f_0 + j tau, max_{1<=i<=j} (t_i + (j-i+1) tau)); the inner maximum is
+    over a function linear in i, so f_j = max(max(f_0, t_1) + j tau, t_j + tau), and
+    t_{n_full} + tau = T_w + c1.
+    """
+    fn = np.maximum(col.blk - o["t1"], f0)           # max(t_1, f_0)
+    fn += o["n"] * col.tau
+    np.maximum(fn, w + col.c1, out=fn)
+    fn *= o["ind"]
+    fn += (1.0 - o["ind"]) * f0
+    return fn
 
 
 def _check_alpha(alpha: float) -> float:
@@ -376,7 +445,19 @@ def evaluate_windows(inputs: WindowInputs, windows: Any, alpha: float = 0.8) -> 
     T_remain_hat < 0 the HO is taken as now (K_HO = K_curr). Fractional token counts are kept
     (they are expectations); only L_hist and n_full are snapped to the block grid.
     """
-    return _pallas_costs(inputs, windows, _check_alpha(alpha))
+    alpha = _check_alpha(alpha)
+    w = _check_windows(windows, inputs.n_ue)
+    col = _Columns(inputs)
+    shape = np.broadcast_shapes(col.y.shape, w.shape)
+    o = _pallas_kernel(col, w, alpha, _scratch(shape))
+    out = dict(
+        windows=np.broadcast_to(w, shape),
+        valid=np.broadcast_to(w <= np.maximum(col.t_remain, 0.0) + _GRID_EPS, shape),
+        k_trig=(o["m"] + o["frac"]) * col.p, l_hist=o["m"] * col.p, t_pre=o["t_pre"],
+        n_full=o["n"], t_tx_res=o["t_tx_res"], t_res=o["t_res"],
+        n_tail=np.broadcast_to(col.n_tail, shape), t_sit=o["t_sit"], t_catch=o["t_catch"],
+        t_ready=o["t_ready"], t_early=o["t_early"], j=o["j"])
+    return WindowCosts(**{k: v.T for k, v in out.items()})      # (n_w, n_ue) -> (n_ue, n_w)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,7 +534,8 @@ class Decision:
     trigger: np.ndarray
 
 
-_DECIDE_CHUNK = 1024   # UEs per block of work: keeps the (chunk, n_w) temporaries in cache.
+_DECIDE_CHUNK = 256    # UEs per block of work: keeps the (chunk, n_w) work arrays in cache.
+_BEYOND_LIMIT = 1e30   # added to J of windows beyond T_limit (J itself is finite)
 
 
 def decide(inputs: WindowInputs, params: DecisionParams = DecisionParams()) -> Decision:
@@ -464,37 +546,42 @@ def decide(inputs: WindowInputs, params: DecisionParams = DecisionParams()) -> D
     fires at once). Ties (J within ``params.tie_tol``) go to the smaller window. The trigger
     fires where T_remain_hat <= T_w* + ``params.trigger_lookahead``.
 
-    Cost: O(n_ue * n_w) array arithmetic, in chunks of 1,024 UEs. Returns :class:`Decision`.
+    Cost: O(n_ue * n_w) array arithmetic, in chunks of 256 UEs. Returns :class:`Decision`.
     """
     grid = candidate_windows(params.dt, params.t_max)
     n = inputs.n_ue
-    out = {k: np.empty(n) for k in ("t_limit", "window", "j", "t_sit", "t_early", "t_ready",
-                                    "l_hist", "k_ho")}
+    cols = _Columns(inputs)
+    t_limit = np.minimum(params.t_max, np.maximum(inputs.t_remain, 0.0))
+    # Last valid grid index per UE (Eq. 9's floor(T_limit / dT)); later windows get a penalty.
+    last = np.floor(t_limit / params.dt + _GRID_EPS)
+    k = np.arange(grid.size, dtype=np.float64)[:, None]
     index = np.empty(n, dtype=np.int64)
-    t_limit_all = np.minimum(params.t_max, np.maximum(inputs.t_remain, 0.0))
-    # Last valid grid index per UE (Eq. 9's floor(T_limit / dT)).
-    last = np.floor(t_limit_all / params.dt + _GRID_EPS).astype(np.int64)
-    np.minimum(last, grid.size - 1, out=last)
-    k = np.arange(grid.size)
+    work = _scratch((grid.size, min(n, _DECIDE_CHUNK)))
+    w = grid[:, None]
+    # UEs whose link keeps up first, so that whole chunks take the kernel's shorter path.
+    order = np.argsort(~cols.keeps_up, kind="stable")
+    sorted_cols, sorted_last = cols.take(order), last[order]
     for lo in range(0, n, _DECIDE_CHUNK):
         sl = slice(lo, min(n, lo + _DECIDE_CHUNK))
-        sub = inputs.take(sl) if (lo or sl.stop < n) else inputs
-        costs = _pallas_costs(sub, grid, params.alpha)
-        j = np.where(k[None, :] <= last[sl, None], costs.j, np.inf)
-        jmin = j.min(axis=1)
-        best = np.argmax(j <= (jmin + params.tie_tol)[:, None], axis=1)   # first = smallest T_w
-        rows = np.arange(best.size)
-        index[sl] = best
-        out["window"][sl] = grid[best]
-        out["j"][sl] = costs.j[rows, best]
-        out["t_sit"][sl] = costs.t_sit[rows, best]
-        out["t_early"][sl] = costs.t_early[rows, best]
-        out["t_ready"][sl] = costs.t_ready[rows, best]
-        out["l_hist"][sl] = costs.l_hist[rows, best]
-    out["t_limit"] = t_limit_all
-    out["k_ho"] = _k_ho(inputs)
-    trigger = inputs.t_remain <= out["window"] + params.trigger_lookahead + _GRID_EPS
-    return Decision(index=index, trigger=trigger, **out)
+        rows = sl.stop - sl.start
+        c = sorted_cols.take(sl)
+        o = _pallas_kernel(c, w, params.alpha, {name: v[:, :rows] for name, v in work.items()},
+                           all_keep_up=bool(c.keeps_up.all()), j_only=True)
+        j, tmp = o["j"], o["tmp"]
+        np.greater(k, sorted_last[sl], out=tmp)       # 1.0 beyond T_limit
+        tmp *= _BEYOND_LIMIT
+        j += tmp
+        jmin = j.min(axis=0)
+        jmin += params.tie_tol
+        index[order[sl]] = np.argmax(j <= jmin, axis=0)   # the first, i.e. smallest, T_w
+    window = grid[index]
+    row_w = window[None, :]
+    chosen = {k: v[0] for k, v in
+              _pallas_kernel(cols, row_w, params.alpha, _scratch(row_w.shape)).items()}
+    trigger = inputs.t_remain <= window + params.trigger_lookahead + _GRID_EPS
+    return Decision(t_limit=t_limit, window=window, index=index, j=chosen["j"],
+                    t_sit=chosen["t_sit"], t_early=chosen["t_early"], t_ready=chosen["t_ready"],
+                    l_hist=chosen["m"] * inputs.block_size, k_ho=cols.k_ho, trigger=trigger)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -589,9 +676,12 @@ def sit_no_rc(inputs: WindowInputs, windows: Any) -> np.ndarray:
     f_0 = L_hist s_kv / B and T_pre = 0, so T_res = T_tx_res; the tail is recomputed as in
     Eq. 6: T_SIT = T_tx_res + c_sync + N_tail / r_p + 1 / r_d_target.
     """
-    g = _Geometry(inputs, windows)
-    fn = g.f_n(f0=g.m * g.tau)
-    return np.maximum(fn - g.tw, 0.0) + g.col.const_sit
+    col = _Columns(inputs)
+    w = _check_windows(windows, inputs.n_ue)
+    o = _scratch(np.broadcast_shapes(col.y.shape, w.shape), _BLOCK_FIELDS)
+    _blocks(col, w, o)
+    fn = _f_n(col, w, o, f0=o["m"] * col.tau)
+    return (np.maximum(fn - w, 0.0) + col.const_sit).T
 
 
 def sit_no_sm(inputs: WindowInputs, windows: Any) -> np.ndarray:
@@ -602,12 +692,13 @@ def sit_no_sm(inputs: WindowInputs, windows: Any) -> np.ndarray:
     every token after L_hist, K_HO - L_hist of them, on the same GPU:
     T_SIT = max(0, T_pre - T_w) + c_sync + (K_HO - L_hist) / r_p + 1 / r_d_target.
     """
-    g = _Geometry(inputs, windows)
-    p = inputs.block_size[:, None]
-    l_hist = g.m * p
-    col = g.col
-    rest = np.maximum(l_hist * col.inv_rp - g.tw, 0.0)
-    return rest + (col.k_ho - l_hist) * col.inv_rp + (col.const_sit - col.n_tail * col.inv_rp)
+    col = _Columns(inputs)
+    w = _check_windows(windows, inputs.n_ue)
+    o = _scratch(np.broadcast_shapes(col.y.shape, w.shape), _BLOCK_FIELDS)
+    _blocks(col, w, o)
+    l_hist = o["m"] * col.p
+    rest = np.maximum(l_hist * col.inv_rp - w, 0.0)
+    return (rest + (col.k_ho - l_hist) * col.inv_rp + (col.const_sit - col.n_tail * col.inv_rp)).T
 
 
 def discard_bound(t_max: Any, e_early: Any, t_avail: Any) -> Any:
