@@ -83,6 +83,7 @@ class SchedulerEngine:
         cap = max(1, capacity)
         self._alive = np.zeros(cap, bool)
         self._planned = np.zeros(cap, bool)           # state is PLANNED
+        self._preparing = np.zeros(cap, bool)         # state is PREPARING
         self._allowed = np.ones(cap, bool)            # proactive migration allowed (A1 rules)
         self._tokens = np.zeros(cap)                  # K at the last report
         self._tokens_time = np.zeros(cap)
@@ -120,7 +121,7 @@ class SchedulerEngine:
 
     def _grow(self) -> None:
         cap = self._alive.size
-        for name in ("_alive", "_planned", "_allowed", "_tokens", "_tokens_time", "_remaining",
+        for name in ("_alive", "_planned", "_preparing", "_allowed", "_tokens", "_tokens_time", "_remaining",
                      "_s_kv", "_block", "_decode_slot", "_source", "_target", "_t_ho",
                      "last_window"):
             a = getattr(self, name)
@@ -131,6 +132,7 @@ class SchedulerEngine:
         if slot is None:
             return
         self._planned[slot] = sm.state is MigrationState.PLANNED
+        self._preparing[slot] = sm.state is MigrationState.PREPARING
         self._target[slot] = -1 if sm.target is None else self._agent(sm.target)
         self._source[slot] = self._agent(sm.source)
         if sm.state is not MigrationState.PLANNED and sm.state is not MigrationState.PREPARING:
@@ -166,7 +168,8 @@ class SchedulerEngine:
                                   fallback=self._reactive, on_transition=self._on_transition)
             self._sm[slot] = sm
             self._ue_slots.setdefault(ue_id, []).append(slot)
-            self._alive[slot], self._planned[slot], self._allowed[slot] = True, False, True
+            self._alive[slot], self._allowed[slot] = True, True
+            self._planned[slot] = self._preparing[slot] = False
             self._target[slot], self._t_ho[slot], self.last_window[slot] = -1, np.nan, np.nan
             self._decode_slot[slot] = self.telemetry.decode.slot(session_id)
             self._source[slot] = self._agent(source)
@@ -197,7 +200,7 @@ class SchedulerEngine:
             if not slots:
                 self._ue_slots.pop(sm.ue_id, None)
         self._sm[slot], self._model[slot] = None, None
-        self._alive[slot] = self._planned[slot] = False
+        self._alive[slot] = self._planned[slot] = self._preparing[slot] = False
         self._decode_slot[slot] = -1
         self._free.append(slot)
         self.telemetry.forget_session(session_id)
@@ -308,6 +311,8 @@ class SchedulerEngine:
         diff = tidx != self._target[slots]                   # the machine's target changes
         keep = ~diff & (tidx >= 0)
         self._t_ho[slots[keep]] = t_ho[keep]
+        for k in np.flatnonzero(keep & self._preparing[slots]):   # few: HO within ~T_max
+            self._sm[int(slots[k])].predict(self._agents[tidx[k]], float(t_ho[k]))  # type: ignore[union-attr]
         for k in np.flatnonzero(diff):
             slot = int(slots[k])
             sm = self._sm[slot]
