@@ -296,10 +296,10 @@ class _Columns:
         # Eq. 6's window-independent part: c_sync + N_tail / r_p + 1 / r_d_target.
         self.const_sit = x.c_sync + self.n_tail * self.inv_rp + 1.0 / x.r_d_target
 
-    def take(self, index: Any) -> "_Columns":
-        """The constants of UEs ``index`` (a slice or an integer array)."""
+    def take(self, index: Any, names: tuple[str, ...] | None = None) -> "_Columns":
+        """The constants of UEs ``index`` (a slice or an integer array); only ``names`` if given."""
         out = _Columns(None)
-        for name in self.__slots__:
+        for name in self.__slots__ if names is None else names:
             setattr(out, name, getattr(self, name)[index])
         return out
 
@@ -319,6 +319,9 @@ def _check_windows(windows: Any, n_ue: int) -> np.ndarray:
 
 
 _BLOCK_FIELDS = ("m", "frac", "n", "ind", "t1")
+# The per-UE constants the kernel reads (what a chunk needs of :class:`_Columns`).
+_KERNEL_COLUMNS = ("y_eps", "fy", "rho", "blk", "tau", "keeps_up", "nk_tau", "c1", "c1_pos",
+                   "blk_tau", "p_over_rp", "const_sit")
 _KERNEL_FIELDS = _BLOCK_FIELDS + ("t_tx_res", "t_pre", "t_res", "t_catch", "t_ready", "t_early",
                                   "t_sit", "j", "tmp")
 
@@ -556,32 +559,42 @@ def decide(inputs: WindowInputs, params: DecisionParams = DecisionParams()) -> D
     last = np.floor(t_limit / params.dt + _GRID_EPS)
     k = np.arange(grid.size, dtype=np.float64)[:, None]
     index = np.empty(n, dtype=np.int64)
+    picked = {name: np.empty(n) for name in ("t_res", "t_early", "t_ready", "m")}
     work = _scratch((grid.size, min(n, _DECIDE_CHUNK)))
-    w = grid[:, None]
-    # UEs whose link keeps up first, so that whole chunks take the kernel's shorter path.
-    order = np.argsort(~cols.keeps_up, kind="stable")
-    sorted_cols, sorted_last = cols.take(order), last[order]
+    # Order the UEs by link regime (those that keep up first: the kernel's shorter path) and
+    # then by T_limit, so that a chunk evaluates only the windows its UEs can use and most
+    # chunks need no masking of windows beyond T_limit.
+    order = np.lexsort((last, ~cols.keeps_up))
+    sorted_cols, sorted_last = cols.take(order, _KERNEL_COLUMNS), last[order]
     for lo in range(0, n, _DECIDE_CHUNK):
         sl = slice(lo, min(n, lo + _DECIDE_CHUNK))
         rows = sl.stop - sl.start
-        c = sorted_cols.take(sl)
-        o = _pallas_kernel(c, w, params.alpha, {name: v[:, :rows] for name, v in work.items()},
+        c = sorted_cols.take(sl, _KERNEL_COLUMNS)
+        chunk_last = sorted_last[sl]
+        n_w = int(chunk_last.max()) + 1
+        o = _pallas_kernel(c, grid[:n_w, None], params.alpha,
+                           {name: v[:n_w, :rows] for name, v in work.items()},
                            all_keep_up=bool(c.keeps_up.all()), j_only=True)
         j, tmp = o["j"], o["tmp"]
-        np.greater(k, sorted_last[sl], out=tmp)       # 1.0 beyond T_limit
-        tmp *= _BEYOND_LIMIT
-        j += tmp
+        if chunk_last.min() < n_w - 1:
+            np.greater(k[:n_w], chunk_last, out=tmp)  # 1.0 beyond T_limit
+            tmp *= _BEYOND_LIMIT
+            j += tmp
         jmin = j.min(axis=0)
         jmin += params.tie_tol
-        index[order[sl]] = np.argmax(j <= jmin, axis=0)   # the first, i.e. smallest, T_w
+        best = np.argmax(j <= jmin, axis=0)           # the first, i.e. smallest, T_w
+        dest = order[sl]
+        index[dest] = best
+        ue = np.arange(rows)
+        for name, arr in picked.items():
+            arr[dest] = o[name][best, ue]
     window = grid[index]
-    row_w = window[None, :]
-    chosen = {k: v[0] for k, v in
-              _pallas_kernel(cols, row_w, params.alpha, _scratch(row_w.shape)).items()}
+    t_sit = picked["t_res"] + cols.const_sit          # Eq. 6
     trigger = inputs.t_remain <= window + params.trigger_lookahead + _GRID_EPS
-    return Decision(t_limit=t_limit, window=window, index=index, j=chosen["j"],
-                    t_sit=chosen["t_sit"], t_early=chosen["t_early"], t_ready=chosen["t_ready"],
-                    l_hist=chosen["m"] * inputs.block_size, k_ho=cols.k_ho, trigger=trigger)
+    return Decision(t_limit=t_limit, window=window, index=index,
+                    j=params.alpha * t_sit + (1.0 - params.alpha) * picked["t_early"],
+                    t_sit=t_sit, t_early=picked["t_early"], t_ready=picked["t_ready"],
+                    l_hist=picked["m"] * inputs.block_size, k_ho=cols.k_ho, trigger=trigger)
 
 
 # ---------------------------------------------------------------------------------------------

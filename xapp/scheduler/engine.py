@@ -79,6 +79,8 @@ class SchedulerEngine:
         self._sm: list[SessionMigration | None] = []
         self._model: list[ModelKey | None] = []
         self._ue_slots: dict[str, list[int]] = {}
+        self._ue_first: dict[str, int] = {}           # the UE's first session's slot
+        self._ue_multi: dict[str, list[int]] = {}     # its other sessions' slots, if any
         self._n = 0
         cap = max(1, capacity)
         self._alive = np.zeros(cap, bool)
@@ -118,6 +120,15 @@ class SchedulerEngine:
             pair[i, j] = self.telemetry.goodput.slot((agent_id, other))
         self._pair_slot = pair
         return i
+
+    def _index_ue(self, ue_id: str) -> None:
+        slots = self._ue_slots.get(ue_id)
+        self._ue_first.pop(ue_id, None)
+        self._ue_multi.pop(ue_id, None)
+        if slots:
+            self._ue_first[ue_id] = slots[0]
+            if len(slots) > 1:
+                self._ue_multi[ue_id] = slots[1:]
 
     def _grow(self) -> None:
         cap = self._alive.size
@@ -168,6 +179,7 @@ class SchedulerEngine:
                                   fallback=self._reactive, on_transition=self._on_transition)
             self._sm[slot] = sm
             self._ue_slots.setdefault(ue_id, []).append(slot)
+            self._index_ue(ue_id)
             self._alive[slot], self._allowed[slot] = True, True
             self._planned[slot] = self._preparing[slot] = False
             self._target[slot], self._t_ho[slot], self.last_window[slot] = -1, np.nan, np.nan
@@ -199,6 +211,7 @@ class SchedulerEngine:
                 slots.remove(slot)
             if not slots:
                 self._ue_slots.pop(sm.ue_id, None)
+            self._index_ue(sm.ue_id)
         self._sm[slot], self._model[slot] = None, None
         self._alive[slot] = self._planned[slot] = self._preparing[slot] = False
         self._decode_slot[slot] = -1
@@ -281,29 +294,22 @@ class SchedulerEngine:
             raise ValueError("set_predictions: sequences of different lengths")
         usable = (conf >= self.min_confidence) & np.isfinite(t_ho)
         actions: list[Action] = []
-        ue_slots, agent_idx = self._ue_slots, self._agent_idx
-        multi: list[tuple[int, int]] = []
-        slots = np.empty(n, np.int64)
-        tidx = np.empty(n, np.int64)
-        for i, (ue, tgt) in enumerate(zip(ue_ids, targets)):
-            s = ue_slots.get(ue)
-            if not s:
-                slots[i] = -1
-                continue
-            slots[i] = s[0]
-            if len(s) > 1:
-                multi.extend((i, extra) for extra in s[1:])
-            if tgt is None or not usable[i]:
-                tidx[i] = -1
-            else:
-                j = agent_idx.get(tgt)
-                tidx[i] = self._agent(tgt) if j is None else j
-        if multi:
-            rows = np.array([m[0] for m in multi])
-            slots = np.concatenate([slots, [m[1] for m in multi]])
-            tidx = np.concatenate([tidx, tidx[rows]])
-            t_ho = np.concatenate([t_ho, t_ho[rows]])
-            allow = np.concatenate([allow, allow[rows]])
+        agent_idx = self._agent_idx
+        for tgt in set(targets) - agent_idx.keys():          # first sight of an agent
+            if tgt is not None:
+                self._agent(tgt)
+        first = self._ue_first
+        slots = np.array([first.get(u, -1) for u in ue_ids], dtype=np.int64)
+        tidx = np.array([agent_idx.get(t, -1) for t in targets], dtype=np.int64)  # None -> -1
+        tidx[~usable] = -1
+        if self._ue_multi:                                   # UEs with several sessions
+            extra = [(i, s) for i, u in enumerate(ue_ids) for s in self._ue_multi.get(u, ())]
+            if extra:
+                rows = np.array([e[0] for e in extra])
+                slots = np.concatenate([slots, [e[1] for e in extra]])
+                tidx = np.concatenate([tidx, tidx[rows]])
+                t_ho = np.concatenate([t_ho, t_ho[rows]])
+                allow = np.concatenate([allow, allow[rows]])
         known = slots >= 0
         slots, tidx, t_ho, allow = slots[known], tidx[known], t_ho[known], allow[known]
         self._allowed[slots] = allow
