@@ -541,7 +541,7 @@ _DECIDE_CHUNK = 256    # UEs per block of work: keeps the (chunk, n_w) work arra
 _BEYOND_LIMIT = 1e30   # added to J of windows beyond T_limit (J itself is finite)
 
 
-def decide(inputs: WindowInputs, params: DecisionParams = DecisionParams()) -> Decision:
+def decide(inputs: WindowInputs, params: Any = DecisionParams()) -> Decision:
     """Choose T_w* = argmin_{T_w in W} J(T_w) per UE and apply the trigger rule (Eq. 9).
 
     W is :func:`candidate_windows` (``params.dt``, ``params.t_max``) truncated per UE at
@@ -549,8 +549,13 @@ def decide(inputs: WindowInputs, params: DecisionParams = DecisionParams()) -> D
     fires at once). Ties (J within ``params.tie_tol``) go to the smaller window. The trigger
     fires where T_remain_hat <= T_w* + ``params.trigger_lookahead``.
 
+    ``params``: :class:`DecisionParams`, or an object with a ``decision_params()`` method
+    returning one (the xApp's ``SchedulerConfig``).
+
     Cost: O(n_ue * n_w) array arithmetic, in chunks of 256 UEs. Returns :class:`Decision`.
     """
+    if not isinstance(params, DecisionParams):
+        params = params.decision_params()
     grid = candidate_windows(params.dt, params.t_max)
     n = inputs.n_ue
     cols = _Columns(inputs)

@@ -236,7 +236,8 @@ class SchedulerEngine:
 
         Rates and server state go to the store. Sessions the report's agent serves update
         their K; unknown ones are registered if the agent's model (s_kv, block size) is
-        known; sessions reported ``finished`` are removed (cancelling a running attempt).
+        known; sessions their serving agent reports ``finished`` are removed (cancelling a
+        running attempt).
         Reports about sessions the agent does not serve (say, the target of a preparation)
         only feed rates. A fresh server report clears that agent's memory reservations.
         """
@@ -247,10 +248,13 @@ class SchedulerEngine:
         model = self.telemetry.model_of(agent)
         actions: list[Action] = []
         for s in samples:
-            if s.state == "finished":
-                actions += self.remove_session(s.session_id, "session finished")
-                continue
             slot = self._slot.get(s.session_id)
+            if s.state == "finished":
+                # Only the agent serving the session ends it: after a commit the old source
+                # reports its stopped copy as finished while the new one decodes on.
+                if slot is not None and self._sm[slot].source == agent:  # type: ignore[union-attr]
+                    actions += self.remove_session(s.session_id, "session finished")
+                continue
             if slot is None:
                 if model is None or model.kv_bytes_per_token <= 0 or model.block_size <= 0:
                     log.info("session_not_tracked", session=s.session_id, agent=agent,

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from pallas_common import timing
 from xapp.scheduler import SchedulerConfig, SchedulerConfigError
 
 REPO = Path(__file__).resolve().parents[3]
@@ -17,6 +18,14 @@ def test_defaults_follow_model_md():
     assert (p.alpha, p.dt, p.t_max) == (0.8, 0.1, 5.0)
     assert p.trigger_lookahead == pytest.approx(c.control_period_s + c.rtt_s / 2)
     assert c.default_goodput_bytes_per_s == pytest.approx(100e6 / 8)
+
+
+def test_decide_takes_the_config():
+    inp = timing.WindowInputs(k_curr=2000, t_remain=3.0, block_size=16, r_p=2700, r_d=30,
+                              bandwidth=37.5e6, s_kv=163_840, c_sync=0.05)
+    c = SchedulerConfig(t_max_s=2.0)
+    assert timing.decide(inp, c).window[0] == timing.decide(inp, c.decision_params()).window[0]
+    assert timing.decide(inp, c).t_limit[0] == 2.0
 
 
 def test_from_the_descriptor_section():

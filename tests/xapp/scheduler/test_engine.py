@@ -242,6 +242,8 @@ def test_telemetry_registers_updates_and_ends_sessions(cfg):
     eng.set_prediction("ue9", "b", T0 + 1.5)
     (trig,) = eng.cycle(T0 + 1)
     sess.state = "finished"
+    assert eng.ingest_telemetry(server_report("b", T0 + 1.1, sessions=[sess])) == []  # not its source
+    assert eng.session("s9").state is S.PREPARING
     acts = eng.ingest_telemetry(server_report("a", T0 + 1.2, sessions=[sess]))
     assert acts == [CancelAction("s9", 1, "a", "b", "session finished")]
     assert len(eng) == 0 and eng.sessions_of("ue9") == []
