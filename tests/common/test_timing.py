@@ -72,7 +72,7 @@ def test_table1_full_copy_and_ctho_from_first_principles():
     assert seconds < T.sit_recomputation(4096, r_p) < T.sit_full_copy(4096, s_kv, B300)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(k=st.integers(0, 20_000), p=st.sampled_from([1, 8, 16, 32, 128]),
        r_p=st.floats(50, 50_000), s_kv=st.integers(1_000, 1_000_000), b=st.floats(1e6, 1e10))
 def test_ctho_split_is_the_best_block_aligned_split(k, p, r_p, s_kv, b):
@@ -143,7 +143,7 @@ ue_inputs = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ue=ue_inputs, tw=st.floats(0, 8), alpha=st.floats(0, 1))
 def test_closed_form_matches_the_literal_recursion(ue, tw, alpha):
     assume(tw <= ue["t_remain"])
@@ -169,7 +169,7 @@ def test_evaluate_windows_shapes_and_per_ue_windows():
     assert per_ue.t_sit[1, 0] == pytest.approx(costs.t_sit[1, 12])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(ue=ue_inputs)
 def test_window_properties(ue):
     inp = T.WindowInputs(**ue)
@@ -190,7 +190,7 @@ def test_window_properties(ue):
     assert np.all(np.diff(tr) <= 1e-9)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(ue=ue_inputs, alpha=st.floats(0, 1), t_max=st.floats(0, 6), dt=st.sampled_from([0.05, 0.1, 0.25]))
 def test_decision_is_the_argmin_within_t_limit(ue, alpha, t_max, dt):
     params = T.DecisionParams(alpha=alpha, dt=dt, t_max=t_max)
@@ -277,7 +277,7 @@ def test_figure2_shape_qwen3_14b_3000_tokens():
 
 # ---------------------------------------------------------------------------------- ablations, Detour, Eq. 10
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(ue=ue_inputs, tw=st.floats(0, 5))
 def test_ablations_against_pallas(ue, tw):
     assume(tw <= ue["t_remain"])
