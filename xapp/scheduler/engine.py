@@ -102,7 +102,7 @@ class SchedulerEngine:
         self._agents: list[str] = []
         self._prefill_slot = np.zeros(0, np.int64)
         self._pair_slot = np.zeros((0, 0), np.int64)
-        self._reserved: dict[str, tuple[float, int]] = {}   # target -> (report time, bytes)
+        self._reserved: dict[str, int] = {}   # target -> bytes promised since its last report
 
     # -- registries ---------------------------------------------------------------------------
     def _agent(self, agent_id: str) -> int:
@@ -380,7 +380,7 @@ class SchedulerEngine:
             sm = self._sm[slot]
             assert sm is not None and sm.target is not None
             server = self.telemetry.server(sm.target, now)
-            reserved = self._reserved.get(sm.target, (0.0, 0))[1]
+            reserved = self._reserved.get(sm.target, 0)
             res = admit(self._model[slot], server, float(d.k_ho[i]), int(self._s_kv[slot]),
                         self.cfg.kv_headroom_fraction, reserved)
             if not res.admitted:
@@ -390,7 +390,7 @@ class SchedulerEngine:
                     log.info("trigger_deferred", session=sm.session_id, target=sm.target,
                              reason=res.reason)
                 continue
-            self._reserved[sm.target] = (now, reserved + res.need_bytes)
+            self._reserved[sm.target] = reserved + res.need_bytes
             sm.t_ho = float(self._t_ho[slot])
             actions.append(sm.trigger(now, float(d.window[i]), int(d.l_hist[i])))
         return actions
@@ -412,7 +412,7 @@ class SchedulerEngine:
                 * max(now - self._tokens_time[slot], 0.0), self._remaining[slot])
             can_serve = admit(self._model[slot], self.telemetry.server(actual_target, now), k_now,
                               int(self._s_kv[slot]), self.cfg.kv_headroom_fraction,
-                              self._reserved.get(actual_target, (0.0, 0))[1]).admitted
+                              self._reserved.get(actual_target, 0)).admitted
             actions += sm.handover(actual_target, now, can_serve)
         self._count(actions)
         return actions
