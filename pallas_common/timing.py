@@ -331,7 +331,7 @@ def _scratch(shape: tuple[int, ...], names: tuple[str, ...] = _KERNEL_FIELDS) ->
     return {k: np.empty(shape) for k in names}
 
 
-def _blocks(col: _Columns, w: np.ndarray, o: dict[str, np.ndarray]) -> None:
+def _blocks(col: _Columns, w: np.ndarray, o: dict[str, np.ndarray], clamp: bool = True) -> None:
     """Eq. 4's split and the suffix stream's block counts, into ``o`` (in place).
 
     m = floor(K_trig / P) = L_hist / P; frac = (K_trig - L_hist) / P in [0, 1); n = n_full;
@@ -342,7 +342,8 @@ def _blocks(col: _Columns, w: np.ndarray, o: dict[str, np.ndarray]) -> None:
     np.multiply(col.rho, w, out=frac)
     np.subtract(col.y_eps, frac, out=frac)            # u = K_trig / P (+ the grid slack)
     np.floor(frac, out=m)
-    np.maximum(m, 0.0, out=m)                         # m <= floor(y) holds as T_w >= 0
+    if clamp:
+        np.maximum(m, 0.0, out=m)                     # m <= floor(y) holds as T_w >= 0
     np.subtract(frac, m, out=frac)
     if n is not None:
         np.subtract(col.fy, m, out=n)                 # n_full = floor(K_HO / P) - m
@@ -358,12 +359,14 @@ def _pallas_kernel(col: _Columns, w: np.ndarray, alpha: float, o: dict[str, np.n
     bound by memory traffic, and fresh temporaries of this size cost more than the arithmetic.
     ``all_keep_up`` (every UE's link keeps up with its source) takes the shorter path in which
     T_tx_res and T_catch do not need f_n's slow-link branch. ``j_only`` (the decision's hot
-    path) leaves T_SIT and n_full unwritten and J short of its window-independent part
-    alpha (c_sync + N_tail / r_p + 1 / r_d_target), which changes no argmin or tie.
+    path) leaves T_SIT and n_full unwritten, skips clamping L_hist at 0 (only windows beyond
+    T_limit can go below), and writes (J - alpha (c_sync + N_tail / r_p + 1 / r_d_target)) / s
+    instead of J, s = max(alpha, 1 - alpha): a per-UE shift and a positive factor, so the
+    argmin is the same and ties scale by :func:`_j_only_scale`.
     """
     if j_only and all_keep_up:
         o = dict(o, n=None)
-    _blocks(col, w, o)
+    _blocks(col, w, o, clamp=not j_only)
     m, frac, n, ind, t1 = o["m"], o["frac"], o["n"], o["ind"], o["t1"]
     tx, pre, res, catch = o["t_tx_res"], o["t_pre"], o["t_res"], o["t_catch"]
     ready, early, sit, j, tmp = o["t_ready"], o["t_early"], o["t_sit"], o["j"], o["tmp"]
@@ -395,14 +398,25 @@ def _pallas_kernel(col: _Columns, w: np.ndarray, alpha: float, o: dict[str, np.n
     np.maximum(pre, catch, out=ready)                 # Eq. 7: T_ready
     np.subtract(w, ready, out=early)
     np.maximum(early, 0.0, out=early)                 # Eq. 7: T_early
-    np.multiply(early, 1.0 - alpha, out=tmp)
     if j_only:
-        np.multiply(res, alpha, out=j)                # Eq. 8 less alpha * (T_SIT - T_res)
-    else:
-        np.add(res, col.const_sit, out=sit)           # Eq. 6: T_SIT
-        np.multiply(sit, alpha, out=j)
+        # Eq. 8 up to a per-UE constant and a positive factor (see :func:`_j_only_scale`).
+        if alpha >= 0.5:
+            np.multiply(early, (1.0 - alpha) / alpha, out=j)
+            j += res                                  # (J - alpha (T_SIT - T_res)) / alpha
+        else:
+            np.multiply(res, alpha / (1.0 - alpha), out=j)
+            j += early                                # (J - alpha (T_SIT - T_res)) / (1 - alpha)
+        return o
+    np.add(res, col.const_sit, out=sit)               # Eq. 6: T_SIT
+    np.multiply(sit, alpha, out=j)
+    np.multiply(early, 1.0 - alpha, out=tmp)
     j += tmp                                          # Eq. 8: J
     return o
+
+
+def _j_only_scale(alpha: float) -> float:
+    """The factor by which the kernel's ``j_only`` output divides J's differences."""
+    return alpha if alpha >= 0.5 else 1.0 - alpha
 
 
 def _f_n(col: _Columns, w: np.ndarray, o: dict[str, np.ndarray], f0: np.ndarray) -> np.ndarray:
@@ -564,6 +578,7 @@ def decide(inputs: WindowInputs, params: Any = DecisionParams()) -> Decision:
     last = np.floor(t_limit / params.dt + _GRID_EPS)
     k = np.arange(grid.size, dtype=np.float64)[:, None]
     index = np.empty(n, dtype=np.int64)
+    tie_tol = params.tie_tol / _j_only_scale(params.alpha)
     picked = {name: np.empty(n) for name in ("t_res", "t_early", "t_ready", "m")}
     work = _scratch((grid.size, min(n, _DECIDE_CHUNK)))
     # Order the UEs by link regime (those that keep up first: the kernel's shorter path) and
@@ -586,7 +601,7 @@ def decide(inputs: WindowInputs, params: Any = DecisionParams()) -> Decision:
             tmp *= _BEYOND_LIMIT
             j += tmp
         jmin = j.min(axis=0)
-        jmin += params.tie_tol
+        jmin += tie_tol
         best = np.argmax(j <= jmin, axis=0)           # the first, i.e. smallest, T_w
         dest = order[sl]
         index[dest] = best

@@ -210,6 +210,19 @@ def test_decision_is_the_argmin_within_t_limit(ue, alpha, t_max, dt):
     assert d.trigger[0] == (ue["t_remain"] <= d.window[0] + 1e-9)
 
 
+@pytest.mark.parametrize("alpha", [0.0, 5e-324, 1e-300, 0.3, 0.5, 0.8, 1.0 - 1e-16, 1.0])
+def test_decision_for_extreme_weights(alpha):
+    inp = T.WindowInputs(k_curr=[2000, 500], t_remain=[4.0, 2.0], block_size=16, r_p=2700, r_d=30,
+                         bandwidth=B300, s_kv=163_840, c_sync=0.05)
+    params = T.DecisionParams(alpha=alpha)
+    d = T.decide(inp, params)
+    c = T.evaluate_windows(inp, T.candidate_windows(params.dt, params.t_max), alpha=alpha)
+    for i in range(2):
+        cand = c.valid[i]
+        assert np.all(np.isfinite(d.j)) and d.j[i] <= c.j[i][cand].min() + params.tie_tol
+        assert d.window[i] == c.windows[i][cand][np.argmax(c.j[i][cand] <= d.j[i] + params.tie_tol)]
+
+
 def test_ties_go_to_the_smaller_window():
     # Instant prefill and link: SIT is the same for every window, so with alpha = 1 all tie.
     inp = T.WindowInputs(k_curr=1000, t_remain=3.0, block_size=16, r_p=1e14, r_d=30,
