@@ -479,7 +479,10 @@ def decode_rrc_meas_report_pycrate(b: bytes) -> RrcMeasReport:
         v = U.get_val()
     except Exception as e:  # noqa: BLE001
         raise E2DecodeError(f"RRC UL-DCCH: {type(e).__name__}: {e}") from None
-    return _rrc_from_val(v)
+    try:
+        return _rrc_from_val(v)
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        raise E2DecodeError(f"RRC UL-DCCH: unexpected structure ({type(e).__name__}: {e})") from None
 
 
 def decode_rrc_meas_report(b: bytes) -> RrcMeasReport:
@@ -585,12 +588,17 @@ def decode_e2ap_pycrate(b: bytes) -> RicIndication:
         v = P.get_val()
     except Exception as e:  # noqa: BLE001
         raise E2DecodeError(f"E2AP: {type(e).__name__}: {e}") from None
-    kind, body = v
-    name = body["value"][0]
-    if kind != "initiatingMessage" or name != "RICindication":
-        raise E2DecodeError(f"E2AP {kind} {name} is not a RICindication")
-    f: dict[int, Any] = {ie["id"]: ie["value"][1] for ie in body["value"][1]["protocolIEs"]}
-    return _indication_from_ies(f)
+    try:
+        kind, body = v
+        name = body["value"][0] if isinstance(body.get("value"), tuple) else "(unknown value)"
+        if kind != "initiatingMessage" or name != "RICindication":
+            raise E2DecodeError(f"E2AP {kind} {name} is not a RICindication")
+        f: dict[int, Any] = {ie["id"]: ie["value"][1] for ie in body["value"][1]["protocolIEs"]}
+        return _indication_from_ies(f)
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
+        if isinstance(e, E2DecodeError):
+            raise
+        raise E2DecodeError(f"E2AP: unexpected structure ({type(e).__name__}: {e})") from None
 
 
 def _indication_from_ies(f: Mapping[int, Any]) -> RicIndication:

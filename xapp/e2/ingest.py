@@ -36,11 +36,14 @@ from . import codec
 NAN = float("nan")
 log = structlog.get_logger("xapp.e2.ingest")
 
-# MeasurementReport fields a KPM measurement may fill, with the unit the value must be in.
+# MeasurementReport fields a KPM measurement may fill: (unit, lowest, highest accepted value).
+# Ranges are the measurement's physical or coding range (TS 38.133 ranges widened by 10 dB for
+# vendor reporting); a value outside is dropped with a reason.
 KPM_FIELDS = {
-    "rsrp_dbm": "dBm", "rsrq_db": "dB", "sinr_db": "dB", "lat": "deg", "lon": "deg",
-    "speed_mps": "m/s", "heading_deg": "deg", "serving_cell": "NR cell identity",
-    "serving_pci": "PCI",
+    "rsrp_dbm": ("dBm", -170.0, -20.0), "rsrq_db": ("dB", -53.0, 30.0), "sinr_db": ("dB", -33.0, 50.0),
+    "lat": ("deg", -90.0, 90.0), "lon": ("deg", -180.0, 180.0), "speed_mps": ("m/s", 0.0, 600.0),
+    "heading_deg": ("deg", 0.0, 360.0), "serving_cell": ("NR cell identity", 0, (1 << 36) - 1),
+    "serving_pci": ("PCI", 0, 1007),
 }
 
 #: Default KPM measurement names (configurable): 3GPP TS 28.552 has no per-UE serving RSRP/RSRQ/
@@ -138,6 +141,10 @@ def decode_indication(payload: bytes, e2_node: str, t: float, config: IngestConf
                         dropped.append(f"unknown measurement name {name!r} (UE {ur.ue.key})")
                         continue
                     if val is None:
+                        continue
+                    _, lo, hi = KPM_FIELDS[fld]
+                    if not lo <= val <= hi:  # also false for NaN
+                        dropped.append(f"value out of range: {name}={val!r} (UE {ur.ue.key})")
                         continue
                     fields[fld] = int(val) if fld in ("serving_cell", "serving_pci") else float(val)
                 if not fields:
