@@ -639,24 +639,45 @@ class RcMessageCopy:
 
 
 def _elem_octs(pid: int, b: bytes) -> dict:
+    """One E2SM-RC RAN parameter ELEMENT holding an OCTET STRING (asn1tools value)."""
     return {"ranParameter-ID": pid, "ranParameter-valueType": (
         "ranP-Choice-ElementTrue", {"ranParameter-value": ("valueOctS", b)})}
 
 
-def encode_rc_message_copy(m: RcMessageCopy) -> tuple[bytes, bytes]:
-    """RcMessageCopy -> (E2SM-RC IndicationHeader Format 1, IndicationMessage Format 1), aligned PER."""
-    s = e2sm_spec()
+@functools.lru_cache(maxsize=65536)
+def encode_ueid(u: UeId) -> bytes:
+    """UeId -> aligned-PER ``UEID`` octets (memoised: a UE's ID is the same in every report)."""
+    return e2sm_spec().encode("UEID", ueid_to_asn(u))
+
+
+@functools.lru_cache(maxsize=65536)
+def encode_cgi(c: Cgi) -> bytes:
+    """Cgi -> aligned-PER ``CGI`` octets (memoised)."""
+    return e2sm_spec().encode("CGI", cgi_to_asn(c))
+
+
+@functools.lru_cache(maxsize=1024)
+def _rc_header(condition_id: int | None) -> bytes:
     hdr: dict = {}
-    if m.condition_id is not None:
-        hdr["ric-eventTriggerCondition-ID"] = m.condition_id
-    header = s.encode("E2SM-RC-IndicationHeader", {"ric-indicationHeader-formats": ("indicationHeader-Format1", hdr)})
-    items = [_elem_octs(RC_PARAM_RRC_MESSAGE, m.rrc),
-             _elem_octs(RC_PARAM_UE_ID, s.encode("UEID", ueid_to_asn(m.ue)))]
+    if condition_id is not None:
+        hdr["ric-eventTriggerCondition-ID"] = condition_id
+    return e2sm_spec().encode("E2SM-RC-IndicationHeader", {"ric-indicationHeader-formats": ("indicationHeader-Format1", hdr)})
+
+
+def encode_rc_message_copy(m: RcMessageCopy) -> tuple[bytes, bytes]:
+    """RcMessageCopy -> (E2SM-RC IndicationHeader Format 1, IndicationMessage Format 1), aligned PER.
+    The message is written by :func:`fastper.encode_rc_octs_params` (byte-identical to
+    asn1tools, tested), the header, UEID and CGI by asn1tools (memoised)."""
+    from . import fastper
+    items = [(RC_PARAM_RRC_MESSAGE, m.rrc), (RC_PARAM_UE_ID, encode_ueid(m.ue))]
     if m.cell is not None:
-        items.append(_elem_octs(RC_PARAM_CELL_GLOBAL_ID, s.encode("CGI", cgi_to_asn(m.cell))))
-    message = s.encode("E2SM-RC-IndicationMessage", {"ric-indicationMessage-formats": (
-        "indicationMessage-Format1", {"ranP-Reported-List": items})})
-    return header, message
+        items.append((RC_PARAM_CELL_GLOBAL_ID, encode_cgi(m.cell)))
+    try:
+        message = fastper.encode_rc_octs_params(items)
+    except fastper.Unsupported:
+        message = e2sm_spec().encode("E2SM-RC-IndicationMessage", {"ric-indicationMessage-formats": (
+            "indicationMessage-Format1", {"ranP-Reported-List": [_elem_octs(p, b) for p, b in items]})})
+    return _rc_header(m.condition_id), message
 
 
 def _asn_decode(type_name: str, b: bytes) -> Any:

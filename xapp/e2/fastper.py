@@ -352,6 +352,21 @@ def encode_ric_indication_ies(ies: list[tuple[int, Any]]) -> bytes:
     return b"\x00\x05\x40" + _alen_bytes(len(body)) + bytes(body)
 
 
+def encode_rc_octs_params(params: list[tuple[int, bytes]]) -> bytes:
+    """Inverse of :func:`decode_rc_octs_params`: [(RAN parameter ID, octets)] -> E2SM-RC
+    IndicationMessage Format 1 of ELEMENT OCTET STRING parameters (aligned PER)."""
+    if not 1 <= len(params) <= 65535:
+        raise Unsupported("RAN parameter count")
+    out = bytearray(b"\x00" + (len(params) - 1).to_bytes(2, "big"))
+    for pid, val in params:
+        if not 1 <= pid <= 4294967296:
+            raise Unsupported("RAN parameter ID range")
+        x = pid - 1
+        k = max(1, (x.bit_length() + 7) // 8)
+        out += bytes([(k - 1) << 4]) + x.to_bytes(k, "big") + b"\x04" + _alen_bytes(len(val)) + val
+    return bytes(out)
+
+
 class _BitWriter:
     __slots__ = ("v", "n")
 

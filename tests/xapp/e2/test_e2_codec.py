@@ -244,9 +244,14 @@ def test_rrc_shapes_outside_the_fast_walker_fall_back_to_pycrate():
 
 
 def test_fast_rc_params_match_asn1tools(e2):
+    s = C.e2sm_spec()
     for u in UES:
-        _, msg = C.encode_rc_message_copy(C.RcMessageCopy(b"\x01" * 200, u, C.Cgi("00101", 1)))
-        assert fastper.decode_rc_octs_params(msg) == C._rc_params_asn1tools(msg)
+        for n in (0, 1, 127, 128, 5000):
+            items = [(3, b"\x01" * n), (4, C.encode_ueid(u)), (6, C.encode_cgi(C.Cgi("00101", 1))), (70000, b"x")]
+            msg = fastper.encode_rc_octs_params(items)
+            assert msg == s.encode("E2SM-RC-IndicationMessage", {"ric-indicationMessage-formats": (
+                "indicationMessage-Format1", {"ranP-Reported-List": [C._elem_octs(p, b) for p, b in items]})})
+            assert fastper.decode_rc_octs_params(msg) == C._rc_params_asn1tools(msg) == dict(items)
 
 
 def test_non_indication_e2ap_is_rejected_with_reason():
