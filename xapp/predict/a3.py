@@ -13,7 +13,8 @@ for the drive data's single anonymous neighbour, by position in the report) the 
 a robust line to D(t) over the last ``window_s`` seconds on the current serving cell (Theil-Sen,
 ``xapp.predict.base.theil_sen``) and takes
 
-- condition already holding since t_enter:  t_HO = max(now, t_enter + TTT + delay)
+- condition already holding since t_enter:  t_HO = max(now, t_enter + TTT + delay), t_enter
+  interpolated between the last report below and the first above the threshold
 - closing at slope b > min_slope:           t_HO = now + (Off + Hys - D_fit(now)) / b + TTT + delay
 
 if within ``horizon_s``; the neighbour with the earliest t_HO is the target. Its PCI resolves
@@ -122,7 +123,12 @@ class A3Forecaster:
             if npts[q] < c.min_points:
                 continue
             if holding[q]:
-                t_ho = max(now, tw[start[q]] + c.ttt_s + c.ho_delay_s)
+                k = int(start[q])
+                t_enter = tw[k]
+                if k > 0 and ok[k - 1, q] and y[k, q] > y[k - 1, q]:
+                    # the UE evaluates more often than it reports: interpolate the entry time
+                    t_enter = tw[k - 1] + (thr - y[k - 1, q]) / (y[k, q] - y[k - 1, q]) * (tw[k] - tw[k - 1])
+                t_ho = max(now, t_enter + c.ttt_s + c.ho_delay_s)
                 margin = float(y[-1, q] - thr)
             else:
                 if not (b[q] == b[q]) or b[q] < c.min_slope_db_s:

@@ -65,7 +65,7 @@ class A3Config:
     hysteresis_db: float = 1.0
     ttt_s: float = 0.32
     ho_delay_s: float = 0.05
-    window_s: float = 2.0
+    window_s: float = 3.0
     min_points: int = 4
     horizon_s: float = 8.0
     min_slope_db_s: float = 0.3

@@ -19,7 +19,10 @@ Per real handover h (time T, source A, target B), over the instants of its dwell
 - ``T_avail`` (paper §4.4, model.md §5): T minus the start of the final run of instants that
   name B up to the handover; 0 if the last prediction before T is not B;
 - ``E_early``: the largest amount by which a predicted t_ho preceded T before that run;
-- time error at L: t_ho_hat - T for right predictions.
+- time error at L: t_ho_hat - T for right predictions;
+- the same restricted to handovers whose dwell on the source was at least L (``right_elig``,
+  ``timed_elig``): a handover that follows the previous one by less than L cannot be called
+  L ahead at all (the prediction is made while the source serves).
 
 Connected-mode handovers (neither adjacent row idle) are scored apart from those involving
 idle rows. Over the whole drive time: an *alarm* is an instant whose prediction is due within
@@ -110,12 +113,14 @@ def score_drive(drive: Drive, tr: Trace, tol_s: float, alarm_horizon_s: float) -
     hos = []
     t = tr.t
     prev_row = 0
+    prev_t = t[0] if len(t) else 0.0
     for h in drive.handovers:
         row = h.row if h.row >= 0 else int(np.searchsorted(t, h.time - 1e-9))
         ks = np.arange(prev_row, row)
         ks = ks[(t[ks] < h.time) & (tr.serving[ks] == h.source_cell)] if ks.size else ks
         prev_row = row
-        rec = {"time": h.time, "idle": h.idle, "kind": h.kind, "dwell": None}
+        rec = {"time": h.time, "idle": h.idle, "kind": h.kind, "dwell": float(h.time - prev_t)}
+        prev_t = h.time
         for L in LEADS:
             kk = ks[t[ks] <= h.time - L] if ks.size else ks
             if kk.size == 0:
@@ -149,7 +154,10 @@ def score_drive(drive: Drive, tr: Trace, tol_s: float, alarm_horizon_s: float) -
     # an alarm instant is false if no handover follows within alarm_horizon_s + 2 s; false-alarm
     # episodes are maximal runs of false alarm instants on one serving cell
     nxt_ho = np.searchsorted(ho_times, t, side="right")
-    ho_after = np.where(nxt_ho < len(ho_times), ho_times[np.minimum(nxt_ho, len(ho_times) - 1)], np.inf)
+    if len(ho_times):
+        ho_after = np.where(nxt_ho < len(ho_times), ho_times[np.minimum(nxt_ho, len(ho_times) - 1)], np.inf)
+    else:
+        ho_after = np.full(len(t), np.inf)
     false_inst = alarm & (ho_after - t > alarm_horizon_s + 2.0)
     episodes = int(np.sum(alarm[1:] & ~(alarm[:-1] & (tr.serving[1:] == tr.serving[:-1])))) + int(alarm[:1].sum())
     false_eps = int(np.sum(false_inst[1:] & ~(false_inst[:-1] & (tr.serving[1:] == tr.serving[:-1]))))
@@ -192,6 +200,10 @@ def summarise(per_drive: list[dict], cls: str) -> dict:
         errs = np.array([r[f"err@{L:g}"] for r in recs if r[f"err@{L:g}"] == r[f"err@{L:g}"]])
         out[f"err_med@{L:g}"] = round(float(np.median(errs)), 3) if errs.size else None
         out[f"err_p90abs@{L:g}"] = round(float(np.percentile(np.abs(errs), 90)), 3) if errs.size else None
+        elig = [r for r in recs if r["dwell"] >= L]
+        out[f"eligible@{L:g}"] = round(len(elig) / n, 4)
+        out[f"right_elig@{L:g}"] = round(sum(r[f"right@{L:g}"] for r in elig) / max(1, len(elig)), 4)
+        out[f"timed_elig@{L:g}"] = round(sum(r[f"timed@{L:g}"] for r in elig) / max(1, len(elig)), 4)
     tav = np.array([r["t_avail"] for r in recs])
     out["t_avail_med"] = round(float(np.median(tav)), 3)
     out["t_avail_mean"] = round(float(tav.mean()), 3)
@@ -268,7 +280,7 @@ def print_tables(res: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = console or Console(file=sys.stderr, width=200)
+    con = console or Console(file=sys.stderr, width=240)
     meta = res["_meta"]
     for m, s in res.items():
         if m.startswith("_"):
@@ -277,7 +289,8 @@ def print_tables(res: dict, console=None) -> None:
                          f"tol {meta['tol_s']} s; false alarms {s['false_alarms_per_h']}/h "
                          f"(alarm episodes {s['alarm_episodes_per_h']}/h), flips {s['flips_per_h']}/h")
         cols = ["class", "n", "right@1", "right@2", "right@3", "right@5", "timed@2", "timed@3",
-                "err_med@3", "err_p90abs@3", "T_avail med", "T_avail>=2s", "E_early med"]
+                "err_med@3", "err_p90abs@3", "T_avail med", "T_avail>=2s", "E_early med",
+                "dwell>=2s", "right@2|dwell>=2", "timed@2|dwell>=2"]
         for c in cols:
             tb.add_column(c, justify="right")
         for cls in ("connected", "idle", "all"):
@@ -288,7 +301,8 @@ def print_tables(res: dict, console=None) -> None:
             pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
             tb.add_row(cls, str(x["n"]), pct(x["right@1"]), pct(x["right@2"]), pct(x["right@3"]), pct(x["right@5"]),
                        pct(x["timed@2"]), pct(x["timed@3"]), str(x["err_med@3"]), str(x["err_p90abs@3"]),
-                       f"{x['t_avail_med']:.1f}", pct(x["t_avail_ge2"]), f"{x['e_early_med']:.1f}")
+                       f"{x['t_avail_med']:.1f}", pct(x["t_avail_ge2"]), f"{x['e_early_med']:.1f}",
+                       pct(x["eligible@2"]), pct(x["right_elig@2"]), pct(x["timed_elig@2"]))
         con.print(tb)
         rel = ", ".join(f"{r['bin']}: {r['accuracy']:.2f} (n={r['n']})" for r in s["reliability"])
         con.print(f"  reliability (calibrated confidence bin: observed accuracy): {rel}; Brier {s['brier']}")
@@ -318,10 +332,10 @@ def plot_tavail(res: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
-def _generated(n: int, seed: int, duration_s: float) -> list[Drive]:
+def _generated(n: int, seed: int, duration_s: float, n_routes: int | None, speed_spread: float) -> list[Drive]:
     from xapp.sim.radio import generate_drives
 
-    _, res = generate_drives(n=n, duration_s=duration_s, seed=seed)
+    _, res = generate_drives(n=n, duration_s=duration_s, seed=seed, n_routes=n_routes, speed_spread=speed_spread)
     return [r.drive for r in res]
 
 
@@ -332,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--generate", type=int, default=0, help="score N generated drives instead of a folder")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--duration", type=float, default=600.0, help="generated drive length (s)")
+    ap.add_argument("--routes", type=int, default=0, help="generated drives share this many routes (0: all distinct)")
+    ap.add_argument("--speed-spread", type=float, default=0.2, help="generated speeds vary by +-this share")
     ap.add_argument("--limit", type=int, default=0, help="score only the first N drives")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--config", help="JSON file of PredictorConfig overrides")
@@ -343,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = lambda s: print(s, file=sys.stderr)  # noqa: E731
     t0 = _time.perf_counter()
     if a.generate:
-        drives = _generated(a.generate, a.seed, a.duration)
+        drives = _generated(a.generate, a.seed, a.duration, a.routes or None, a.speed_spread)
         tol = 0.5 if a.tol is None else a.tol
     else:
         drives = read_drives(a.folder)
