@@ -151,8 +151,11 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
             fut.set_result(reply)
         return reply
 
-    def _check(self, method: str, session_id: str, epoch: int, *, allow_equal_closed: bool) -> pallas_pb2.ControlReply | None:
-        """Validate a call; returns a reply to send instead of doing work, or None."""
+    def _check(self, method: str, session_id: str, epoch: int, *, allow_closed: tuple[str, ...] = ()) -> pallas_pb2.ControlReply | None:
+        """Validate a call; returns a reply to send instead of doing work, or None.
+
+        ``allow_closed``: how an epoch may already have been closed ("cancelled",
+        "committed") for this call to go ahead; any other closed epoch is stale."""
         if not session_id:
             return _reply(S.STATUS_INVALID, "session_id is empty", session_id, epoch)
         led = self.ledger.get(session_id)
@@ -162,7 +165,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
             return _reply(S.STATUS_STALE_EPOCH,
                           f"epoch {epoch} is older than the newest epoch {led.newest} seen for this session",
                           session_id, epoch, state=self.session_state(session_id))
-        if not allow_equal_closed and epoch in led.closed:
+        if epoch in led.closed and led.closed[epoch] not in allow_closed:
             return _reply(S.STATUS_STALE_EPOCH,
                           f"epoch {epoch} was already {led.closed[epoch]}; use a new epoch",
                           session_id, epoch, state=self.session_state(session_id))
@@ -187,7 +190,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         is passed on unchanged. Reactive baselines record the prediction and do nothing else.
         """
         sid, epoch = request.session_id, int(request.epoch)
-        bad = self._check("trigger", sid, epoch, allow_equal_closed=False)
+        bad = self._check("trigger", sid, epoch)
         if bad is None and not _endpoint_ok(request.target):
             bad = _reply(S.STATUS_INVALID, "target endpoint is empty", sid, epoch)
         if bad is not None:
@@ -217,10 +220,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         Decoding at the source never stops. Cancelling an epoch with nothing prepared is OK
         (nothing to release)."""
         sid, epoch = request.session_id, int(request.epoch)
-        bad = self._check("cancel", sid, epoch, allow_equal_closed=True)
-        if bad is None and self.ledger.get(sid).closed.get(epoch) == "committed":
-            bad = _reply(S.STATUS_STALE_EPOCH, f"epoch {epoch} was already committed", sid, epoch,
-                         state=self.session_state(sid))
+        bad = self._check("cancel", sid, epoch, allow_closed=("cancelled",))
         if bad is not None:
             return self._done("cancel", bad, context)
 
@@ -246,11 +246,9 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         that target cannot serve the model (model.md sections 5-6). The reply's ``scheme`` is
         the scheme actually used."""
         sid, epoch = request.session_id, int(request.epoch)
-        bad = self._check("commit", sid, epoch, allow_equal_closed=True)
+        bad = self._check("commit", sid, epoch, allow_closed=("cancelled",))
         if bad is None and not _endpoint_ok(request.actual_target):
             bad = _reply(S.STATUS_INVALID, "actual_target endpoint is empty", sid, epoch)
-        if bad is None and self.ledger.get(sid).closed.get(epoch) == "committed":
-            bad = _reply(S.STATUS_STALE_EPOCH, f"epoch {epoch} was already committed", sid, epoch)
         if bad is not None:
             return self._done("commit", bad, context)
 
