@@ -131,6 +131,12 @@ def spec_for(x: int | str | None, default: int = S.SCHEME_PALLAS) -> SchemeSpec:
     return SCHEMES[scheme_value(x, default)]
 
 
+try:  # the shared timing model (helper C, pallas_common/timing.py) once it is on main
+    from pallas_common.timing import ctho_split as _shared_ctho_split
+except ImportError:  # pragma: no cover - before the merge
+    _shared_ctho_split = None
+
+
 def ctho_split(k_tokens: int, r_p: float, s_kv: float, goodput: float, block_size: int) -> tuple[int, float]:
     """ctHO's block-aligned prefix/suffix split (model.md section 6, paper ref. 14).
 
@@ -152,9 +158,12 @@ def ctho_split(k_tokens: int, r_p: float, s_kv: float, goodput: float, block_siz
     Raises:
         ValueError: a non-positive rate, size or block size, or negative K.
 
-    Private copy: ``pallas_common.timing.ctho_split`` (helper C) is the shared one once it is
-    on main; this function keeps the agent independent of its landing.
+    Uses ``pallas_common.timing.ctho_split`` (the shared timing model, also used by the xApp)
+    when it is importable; the private grid search below stands in until then (same optimum;
+    ties may differ by one block, with the same predicted time).
     """
+    if _shared_ctho_split is not None:
+        return _shared_ctho_split(k_tokens, block_size, r_p, s_kv, goodput)
     if k_tokens < 0:
         raise ValueError(f"k_tokens must be >= 0, got {k_tokens}")
     if r_p <= 0 or s_kv <= 0 or goodput <= 0 or block_size <= 0:
