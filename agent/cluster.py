@@ -44,6 +44,7 @@ class LocalAgent:
         model: model folder to serve.
         omp_bind: ``VLLM_CPU_OMP_THREADS_BIND`` of its vLLM ("0", "1", "auto").
         extra: more ``pallas-agent`` flags (e.g. ``["--peer-rate-mbps", "300"]``).
+        env: more environment variables (inherited by its vLLM server too).
         log_dir: where the agent's log (JSON lines, with vLLM's log next to it) goes.
     """
 
@@ -52,6 +53,7 @@ class LocalAgent:
     omp_bind: str = "auto"
     extra: list[str] = field(default_factory=list)
     log_dir: str = str(REPO_ROOT / ".cache" / "logs")
+    env: dict[str, str] = field(default_factory=dict)
     control_port: int = field(default_factory=free_port)
     peer_port: int = field(default_factory=free_port)
     front_port: int = field(default_factory=free_port)
@@ -90,6 +92,7 @@ class LocalAgent:
         """Launch the subprocess (returns at once; see :meth:`wait_ready`)."""
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
+        env.update(self.env)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "proto")] +
                                             ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         log = open(self.log_path, "wb")
