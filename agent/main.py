@@ -241,7 +241,7 @@ class AgentApp:
         r_p = (self.scraper.prefill_rate.value if self.scraper else None) or 0.0
         if r_p <= 0:
             raise LookupError("prefill rate not measured yet")
-        goodput = core.peer_goodput(getattr(target, "agent_id", "")) or self.cfg.peer_rate_bytes_per_s or float("inf")
+        goodput = core.peer_goodput(target) or self.cfg.peer_rate_bytes_per_s or float("inf")
         return Rates(k_tokens=s.num_tokens, r_p=r_p, s_kv=float(ident.kv_bytes_per_token),
                      goodput=goodput, block_size=int(ident.block_size or self.cfg.block_size))
 
@@ -299,7 +299,8 @@ class AgentApp:
         KV_BLOCKS_HELD.fn = lambda: [((), core.blocks_held())]
 
         collector = TelemetryCollector(cfg.agent_id, lambda: list(core.sessions), scraper=self.scraper,
-                                       identity=core.identity, peers=core.peer_stats)
+                                       identity=core.identity, peers=core.peer_stats,
+                                       kv_blocks=getattr(core, "kv_blocks", None))
         self.control = ControlService(
             self.runner, agent_id=cfg.agent_id,
             has_session=lambda sid: core.sessions.get(sid) is not None,

@@ -84,8 +84,11 @@ def configure_logging(level: str = "INFO", *, json: bool = True, stream=None) ->
 
 
 def get_logger(name: str = "pallas.agent", **initial: Any):
-    """A structlog logger bound with ``component=name`` and any ``initial`` keys."""
-    return structlog.get_logger(name).bind(component=name, **initial)
+    """A structlog logger with ``component=name`` and any ``initial`` keys.
+
+    Lazy: the logging configuration in force when a record is emitted applies, so module-level
+    loggers created before :func:`configure_logging` still follow it."""
+    return structlog.get_logger(name, component=name, **initial)
 
 
 def bind_migration(log, session_id: str, epoch: int | None = None, peer: str | None = None):

@@ -257,12 +257,13 @@ def _agent_of(ep: Any) -> str:
 
 
 def _same_target(a: Any, b: Any) -> bool:
+    """Same peer endpoint: by address when both have one (what the data plane dials), else id."""
     if a is None or b is None:
         return False
-    aid, bid = getattr(a, "agent_id", ""), getattr(b, "agent_id", "")
-    if aid and bid:
-        return aid == bid
-    return getattr(a, "address", None) == getattr(b, "address", None)
+    aa, ba = getattr(a, "address", ""), getattr(b, "address", "")
+    if aa and ba:
+        return aa == ba
+    return getattr(a, "agent_id", "") == getattr(b, "agent_id", "")
 
 
 class SchemeRunner:

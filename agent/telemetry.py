@@ -211,7 +211,10 @@ class TelemetryCollector:
             sampling.max_tokens, remaining_tokens, state, epoch, token_times).
         scraper: the vLLM scraper (r_p, KV blocks, aggregate decode rate); optional.
         identity: ``identity() -> pallas_pb2.ModelIdentity | None``; optional.
-        peers: ``peers() -> iterable of PeerStat``; optional.
+        peers: ``peers() -> iterable`` of :class:`PeerStat` or ``pallas_pb2.PeerTelemetry``;
+            optional.
+        kv_blocks: ``kv_blocks() -> (free, total) | None``: KV blocks reported by the connector
+            (preferred over the scraped figure when it answers); optional.
         alpha: EWMA weight for the per-session decode rate.
         window: output tokens over which one r_d sample is taken.
         default_prefill_rate: r_p reported before any measurement (0 = unknown).
@@ -224,7 +227,8 @@ class TelemetryCollector:
         *,
         scraper: VllmScraper | None = None,
         identity: Callable[[], pallas_pb2.ModelIdentity | None] | None = None,
-        peers: Callable[[], Iterable[PeerStat]] | None = None,
+        peers: Callable[[], Iterable[Any]] | None = None,
+        kv_blocks: Callable[[], tuple[int, int] | None] | None = None,
         alpha: float = 0.3,
         window: int = 16,
         default_prefill_rate: float = 0.0,
@@ -234,6 +238,7 @@ class TelemetryCollector:
         self.scraper = scraper
         self.identity = identity
         self.peers = peers
+        self.kv_blocks = kv_blocks
         self.alpha = alpha
         self.window = window
         self.default_prefill_rate = default_prefill_rate
@@ -273,12 +278,18 @@ class TelemetryCollector:
                 srv.model.CopyFrom(ident)
         sc = self.scraper
         srv.prefill_rate = (sc.prefill_rate.value if sc and sc.prefill_rate.value else self.default_prefill_rate)
-        if sc is not None and sc.last is not None:
+        kv = self.kv_blocks() if self.kv_blocks is not None else None
+        if kv is not None:
+            srv.free_kv_blocks, srv.total_kv_blocks = kv
+        elif sc is not None and sc.last is not None:
             srv.free_kv_blocks = sc.last.free_blocks
             srv.total_kv_blocks = sc.last.total_blocks
         srv.decode_rate = (sc.decode_rate.value or 0.0) if sc else sum(x.decode_rate for x in rep.sessions)
         if self.peers is not None:
             for p in self.peers():
+                if isinstance(p, pallas_pb2.PeerTelemetry):
+                    rep.peers.append(p)
+                    continue
                 rep.peers.append(pallas_pb2.PeerTelemetry(
                     agent_id=p.agent_id, goodput_bytes_per_s=p.goodput_bytes_per_s,
                     bytes_sent=int(p.bytes_sent), rtt_s=p.rtt_s))

@@ -59,7 +59,7 @@ class FakeCore:
     def identity(self):
         return pb.ModelIdentity(model="fake", block_size=32, kv_bytes_per_token=1024)
 
-    def peer_goodput(self, agent_id):
+    def peer_goodput(self, target):
         return 1e6
 
     def peer_stats(self):
