@@ -128,7 +128,8 @@ class Session:
     reused_tokens: int | None = None
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Engine bookkeeping (not part of the session's identity).
-    frozen_at: int | None = None  # output length at which appends stop (commit point)
+    frozen_at: int | None = None  # output length at which appends pause (commit point)
+    held_token_ids: list[int] = dataclasses.field(default_factory=list)  # produced past it
     _task: asyncio.Task | None = dataclasses.field(default=None, repr=False)
     _changed: asyncio.Event | None = dataclasses.field(default=None, repr=False)
 
@@ -179,18 +180,54 @@ class Session:
         self._changed = asyncio.Event()
 
     def append_tokens(self, token_ids: list[int], now: float | None = None) -> int:
-        """Append generated tokens (dropping any past ``frozen_at``); returns how many were kept."""
+        """Append generated tokens; returns how many became visible.
+
+        While the session is frozen (:meth:`freeze`, during a commit), tokens past
+        ``frozen_at`` are held back instead: :meth:`unfreeze` publishes them if the
+        handover fails, so the source serves on without losing a token.
+        """
         now = time.time() if now is None else now
         kept = 0
         for tok in token_ids:
             if self.frozen_at is not None and len(self.output_token_ids) >= self.frozen_at:
-                break
+                self.held_token_ids.append(int(tok))
+                continue
             self.output_token_ids.append(int(tok))
             self.token_times.append(now)
             kept += 1
         if kept:
             self.notify()
         return kept
+
+    def freeze(self, at: int | None = None) -> int:
+        """Stop publishing new tokens at the commit point and return it (output tokens).
+
+        ``at``: the number of output tokens the UE has received (default: all so far). Tokens
+        past it are taken back into the held list: the session continues from ``at`` at the
+        target, which produces the same tokens (token-exact continuation).
+        """
+        if at is not None:
+            if at < 0:
+                raise ValueError(f"at must be >= 0, got {at}")
+            at = min(at, len(self.output_token_ids))
+            if at < len(self.output_token_ids):
+                self.held_token_ids[:0] = self.output_token_ids[at:]
+                del self.output_token_ids[at:]
+                del self.token_times[at:]
+            self.frozen_at = at
+        elif self.frozen_at is None:
+            self.frozen_at = len(self.output_token_ids)
+        return self.frozen_at
+
+    def unfreeze(self) -> None:
+        """Publish tokens held back since :meth:`freeze` and keep appending normally."""
+        held, self.held_token_ids = self.held_token_ids, []
+        self.frozen_at = None
+        if held:
+            self.append_tokens(held)
+        fin = self.info.pop("held_finish", None)
+        if fin is not None and not self.done:
+            self.set_state(SessionState.FINISHED, finish_reason=fin)
 
     def set_state(self, state: SessionState, *, finish_reason: str | None = None) -> None:
         """Change the state and wake readers."""
@@ -371,22 +408,31 @@ class Engine:
                         session.append_tokens(toks)
                     if choice.get("finish_reason"):
                         finish = choice["finish_reason"]
-                if session.frozen_at is not None and \
-                        len(session.output_token_ids) >= session.frozen_at:
-                    break
-        if finish is not None and session.frozen_at is None and not session.done:
-            session.set_state(SessionState.FINISHED, finish_reason=finish)
+        if finish is not None and not session.done:
+            if session.frozen_at is not None:
+                session.info["held_finish"] = finish  # published by unfreeze() if it stays here
+            else:
+                session.set_state(SessionState.FINISHED, finish_reason=finish)
         return finish
 
     def start(self, session: Session, *,
               kv_transfer_params: dict[str, Any] | None = None) -> asyncio.Task:
-        """Start :meth:`generate` as a task tied to the session; a failure marks it ``FAILED``."""
-        if session.state in (SessionState.NEW,):
+        """Start :meth:`generate` as a task tied to the session; a failure marks it ``FAILED``.
+
+        The request always carries ``kv_transfer_params["pallas"]["sid"] = session_id`` so the
+        Pallas connector can export its blocks later (a trigger may come at any time).
+        """
+        if session.state == SessionState.NEW:
             session.set_state(SessionState.SERVING)
+        params = {"pallas": {"sid": session.session_id}}
+        if kv_transfer_params:
+            params = {**kv_transfer_params,
+                      "pallas": {"sid": session.session_id,
+                                 **(kv_transfer_params.get("pallas") or {})}}
 
         async def run() -> str | None:
             try:
-                return await self.generate(session, kv_transfer_params=kv_transfer_params)
+                return await self.generate(session, kv_transfer_params=params)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the session fails; the agent runs on
