@@ -80,6 +80,8 @@ def configure_logging(level: str = "INFO", *, json: bool = True, stream=None) ->
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=lvl, stream=stream or sys.stderr, format="%(message)s")
+    for noisy in ("httpx", "httpcore"):  # one line per HTTP request (the vLLM scraper)
+        logging.getLogger(noisy).setLevel(max(lvl, logging.WARNING))
     _configured = True
 
 
