@@ -34,25 +34,49 @@ class Child:
     pgid: int
     log_path: Path | None = None
     group_pids: set[int] = field(default_factory=set)
+    extra_pgids: set[int] = field(default_factory=set)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
 
 
-def group_members(pgid: int) -> set[int]:
-    """Pids of live processes whose process group is ``pgid`` (Linux /proc; empty elsewhere)."""
-    out: set[int] = set()
+def _proc_table() -> dict[int, tuple[str, int, int]]:
+    """pid -> (state, ppid, pgrp) of every process (Linux /proc; empty elsewhere)."""
+    out: dict[int, tuple[str, int, int]] = {}
     for d in Path("/proc").iterdir() if Path("/proc").exists() else ():
         if not d.name.isdigit():
             continue
         try:
             stat = (d / "stat").read_text()
-            # fields after the ")" of comm: state ppid pgrp ...
-            rest = stat[stat.rindex(")") + 2:].split()
-            if int(rest[2]) == pgid and rest[0] != "Z":
-                out.add(int(d.name))
+            rest = stat[stat.rindex(")") + 2:].split()   # state ppid pgrp ...
+            out[int(d.name)] = (rest[0], int(rest[1]), int(rest[2]))
         except (OSError, ValueError, IndexError):
             continue
+    return out
+
+
+def group_members(pgid: int) -> set[int]:
+    """Pids of live (non-zombie) processes whose process group is ``pgid``."""
+    return {pid for pid, (st, _, pg) in _proc_table().items() if pg == pgid and st != "Z"}
+
+
+def descendants(pid: int) -> dict[int, int]:
+    """Live descendants of ``pid`` (any depth) -> their process group ids. A child that moved
+    to its own session (vLLM started with start_new_session) is still found through its ppid."""
+    table = _proc_table()
+    kids: dict[int, list[int]] = {}
+    for p, (_, pp, _) in table.items():
+        kids.setdefault(pp, []).append(p)
+    out: dict[int, int] = {}
+    stack = list(kids.get(pid, []))
+    while stack:
+        p = stack.pop()
+        if p in out:
+            continue
+        st, _, pg = table[p]
+        if st != "Z":
+            out[p] = pg
+        stack.extend(kids.get(p, []))
     return out
 
 
@@ -141,27 +165,44 @@ class Supervisor:
         return c
 
     def refresh(self) -> None:
-        """Record the pids now in each child's group (vLLM spawns its engine processes late)."""
-        for c in self.children:
+        """Record the pids now in each child's group and below it (vLLM spawns its engine
+        processes late, and an agent starts vLLM in a session of its own)."""
+        for c in list(self.children):
             m = group_members(c.pgid)
+            for pid in list(m):
+                for d, pg in descendants(pid).items():
+                    m.add(d)
+                    if pg != c.pgid:
+                        c.extra_pgids.add(pg)
             c.group_pids |= m
             self.started_pids |= m
 
     def stop(self, c: Child) -> None:
         """SIGTERM the child's group, wait up to grace_s, SIGKILL what is left."""
         self.refresh()
-        for sig, wait in ((signal.SIGTERM, self.grace_s), (signal.SIGKILL, 2.0)):
-            try:
-                os.killpg(c.pgid, sig)
-            except ProcessLookupError:
-                pass
+
+        def left() -> set[int]:
+            pids = group_members(c.pgid)
+            for pg in c.extra_pgids:
+                pids |= group_members(pg)
+            return pids
+
+        # SIGTERM the child's own group first (it stops what it started), then everything.
+        for sig, wait, groups in ((signal.SIGTERM, self.grace_s, [c.pgid]),
+                                  (signal.SIGTERM, 2.0, sorted(c.extra_pgids)),
+                                  (signal.SIGKILL, 2.0, [c.pgid, *sorted(c.extra_pgids)])):
+            for pg in groups:
+                try:
+                    os.killpg(pg, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 c.popen.poll()
-                if not group_members(c.pgid):
+                if not left():
                     break
                 time.sleep(0.1)
-            if not group_members(c.pgid):
+            if not left():
                 break
         try:
             c.popen.wait(timeout=1.0)

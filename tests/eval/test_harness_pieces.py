@@ -156,3 +156,20 @@ def test_supervisor_stops_the_whole_process_group(tmp_path):
     sup.close()
     assert sup.leftovers() == set()
     assert group_members(c.pgid) == set()
+
+
+def test_supervisor_also_stops_a_grandchild_in_its_own_session(tmp_path):
+    from pallas_eval.procs import Supervisor, descendants
+    # The child starts a grandchild in a new session (as an agent starts vLLM) and ignores SIGTERM.
+    code = ("import subprocess, sys, time, signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+            "time.sleep(60)")
+    sup = Supervisor(tmp_path, grace_s=1.0)
+    c = sup.start("parent", [sys.executable, "-c", code])
+    deadline = time.time() + 10
+    while not descendants(c.popen.pid) and time.time() < deadline:
+        time.sleep(0.1)
+    sup.refresh()
+    assert c.extra_pgids, "the grandchild's own process group was not found"
+    sup.close()
+    assert sup.leftovers() == set()
