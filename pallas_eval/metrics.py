@@ -25,6 +25,7 @@ class SessionRecord:
 
     ``times`` and ``token_ids`` have one entry per token the UE received, in order; ``agents``
     names the agent that delivered each token (the serving cell's agent, or a relay under Detour).
+    ``relayed`` names the relaying agent per token ("" when served directly).
     ``reference`` is the no-handover token sequence, when known.
     """
 
@@ -36,6 +37,7 @@ class SessionRecord:
     times: list[float] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     agents: list[str] = field(default_factory=list)
+    relayed: list[str] = field(default_factory=list)
     error: str = ""
     reference: list[int] | None = None
 
@@ -49,9 +51,13 @@ class SessionRecord:
         return np.diff(t) if t.size > 1 else np.zeros(0)
 
     def matches_reference(self) -> bool | None:
-        """True if the received tokens equal the no-handover reference, None if unknown."""
+        """True if the received tokens equal the no-handover reference (its first n tokens for
+        a session cut short at the end of the replay), None if unknown."""
         if self.reference is None:
             return None
+        n = len(self.token_ids)
+        if self.error and n < len(self.reference):
+            return list(self.token_ids) == list(self.reference[:n])
         return list(self.token_ids) == list(self.reference)
 
 
@@ -81,11 +87,18 @@ class HandoverSIT:
     tokens_at_ho: int = 0
 
 
-def sit_for_handover(ho: Handover, sessions: Sequence[SessionRecord]) -> HandoverSIT:
+def sit_for_handover(ho: Handover, sessions: Sequence[SessionRecord], new_agent: str | None = None,
+                     next_handover: float = float("inf")) -> HandoverSIT:
     """The SIT of one handover from the UE's sessions (model.md section 7).
 
     The session in flight is the one of this UE with a token before ``ho.time`` and a token at
-    or after it. Sessions are those of ``ho.ue_id`` only (others are ignored).
+    or after it. The SIT is the gap from the last token before the handover to the first token
+    after it. When ``new_agent`` is given and the new cell's agent first relays the old one's
+    stream (Detour, or while the commit is in flight) and only later serves the session itself,
+    the interruption the UE sees is the longest gap between consecutive tokens from the last
+    token before the handover up to the first token ``new_agent`` served directly (before
+    ``next_handover``); under Detour, where that never happens, it is the gap at the handover.
+    Sessions are those of ``ho.ue_id`` only (others are ignored).
     """
     out = HandoverSIT(ho)
     for s in sessions:
@@ -95,9 +108,18 @@ def sit_for_handover(ho: Handover, sessions: Sequence[SessionRecord]) -> Handove
         i = int(np.searchsorted(t, ho.time, side="left"))  # first token at/after the HO
         if 0 < i < t.size:
             out.session_id = s.session_id
-            out.last_before = float(t[i - 1])
-            out.first_after = float(t[i])
-            out.sit = out.first_after - out.last_before
+            j = i
+            if new_agent is not None and len(s.agents) == t.size:
+                rel = s.relayed if len(s.relayed) == t.size else [""] * t.size
+                local = [k for k in range(i, t.size) if t[k] < next_handover
+                         and s.agents[k] == new_agent and not rel[k]]
+                if local:
+                    j = local[0]
+            gaps = np.diff(t[i - 1:j + 1])
+            k = int(np.argmax(gaps))
+            out.last_before = float(t[i - 1 + k])
+            out.first_after = float(t[i + k])
+            out.sit = float(gaps[k])
             out.tokens_at_ho = s.prompt_tokens + i
             return out
     return out

@@ -173,3 +173,20 @@ def test_supervisor_also_stops_a_grandchild_in_its_own_session(tmp_path):
     assert c.extra_pgids, "the grandchild's own process group was not found"
     sup.close()
     assert sup.leftovers() == set()
+
+
+def test_sit_counts_the_stall_when_the_new_agent_takes_over_from_a_relay():
+    # Tokens 0-2 from A; after the HO at 1.2 the new agent B relays A (1.25, 1.30), then B serves
+    # itself after a 0.4 s stall (restore at the target): the UE's interruption is 0.4 s.
+    s = SessionRecord("u1", "s1", 10, 8, 0.9, [1.0, 1.05, 1.10, 1.25, 1.30, 1.70, 1.75],
+                      list(range(7)), agents=["A", "A", "A", "A", "A", "B", "B"],
+                      relayed=["", "", "", "B", "B", "", ""])
+    r = sit_for_handover(Handover("u1", 1.2, 7, 8), [s], new_agent="B")
+    assert r.sit == pytest.approx(0.4)
+    assert r.last_before == pytest.approx(1.30)
+    # Without the agent names it is the gap at the handover.
+    assert sit_for_handover(Handover("u1", 1.2, 7, 8), [s]).sit == pytest.approx(0.15)
+    # Detour: B never serves directly, so the gap at the handover.
+    s.agents = ["A"] * 7
+    s.relayed = ["", "", "", "B", "B", "B", "B"]
+    assert sit_for_handover(Handover("u1", 1.2, 7, 8), [s], new_agent="B").sit == pytest.approx(0.15)
