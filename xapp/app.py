@@ -42,7 +42,7 @@ import structlog
 
 from pallas_proto import pallas_pb2 as pb
 from xapp.config import XappConfig
-from xapp.policy import PROACTIVE, AgentEndpoint, CallOutcome, PolicyClient, TelemetryConsumer, scheme_name
+from xapp.policy import AgentEndpoint, CallOutcome, PolicyClient, TelemetryConsumer, scheme_name, scheme_value
 from xapp.tracks import MeasurementReport, TrackStore
 
 log = structlog.get_logger("pallas.xapp.app")
@@ -50,10 +50,6 @@ log = structlog.get_logger("pallas.xapp.app")
 RIC_INDICATION = 12050
 A1_POLICY_REQ = 20010
 A1_POLICY_RESP = 20011
-
-# Session states (agent/session.py SessionState values) in which the reporting agent serves it.
-_SERVING_STATES = {"serving", "migrating", "committing", "resumed", "new"}
-
 
 class EventLog:
     """Append-only JSON-lines log of the xApp's decisions (thread-safe). ``path`` None: events
@@ -84,56 +80,9 @@ class EventLog:
                 self._fh = None
 
 
-class Ewma:
-    """An EWMA of one rate with the time of its newest sample (model.md section 2)."""
-
-    __slots__ = ("value", "when")
-
-    def __init__(self) -> None:
-        self.value = float("nan")
-        self.when = -math.inf
-
-    def add(self, x: float, now: float, weight: float) -> None:
-        if not (math.isfinite(x) and x > 0):
-            return
-        self.value = x if not math.isfinite(self.value) else weight * x + (1 - weight) * self.value
-        self.when = now
-
-    def get(self, now: float, stale_s: float, default: float) -> float:
-        return self.value if math.isfinite(self.value) and now - self.when <= stale_s else default
-
-
-@dataclass
-class SessionView:
-    """A session in flight as the agents' telemetry shows it (pallas.proto SessionTelemetry)."""
-
-    session_id: str
-    ue_id: str
-    agent_id: str
-    tokens: int = 0
-    decode_rate: float = 0.0
-    remaining_tokens: int = 0
-    state: str = ""
-    seen: float = 0.0
-
-
-@dataclass
-class Migration:
-    """The xApp's side of one session's migration (model.md sections 4-5).
-
-    ``state``: idle (no preparation), preparing (triggered at ``epoch`` for ``target_cell``),
-    committed. ``epoch`` rises with every trigger and every commit, so no epoch is reused.
-    """
-
-    session_id: str
-    state: str = "idle"
-    epoch: int = 0
-    source_agent: str = ""
-    target_cell: int = -1
-    target_agent: str = ""
-    window_s: float = float("nan")
-    t_early_s: float = float("nan")
-    triggered_at: float = float("nan")
+# Session states (agent/session.py SessionState values) passed to the Scheduler Engine: those in
+# which the reporting agent serves the session, and its end.
+_PASS_STATES = {"new", "serving", "migrating", "committing", "resumed", "finished"}
 
 
 @dataclass
@@ -147,7 +96,7 @@ class UEState:
 
 
 class PallasXapp:
-    """The xApp: ingest -> tracks -> predictor -> window decision -> policies (module docstring).
+    """The xApp: ingest -> tracks -> predictor -> Scheduler Engine -> policies (module docstring).
 
     Args:
         config: the typed configuration (``xapp.config``).
@@ -156,13 +105,17 @@ class PallasXapp:
         telemetry: a TelemetryConsumer (built from ``config.agents`` when None; ``False``: none).
         predictor: an object with ``observe(report)`` and ``predict(track, now)`` (default:
             ``xapp.predict.HandoverPredictor`` from ``config.predictor``).
+        engine: an ``xapp.scheduler.SchedulerEngine`` (built from ``config.scheduler``).
         nrt: a neighbour relation table {PCI: NR cell identity} to seed the predictor with.
         events: the event log; ``offset``: wall clock minus trace clock (s).
         a1: an ``xapp.a1.A1PolicyHandler`` (live mode) or None.
+
+    Clocks: the predictor and the tracks run on the trace clock, the Scheduler Engine on the
+    wall clock (the agents' telemetry carries wall-clock times); t_HO is moved by ``offset``.
     """
 
     def __init__(self, config: XappConfig, transport: Any, *, policy: PolicyClient | None = None,
-                 telemetry: TelemetryConsumer | None | bool = None, predictor: Any = None,
+                 telemetry: TelemetryConsumer | None | bool = None, predictor: Any = None, engine: Any = None,
                  nrt: Mapping[int, int] | None = None, events: EventLog | None = None, offset: float = 0.0,
                  a1: Any = None, ingest: Any = None) -> None:
         from xapp.e2.ingest import Ingestor
@@ -175,22 +128,18 @@ class PallasXapp:
         self.tracks = TrackStore()
         self.ingest = ingest or Ingestor(self.tracks)
         self.predictor = predictor if predictor is not None else self._build_predictor(config, nrt)
+        self.engine = engine if engine is not None else self._build_engine(config)
         endpoints = self._endpoints(config)
         self.policy = policy or PolicyClient(endpoints, on_reply=self._on_reply)
         if policy is not None and policy.on_reply is None:
             policy.on_reply = self._on_reply
         if telemetry is None:
             telemetry = TelemetryConsumer(endpoints, self._on_telemetry,
-                                          period_ms=int(self._sched("control_period_s", 0.1) * 1000))
+                                          period_ms=int(self.engine.cfg.control_period_s * 1000))
         self.telemetry = telemetry or None
         self.ues: dict[str, UEState] = {}
-        self.sessions: dict[str, SessionView] = {}          # by session id
-        self.migrations: dict[str, Migration] = {}          # by session id
-        self.r_p: dict[str, Ewma] = {}                      # by target agent
-        self.r_d: dict[str, Ewma] = {}                      # by session
-        self.goodput: dict[tuple[str, str], Ewma] = {}      # by (source, target) agent
-        self.identity: dict[str, pb.ModelIdentity] = {}     # by agent
-        self.free_kv_blocks: dict[str, int] = {}
+        self.tokens: dict[str, tuple[int, float]] = {}       # session -> (K, wall time) from telemetry
+        self._actions: dict[tuple[str, str, int], Any] = {}  # (kind, session, epoch) -> action
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._cycle_thread: threading.Thread | None = None
@@ -206,21 +155,25 @@ class PallasXapp:
     def _build_predictor(config: XappConfig, nrt: Mapping[int, int] | None) -> Any:
         from xapp.predict import HandoverPredictor, PredictorConfig
 
-        raw = dict(config.predictor) if isinstance(config.predictor, Mapping) else None
-        try:
-            cfg = config.predictor if not isinstance(config.predictor, Mapping) else PredictorConfig.from_dict(raw)
-        except ValueError as e:  # the descriptor's predictor section speaks another dialect
-            log.warning("predictor config not understood, using defaults", error=str(e))
-            cfg = PredictorConfig()
+        cfg = config.predictor
+        if isinstance(cfg, Mapping):
+            try:
+                cfg = PredictorConfig.from_dict(dict(cfg))
+            except ValueError as e:  # the descriptor's predictor section speaks another dialect
+                log.warning("predictor config not understood, using defaults", error=str(e))
+                cfg = PredictorConfig()
         p = HandoverPredictor(cfg)
         for pci, cell in (nrt or {}).items():
             p.knowledge.nrt.add_serving(int(pci), int(cell))
         return p
 
-    def _sched(self, key: str, default: float) -> float:
-        s = self.config.scheduler
-        v = s.get(key) if isinstance(s, Mapping) else getattr(s, key, None)
-        return float(v) if v is not None else default
+    @staticmethod
+    def _build_engine(config: XappConfig) -> Any:
+        from xapp.scheduler import SchedulerConfig, SchedulerEngine
+
+        sc = config.scheduler
+        cfg = sc if isinstance(sc, SchedulerConfig) else SchedulerConfig.from_dict(dict(sc))
+        return SchedulerEngine(cfg, scheme=scheme_value(config.scheme), fallback=scheme_value(config.fallback))
 
     # ------------------------------------------------------------------ clocks
     def now(self) -> float:
@@ -257,7 +210,7 @@ class PallasXapp:
         with self._lock:
             ue = self.ues.get(r.ue_id)
             if ue is None:
-                ue = self.ues[r.ue_id] = UEState(r.ue_id, r.serving_cell, r.time)
+                self.ues[r.ue_id] = UEState(r.ue_id, r.serving_cell, r.time)
                 return
             if r.serving_cell < 0 or r.serving_cell == ue.serving_cell:
                 return
@@ -267,168 +220,138 @@ class PallasXapp:
 
     # ------------------------------------------------------------------ telemetry
     def _on_telemetry(self, agent_id: str, rep: pb.TelemetryReport) -> None:
-        now = self.now()
-        w = self._sched("ewma_weight", 0.3)
+        """An agent's TelemetryReport: rates, server state and the sessions it serves go to the
+        Scheduler Engine (sessions the agent only prepares or handed over are left out)."""
+        keep = [s for s in rep.sessions if s.state in _PASS_STATES or s.state == "failed"]
+        if len(keep) != len(rep.sessions):
+            r2 = pb.TelemetryReport()
+            r2.CopyFrom(rep)
+            del r2.sessions[:]
+            for s in keep:
+                x = r2.sessions.add()
+                x.CopyFrom(s)
+                if s.state == "failed":
+                    x.state = "finished"
+            rep = r2
         with self._lock:
-            if rep.HasField("server"):
-                srv = rep.server
-                if srv.HasField("model"):
-                    self.identity[agent_id] = srv.model
-                self.r_p.setdefault(agent_id, Ewma()).add(srv.prefill_rate, now, w)
-                self.free_kv_blocks[agent_id] = int(srv.free_kv_blocks)
-            for p in rep.peers:
-                self.goodput.setdefault((agent_id, p.agent_id), Ewma()).add(p.goodput_bytes_per_s, now, w)
             for s in rep.sessions:
-                if s.state not in _SERVING_STATES:
-                    cur = self.sessions.get(s.session_id)
-                    if cur is not None and cur.agent_id == agent_id and s.state in ("finished", "failed"):
-                        del self.sessions[s.session_id]
-                    continue
-                v = self.sessions.get(s.session_id)
-                if v is None:
-                    v = self.sessions[s.session_id] = SessionView(s.session_id, s.ue_id, agent_id)
-                v.agent_id, v.ue_id = agent_id, s.ue_id or v.ue_id
-                v.tokens, v.decode_rate, v.state = int(s.tokens), float(s.decode_rate), s.state
-                v.remaining_tokens, v.seen = int(s.remaining_tokens), now
-                self.r_d.setdefault(s.session_id, Ewma()).add(s.decode_rate, now, w)
-
-    def session_of(self, ue_id: str) -> SessionView | None:
-        """The UE's session in flight (newest telemetry), or None."""
-        best = None
-        for v in self.sessions.values():
-            if v.ue_id == ue_id and (best is None or v.seen > best.seen):
-                best = v
-        return best
+                self.tokens[s.session_id] = (int(s.tokens), float(rep.time or time.time()))
+            actions = self.engine.ingest_telemetry(rep, time.time())
+        self._send(actions)
 
     # ------------------------------------------------------------------ the control cycle
-    def control_cycle(self, now: float | None = None) -> int:
-        """One decision cycle over every UE with a session in flight; returns actions taken."""
-        now = self.now() if now is None else now
+    def control_cycle(self) -> int:
+        """One decision cycle: predictions for every UE, then the engine's vectorised decision;
+        returns the number of actions sent."""
+        now_trace, now_wall = self.now(), time.time()
         self.cycles += 1
-        acted = 0
+        ue_ids, targets, t_ho, conf, allow = [], [], [], [], []
         with self._lock:
-            work = [(ue, self.session_of(ue.ue_id)) for ue in self.ues.values()]
-        for ue, sess in work:
+            ues = list(self.ues.values())
+        for ue in ues:
             track = self.tracks.get(ue.ue_id)
             if track is None or not len(track):
                 continue
             try:
-                pred = self.predictor.predict(track, now)
+                pred = self.predictor.predict(track, now_trace)
             except Exception as e:
                 log.error("prediction failed", ue=ue.ue_id, error=repr(e))
                 continue
-            tgt = pred.target_cell if pred is not None else -1
-            if tgt != ue.reported_target:
-                ue.reported_target = tgt
-                self.events.write("prediction", ue=ue.ue_id, trace_t=now, serving_cell=ue.serving_cell,
-                                  target_cell=tgt, t_ho=pred.t_ho if pred else None,
+            tgt_cell = pred.target_cell if pred is not None else -1
+            if tgt_cell != ue.reported_target:
+                ue.reported_target = tgt_cell
+                self.events.write("prediction", ue=ue.ue_id, trace_t=now_trace, serving_cell=ue.serving_cell,
+                                  target_cell=tgt_cell, t_ho=pred.t_ho if pred else None,
                                   confidence=pred.confidence if pred else None,
                                   source=pred.source if pred else None)
-            if sess is None:
-                continue
-            acted += self._decide(ue, sess, pred, now)
-        return acted
-
-    def _rates(self, source: str, target: str, sess: SessionView, now: float) -> dict[str, float]:
-        stale = self._sched("stale_age_s", 5.0)
-        ident = self.identity.get(target) or self.identity.get(source)
-        r_p = self.r_p.get(target, Ewma()).get(now, stale, self._sched("default_prefill_rate_tps", 1000.0))
-        r_d = self.r_d.get(sess.session_id, Ewma()).get(now, stale, self._sched("default_decode_rate_tps", 20.0))
-        bw = self.goodput.get((source, target), Ewma()).get(now, stale, self.config.default_goodput_bytes_per_s)
-        return {"r_p": r_p, "r_d": r_d, "bandwidth": bw,
-                "s_kv": float(ident.kv_bytes_per_token) if ident and ident.kv_bytes_per_token else 0.0,
-                "block_size": float(ident.block_size) if ident and ident.block_size else 0.0}
-
-    def _decide(self, ue: UEState, sess: SessionView, pred: Any, now: float) -> int:
-        """Model.md sections 4-5 for one session: cancel on a withdrawn or changed target,
-        else run Eq. 9 and trigger once T_remain_hat <= T_w*."""
-        from pallas_common import timing
-
-        scheme = self.config.scheme.replace("_", "-")
-        m = self.migrations.setdefault(sess.session_id, Migration(sess.session_id))
-        tgt_ep = self.config.agent_for_cell(pred.target_cell) if pred is not None and pred.target_cell >= 0 else None
-        if m.state == "preparing":
-            if tgt_ep is None or pred.target_cell != m.target_cell:
-                self._cancel(m, "target changed" if tgt_ep is not None else "prediction withdrawn", now)
-                if tgt_ep is None:
-                    return 1
-            else:
-                return 0
-        if m.state != "idle" or scheme not in PROACTIVE or tgt_ep is None:
-            return 0
-        if tgt_ep.agent_id == sess.agent_id or not math.isfinite(pred.t_ho):
-            return 0
-        if not self.config.proactive.allows(ue.serving_cell, pred.target_cell):
-            return 0
-        rates = self._rates(sess.agent_id, tgt_ep.agent_id, sess, now)
-        if rates["s_kv"] <= 0 or rates["block_size"] <= 0:
-            return 0  # no model identity yet: nothing to size the migration with
-        t_remain = pred.t_ho - now
-        x = timing.WindowInputs(k_curr=max(sess.tokens, 0), t_remain=t_remain, block_size=rates["block_size"],
-                                r_p=rates["r_p"], r_d=rates["r_d"], bandwidth=rates["bandwidth"],
-                                s_kv=rates["s_kv"], c_sync=self._sched("c_sync_s", 0.05))
-        params = timing.DecisionParams(alpha=self._sched("alpha", 0.8), dt=self._sched("dt_s", 0.1),
-                                       t_max=self._sched("t_max_s", 5.0),
-                                       trigger_lookahead=self._sched("control_period_s", 0.1))
-        d = timing.decide(x, params)
-        if not bool(d.trigger[0]):
-            return 0
-        m.state, m.epoch = "preparing", m.epoch + 1
-        m.source_agent, m.target_cell, m.target_agent = sess.agent_id, pred.target_cell, tgt_ep.agent_id
-        m.window_s, m.t_early_s, m.triggered_at = float(d.window[0]), float(d.t_early[0]), now
-        self.events.write("trigger", ue=ue.ue_id, session=sess.session_id, epoch=m.epoch, trace_t=now,
-                          source_agent=sess.agent_id, source_cell=ue.serving_cell, target_cell=pred.target_cell,
-                          target_agent=tgt_ep.agent_id, t_ho_pred=pred.t_ho, t_remain=t_remain,
-                          window_s=m.window_s, t_early_s=m.t_early_s, t_sit_s=float(d.t_sit[0]),
-                          l_hist=float(d.l_hist[0]), k_curr=sess.tokens, confidence=pred.confidence, **rates)
-        self.policy.trigger(sess.agent_id, sess.session_id, m.epoch, tgt_ep.agent_id, split_tokens=0,
-                            predicted_handover_time=pred.t_ho + self.offset, scheme=scheme, window_s=m.window_s)
-        return 1
-
-    def _cancel(self, m: Migration, reason: str, now: float) -> None:
-        self.events.write("cancel", session=m.session_id, epoch=m.epoch, trace_t=now, reason=reason,
-                          target_agent=m.target_agent)
-        self.policy.cancel(m.source_agent, m.session_id, m.epoch, reason)
-        m.state, m.target_cell, m.target_agent = "idle", -1, ""
+            ep = self.config.agent_for_cell(tgt_cell) if tgt_cell >= 0 else None
+            ue_ids.append(ue.ue_id)
+            targets.append(ep.agent_id if ep is not None and pred is not None and math.isfinite(pred.t_ho) else None)
+            t_ho.append(pred.t_ho + self.offset if pred is not None and math.isfinite(pred.t_ho) else float("nan"))
+            conf.append(pred.confidence if pred is not None else 0.0)
+            allow.append(ep is not None and self.config.proactive.allows(ue.serving_cell, tgt_cell))
+        with self._lock:
+            actions = self.engine.set_predictions(ue_ids, targets, t_ho, conf, allow) if ue_ids else []
+            actions += self.engine.cycle(now_wall)
+        self._send(actions)
+        return len(actions)
 
     def on_handover(self, ue_id: str, from_cell: int, to_cell: int, t: float) -> None:
-        """The UE is on ``to_cell``: commit its session to that cell's agent (prepared or not:
-        an unprepared or mispredicted target is recovered by the agent's fallback)."""
+        """The UE is on ``to_cell`` (first report from it, trace time ``t``): the engine commits
+        each of its sessions to that cell's agent, prepared or by the fallback."""
+        tgt = self.config.agent_for_cell(to_cell)
         with self._lock:
-            sess = self.session_of(ue_id)
-            if sess is None:
-                self.events.write("commit_skipped", ue=ue_id, trace_t=t, reason="no session in flight",
-                                  from_cell=from_cell, to_cell=to_cell)
+            sessions = self.engine.sessions_of(ue_id)
+            if tgt is None or not sessions:
+                self.events.write("commit_skipped", ue=ue_id, trace_t=t, from_cell=from_cell, to_cell=to_cell,
+                                  reason="no agent at the new cell" if tgt is None else "no session in flight")
                 return
-            tgt = self.config.agent_for_cell(to_cell)
-            m = self.migrations.setdefault(sess.session_id, Migration(sess.session_id))
-            if tgt is None or tgt.agent_id == sess.agent_id:
-                self.events.write("commit_skipped", ue=ue_id, session=sess.session_id, trace_t=t,
-                                  reason="no agent at the new cell" if tgt is None else "same server",
-                                  from_cell=from_cell, to_cell=to_cell)
-                if m.state == "preparing" and tgt is None:
-                    self._cancel(m, "handover to a cell without an agent", t)
-                return
-            prepared = m.state == "preparing" and m.target_agent == tgt.agent_id
-            if m.state == "preparing" and not prepared:
-                self._cancel(m, "actual target differs from the prepared one", t)
-            if not prepared:
-                m.epoch += 1
-            scheme = self.config.scheme.replace("_", "-")
-            source = sess.agent_id
-            self.events.write("commit", ue=ue_id, session=sess.session_id, epoch=m.epoch, trace_t=t,
-                              source_agent=source, target_agent=tgt.agent_id, from_cell=from_cell,
-                              to_cell=to_cell, prepared=prepared, scheme=scheme, window_s=m.window_s if prepared
-                              else None, t_early_s=m.t_early_s if prepared else None, k_curr=sess.tokens)
-            m.state = "committed"
-            if scheme != "detour":
-                # After the commit the target's agent serves the session (repeated handovers chain);
-                # its telemetry confirms, this only avoids a stale source in between.
-                sess.agent_id = tgt.agent_id
-        self.policy.commit(source, sess.session_id, m.epoch, tgt.agent_id, scheme=scheme,
-                           handover_time=t + self.offset)
-        with self._lock:
-            m.state, m.window_s, m.t_early_s = "idle", float("nan"), float("nan")
+            actions = self.engine.on_handover(ue_id, tgt.agent_id, t + self.offset)
+        if not actions:
+            self.events.write("commit_skipped", ue=ue_id, trace_t=t, from_cell=from_cell, to_cell=to_cell,
+                              reason="same server")
+        self._send(actions, ho=(ue_id, from_cell, to_cell, t))
+
+    # ------------------------------------------------------------------ actions -> policies
+    def _t_early(self, a: Any, now: float) -> tuple[float, float]:
+        """Eq. 6-7 at the chosen window for a trigger (model estimate): (T_SIT, T_early), s."""
+        from pallas_common import timing
+        try:
+            sm = self.engine.session(a.session_id)
+            tel = self.engine.telemetry
+            k, t_k = self.tokens.get(a.session_id, (0, now))
+            r_d = tel.decode_rate(a.session_id, now)
+            ident = tel.model_of(a.source)
+            x = timing.WindowInputs(k_curr=k + r_d * max(0.0, now - t_k), t_remain=max(0.0, a.predicted_handover_time - now),
+                                    block_size=ident.block_size, r_p=tel.prefill_rate(a.target, now), r_d=r_d,
+                                    bandwidth=tel.goodput_bytes_per_s(a.source, a.target, now),
+                                    s_kv=ident.kv_bytes_per_token, c_sync=self.engine.cfg.c_sync_s)
+            c = timing.evaluate_windows(x, np.array([a.window_s]), self.engine.cfg.alpha)
+            del sm
+            return float(c.t_sit[0, 0]), float(c.t_early[0, 0])
+        except Exception:
+            return float("nan"), float("nan")
+
+    def _send(self, actions: list, ho: tuple | None = None) -> None:
+        from xapp.scheduler import CancelAction, CommitAction, TriggerAction
+
+        now = time.time()
+        for a in actions:
+            try:
+                if isinstance(a, TriggerAction):
+                    t_sit, t_early = self._t_early(a, now)
+                    sch = scheme_name(a.scheme)
+                    self.events.write("trigger", session=a.session_id, epoch=a.epoch, trace_t=now - self.offset,
+                                      ue=self.engine.session(a.session_id).ue_id, source_agent=a.source,
+                                      target_agent=a.target, t_ho_pred=a.predicted_handover_time - self.offset,
+                                      t_remain=a.predicted_handover_time - now, window_s=a.window_s,
+                                      l_hist=a.predicted_split_tokens, t_sit_s=t_sit, t_early_s=t_early, scheme=sch,
+                                      r_p=self.engine.telemetry.prefill_rate(a.target, now),
+                                      r_d=self.engine.telemetry.decode_rate(a.session_id, now),
+                                      bandwidth=self.engine.telemetry.goodput_bytes_per_s(a.source, a.target, now))
+                    self._actions[("Trigger", a.session_id, a.epoch)] = (a, t_early)
+                    self.policy.trigger(a.source, a.session_id, a.epoch, a.target, split_tokens=a.split_tokens,
+                                        predicted_handover_time=a.predicted_handover_time, scheme=sch,
+                                        window_s=a.window_s)
+                elif isinstance(a, CancelAction):
+                    self.events.write("cancel", session=a.session_id, epoch=a.epoch, trace_t=now - self.offset,
+                                      source_agent=a.source, target_agent=a.target, reason=a.reason)
+                    self._actions[("Cancel", a.session_id, a.epoch)] = (a, None)
+                    self.policy.cancel(a.source, a.session_id, a.epoch, a.reason)
+                elif isinstance(a, CommitAction):
+                    trig = self._actions.get(("Trigger", a.session_id, a.epoch))
+                    k = self.tokens.get(a.session_id, (None, 0))[0]
+                    ue, f, t, t_ho = ho if ho else ("", -1, -1, a.handover_time - self.offset)
+                    self.events.write("commit", ue=ue, session=a.session_id, epoch=a.epoch, trace_t=t_ho,
+                                      source_agent=a.source, target_agent=a.actual_target, from_cell=f, to_cell=t,
+                                      prepared=a.prepared_target is not None, scheme=scheme_name(a.scheme),
+                                      window_s=trig[0].window_s if trig and a.prepared_target else None,
+                                      t_early_s=trig[1] if trig and a.prepared_target else None, k_curr=k)
+                    self._actions[("Commit", a.session_id, a.epoch)] = (a, None)
+                    self.policy.commit(a.source, a.session_id, a.epoch, a.actual_target, scheme=scheme_name(a.scheme),
+                                       handover_time=a.handover_time)
+            except KeyError as e:
+                log.error("action for an unknown agent dropped", action=repr(a), error=repr(e))
 
     def _on_reply(self, out: CallOutcome) -> None:
         r = out.reply
@@ -437,19 +360,33 @@ class PallasXapp:
                           state=r.state if r else None, scheme=scheme_name(r.scheme) if r else None,
                           split_tokens=int(r.split_tokens) if r else None, message=r.message if r else out.error,
                           latency_s=out.latency_s, attempts=out.attempts)
-        if out.kind == "Trigger" and not out.ok:
-            with self._lock:
-                m = self.migrations.get(out.session_id)
-                if m is not None and m.epoch == out.epoch and m.state == "preparing":
-                    m.state = "idle"   # refused: the handover will be recovered by the fallback
+        entry = self._actions.get((out.kind, out.session_id, out.epoch))
+        if entry is None:
+            return
+        reply = r if r is not None else pb.ControlReply(status=pb.STATUS_ERROR, message=out.error)
+        with self._lock:
+            more = self.engine.on_reply(entry[0], reply)
+        self._send(more)
 
     # ------------------------------------------------------------------ configuration
     def reconfigure(self, config: XappConfig) -> None:
-        """Take a new configuration (A1 or CONFIG_FILE change): new agents get channels."""
+        """Take a new configuration (A1 or CONFIG_FILE change): new agents get channels, the
+        engine takes the new scheduler parameters and scheme (sessions in flight keep theirs)."""
         with self._lock:
+            old = self.config
             self.config = config
             for aid, ep in self._endpoints(config).items():
                 self.policy.agents.setdefault(aid, ep)
+            if (dict(config.scheduler) if isinstance(config.scheduler, Mapping) else config.scheduler) != \
+                    (dict(old.scheduler) if isinstance(old.scheduler, Mapping) else old.scheduler) \
+                    or config.scheme != old.scheme or config.fallback != old.fallback:
+                from xapp.scheduler import SchedulerConfig
+                sc = config.scheduler
+                cfg = sc if isinstance(sc, SchedulerConfig) else SchedulerConfig.from_dict(dict(sc))
+                e = self.engine
+                e.cfg, e._params = cfg, cfg.decision_params()
+                e._horizon = cfg.t_max_s + e._params.trigger_lookahead
+                e.scheme, e.fallback = scheme_value(config.scheme), scheme_value(config.fallback)
         log.info("configuration applied", scheme=config.scheme, agents=len(config.agents), cells=len(config.cells))
 
     # ------------------------------------------------------------------ run / stop
@@ -460,7 +397,7 @@ class PallasXapp:
                 self.control_cycle()
             except Exception as e:
                 log.error("control cycle failed", error=repr(e))
-            self._stop.wait(max(0.0, self._sched("control_period_s", 0.1) - (time.monotonic() - t0)))
+            self._stop.wait(max(0.0, self.engine.cfg.control_period_s - (time.monotonic() - t0)))
 
     def start_telemetry(self) -> None:
         """Start reading the agents' Telemetry streams (idempotent)."""
