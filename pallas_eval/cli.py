@@ -131,17 +131,29 @@ def _sim_handovers_offline(plan: dict, opts: rp.ReplayOptions, rates: Rates, sam
     return out
 
 
-def cmd_replay(a: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    con = Console()
+def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
+    """ReplayOptions from ``pallas replay``'s arguments."""
     schemes = tuple(s.strip() for s in a.schemes.split(",") if s.strip()) + (rp.ABLATIONS if a.ablations else ())
-    opts = rp.ReplayOptions(out_dir=Path(a.out), trace=a.trace, segment=a.segment, min_handovers=a.min_handovers,
+    return rp.ReplayOptions(out_dir=Path(a.out), trace=a.trace, segment=a.segment, min_handovers=a.min_handovers,
                             servers=a.servers, schemes=schemes, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
                             azure=a.azure, model_preset=a.model_preset, max_model_len=a.max_model_len,
                             max_output=a.max_output, peer_rate_mbps=a.peer_rate_mbps, verify=not a.no_verify,
-                            simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python)
+                            simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python, lead_s=a.lead_s)
+
+
+def cmd_replay(a: argparse.Namespace) -> int:
+    from rich.console import Console
+    res = run_replay(options_from_args(a), Console())
+    return 0 if not res.get("leftover_pids") else 1
+
+
+def run_replay(opts: rp.ReplayOptions, con) -> dict:
+    """The whole job (module docstring of pallas_eval.replay); prints to ``con`` (a rich
+    Console) and writes the outputs. Returns what summary.json holds, plus ``runs``
+    (SchemeRun objects) and ``rows`` (HandoverRow objects) for tests."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    schemes = opts.schemes
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     con.print(f"[bold]pallas replay[/] -> {opts.out_dir}")
@@ -158,7 +170,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
     if opts.simulate_only:
         rates = _pick_rates(opts.rates if opts.rates != "measured" else "paper", None)
-        hos = _sim_handovers_offline(plan, opts, rates, sampler, a.lead_s)
+        hos = _sim_handovers_offline(plan, opts, rates, sampler, opts.lead_s)
         res = simulate(hos, rates, schemes)
         sm = summarize_sim(res)
         _print_sim(con, sm, rates, hos)
@@ -167,8 +179,9 @@ def cmd_replay(a: argparse.Namespace) -> int:
                         to_cell=r.handover.to_cell, k_ho=r.handover.k_ho, lead_s=r.handover.lead_s, sit_s=r.sit_s,
                         t_early_s=r.t_early_s, window_s=r.window_s, bytes_moved=r.bytes_moved,
                         prefill_tokens=r.prefill_tokens, outcome=r.outcome) for r in res])
-        write_json(opts.out_dir / "summary.json", {**result, "rates": vars(rates), "simulated": sm})
-        return 0
+        out = {**result, "rates": vars(rates), "simulated": sm}
+        write_json(opts.out_dir / "summary.json", out)
+        return out
 
     from pallas_eval.procs import Supervisor
     with Supervisor(opts.out_dir / "logs") as sup:
@@ -238,7 +251,8 @@ def cmd_replay(a: argparse.Namespace) -> int:
                   {r.scheme: [_shifted(s, -r.start_at) for s in r.sessions] for r in runs},
                   [float(h[1]) - float(plan["t_first"]) for h in plan["handovers"] if h[0] == ue0], t0=0.0)
     con.print(f"wrote {out}/handovers.csv, summary.csv, summary.json, sit_cdf.png, itl_cdf.png, timeline.png")
-    return 0 if not leftover else 1
+    return {**result, "summary": [s.as_dict() for s in summaries], "leftover_pids": sorted(leftover),
+            "started_pids": sorted(sup.started_pids), "runs": runs, "rows": rows_all, "errors": errors}
 
 
 def _shifted(s, dt: float):

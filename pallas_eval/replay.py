@@ -71,6 +71,7 @@ class ReplayOptions:
     simulate: bool = True
     simulate_only: bool = False
     rates: str = "measured"
+    lead_s: float = 3.0
     xapp_python: str = ""
     agent_ready_timeout_s: float = 600.0
     progress: bool = True

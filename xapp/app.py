@@ -321,6 +321,7 @@ class PallasXapp:
                 if isinstance(a, TriggerAction):
                     t_sit, t_early = self._t_early(a, now)
                     sch = scheme_name(a.scheme)
+                    ident = self.engine.telemetry.model_of(a.source)
                     self.events.write("trigger", session=a.session_id, epoch=a.epoch, trace_t=now - self.offset,
                                       ue=self.engine.session(a.session_id).ue_id, source_agent=a.source,
                                       target_agent=a.target, t_ho_pred=a.predicted_handover_time - self.offset,
@@ -328,7 +329,9 @@ class PallasXapp:
                                       l_hist=a.predicted_split_tokens, t_sit_s=t_sit, t_early_s=t_early, scheme=sch,
                                       r_p=self.engine.telemetry.prefill_rate(a.target, now),
                                       r_d=self.engine.telemetry.decode_rate(a.session_id, now),
-                                      bandwidth=self.engine.telemetry.goodput_bytes_per_s(a.source, a.target, now))
+                                      bandwidth=self.engine.telemetry.goodput_bytes_per_s(a.source, a.target, now),
+                                      s_kv=ident.kv_bytes_per_token if ident else None,
+                                      block_size=ident.block_size if ident else None)
                     self._actions[("Trigger", a.session_id, a.epoch)] = (a, t_early)
                     self.policy.trigger(a.source, a.session_id, a.epoch, a.target, split_tokens=a.split_tokens,
                                         predicted_handover_time=a.predicted_handover_time, scheme=sch,
