@@ -41,8 +41,9 @@ def test_replay_short_generated_drive_two_servers(tmp_path):
     assert in_flight, "no handover met a session in flight"
     for r in in_flight:
         assert r.outcome in ("commit", "recovered") or r.outcome.startswith("fallback:"), (r.scheme, r.outcome)
-    assert any(r.scheme == "pallas" and r.outcome == "commit" for r in in_flight) or \
-        all(r.outcome.startswith("fallback:") for r in in_flight if r.scheme == "pallas")
+    # The proactive path ran at least once: predicted, triggered, committed to the prepared target.
+    assert any(r.scheme == "pallas" and r.outcome == "commit" for r in in_flight), \
+        [(r.scheme, r.outcome) for r in rows]
 
     checked = 0
     for run in res["runs"]:
