@@ -137,21 +137,17 @@ def _cdf(ax, x: np.ndarray, label: str, scale: float = 1000.0) -> None:
         ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=f"{label} (n={x.size})")
 
 
-def plot_cdfs(path: Path, per_scheme: dict[str, np.ndarray], xlabel: str, slo_ms: float | None = None,
-              log_x: bool = False) -> Path:
-    """A CDF per scheme (values in seconds, plotted in ms) saved to ``path`` (PNG)."""
+def _figure(size: tuple[float, float]):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for name, x in per_scheme.items():
-        _cdf(ax, x, name)
-    if slo_ms:
-        ax.axvline(slo_ms, color="grey", ls="--", lw=1, label=f"SLO {slo_ms:.0f} ms")
-    if log_x:
-        ax.set_xscale("log")
+    return plt.subplots(figsize=size)
+
+
+def _finish(fig, ax, path: Path, xlabel: str, ylabel: str) -> Path:
+    import matplotlib.pyplot as plt
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("CDF")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -161,13 +157,23 @@ def plot_cdfs(path: Path, per_scheme: dict[str, np.ndarray], xlabel: str, slo_ms
     return path
 
 
+def plot_cdfs(path: Path, per_scheme: dict[str, np.ndarray], xlabel: str, slo_ms: float | None = None,
+              log_x: bool = False) -> Path:
+    """A CDF per scheme (values in seconds, plotted in ms) saved to ``path`` (PNG)."""
+    fig, ax = _figure((6.4, 4.0))
+    for name, x in per_scheme.items():
+        _cdf(ax, x, name)
+    if slo_ms:
+        ax.axvline(slo_ms, color="grey", ls="--", lw=1, label=f"SLO {slo_ms:.0f} ms")
+    if log_x:
+        ax.set_xscale("log")
+    return _finish(fig, ax, path, xlabel, "CDF")
+
+
 def plot_timeline(path: Path, ue_id: str, per_scheme: dict[str, Sequence[SessionRecord]],
                   handover_times: Sequence[float], t0: float = 0.0) -> Path:
     """One UE's tokens over time (cumulative count per scheme), handovers as vertical lines."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8.0, 4.0))
+    fig, ax = _figure((8.0, 4.0))
     for name, sessions in per_scheme.items():
         t = np.sort(np.concatenate([np.asarray(s.times) for s in sessions if s.ue_id == ue_id and s.times]
                                    or [np.zeros(0)]))
@@ -175,12 +181,4 @@ def plot_timeline(path: Path, ue_id: str, per_scheme: dict[str, Sequence[Session
             ax.step(t - t0, np.arange(1, t.size + 1), where="post", label=name, lw=1)
     for i, h in enumerate(handover_times):
         ax.axvline(h - t0, color="red", ls=":", lw=1, label="handover" if i == 0 else None)
-    ax.set_xlabel("time since replay start (s)")
-    ax.set_ylabel(f"tokens received by UE {ue_id}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path, "time since replay start (s)", f"tokens received by UE {ue_id}")
