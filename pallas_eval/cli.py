@@ -84,7 +84,7 @@ def _rates_from_file(spec: str) -> Rates:
 def _pick_rates(spec: str, measured: dict | None, block_size: int = 32, s_kv: float = 0.0) -> Rates:
     if spec == "measured":
         m = measured or {}
-        return measured_rates(r_p=m.get("r_p"), r_d=m.get("r_d_ue") or m.get("r_d_xapp"), bandwidth=m.get("bandwidth"),
+        return measured_rates(r_p=m.get("r_p"), r_d=m.get("r_d_xapp") or m.get("r_d_ue"), bandwidth=m.get("bandwidth"),
                               s_kv=float(m.get("s_kv") or s_kv or 16384.0), block_size=int(m.get("block_size") or block_size),
                               c_sync=m.get("c_sync"), hop_delay_s=None)
     if spec in PRESETS:
@@ -143,7 +143,10 @@ def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
 
 def cmd_replay(a: argparse.Namespace) -> int:
     from rich.console import Console
-    res = run_replay(options_from_args(a), Console())
+    con = Console()
+    if not con.is_terminal:
+        con = Console(width=200)   # a log file or pipe: keep the tables' columns whole
+    res = run_replay(options_from_args(a), con)
     return 0 if not res.get("leftover_pids") else 1
 
 
@@ -226,7 +229,16 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
         sit_by[r.scheme] = np.array([x.sit_s for x in rows])
         itl_by[r.scheme] = np.concatenate([s.itls() for s in r.sessions] or [np.zeros(0)])
     measured = rp.measured_rates(runs)
-    rates = _pick_rates(opts.rates, measured, s_kv=measured.get("s_kv") or 0.0)
+    if not measured.get("s_kv"):
+        from agent.models import build_model, model_config
+        from pallas_common.timing import kv_bytes_per_token
+        measured["s_kv"] = float(kv_bytes_per_token(model_config(build_model(opts.model_preset))))
+        measured["block_size"] = measured.get("block_size") or 32.0
+    rp.fill_migration_figures(rows_all, runs, rp.migration_log(opts.out_dir / "logs"),
+                              measured["s_kv"] * measured["block_size"])
+    rates = _pick_rates(opts.rates, measured, s_kv=measured["s_kv"])
+    for r in runs:
+        rp.save_sessions(opts.out_dir / r.scheme / "sessions.jsonl", r)
     sim_hos = _sim_handovers_live([x for x in rows_all if x.scheme == runs[0].scheme])
     sim = summarize_sim(simulate(sim_hos, rates, schemes)) if sim_hos else {}
 
@@ -273,7 +285,17 @@ def _print_sim(con, sm: dict, rates: Rates, hos) -> None:
     con.print(t)
 
 
+def _stubs_importable() -> None:
+    """Make ``pallas_proto`` importable when the project is not pip-installed (a checkout run
+    with ``python -m pallas_eval.cli``): its stubs live in ``proto/``."""
+    try:
+        import pallas_proto  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(rp.REPO / "proto"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _stubs_importable()
     a = build_parser().parse_args(argv)
     if a.cmd == "replay":
         return cmd_replay(a)

@@ -370,6 +370,68 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
     return rows, sits
 
 
+def migration_log(log_dir: Path) -> dict[tuple[str, int], dict]:
+    """What the agents logged about each migration, by (session, epoch): the target's prefix
+    prefill at preparation (``prefix`` tokens), and at the resume the tokens of the session
+    (``n_tokens``), those whose KV was reused (``reused``) and the KV blocks received
+    (``blocks_in``). Read from the agents' JSON-line logs (events "prepared" and "resumed")."""
+    out: dict[tuple[str, int], dict] = {}
+    for f in sorted(log_dir.glob("agent-*.log")):
+        for line in f.read_text(errors="replace").splitlines():
+            if not line.startswith("{") or '"event": "' not in line:
+                continue
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            kind = ev.get("event")
+            if kind not in ("prepared", "resumed") or "session" not in ev or "epoch" not in ev:
+                continue
+            d = out.setdefault((ev["session"], int(ev["epoch"])), {})
+            if kind == "prepared":
+                d["prefix"] = int(ev.get("prefix") or 0)
+            else:
+                d.update(n_tokens=int(ev.get("n_tokens") or 0), reused=int(ev.get("reused") or 0),
+                         blocks_in=int(ev.get("blocks_in") or 0))
+    return out
+
+
+def fill_migration_figures(rows: Sequence[HandoverRow], runs: Sequence[SchemeRun], migrations: dict,
+                           block_bytes: float) -> None:
+    """Bytes moved and prefill tokens per handover from the agents' migration log: bytes =
+    KV blocks received x block bytes; prefill = prefix prefilled at the trigger + the tokens
+    recomputed at the resume (session tokens - reused)."""
+    commits = {}
+    for r in runs:
+        for e in r.events:
+            if e.get("kind") == "commit":
+                commits[(r.scheme, e.get("ue"), round(float(e.get("trace_t", 0.0)), 3))] = e
+    t_first = None
+    for r in runs:
+        t_first = r.start_at - r.offset
+        break
+    for row in rows:
+        e = commits.get((row.scheme, row.ue_id, round(row.time_s + (t_first or 0.0), 3)))
+        if e is None:
+            continue
+        m = migrations.get((e.get("session"), int(e.get("epoch") or 0)))
+        if not m:
+            continue
+        row.bytes_moved = int(m.get("blocks_in", 0) * block_bytes)
+        row.prefill_tokens = int(m.get("prefix", 0) + max(0, m.get("n_tokens", 0) - m.get("reused", 0)))
+
+
+def save_sessions(path: Path, run: SchemeRun) -> None:
+    """Every session the UEs ran under one scheme, with every token's id, arrival time, serving
+    agent and relay, as JSON lines."""
+    with open(path, "w") as f:
+        for s in run.sessions:
+            f.write(json.dumps({"ue": s.ue_id, "session": s.session_id, "prompt_tokens": s.prompt_tokens,
+                                "max_tokens": s.max_tokens, "start": s.start, "times": s.times,
+                                "token_ids": s.token_ids, "agents": s.agents, "relayed": s.relayed,
+                                "error": s.error, "token_exact": s.matches_reference()}) + "\n")
+
+
 def agent_counters(servers: Sequence[Server]) -> dict[str, float]:
     """Sum of the agents' Prometheus counters that size a migration (bytes moved, prefill
     tokens), by sample name; used as before/after differences per scheme."""
