@@ -392,7 +392,9 @@ class SchedulerEngine:
                 continue
             self._reserved[sm.target] = reserved + res.need_bytes
             sm.t_ho = float(self._t_ho[slot])
-            actions.append(sm.trigger(now, float(d.window[i]), int(d.l_hist[i])))
+            actions.append(sm.trigger(now, float(d.window[i]), int(d.l_hist[i]),
+                                      predicted_sit_s=float(d.t_sit[i]),
+                                      predicted_early_s=float(d.t_early[i])))
         return actions
 
     # -- handovers and replies ----------------------------------------------------------------

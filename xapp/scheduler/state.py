@@ -70,6 +70,8 @@ class TriggerAction:
     ``split_tokens`` 0 lets the source record its own block-aligned split at the trigger
     (paper §4.2); ``predicted_split_tokens`` is the L_hist the decision expected (Eq. 4), for
     logs. ``window_s`` is T_w*; ``predicted_handover_time`` t_HO_hat (s, Unix time).
+    ``predicted_sit_s`` / ``predicted_early_s``: the model's T_SIT and T_early at T_w*
+    (Eqs. 6-7) when the engine decided, for metrics; None if not given.
     """
 
     session_id: str
@@ -81,6 +83,8 @@ class TriggerAction:
     predicted_split_tokens: int
     scheme: int = pallas_pb2.SCHEME_PALLAS
     split_tokens: int = 0
+    predicted_sit_s: float | None = None
+    predicted_early_s: float | None = None
 
     def to_proto(self, target_peer_address: str) -> pallas_pb2.TriggerRequest:
         """The TriggerRequest; ``target_peer_address`` is the target's PeerTransfer host:port."""
@@ -226,13 +230,16 @@ class SessionMigration:
             self._to(MigrationState.PLANNED, "new prediction")
         return []
 
-    def trigger(self, now: float, window_s: float, predicted_split_tokens: int) -> TriggerAction:
+    def trigger(self, now: float, window_s: float, predicted_split_tokens: int, *,
+                predicted_sit_s: float | None = None,
+                predicted_early_s: float | None = None) -> TriggerAction:
         """The trigger rule fired and admission passed: start preparing (PLANNED -> PREPARING)."""
         if self.state is not MigrationState.PLANNED or self.target is None or self.t_ho is None:
             raise InvalidTransition(f"trigger in state {self.state.value}")
         self.window_s, self.trigger_time = window_s, now
         act = TriggerAction(self.session_id, self.epoch, self.source, self.target, self.t_ho,
-                            window_s, int(predicted_split_tokens), self.scheme)
+                            window_s, int(predicted_split_tokens), self.scheme,
+                            predicted_sit_s=predicted_sit_s, predicted_early_s=predicted_early_s)
         self._to(MigrationState.PREPARING, "trigger")
         return act
 

@@ -71,6 +71,11 @@ def test_defers_then_triggers_at_the_chosen_window(cfg):
     assert w_star <= t_ho - t <= w_star + cfg.trigger_lookahead_s + 1e-9
     assert 0.5 <= act.window_s <= 2.0                    # the Figure 2 knee region
     assert act.predicted_split_tokens % BLOCK == 0
+    costs = timing.evaluate_windows(timing.WindowInputs(
+        k_curr=k_now, t_remain=t_ho - t, block_size=BLOCK, r_p=2700.0, r_d=30.0,
+        bandwidth=cfg.default_goodput_bytes_per_s, s_kv=S_KV, c_sync=cfg.c_sync_s), [w_star])
+    assert act.predicted_sit_s == pytest.approx(costs.t_sit[0, 0])
+    assert act.predicted_early_s == pytest.approx(costs.t_early[0, 0])
     assert eng.session("s1").state is S.PREPARING
     assert eng.cycle(t + 0.1) == []                      # a trigger is one-time
 
