@@ -17,8 +17,9 @@ Public API:
   the new configuration, or the current one kept when the new file is invalid.
 - :func:`validate_controls` checks only; :func:`controls_schema` returns the schema.
 
-The sub-configurations of the Scheduler Engine and the predictor are composed in
-:func:`_compose_engines`, the one place to rewire when their typed classes change.
+The sub-configurations are the Scheduler Engine's ``SchedulerConfig`` and the predictor's
+``PredictorConfig``, built from ``controls.scheduler`` and ``controls.predictor`` by their own
+``from_dict`` in :func:`_compose_engines`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from typing import Any
 
 import structlog
 from jsonschema import Draft7Validator
+
+from xapp.predict.config import PredictorConfig
+from xapp.scheduler.config import SchedulerConfig, SchedulerConfigError
 
 __all__ = [
     "ConfigError",
@@ -56,8 +60,6 @@ __all__ = [
 
 #: Environment variable naming the controls schema file (the container image sets it).
 SCHEMA_ENV = "PALLAS_CONTROLS_SCHEMA"
-
-_MBIT = 1e6 / 8.0  # bytes/s per Mbit/s
 
 log = structlog.get_logger("xapp.config")
 
@@ -170,9 +172,9 @@ class XappConfig:
       ``no_sm``); ``fallback``: the recovery of an unprepared or mispredicted target that can
       serve the model (model.md section 6).
     - ``proactive``: :class:`ProactiveRules`.
-    - ``scheduler`` / ``predictor``: the engines' sub-configurations (see :func:`_compose_engines`).
-    - ``default_goodput_bytes_per_s``: ``scheduler.default_goodput_mbps`` converted once to
-      bytes/s (model.md: goodput is Mbit/s at the edges, SI inside).
+    - ``scheduler``: :class:`xapp.scheduler.config.SchedulerConfig` (the Scheduler Engine's
+      parameters; its ``default_goodput_bytes_per_s`` is the Mbit/s value converted once);
+      ``predictor``: :class:`xapp.predict.config.PredictorConfig`.
     - ``agents`` (agent id -> :class:`AgentEndpoint`), ``cells`` (cell id -> agent id).
     - ``e2``: :class:`E2SubscriptionConfig`; ``a1``: :class:`A1Config`.
     - ``controls``: a private deep copy of the validated ``controls`` mapping this object was
@@ -182,9 +184,8 @@ class XappConfig:
     scheme: str
     fallback: str
     proactive: ProactiveRules
-    scheduler: Any
-    predictor: Any
-    default_goodput_bytes_per_s: float
+    scheduler: SchedulerConfig
+    predictor: PredictorConfig
     agents: Mapping[str, AgentEndpoint]
     cells: Mapping[int, str]
     e2: E2SubscriptionConfig
@@ -293,14 +294,22 @@ def _non_finite(value: Any, path: tuple[str, ...]) -> list[str]:
     return []
 
 
-def _compose_engines(controls: Mapping[str, Any]) -> tuple[Any, Any]:
-    """Build the Scheduler Engine's and the predictor's sub-configurations.
+def _compose_engines(controls: Mapping[str, Any]) -> tuple[SchedulerConfig, PredictorConfig]:
+    """Build the Scheduler Engine's and the predictor's sub-configurations from their sections.
 
-    The one place that knows the engines' config classes. Until those land, each is the
-    validated section as a read-only mapping (field names and units as in schema.json).
+    The one place that knows the engines' config classes. The schema is at least as strict as
+    their ``from_dict`` checks, so for validated ``controls`` these never raise; if they do
+    (the schema and a class drifted apart), the error is reported as a :class:`ConfigError`.
     """
-    return (MappingProxyType(copy.deepcopy(dict(controls["scheduler"]))),
-            MappingProxyType(copy.deepcopy(dict(controls["predictor"]))))
+    try:
+        scheduler = SchedulerConfig.from_dict(controls["scheduler"])
+    except SchedulerConfigError as e:
+        raise ConfigError([(f"controls.scheduler.{k}", m) for k, m in e.errors]) from e
+    try:
+        predictor = PredictorConfig.from_dict(controls["predictor"], where="controls.predictor")
+    except ValueError as e:
+        raise ConfigError([("controls.predictor", str(e))]) from e
+    return scheduler, predictor
 
 
 def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None) -> XappConfig:
@@ -328,7 +337,6 @@ def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None
             slices=MappingProxyType(dict(p["slices"]))),
         scheduler=scheduler,
         predictor=predictor,
-        default_goodput_bytes_per_s=float(c["scheduler"]["default_goodput_mbps"]) * _MBIT,
         agents=MappingProxyType({aid: AgentEndpoint(aid, a["e2_node_id"], a["control_address"],
                                                     a["peer_address"])
                                  for aid, a in c["agents"].items()}),

@@ -19,9 +19,9 @@ def test_the_shipped_descriptor_loads_into_one_typed_object():
     cfg = load_config_file(DESCRIPTORS / "config-file.json")
     assert isinstance(cfg, XappConfig)
     assert cfg.scheme == "pallas" and cfg.fallback == "ctho"
-    assert cfg.scheduler["alpha"] == 0.8 and cfg.scheduler["t_max_s"] == 5.0
-    assert cfg.predictor["a3"]["offset_db"] == 3.0
-    assert cfg.default_goodput_bytes_per_s == pytest.approx(100e6 / 8)
+    assert cfg.scheduler.alpha == 0.8 and cfg.scheduler.t_max_s == 5.0
+    assert cfg.predictor.a3.offset_db == 3.0
+    assert cfg.scheduler.default_goodput_bytes_per_s == pytest.approx(100e6 / 8)
     assert cfg.agent_for_cell(41959425) == AgentEndpoint(
         "edge-a", "gnb_001_001_00000a01",
         "pallas-agent-edge-a.pallas.svc.cluster.local:50051",
@@ -127,10 +127,10 @@ def test_valid_variants_load():
 
 def test_a_changed_descriptor_replaces_the_config_and_a_bad_one_keeps_it(descriptor):
     first = reload_descriptor(descriptor, None)
-    assert first.scheduler["alpha"] == 0.8
+    assert first.scheduler.alpha == 0.8
     descriptor["controls"]["scheduler"]["alpha"] = 0.6
     second = reload_descriptor(descriptor, first)
-    assert second is not first and second.scheduler["alpha"] == 0.6
+    assert second is not first and second.scheduler.alpha == 0.6
     descriptor["controls"]["scheduler"]["alpha"] = "high"
     assert reload_descriptor(descriptor, second) is second
     assert reload_descriptor({"name": "pallas"}, None) is None
@@ -155,7 +155,7 @@ def test_integral_floats_in_integer_fields_load_as_integers():
     c["predictor"]["a3"]["min_points"] = 4.0
     c["e2"]["report_period_ms"] = 100.0
     cfg = load_controls(c)
-    assert type(cfg.predictor["a3"]["min_points"]) is int and cfg.e2.report_period_ms == 100
+    assert type(cfg.predictor.a3.min_points) is int and cfg.e2.report_period_ms == 100
     c["predictor"]["a3"]["min_points"] = 4.5
     with pytest.raises(ConfigError, match=r"controls\.predictor\.a3\.min_points: 4\.5 is not of type 'integer'"):
         load_controls(c)
@@ -165,7 +165,7 @@ def test_predictor_fields_may_be_left_to_their_defaults():
     c = copy.deepcopy(BASE)
     c["predictor"] = {"mode": "a3", "a3": {"offset_db": 2.0}}
     cfg = load_controls(c)
-    assert cfg.predictor["mode"] == "a3" and cfg.predictor["a3"]["offset_db"] == 2.0
+    assert cfg.predictor.mode == "a3" and cfg.predictor.a3.offset_db == 2.0
 
 
 # -- the loader and the schema agree on arbitrary edits of the shipped controls --------------
