@@ -154,6 +154,19 @@ class E2SubscriptionConfig:
         """RAN function ids served by E2SM-KPM, ascending."""
         return tuple(sorted(k for k, v in self.ran_functions.items() if v == "kpm"))
 
+    @property
+    def rc_ran_function_id(self) -> int | None:
+        """The lowest E2SM-RC RAN function id, or None when none is configured (several are
+        allowed: subscribe to each of :attr:`rc_ran_function_ids`)."""
+        ids = self.rc_ran_function_ids
+        return ids[0] if ids else None
+
+    @property
+    def kpm_ran_function_id(self) -> int | None:
+        """The lowest E2SM-KPM RAN function id, or None when none is configured."""
+        ids = self.kpm_ran_function_ids
+        return ids[0] if ids else None
+
 
 @dataclass(frozen=True)
 class A1Config:

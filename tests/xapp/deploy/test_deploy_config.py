@@ -31,6 +31,7 @@ def test_the_shipped_descriptor_loads_into_one_typed_object():
     assert cfg.e2_nodes == ("gnb_001_001_00000a01", "gnb_001_001_00000a02")
     assert cfg.e2.ran_functions == {3: "rc", 2: "kpm"}
     assert cfg.e2.rc_ran_function_ids == (3,) and cfg.e2.kpm_ran_function_ids == (2,)
+    assert (cfg.e2.rc_ran_function_id, cfg.e2.kpm_ran_function_id) == (3, 2)
     assert cfg.e2.kpm_measurements["L1M.SS-RSRP"] == "rsrp_dbm"
     assert cfg.a1.policy_type_id == 26001
 
@@ -120,6 +121,7 @@ def test_valid_variants_load():
     cfg = load_controls(c)
     assert cfg.agent_for_cell(68719476735) is None and cfg.unmapped_cells == (0, 68719476735)
     assert cfg.e2.rc_ran_function_ids == (0, 4095) and cfg.e2.kpm_ran_function_ids == ()
+    assert cfg.e2.rc_ran_function_id == 0 and cfg.e2.kpm_ran_function_id is None
     assert cfg.proactive.allows(0, 5) is True            # a cell rule says yes
     assert cfg.proactive.allows(0, 5, "1-00000A") is False  # the slice rule says no: no wins
     assert cfg.proactive.allows(4, 5) is False           # no rule: the default (off)
