@@ -219,3 +219,12 @@ def test_loader_accepts_exactly_what_the_schema_accepts(edits):
         loaded = False
     event(f"valid={valid}")
     assert loaded == valid
+
+
+def test_every_scheme_the_schema_allows_maps_to_the_wire_enum():
+    from pallas_proto import pallas_pb2
+    from xapp.policy import scheme_value
+
+    for key in ("scheme", "fallback"):
+        for name in SCHEMA["definitions"][key]["enum"]:
+            assert scheme_value(name) == pallas_pb2.Scheme.Value(f"SCHEME_{name.upper()}"), name
