@@ -187,7 +187,8 @@ class XappConfig:
     - ``proactive``: :class:`ProactiveRules`.
     - ``scheduler``: :class:`xapp.scheduler.config.SchedulerConfig` (the Scheduler Engine's
       parameters; its ``default_goodput_bytes_per_s`` is the Mbit/s value converted once);
-      ``predictor``: :class:`xapp.predict.config.PredictorConfig`.
+      ``predictor``: :class:`xapp.predict.config.PredictorConfig`; ``association_map_path``:
+      the file of an association map learned from earlier drives ("" = start empty).
     - ``agents`` (agent id -> :class:`AgentEndpoint`), ``cells`` (cell id -> agent id).
     - ``e2``: :class:`E2SubscriptionConfig`; ``a1``: :class:`A1Config`.
     - ``controls``: a private deep copy of the validated ``controls`` mapping this object was
@@ -199,6 +200,7 @@ class XappConfig:
     proactive: ProactiveRules
     scheduler: SchedulerConfig
     predictor: PredictorConfig
+    association_map_path: str
     agents: Mapping[str, AgentEndpoint]
     cells: Mapping[int, str]
     e2: E2SubscriptionConfig
@@ -350,6 +352,7 @@ def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None
             slices=MappingProxyType(dict(p["slices"]))),
         scheduler=scheduler,
         predictor=predictor,
+        association_map_path=c["association_map"]["path"],
         agents=MappingProxyType({aid: AgentEndpoint(aid, a["e2_node_id"], a["control_address"],
                                                     a["peer_address"])
                                  for aid, a in c["agents"].items()}),

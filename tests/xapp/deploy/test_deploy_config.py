@@ -20,7 +20,7 @@ def test_the_shipped_descriptor_loads_into_one_typed_object():
     assert isinstance(cfg, XappConfig)
     assert cfg.scheme == "pallas" and cfg.fallback == "ctho"
     assert cfg.scheduler.alpha == 0.8 and cfg.scheduler.t_max_s == 5.0
-    assert cfg.predictor.a3.offset_db == 3.0
+    assert cfg.predictor.a3.offset_db == 3.0 and cfg.association_map_path == ""
     assert cfg.scheduler.default_goodput_bytes_per_s == pytest.approx(100e6 / 8)
     assert cfg.agent_for_cell(41959425) == AgentEndpoint(
         "edge-a", "gnb_001_001_00000a01",
