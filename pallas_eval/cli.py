@@ -1,0 +1,306 @@
+"""``pallas``: the evaluation harness's command line.
+
+``pallas replay`` (no arguments) replays a short generated drive end to end: two UEs crossing a
+few cells of a hexagonal grid, three tiny-model vLLM servers with an agent each, the xApp in
+test mode, under Pallas, Detour, Full-Copy, Recomputation and ctHO, and prints the per-handover
+table and the per-scheme summary. See ``pallas replay --help`` and the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from pallas_eval import replay as rp
+from pallas_eval.lengths import LengthSampler, ue_session_stream
+from pallas_eval.metrics import summarize
+from pallas_eval.report import (HandoverRow, handover_table, plot_cdfs, plot_timeline, summary_table, write_csv,
+                                write_json)
+from pallas_eval.simulate import PRESETS, Rates, SimHandover, measured_rates, simulate, summarize_sim
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pallas", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("replay", help="replay a drive end to end and compare the schemes",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    r.add_argument("--trace", help="a converted real drive (python -m xapp.e2.convert CSV -o DIR); "
+                                   "default: a short generated drive")
+    r.add_argument("--segment", default="auto", help="with --trace: 'auto' (shortest stretch with "
+                   "--min-handovers handovers), START:END seconds, or '' for the whole trace")
+    r.add_argument("--min-handovers", type=int, default=5)
+    r.add_argument("--servers", type=int, default=3, help="vLLM servers (each with an agent)")
+    r.add_argument("--schemes", default=",".join(rp.SCHEMES), help="comma-separated")
+    r.add_argument("--ablations", action="store_true", help="also run Pallas w/o RC and w/o SM")
+    r.add_argument("--ues", type=int, default=2, help="generated drive: UEs")
+    r.add_argument("--duration-s", type=float, default=45.0, help="generated drive: seconds")
+    r.add_argument("--seed", type=int, default=2, help="drive and session-length seed")
+    r.add_argument("--azure", help="Azure LLM trace CSV to draw session lengths from "
+                   "(default: the bundled distribution derived from it)")
+    r.add_argument("--model-preset", default="tiny", choices=["tiny", "m152"])
+    r.add_argument("--max-model-len", type=int, default=2048)
+    r.add_argument("--max-output", type=int, default=512, help="cap on a session's output tokens")
+    r.add_argument("--peer-rate-mbps", type=float, default=0.0, help="agents' block-stream limit (0: none)")
+    r.add_argument("--out", default="runs/replay-" + time.strftime("%Y%m%d-%H%M%S"), help="output folder")
+    r.add_argument("--no-verify", action="store_true", help="skip the no-handover reference check")
+    r.add_argument("--simulate", action="store_true",
+                   help="no engines: the same handovers through the timing model only (see --rates)")
+    r.add_argument("--rates", default="measured",
+                   help="timing-model rates: 'measured' (this run's), 'paper' (Qwen3-32B on the paper's GPU), "
+                        "or a benchmarks/results JSON as FILE:MODEL")
+    r.add_argument("--lead-s", type=float, default=3.0,
+                   help="--simulate without a live run: the prediction lead assumed for every handover")
+    r.add_argument("--xapp-python", default="", help="the xApp environment's python (default .venv/xapp)")
+    return p
+
+
+def _rates_from_file(spec: str) -> Rates:
+    path, _, model = spec.partition(":")
+    d = json.loads(Path(path).read_text())
+    m = next((x for x in d["models"] if x["model"] == model), None) if model else d["models"][-1]
+    if m is None:
+        raise ValueError(f"{path}: no model {model!r}")
+    from pallas_common import timing
+    r_p = float(np.median([x["tokens_per_s"] for x in m["prefill"]]))
+    g = d.get("graphed_decode", {}).get(m["model"])
+    r_d = None
+    if isinstance(g, list) and g:
+        r_d = float(np.median([x.get("tokens_per_s_per_request", x.get("tokens_per_s", 0)) for x in g]))
+    elif isinstance(g, dict):
+        vals = [v for v in g.values() if isinstance(v, (int, float))]
+        r_d = float(np.median(vals)) if vals else None
+    r_d = r_d or float(np.median([x["tokens_per_s_per_request"] for x in m["decode"]]))
+    return Rates(f"{d.get('device', path)} {m['model']}", r_p, r_d, timing.mbit_per_s(300.0),
+                 float(m["kv_bytes_per_token"]), 16, 0.02, 0.03)
+
+
+def _pick_rates(spec: str, measured: dict | None, block_size: int = 32, s_kv: float = 0.0) -> Rates:
+    if spec == "measured":
+        m = measured or {}
+        return measured_rates(r_p=m.get("r_p"), r_d=m.get("r_d_xapp") or m.get("r_d_ue"), bandwidth=m.get("bandwidth"),
+                              s_kv=float(m.get("s_kv") or s_kv or 16384.0), block_size=int(m.get("block_size") or block_size),
+                              c_sync=m.get("c_sync"), hop_delay_s=None)
+    if spec in PRESETS:
+        return PRESETS[spec]
+    return _rates_from_file(spec)
+
+
+def _sim_handovers_live(rows: list[HandoverRow]) -> list[SimHandover]:
+    out, hops = [], {}
+    for r in rows:
+        if not math.isfinite(r.sit_s):
+            continue
+        h = hops.get(r.session_id, 0)
+        out.append(SimHandover(r.ue_id, r.time_s, r.from_cell, r.to_cell, int(r.tokens_at_ho),
+                               r.lead_s if math.isfinite(r.lead_s) else 0.0, h))
+        hops[r.session_id] = h + 1
+    return out
+
+
+def _sim_handovers_offline(plan: dict, opts: rp.ReplayOptions, rates: Rates, sampler: LengthSampler,
+                           lead_s: float) -> list[SimHandover]:
+    """Sessions laid out in time with the model's rates (prefill then decode at r_d, back to
+    back per UE), so the handovers meet the same session lengths as a live run."""
+    out = []
+    for u in plan["ues"]:
+        stream = ue_session_stream(opts.seed, u["ue_id"], sampler, 2048)
+        t, end = float(u["start"]), float(u["end"])
+        sessions = []
+        while t < end:
+            s = next(stream)
+            dur = len(s.prompt_ids) / rates.r_p + s.max_tokens / rates.r_d
+            sessions.append((t, len(s.prompt_ids), s.max_tokens))
+            t += dur + 0.2
+        hops: dict[int, int] = {}
+        for ue, tho, a, b in plan["handovers"]:
+            if ue != u["ue_id"]:
+                continue
+            for i, (t0, p, o) in enumerate(sessions):
+                gen = (tho - t0 - p / rates.r_p) * rates.r_d
+                if 0 < gen < o:
+                    out.append(SimHandover(ue, tho - float(plan["t_first"]), a, b, int(p + gen), lead_s, hops.get(i, 0)))
+                    hops[i] = hops.get(i, 0) + 1
+                    break
+    return out
+
+
+def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
+    """ReplayOptions from ``pallas replay``'s arguments."""
+    schemes = tuple(s.strip() for s in a.schemes.split(",") if s.strip()) + (rp.ABLATIONS if a.ablations else ())
+    return rp.ReplayOptions(out_dir=Path(a.out), trace=a.trace, segment=a.segment, min_handovers=a.min_handovers,
+                            servers=a.servers, schemes=schemes, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
+                            azure=a.azure, model_preset=a.model_preset, max_model_len=a.max_model_len,
+                            max_output=a.max_output, peer_rate_mbps=a.peer_rate_mbps, verify=not a.no_verify,
+                            simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python, lead_s=a.lead_s)
+
+
+def cmd_replay(a: argparse.Namespace) -> int:
+    from rich.console import Console
+    con = Console()
+    if not con.is_terminal:
+        con = Console(width=200)   # a log file or pipe: keep the tables' columns whole
+    res = run_replay(options_from_args(a), con)
+    return 0 if not res.get("leftover_pids") else 1
+
+
+def run_replay(opts: rp.ReplayOptions, con) -> dict:
+    """The whole job (module docstring of pallas_eval.replay); prints to ``con`` (a rich
+    Console) and writes the outputs. Returns what summary.json holds, plus ``runs``
+    (SchemeRun objects) and ``rows`` (HandoverRow objects) for tests."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    schemes = opts.schemes
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    con.print(f"[bold]pallas replay[/] -> {opts.out_dir}")
+    plan = rp.prepare(opts)
+    con.print(f"input: {plan['source']}: {len(plan['ues'])} UE(s), {len(plan['handovers'])} handover(s), "
+              f"{len(plan['cells'])} cell(s), {plan['t_last'] - plan['t_first']:.0f} s")
+    mapping = rp.server_map(plan, opts.servers)
+    hard = [(h[2], h[3]) for h in plan["handovers"]]
+    con.print(f"cells -> servers: {', '.join(f'{c}->edge-{i}' for c, i in sorted(mapping.items()))}"
+              f"  (handover pairs sharing a server: {len(rp.shared_pairs(mapping, hard))})")
+    sampler = LengthSampler(opts.azure, max_model_len=opts.max_model_len, max_output=opts.max_output)
+    result: dict = {"input": {k: plan[k] for k in ("source", "trace", "cells", "handovers")},
+                    "options": {k: str(v) for k, v in vars(opts).items()}, "cell_map": mapping}
+
+    if opts.simulate_only:
+        rates = _pick_rates(opts.rates if opts.rates != "measured" else "paper", None)
+        hos = _sim_handovers_offline(plan, opts, rates, sampler, opts.lead_s)
+        res = simulate(hos, rates, schemes)
+        sm = summarize_sim(res)
+        _print_sim(con, sm, rates, hos)
+        write_csv(opts.out_dir / "simulated_handovers.csv",
+                  [dict(scheme=r.scheme, ue=r.handover.ue_id, time_s=r.handover.time, from_cell=r.handover.from_cell,
+                        to_cell=r.handover.to_cell, k_ho=r.handover.k_ho, lead_s=r.handover.lead_s, sit_s=r.sit_s,
+                        t_early_s=r.t_early_s, window_s=r.window_s, bytes_moved=r.bytes_moved,
+                        prefill_tokens=r.prefill_tokens, outcome=r.outcome) for r in res])
+        out = {**result, "rates": vars(rates), "simulated": sm}
+        write_json(opts.out_dir / "summary.json", out)
+        return out
+
+    from pallas_eval.procs import Supervisor
+    with Supervisor(opts.out_dir / "logs") as sup:
+        with con.status(f"starting {opts.servers} vLLM servers with agents (tiny model, first start builds it)"):
+            servers = rp.start_servers(sup, opts, opts.servers)
+        con.print(f"servers ready after {time.time() - t_start:.0f} s: "
+                  + ", ".join(f"{s.agent_id} (front {s.agent.front_url})" for s in servers))
+        from agent.models import build_model, model_config
+        vocab = int(model_config(build_model(opts.model_preset)).get("vocab_size", 2048))
+        runs = []
+        before = rp.agent_counters(servers)
+        counters = {}
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
+                      TimeElapsedColumn(), console=con, transient=False) as prog:
+            for sch in schemes:
+                rp.reset_prefix_caches(servers)
+                runs.append(rp.run_scheme(sup, opts, plan, mapping, servers, sch, sampler, vocab, prog))
+                after = rp.agent_counters(servers)
+                counters[sch] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+                before = after
+        if opts.verify:
+            with con.status("no-handover references (one greedy request per session)"):
+                rp.reset_prefix_caches(servers)
+                specs = {spec: None for r in runs for spec in r.specs.values()}
+                refs = rp.references(servers, list(specs))
+            for r in runs:
+                for s in r.sessions:
+                    spec = r.specs.get(s.session_id)
+                    if spec is not None and spec in refs:
+                        s.reference = refs[spec]
+        sup.refresh()
+    leftover = sup.leftovers()
+
+    rows_all, summaries, sit_by, itl_by = [], [], {}, {}
+    for r in runs:
+        rows, sits = rp.handover_rows(r, plan, mapping, servers)
+        rows_all += rows
+        commits = sum(1 for x in rows if x.outcome in ("commit", "recovered"))
+        fallbacks = sum(1 for x in rows if x.outcome.startswith("fallback"))
+        t_early = [x.t_early_s for x in rows]
+        summaries.append(summarize(r.scheme, sits, r.sessions, t_early, commits, fallbacks))
+        sit_by[r.scheme] = np.array([x.sit_s for x in rows])
+        itl_by[r.scheme] = np.concatenate([s.itls() for s in r.sessions] or [np.zeros(0)])
+    measured = rp.measured_rates(runs)
+    if not measured.get("s_kv"):
+        from agent.models import build_model, model_config
+        from pallas_common.timing import kv_bytes_per_token
+        measured["s_kv"] = float(kv_bytes_per_token(model_config(build_model(opts.model_preset))))
+        measured["block_size"] = measured.get("block_size") or 32.0
+    rp.fill_migration_figures(rows_all, runs, rp.migration_log(opts.out_dir / "logs"),
+                              measured["s_kv"] * measured["block_size"])
+    rates = _pick_rates(opts.rates, measured, s_kv=measured["s_kv"])
+    for r in runs:
+        rp.save_sessions(opts.out_dir / r.scheme / "sessions.jsonl", r)
+    sim_hos = _sim_handovers_live([x for x in rows_all if x.scheme == runs[0].scheme])
+    sim = summarize_sim(simulate(sim_hos, rates, schemes)) if sim_hos else {}
+
+    con.print(handover_table(rows_all))
+    con.print(summary_table(summaries, title=f"Per scheme (live)  |  model: {rates.describe()}", simulated=sim))
+    errors = {r.scheme: r.errors for r in runs if r.errors}
+    if errors:
+        con.print(f"[yellow]errors: {sum(len(v) for v in errors.values())} (see summary.json)[/]")
+    con.print(f"processes left running: {len(leftover)}; wall time {time.time() - t_start:.0f} s")
+    out = opts.out_dir
+    write_csv(out / "handovers.csv", rows_all)
+    write_csv(out / "summary.csv", [s.as_dict() for s in summaries])
+    write_json(out / "summary.json", {**result, "summary": [s.as_dict() for s in summaries], "handovers":
+                                      [vars(x) for x in rows_all], "measured_rates": measured, "model_rates": vars(rates),
+                                      "simulated": sim, "agent_counters": counters, "errors": errors,
+                                      "leftover_pids": sorted(leftover), "wall_s": time.time() - t_start})
+    plot_cdfs(out / "sit_cdf.png", sit_by, "SIT (ms)", log_x=True)
+    plot_cdfs(out / "itl_cdf.png", itl_by, "ITL (ms)", slo_ms=100.0, log_x=True)
+    ue0 = max(plan["ues"], key=lambda u: len(u["cells"]))["ue_id"]
+    # One UE's tokens across its handovers, each scheme on its own run's clock (time since start).
+    plot_timeline(out / "timeline.png", ue0,
+                  {r.scheme: [_shifted(s, -r.start_at) for s in r.sessions] for r in runs},
+                  [float(h[1]) - float(plan["t_first"]) for h in plan["handovers"] if h[0] == ue0], t0=0.0)
+    con.print(f"wrote {out}/handovers.csv, summary.csv, summary.json, sit_cdf.png, itl_cdf.png, timeline.png")
+    return {**result, "summary": [s.as_dict() for s in summaries], "leftover_pids": sorted(leftover),
+            "started_pids": sorted(sup.started_pids), "runs": runs, "rows": rows_all, "errors": errors}
+
+
+def _shifted(s, dt: float):
+    """A copy of a SessionRecord with its token times moved by ``dt`` seconds."""
+    import dataclasses
+    return dataclasses.replace(s, times=[t + dt for t in s.times])
+
+
+def _print_sim(con, sm: dict, rates: Rates, hos) -> None:
+    from rich.table import Table
+    t = Table(title=f"Timing model only ({len(hos)} handovers with a session)  |  {rates.describe()}")
+    for c in ("scheme", "SIT mean (ms)", "SIT p50 (ms)", "SIT p99 (ms)", "T_early (ms)"):
+        t.add_column(c, justify="left" if c == "scheme" else "right")
+    for k, v in sm.items():
+        te = v["t_early_mean"]
+        t.add_row(k, f"{v['sit_mean'] * 1000:.0f}", f"{v['sit_p50'] * 1000:.0f}", f"{v['sit_p99'] * 1000:.0f}",
+                  "-" if not math.isfinite(te) else f"{te * 1000:.0f}")
+    con.print(t)
+
+
+def _stubs_importable() -> None:
+    """Make ``pallas_proto`` importable when the project is not pip-installed (a checkout run
+    with ``python -m pallas_eval.cli``): its stubs live in ``proto/``."""
+    try:
+        import pallas_proto  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(rp.REPO / "proto"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _stubs_importable()
+    a = build_parser().parse_args(argv)
+    if a.cmd == "replay":
+        return cmd_replay(a)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""UE-side metrics from token arrival times (model.md section 7).
+
+- SIT of a handover: from the last token the UE got from the source before the handover to the
+  first token of the same session it got after it (at the UE side of the token stream).
+- ITL: the gap between consecutive tokens of one session at the UE; the first token of a session
+  (TTFT) is not an ITL. SLO 100 ms (MLPerf conversational TPOT).
+
+Times are seconds on one clock (the harness's wall clock). Everything here is pure numpy so that
+live runs and ``--simulate`` share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+ITL_SLO_S = 0.100
+
+
+@dataclass
+class SessionRecord:
+    """One UE session as the UE saw it: every token's id and arrival time (seconds).
+
+    ``times`` and ``token_ids`` have one entry per token the UE received, in order; ``agents``
+    names the agent that delivered each token (the serving cell's agent, or a relay under Detour).
+    ``relayed`` names the relaying agent per token ("" when served directly).
+    ``reference`` is the no-handover token sequence, when known.
+    """
+
+    ue_id: str
+    session_id: str
+    prompt_tokens: int
+    max_tokens: int
+    start: float
+    times: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    agents: list[str] = field(default_factory=list)
+    relayed: list[str] = field(default_factory=list)
+    error: str = ""
+    reference: list[int] | None = None
+
+    @property
+    def end(self) -> float:
+        return self.times[-1] if self.times else self.start
+
+    def itls(self) -> np.ndarray:
+        """Inter-token latencies (s), shape (max(0, n-1),)."""
+        t = np.asarray(self.times, dtype=np.float64)
+        return np.diff(t) if t.size > 1 else np.zeros(0)
+
+    def matches_reference(self) -> bool | None:
+        """True if the received tokens equal the no-handover reference (its first n tokens for
+        a session cut short at the end of the replay), None if unknown."""
+        if self.reference is None:
+            return None
+        n = len(self.token_ids)
+        if self.error and n < len(self.reference):
+            return list(self.token_ids) == list(self.reference[:n])
+        return list(self.token_ids) == list(self.reference)
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A real handover seen in the trace: the UE's serving cell changed at ``time`` (s)."""
+
+    ue_id: str
+    time: float
+    from_cell: int
+    to_cell: int
+
+
+@dataclass
+class HandoverSIT:
+    """A handover's UE-side outcome: the session in flight and its measured SIT (s).
+
+    ``sit`` is NaN when no session was in flight across the handover (none running, or the
+    session finished before it); ``last_before``/``first_after`` are token arrival times.
+    """
+
+    handover: Handover
+    session_id: str = ""
+    sit: float = float("nan")
+    last_before: float = float("nan")
+    first_after: float = float("nan")
+    tokens_at_ho: int = 0
+
+
+def sit_for_handover(ho: Handover, sessions: Sequence[SessionRecord], new_agent: str | None = None,
+                     next_handover: float = float("inf")) -> HandoverSIT:
+    """The SIT of one handover from the UE's sessions (model.md section 7).
+
+    The session in flight is the one of this UE with a token before ``ho.time`` and a token at
+    or after it. The SIT is the gap from the last token before the handover to the first token
+    after it. When ``new_agent`` is given and the new cell's agent first relays the old one's
+    stream (Detour, or while the commit is in flight) and only later serves the session itself,
+    the interruption the UE sees is the longest gap between consecutive tokens from the last
+    token before the handover up to the first token ``new_agent`` served directly (before
+    ``next_handover``); under Detour, where that never happens, it is the gap at the handover.
+    Sessions are those of ``ho.ue_id`` only (others are ignored).
+    """
+    out = HandoverSIT(ho)
+    for s in sessions:
+        if s.ue_id != ho.ue_id or not s.times:
+            continue
+        t = np.asarray(s.times)
+        i = int(np.searchsorted(t, ho.time, side="left"))  # first token at/after the HO
+        if 0 < i < t.size:
+            out.session_id = s.session_id
+            j = i
+            if new_agent is not None and len(s.agents) == t.size:
+                rel = s.relayed if len(s.relayed) == t.size else [""] * t.size
+                local = [k for k in range(i, t.size) if t[k] < next_handover
+                         and s.agents[k] == new_agent and not rel[k]]
+                if local:
+                    j = local[0]
+            gaps = np.diff(t[i - 1:j + 1])
+            k = int(np.argmax(gaps))
+            out.last_before = float(t[i - 1 + k])
+            out.first_after = float(t[i + k])
+            out.sit = float(gaps[k])
+            out.tokens_at_ho = s.prompt_tokens + i
+            return out
+    return out
+
+
+def percentile(x: np.ndarray, q: float) -> float:
+    """The q-th percentile (numpy linear), NaN for an empty array."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return float(np.percentile(x, q)) if x.size else float("nan")
+
+
+def mean(x: Iterable[float]) -> float:
+    a = np.asarray(list(x) if not isinstance(x, np.ndarray) else x, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    return float(a.mean()) if a.size else float("nan")
+
+
+@dataclass
+class SchemeSummary:
+    """Per-scheme figures (seconds; shares in [0, 1]).
+
+    ``itl_over_slo`` is the share of ITLs above ``ITL_SLO_S``. ``t_early_mean`` is the mean
+    early-preparation exposure (model.md Eq. 7) of the triggers, NaN for reactive schemes.
+    """
+
+    scheme: str
+    handovers: int
+    handovers_with_session: int
+    sit_mean: float
+    sit_p50: float
+    sit_p99: float
+    itl_mean: float
+    itl_p99: float
+    itl_over_slo: float
+    t_early_mean: float
+    tokens: int
+    sessions: int
+    token_exact: int
+    token_checked: int
+    commits: int = 0
+    fallbacks: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def summarize(scheme: str, sits: Sequence[HandoverSIT], sessions: Sequence[SessionRecord],
+              t_early: Sequence[float] = (), commits: int = 0, fallbacks: int = 0) -> SchemeSummary:
+    """Summary of one scheme's run: SIT over handovers with a session in flight, ITL over all
+    sessions' inter-token gaps, T_early over the triggers made."""
+    sit = np.array([h.sit for h in sits], dtype=np.float64)
+    itl = np.concatenate([s.itls() for s in sessions]) if sessions else np.zeros(0)
+    checked = [s.matches_reference() for s in sessions if s.reference is not None]
+    return SchemeSummary(
+        scheme=scheme,
+        handovers=len(sits),
+        handovers_with_session=int(np.isfinite(sit).sum()),
+        sit_mean=mean(sit), sit_p50=percentile(sit, 50), sit_p99=percentile(sit, 99),
+        itl_mean=mean(itl), itl_p99=percentile(itl, 99),
+        itl_over_slo=float((itl > ITL_SLO_S).mean()) if itl.size else float("nan"),
+        t_early_mean=mean(np.asarray(t_early, dtype=np.float64)),
+        tokens=int(sum(len(s.times) for s in sessions)),
+        sessions=len(sessions),
+        token_exact=int(sum(1 for c in checked if c)),
+        token_checked=len(checked),
+        commits=commits, fallbacks=fallbacks,
+    )

@@ -1,0 +1,208 @@
+"""Prepare a replay's input in the xApp's environment: the E2 trace and the plan derived from it.
+
+``python -m pallas_eval.prepare OUT_DIR (--generate [...] | --trace FILE [--segment auto])``
+
+- ``--generate``: a short drive made by the project: UEs driving Manhattan routes through a
+  hexagonal grid of three-sector gNB sites (``xapp.sim.radio``: TR 38.901 UMa path loss,
+  correlated shadowing, L3 filtering, A3 handovers, a MeasurementReport every 200 ms), each
+  report encoded as the RIC_INDICATION its serving E2 node would send (``xapp.e2.convert``:
+  E2AP RICindication with an E2SM-RC message copy of the NR RRC MeasurementReport), written as
+  an E2 trace (``xapp.e2.trace``). The network's neighbour relation table (PCI -> NR cell
+  identity) is written beside it, as an E2 node would announce it.
+- ``--trace FILE``: a converted drive (``python -m xapp.e2.convert``). ``--segment auto`` cuts
+  the shortest stretch holding ``--min-handovers`` handovers (plus ``--lead-s`` before the
+  first and ``--tail-s`` after the last); ``--segment A:B`` cuts seconds A to B from its start.
+
+Either way the trace is then *decoded with the xApp's own ingest* (``xapp.e2.ingest``), so the
+plan holds exactly what the xApp will see: per UE its serving cell over time and the handovers
+(the first report of a UE from a new serving cell), every cell, the serving/neighbour pairs
+reported (for the cell-to-server map) and the E2 node of each cell. ``plan.json`` is read by the
+harness, which runs in the agent's environment (no pycrate there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+def generate(out_dir: Path, *, seed: int, ues: int, duration_s: float, speed_mps: float,
+             rows: int, cols: int, t0: float = 1_000_000.0) -> tuple[Path, dict[int, int]]:
+    """Generate the default drive's trace; returns (trace path, NRT {pci: cell id})."""
+    from xapp.e2.convert import ConvertConfig, reports_to_records
+    from xapp.e2.trace import TraceWriter
+    from xapp.sim.radio import generate_drive, hex_network, manhattan_route
+
+    net = hex_network(rows, cols, seed=seed)
+    cfg = ConvertConfig()
+    streams = []
+    for k in range(ues):
+        route = manhattan_route(net, speed_mps * duration_s + 200.0, speed_mps, seed=seed * 1000 + k)
+        sim = generate_drive(net, route, duration_s, seed=seed * 1000 + k, ue_id=f"gen-{k}", t0=t0)
+        streams.append(list(reports_to_records(sim.reports, k, cfg)))
+    path = out_dir / "drive.e2trace"
+    with TraceWriter(str(path)) as w:
+        for rec in heapq.merge(*streams, key=lambda r: r.time):
+            w.write(rec)
+    nrt = {int(c.pci): int(c.cell_id) for c in net.cells}
+    return path, nrt
+
+
+def _decode(trace: Path):
+    """Every RIC_INDICATION of the trace through the xApp's ingest: [(record time, report)]."""
+    from xapp.e2.ingest import Ingestor
+    from xapp.e2.trace import read_trace
+    from xapp.e2.transport import RIC_INDICATION
+    from xapp.tracks import TrackStore
+
+    ing = Ingestor(TrackStore(capacity=4))
+    out = []
+    for rec in read_trace(str(trace)):
+        if rec.mtype != RIC_INDICATION:
+            continue
+        for r in ing.on_indication(rec.payload, rec.e2_node, rec.time, rec.sub_id):
+            out.append((rec.time, r))
+    return out, dict(ing.stats)
+
+
+def _handovers(reports) -> list[tuple[str, float, int, int]]:
+    last: dict[str, int] = {}
+    hos = []
+    for _, r in reports:
+        prev = last.get(r.ue_id)
+        if prev is not None and r.serving_cell != prev and r.serving_cell >= 0 and prev >= 0:
+            hos.append((r.ue_id, r.time, prev, r.serving_cell))
+        if r.serving_cell >= 0:
+            last[r.ue_id] = r.serving_cell
+    return hos
+
+
+def cut(trace: Path, out: Path, t_start: float, t_end: float) -> int:
+    """Copy the records with t_start <= time <= t_end to ``out``; returns how many."""
+    from xapp.e2.trace import TraceWriter, read_trace
+    with TraceWriter(str(out)) as w:
+        for rec in read_trace(str(trace)):
+            if t_start <= rec.time <= t_end:
+                w.write(rec)
+        return w.count
+
+
+def auto_segment(hos: Sequence[tuple[str, float, int, int]], min_handovers: int, lead_s: float,
+                 tail_s: float) -> tuple[float, float]:
+    """The shortest [first HO - lead, last HO + tail] holding ``min_handovers`` handovers of one
+    UE. Raises ValueError if no UE has that many."""
+    best = None
+    by_ue: dict[str, list[float]] = {}
+    for ue, t, _, _ in hos:
+        by_ue.setdefault(ue, []).append(t)
+    for ts in by_ue.values():
+        for i in range(len(ts) - min_handovers + 1):
+            span = ts[i + min_handovers - 1] - ts[i]
+            if best is None or span < best[0]:
+                best = (span, ts[i] - lead_s, ts[i + min_handovers - 1] + tail_s)
+    if best is None:
+        raise ValueError(f"no UE of the trace has {min_handovers} handovers")
+    return best[1], best[2]
+
+
+def build_plan(trace: Path, nrt: dict[int, int] | None = None, source: str = "") -> dict:
+    """Decode ``trace`` and derive the plan (see the module docstring)."""
+    reports, stats = _decode(trace)
+    if not reports:
+        raise ValueError(f"{trace}: no decodable RIC_INDICATION (ingest stats {stats})")
+    pci_to_cell: dict[int, int] = dict(nrt or {})
+    for _, r in reports:
+        if r.serving_pci >= 0 and r.serving_cell >= 0:
+            pci_to_cell.setdefault(r.serving_pci, r.serving_cell)
+    ues: dict[str, dict] = {}
+    cells: set[int] = set()
+    e2_nodes: dict[int, str] = {}
+    nb_pairs: Counter = Counter()
+    for t, r in reports:
+        u = ues.setdefault(r.ue_id, {"ue_id": r.ue_id, "start": t, "end": t, "cells": []})
+        u["end"] = t
+        if r.serving_cell >= 0:
+            cells.add(r.serving_cell)
+            e2_nodes.setdefault(r.serving_cell, r.e2_node)
+            if not u["cells"] or u["cells"][-1][1] != r.serving_cell:
+                u["cells"].append([t, r.serving_cell])
+            for nb in r.neighbours:
+                c = nb.cell_id if nb.cell_id >= 0 else pci_to_cell.get(nb.pci, -1)
+                if c >= 0 and c != r.serving_cell:
+                    nb_pairs[(r.serving_cell, c)] += 1
+    hos = _handovers(reports)
+    times = [t for t, _ in reports]
+    return {
+        "source": source,
+        "trace": str(trace),
+        "t_first": min(times),
+        "t_last": max(times),
+        "reports": len(reports),
+        "ingest": stats,
+        "ues": [u for u in ues.values() if u["cells"]],
+        "handovers": [list(h) for h in hos],
+        "cells": sorted(cells),
+        "neighbour_pairs": [[a, b, n] for (a, b), n in sorted(nb_pairs.items())],
+        "e2_nodes": {str(c): n for c, n in sorted(e2_nodes.items())},
+        "nrt": {str(p): c for p, c in sorted(pci_to_cell.items())},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pallas_eval.prepare", description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--generate", action="store_true", help="generate the default drive")
+    src.add_argument("--trace", help="a converted E2 trace (python -m xapp.e2.convert)")
+    ap.add_argument("--seed", type=int, default=2)
+    ap.add_argument("--ues", type=int, default=2)
+    ap.add_argument("--duration-s", type=float, default=50.0)
+    ap.add_argument("--speed-mps", type=float, default=16.0)
+    ap.add_argument("--grid", default="2x2", help="gNB sites, ROWSxCOLS (three cells each)")
+    ap.add_argument("--segment", default="", help="'auto' or START:END seconds from the trace's start")
+    ap.add_argument("--min-handovers", type=int, default=5)
+    ap.add_argument("--lead-s", type=float, default=10.0)
+    ap.add_argument("--tail-s", type=float, default=5.0)
+    a = ap.parse_args(argv)
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    nrt: dict[int, int] = {}
+    if a.generate:
+        rows, cols = (int(x) for x in a.grid.lower().split("x"))
+        trace, nrt = generate(out, seed=a.seed, ues=a.ues, duration_s=a.duration_s, speed_mps=a.speed_mps,
+                              rows=rows, cols=cols)
+        source = (f"generated: {a.ues} UE(s), {a.duration_s:g} s at {a.speed_mps:g} m/s, {rows}x{cols} "
+                  f"three-sector sites, seed {a.seed}")
+    else:
+        trace = Path(a.trace)
+        source = f"trace {trace}"
+        if a.segment:
+            reports, _ = _decode(trace)
+            t_first = min(t for t, _ in reports)
+            if a.segment == "auto":
+                t0, t1 = auto_segment(_handovers(reports), a.min_handovers, a.lead_s, a.tail_s)
+            else:
+                s0, s1 = (float(x) for x in a.segment.split(":"))
+                t0, t1 = t_first + s0, t_first + s1
+            seg = out / "segment.e2trace"
+            n = cut(trace, seg, t0, t1)
+            source += f", segment {t0 - t_first:.0f}-{t1 - t_first:.0f} s ({n} records)"
+            trace = seg
+    plan = build_plan(trace, nrt, source)
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    (out / "nrt.json").write_text(json.dumps(plan["nrt"]))
+    print(json.dumps({"plan": str(out / "plan.json"), "ues": len(plan["ues"]), "handovers": len(plan["handovers"]),
+                      "cells": len(plan["cells"]), "seconds": round(plan["t_last"] - plan["t_first"], 1),
+                      "source": source}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,462 @@
+"""``pallas replay``: a whole handover story with every real part in the loop, on one machine.
+
+1. Prepare (in the xApp's environment): the E2 trace (generated, or a converted real drive cut
+   to a segment) and the plan decoded from it with the xApp's own ingest (pallas_eval.prepare).
+2. Map the drive's cells onto ``servers`` edge servers so that no two cells between which a UE
+   hands over share one (pallas_eval.cellmap): every handover is a real migration.
+3. Start one ``pallas-agent`` per server, each launching its vLLM server with the Pallas KV
+   connector (tiny random-weight Llama built on first use), each its own process group.
+4. For each scheme (same trace, same seeds, same session lengths): start the xApp in test mode
+   (``python -m xapp.main --mode test`` in the xApp's environment) replaying the trace from a
+   common wall-clock start; run one UE client per UE (pallas_eval.ues) that streams sessions
+   from its serving cell's agent and follows its handovers at the trace's times; stop the xApp;
+   reset the servers' prefix caches so no scheme inherits another's.
+5. Compute the no-handover reference of every session (a direct greedy request to one vLLM
+   server) and check the UEs' token sequences against it.
+6. Report: per-handover table, per-scheme summary (SIT, ITL, SLO share, T_early), CSV, JSON,
+   plots, and the timing model's figures for the same handovers (``--simulate``).
+
+Everything started is stopped on exit, on an error and on Ctrl-C (pallas_eval.procs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import structlog
+
+from pallas_eval.cellmap import map_cells_to_servers, shared_pairs
+from pallas_eval.lengths import LengthSampler, SessionSpec, ue_session_stream
+from pallas_eval.metrics import Handover, HandoverSIT, SchemeSummary, SessionRecord, sit_for_handover, summarize
+from pallas_eval.procs import Supervisor, free_port, tail_hint
+from pallas_eval.report import HandoverRow
+
+log = structlog.get_logger("pallas.eval.replay")
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMES = ("pallas", "detour", "full-copy", "recomputation", "ctho")
+ABLATIONS = ("no-rc", "no-sm")
+
+
+@dataclass
+class ReplayOptions:
+    """Everything ``pallas replay`` takes (see ``pallas replay --help`` for the meaning)."""
+
+    out_dir: Path
+    trace: str | None = None
+    segment: str = "auto"
+    min_handovers: int = 5
+    servers: int = 3
+    schemes: tuple[str, ...] = SCHEMES
+    seed: int = 2
+    ues: int = 2
+    duration_s: float = 45.0
+    azure: str | None = None
+    model_preset: str = "tiny"
+    max_model_len: int = 2048
+    max_output: int = 512
+    peer_rate_mbps: float = 0.0
+    start_delay_s: float = 3.0
+    verify: bool = True
+    simulate: bool = True
+    simulate_only: bool = False
+    rates: str = "measured"
+    lead_s: float = 3.0
+    xapp_python: str = ""
+    agent_ready_timeout_s: float = 600.0
+    progress: bool = True
+
+
+@dataclass
+class SchemeRun:
+    """One scheme's raw results: the UEs' sessions, the xApp's events, wall start."""
+
+    scheme: str
+    start_at: float
+    sessions: list[SessionRecord]
+    specs: dict[str, SessionSpec]
+    events: list[dict]
+    errors: list[str]
+    offset: float
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparation and the servers
+# ---------------------------------------------------------------------------------------------
+
+def xapp_python(opts: ReplayOptions) -> str:
+    """The xApp environment's interpreter (``.venv/xapp/bin/python`` of the repository)."""
+    if opts.xapp_python:
+        return opts.xapp_python
+    for cand in (REPO / ".venv" / "xapp" / "bin" / "python",):
+        if cand.exists():
+            return str(cand)
+    raise FileNotFoundError("the xApp environment is missing: run `make envs` (it makes .venv/xapp)")
+
+
+def _env_with_repo() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "proto")] +
+                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def prepare(opts: ReplayOptions) -> dict:
+    """Run pallas_eval.prepare in the xApp's environment; returns the plan."""
+    out = opts.out_dir / "input"
+    cmd = [xapp_python(opts), "-m", "pallas_eval.prepare", str(out)]
+    if opts.trace:
+        cmd += ["--trace", opts.trace]
+        if opts.segment:
+            cmd += ["--segment", opts.segment, "--min-handovers", str(opts.min_handovers)]
+    else:
+        cmd += ["--generate", "--seed", str(opts.seed), "--ues", str(opts.ues), "--duration-s", str(opts.duration_s)]
+    r = subprocess.run(cmd, cwd=str(REPO), env=_env_with_repo(), capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"preparing the trace failed ({' '.join(cmd)}):\n{r.stderr[-3000:]}")
+    return json.loads((out / "plan.json").read_text())
+
+
+def server_map(plan: dict, n_servers: int) -> dict[int, int]:
+    """Cells -> server index with no handover pair (and as few neighbour pairs as possible)
+    on one server."""
+    hos = [(h[2], h[3]) for h in plan["handovers"]]
+    nbs = [(a, b) for a, b, n in plan["neighbour_pairs"] for _ in range(min(int(n), 5))]
+    return map_cells_to_servers(plan["cells"], hos, nbs, n_servers=n_servers)
+
+
+@dataclass
+class Server:
+    """One edge server of the replay: its agent (which launched its vLLM server)."""
+
+    index: int
+    agent: Any            # agent.cluster.LocalAgent (ports, readiness, metrics)
+    child: Any            # pallas_eval.procs.Child
+    vllm_port: int
+
+    @property
+    def agent_id(self) -> str:
+        return self.agent.agent_id
+
+    @property
+    def vllm_url(self) -> str:
+        return f"http://127.0.0.1:{self.vllm_port}"
+
+
+def start_servers(sup: Supervisor, opts: ReplayOptions, n: int) -> list[Server]:
+    """Start ``n`` agents (each with its vLLM server) under the supervisor and wait until all
+    are ready. vLLM threads: server i is bound to core i mod (cores)."""
+    from agent.cluster import LocalAgent
+    from agent.models import build_model
+
+    model = str(build_model(opts.model_preset))
+    cores = os.cpu_count() or 1
+    servers = []
+    agents = []
+    for i in range(n):
+        vport = free_port()
+        extra = ["--vllm-port", str(vport), "--max-model-len", str(opts.max_model_len), "--log-level", "INFO",
+                 "--scheme", "pallas"]
+        if opts.peer_rate_mbps:
+            extra += ["--peer-rate-mbps", str(opts.peer_rate_mbps)]
+        a = LocalAgent(f"edge-{i}", model, omp_bind=str(i % cores), extra=extra, log_dir=str(opts.out_dir / "logs"),
+                       env={"VLLM_SERVER_DEV_MODE": "1"})
+        agents.append((a, vport))
+    fronts = {a.agent_id: a.front_url for a, _ in agents}
+    for i, (a, vport) in enumerate(agents):
+        child = sup.start(f"agent-{a.agent_id}", a.command({k: v for k, v in fronts.items() if k != a.agent_id}),
+                          env={**_env_with_repo(), **a.env}, cwd=REPO)
+        a.proc = child.popen
+        servers.append(Server(i, a, child, vport))
+    for s in servers:
+        try:
+            s.agent.wait_ready(opts.agent_ready_timeout_s)
+        except (RuntimeError, TimeoutError) as e:
+            raise RuntimeError(f"agent {s.agent_id} did not start: {e}{tail_hint(s.child)}") from None
+    sup.refresh()
+    return servers
+
+
+def reset_prefix_caches(servers: Sequence[Server]) -> None:
+    """Empty every server's prefix cache (vLLM's dev endpoint), so a scheme's run never reuses
+    KV computed in another scheme's run. A failure is logged (the comparison is then biased)."""
+    import httpx
+    for s in servers:
+        try:
+            r = httpx.post(s.vllm_url + "/reset_prefix_cache", timeout=10.0)
+            if r.status_code >= 300:
+                log.warning("prefix cache reset refused", server=s.agent_id, status=r.status_code)
+        except httpx.HTTPError as e:
+            log.warning("prefix cache reset failed", server=s.agent_id, error=repr(e))
+
+
+# ---------------------------------------------------------------------------------------------
+# The xApp's configuration and one scheme's run
+# ---------------------------------------------------------------------------------------------
+
+def xapp_descriptor(plan: dict, mapping: dict[int, int], servers: Sequence[Server], scheme: str) -> dict:
+    """The repository's descriptor with the replay's agents, cell map and scheme in ``controls``."""
+    desc = json.loads((REPO / "descriptors" / "config-file.json").read_text())
+    c = desc["controls"]
+    c["scheme"] = scheme.replace("-", "_")
+    nodes = plan.get("e2_nodes", {})
+    agents = {}
+    for s in servers:
+        cells = [cell for cell, i in mapping.items() if i == s.index]
+        node = next((nodes.get(str(cell)) for cell in cells if nodes.get(str(cell))), f"replay-{s.agent_id}")
+        agents[s.agent_id] = {"e2_node_id": node, "control_address": s.agent.control_address,
+                              "peer_address": f"127.0.0.1:{s.agent.peer_port}"}
+    c["agents"] = agents
+    c["cells"] = {str(cell): servers[i].agent_id for cell, i in sorted(mapping.items())}
+    return desc
+
+
+def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[int, int], servers: Sequence[Server],
+               scheme: str, sampler: LengthSampler, vocab_size: int, progress: Any = None) -> SchemeRun:
+    """Replay the trace once under ``scheme``: xApp in test mode + every UE; returns raw results."""
+    from pallas_eval.ues import UEPlan, run_ues
+
+    d = opts.out_dir / scheme
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = d / "xapp-config.json"
+    cfg.write_text(json.dumps(xapp_descriptor(plan, mapping, servers, scheme), indent=1))
+    events = d / "xapp-events.jsonl"
+    if events.exists():
+        events.unlink()
+    t_first = float(plan["t_first"])
+    start_at = time.time() + opts.start_delay_s + 2.0   # the xApp's start-up (imports) fits before
+    offset = start_at - t_first
+    cmd = [xapp_python(opts), "-m", "xapp.main", "--mode", "test", "--config", str(cfg), "--trace", plan["trace"],
+           "--start-at", f"{start_at:.6f}", "--events", str(events), "--nrt", str(opts.out_dir / "input" / "nrt.json"),
+           "--linger-s", "5"]
+    child = sup.start(f"xapp-{scheme}", cmd, env=_env_with_repo(), cwd=REPO)
+    by_agent = {s.index: s.agent.front_url for s in servers}
+
+    def front_of_cell(cell: int) -> str:
+        return by_agent[mapping.get(int(cell), 0)]
+
+    plans = [UEPlan(u["ue_id"], float(u["start"]) + offset, float(u["end"]) + offset,
+                    [(float(t) + offset, int(c)) for t, c in u["cells"]]) for u in plan["ues"]]
+    streams = {u["ue_id"]: ue_session_stream(opts.seed, u["ue_id"], sampler, vocab_size) for u in plan["ues"]}
+    total = float(plan["t_last"]) - t_first
+    task = progress.add_task(f"{scheme:>13}", total=total) if progress else None
+    tokens = [0]
+
+    async def main() -> list:
+        async def tick():
+            while True:
+                if progress:
+                    progress.update(task, completed=min(total, max(0.0, time.time() - start_at)),
+                                    description=f"{scheme:>13} {tokens[0]:>6} tok")
+                await asyncio.sleep(0.5)
+        t = asyncio.create_task(tick())
+        try:
+            return await run_ues(plans, front_of_cell, streams, scheme=scheme,
+                                 on_token=lambda: tokens.__setitem__(0, tokens[0] + 1))
+        finally:
+            t.cancel()
+
+    outcomes = asyncio.run(main())
+    if progress:
+        progress.update(task, completed=total)
+    # The xApp ends by itself after the trace (+ linger); stop it if it has not.
+    deadline = time.time() + 15
+    while child.alive() and time.time() < deadline:
+        time.sleep(0.2)
+    sup.stop(child)
+    evs = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
+    sessions = [s for o in outcomes for s in o.sessions]
+    specs = {k: v for o in outcomes for k, v in o.specs.items()}
+    errors = [e for o in outcomes for e in o.errors]
+    if not evs:
+        errors.append("the xApp wrote no events" + tail_hint(child))
+    return SchemeRun(scheme, start_at, sessions, specs, evs, errors, offset)
+
+
+# ---------------------------------------------------------------------------------------------
+# References, per-handover rows and summaries
+# ---------------------------------------------------------------------------------------------
+
+def references(servers: Sequence[Server], specs: dict[SessionSpec, None] | Sequence[SessionSpec]) -> dict[SessionSpec, list[int]]:
+    """The no-handover greedy continuation of every distinct session, from one vLLM server
+    (its OpenAI completions API with a token-id prompt), prefix cache reset first."""
+    import httpx
+    base = servers[0].vllm_url
+    models = httpx.get(base + "/v1/models", timeout=30).json()
+    model = models["data"][0]["id"]
+    out: dict[SessionSpec, list[int]] = {}
+    with httpx.Client(timeout=600) as http:
+        for spec in specs:
+            if spec in out:
+                continue
+            body = {"model": model, "prompt": list(spec.prompt_ids), "max_tokens": spec.max_tokens,
+                    "temperature": 0.0, "ignore_eos": True, "return_token_ids": True, "stream": False}
+            r = http.post(base + "/v1/completions", json=body)
+            r.raise_for_status()
+            ch = r.json()["choices"][0]
+            out[spec] = list(ch.get("token_ids") or [])
+    return out
+
+
+def _lead(events: list[dict], ue: str, t_ho: float, to_cell: int) -> float:
+    """T_avail: how long before ``t_ho`` (trace clock) the UE's reported prediction named
+    ``to_cell`` and kept naming it until the handover (model.md section 5); NaN if never."""
+    since = float("nan")
+    for e in events:
+        if e.get("kind") != "prediction" or e.get("ue") != ue:
+            continue
+        t = e.get("trace_t")
+        if t is None or t > t_ho:
+            break
+        since = t if e.get("target_cell") == to_cell else float("nan")
+    return t_ho - since if math.isfinite(since) else float("nan")
+
+
+def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: Sequence[Server]
+                  ) -> tuple[list[HandoverRow], list[HandoverSIT]]:
+    """One row per handover of the trace under this scheme (see report.HandoverRow)."""
+    rows, sits = [], []
+    names = {s.index: s.agent_id for s in servers}
+    hos = sorted(plan["handovers"], key=lambda h: h[1])
+    for k, (ue, t, a, b) in enumerate(hos):
+        nxt = min([h[1] for h in hos[k + 1:] if h[0] == ue] or [float("inf")])
+        ho = Handover(ue, float(t) + run.offset, int(a), int(b))
+        new_agent = names.get(mapping.get(int(b), -1))
+        sit = sit_for_handover(ho, run.sessions, new_agent=new_agent, next_handover=nxt + run.offset)
+        sits.append(sit)
+        commit = next((e for e in run.events if e.get("kind") == "commit" and e.get("ue") == ue
+                       and abs(float(e.get("trace_t", -1e18)) - float(t)) < 1e-6), None)
+        reply = None
+        if commit is not None:
+            reply = next((e for e in run.events if e.get("kind") == "reply" and e.get("call") == "commit"
+                          and e.get("session") == commit.get("session") and e.get("epoch") == commit.get("epoch")), None)
+        skipped = next((e for e in run.events if e.get("kind") == "commit_skipped" and e.get("ue") == ue
+                        and abs(float(e.get("trace_t", -1e18)) - float(t)) < 1e-6), None)
+        if not math.isfinite(sit.sit):
+            outcome = "no-session"
+        elif commit is None:
+            outcome = f"no-commit ({skipped.get('reason')})" if skipped else "no-commit"
+        elif reply is None:
+            outcome = "commit (no reply)"
+        elif not reply.get("ok"):
+            outcome = f"error:{reply.get('status')}"
+        else:
+            used = reply.get("scheme") or run.scheme
+            if commit.get("prepared") and used == run.scheme:
+                outcome = "commit"
+            elif used == run.scheme:
+                outcome = "recovered" if run.scheme not in ("pallas", "no-rc", "no-sm") else f"fallback:{used}"
+            else:
+                outcome = f"fallback:{used}"
+        row = HandoverRow(
+            scheme=run.scheme, ue_id=ue, time_s=float(t) - float(plan["t_first"]), from_cell=int(a), to_cell=int(b),
+            from_server=names.get(mapping.get(int(a), -1), "?"), to_server=new_agent or "?",
+            session_id=sit.session_id, tokens_at_ho=sit.tokens_at_ho,
+            lead_s=_lead(run.events, ue, float(t), int(b)),
+            window_s=float(commit["window_s"]) if commit and commit.get("window_s") is not None else float("nan"),
+            t_early_s=float(commit["t_early_s"]) if commit and commit.get("t_early_s") is not None else float("nan"),
+            sit_s=sit.sit, outcome=outcome)
+        rows.append(row)
+    return rows, sits
+
+
+def migration_log(log_dir: Path) -> dict[tuple[str, int], dict]:
+    """What the agents logged about each migration, by (session, epoch): the target's prefix
+    prefill at preparation (``prefix`` tokens), and at the resume the tokens of the session
+    (``n_tokens``), those whose KV was reused (``reused``) and the KV blocks received
+    (``blocks_in``). Read from the agents' JSON-line logs (events "prepared" and "resumed")."""
+    out: dict[tuple[str, int], dict] = {}
+    for f in sorted(log_dir.glob("agent-*.log")):
+        for line in f.read_text(errors="replace").splitlines():
+            if not line.startswith("{") or '"event": "' not in line:
+                continue
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            kind = ev.get("event")
+            if kind not in ("prepared", "resumed") or "session" not in ev or "epoch" not in ev:
+                continue
+            d = out.setdefault((ev["session"], int(ev["epoch"])), {})
+            if kind == "prepared":
+                d["prefix"] = int(ev.get("prefix") or 0)
+            else:
+                d.update(n_tokens=int(ev.get("n_tokens") or 0), reused=int(ev.get("reused") or 0),
+                         blocks_in=int(ev.get("blocks_in") or 0))
+    return out
+
+
+def fill_migration_figures(rows: Sequence[HandoverRow], runs: Sequence[SchemeRun], migrations: dict,
+                           block_bytes: float) -> None:
+    """Bytes moved and prefill tokens per handover from the agents' migration log: bytes =
+    KV blocks received x block bytes; prefill = prefix prefilled at the trigger + the tokens
+    recomputed at the resume (session tokens - reused)."""
+    commits = {}
+    for r in runs:
+        for e in r.events:
+            if e.get("kind") == "commit":
+                commits[(r.scheme, e.get("ue"), round(float(e.get("trace_t", 0.0)), 3))] = e
+    t_first = None
+    for r in runs:
+        t_first = r.start_at - r.offset
+        break
+    for row in rows:
+        e = commits.get((row.scheme, row.ue_id, round(row.time_s + (t_first or 0.0), 3)))
+        if e is None:
+            continue
+        m = migrations.get((e.get("session"), int(e.get("epoch") or 0)))
+        if not m:
+            continue
+        row.bytes_moved = int(m.get("blocks_in", 0) * block_bytes)
+        row.prefill_tokens = int(m.get("prefix", 0) + max(0, m.get("n_tokens", 0) - m.get("reused", 0)))
+
+
+def save_sessions(path: Path, run: SchemeRun) -> None:
+    """Every session the UEs ran under one scheme, with every token's id, arrival time, serving
+    agent and relay, as JSON lines."""
+    with open(path, "w") as f:
+        for s in run.sessions:
+            f.write(json.dumps({"ue": s.ue_id, "session": s.session_id, "prompt_tokens": s.prompt_tokens,
+                                "max_tokens": s.max_tokens, "start": s.start, "times": s.times,
+                                "token_ids": s.token_ids, "agents": s.agents, "relayed": s.relayed,
+                                "error": s.error, "token_exact": s.matches_reference()}) + "\n")
+
+
+def agent_counters(servers: Sequence[Server]) -> dict[str, float]:
+    """Sum of the agents' Prometheus counters that size a migration (bytes moved, prefill
+    tokens), by sample name; used as before/after differences per scheme."""
+    out: dict[str, float] = {}
+    for s in servers:
+        try:
+            for k, v in s.agent.metrics().items():
+                if k.startswith(("pallas_bytes_moved_total", "pallas_prefill_tokens_total",
+                                 "pallas_migrations_total")):
+                    out[k] = out.get(k, 0.0) + v
+        except Exception as e:  # noqa: BLE001 - metrics are optional figures
+            log.warning("metrics unavailable", server=s.agent_id, error=repr(e))
+    return out
+
+
+def measured_rates(runs: Sequence[SchemeRun]) -> dict[str, float]:
+    """r_p, r_d, B, c_sync as the xApp saw them at its triggers (medians), and the decode rate
+    from the UEs' own inter-token gaps; None where nothing was measured."""
+    trig = [e for r in runs for e in r.events if e.get("kind") == "trigger"]
+    def med(key):
+        v = [float(e[key]) for e in trig if e.get(key) is not None]
+        return float(np.median(v)) if v else None
+    itl = np.concatenate([s.itls() for r in runs for s in r.sessions] or [np.zeros(0)])
+    lat = [float(e["latency_s"]) for r in runs for e in r.events if e.get("kind") == "reply" and e.get("latency_s")]
+    return {"r_p": med("r_p"), "r_d_xapp": med("r_d"), "bandwidth": med("bandwidth"), "s_kv": med("s_kv"),
+            "block_size": med("block_size"),
+            "r_d_ue": float(1.0 / np.median(itl)) if itl.size else None,
+            "c_sync": float(np.median(lat)) if lat else None}

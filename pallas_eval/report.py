@@ -1,0 +1,184 @@
+"""The replay's outputs: the per-handover table, the per-scheme summary (rich tables on the
+terminal), CSV and JSON files, and plots (SIT and ITL CDFs per scheme; one UE's tokens across
+its handovers).
+
+Units in files: seconds for times (columns end in ``_s``), bytes, tokens. On the terminal, times
+are shown in milliseconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from pallas_eval.metrics import ITL_SLO_S, SchemeSummary, SessionRecord
+
+
+@dataclass
+class HandoverRow:
+    """One handover under one scheme: what the xApp did and what the UE saw.
+
+    ``lead_s``: how long before the handover the xApp's prediction named the right target and
+    kept it (T_avail, model.md section 5), NaN if never. ``window_s``: the chosen T_w* (Eq. 9),
+    NaN if no trigger. ``sit_s``: measured at the UE (section 7), NaN with no session in flight.
+    ``outcome``: commit, fallback:<scheme>, recovered:<scheme> (reactive baselines), cancel,
+    no-session, or error:<reason>.
+    """
+
+    scheme: str
+    ue_id: str
+    time_s: float
+    from_cell: int
+    to_cell: int
+    from_server: str = ""
+    to_server: str = ""
+    session_id: str = ""
+    tokens_at_ho: int = 0
+    lead_s: float = float("nan")
+    window_s: float = float("nan")
+    t_early_s: float = float("nan")
+    sit_s: float = float("nan")
+    sit_model_s: float = float("nan")
+    bytes_moved: int = 0
+    prefill_tokens: int = 0
+    outcome: str = ""
+
+
+def _ms(x: float) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x * 1000:.0f}"
+
+
+def _s(x: float) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.2f}"
+
+
+def _jsonable(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return _jsonable(x.item())
+    return x
+
+
+def handover_table(rows: Sequence[HandoverRow], title: str = "Handovers"):
+    """A rich Table of the per-handover rows."""
+    from rich.table import Table
+    t = Table(title=title, show_lines=False)
+    for col, just in (("scheme", "left"), ("t (s)", "right"), ("UE", "left"), ("from→to cell", "left"),
+                      ("servers", "left"), ("lead (s)", "right"), ("T_w* (s)", "right"),
+                      ("SIT (ms)", "right"), ("bytes", "right"), ("prefill tok", "right"), ("outcome", "left")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in rows:
+        t.add_row(r.scheme, f"{r.time_s:.1f}", r.ue_id, f"{r.from_cell}→{r.to_cell}",
+                  f"{r.from_server}→{r.to_server}", _s(r.lead_s), _s(r.window_s), _ms(r.sit_s),
+                  f"{r.bytes_moved:,}" if r.bytes_moved else "-",
+                  f"{r.prefill_tokens:,}" if r.prefill_tokens else "-", r.outcome)
+    return t
+
+
+def summary_table(summaries: Sequence[SchemeSummary], title: str = "Per scheme",
+                  simulated: dict[str, dict] | None = None):
+    """A rich Table of per-scheme summaries; ``simulated`` adds the timing model's SIT beside."""
+    from rich.table import Table
+    t = Table(title=title)
+    cols = ["scheme", "HOs (w/ session)", "SIT mean", "SIT p50", "SIT p99", "ITL mean", "ITL p99",
+            f"ITL>{ITL_SLO_S * 1000:.0f}ms", "T_early", "token-exact"]
+    if simulated:
+        cols += ["model SIT mean", "model SIT p99"]
+    for c in cols:
+        t.add_column(c + (" (ms)" if c.startswith(("SIT", "ITL ", "T_early", "model")) else ""),
+                     justify="left" if c == "scheme" else "right")
+    for s in summaries:
+        row = [s.scheme, f"{s.handovers} ({s.handovers_with_session})", _ms(s.sit_mean), _ms(s.sit_p50),
+               _ms(s.sit_p99), _ms(s.itl_mean), _ms(s.itl_p99),
+               "-" if not math.isfinite(s.itl_over_slo) else f"{100 * s.itl_over_slo:.1f}%",
+               _ms(s.t_early_mean), f"{s.token_exact}/{s.token_checked}"]
+        if simulated:
+            m = simulated.get(s.scheme, {})
+            row += [_ms(m.get("sit_mean", float("nan"))), _ms(m.get("sit_p99", float("nan")))]
+        t.add_row(*row)
+    return t
+
+
+def write_csv(path: Path, rows: Sequence[object]) -> None:
+    """Dataclass rows to CSV (header from the first row's fields); NaN written as empty."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        if not rows:
+            f.write("")
+            return
+        d0 = asdict(rows[0]) if not isinstance(rows[0], dict) else rows[0]  # type: ignore[arg-type]
+        w = csv.DictWriter(f, fieldnames=list(d0))
+        w.writeheader()
+        for r in rows:
+            d = asdict(r) if not isinstance(r, dict) else r  # type: ignore[arg-type]
+            w.writerow({k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()})
+
+
+def write_json(path: Path, obj) -> None:
+    """JSON with NaN/inf written as null."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_jsonable(obj), indent=1, sort_keys=False))
+
+
+def _cdf(ax, x: np.ndarray, label: str, scale: float = 1000.0) -> None:
+    x = np.sort(np.asarray(x, dtype=np.float64)[np.isfinite(x)]) * scale
+    if x.size:
+        ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=f"{label} (n={x.size})")
+
+
+def _figure(size: tuple[float, float]):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt.subplots(figsize=size)
+
+
+def _finish(fig, ax, path: Path, xlabel: str, ylabel: str) -> Path:
+    import matplotlib.pyplot as plt
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_cdfs(path: Path, per_scheme: dict[str, np.ndarray], xlabel: str, slo_ms: float | None = None,
+              log_x: bool = False) -> Path:
+    """A CDF per scheme (values in seconds, plotted in ms) saved to ``path`` (PNG)."""
+    fig, ax = _figure((6.4, 4.0))
+    for name, x in per_scheme.items():
+        _cdf(ax, x, name)
+    if slo_ms:
+        ax.axvline(slo_ms, color="grey", ls="--", lw=1, label=f"SLO {slo_ms:.0f} ms")
+    if log_x:
+        ax.set_xscale("log")
+    return _finish(fig, ax, path, xlabel, "CDF")
+
+
+def plot_timeline(path: Path, ue_id: str, per_scheme: dict[str, Sequence[SessionRecord]],
+                  handover_times: Sequence[float], t0: float = 0.0) -> Path:
+    """One UE's tokens over time (cumulative count per scheme), handovers as vertical lines."""
+    fig, ax = _figure((8.0, 4.0))
+    for name, sessions in per_scheme.items():
+        t = np.sort(np.concatenate([np.asarray(s.times) for s in sessions if s.ue_id == ue_id and s.times]
+                                   or [np.zeros(0)]))
+        if t.size:
+            ax.step(t - t0, np.arange(1, t.size + 1), where="post", label=name, lw=1)
+    for i, h in enumerate(handover_times):
+        ax.axvline(h - t0, color="red", ls=":", lw=1, label="handover" if i == 0 else None)
+    return _finish(fig, ax, path, "time since replay start (s)", f"tokens received by UE {ue_id}")

@@ -1,0 +1,73 @@
+"""The pallas-agent chart passes Helm's linter (helm-sdkpy: the Helm Go library), which renders
+the templates and checks the values against values.schema.json; a copy with a bad value fails."""
+
+import asyncio
+import json
+import re
+import shutil
+
+import helm_sdkpy
+import pytest
+from jsonschema import Draft7Validator
+
+from deploy_paths import CHART, DESCRIPTORS
+
+# helm.sh/helm/v3/pkg/lint/support: UnknownSev=0, InfoSev=1, WarningSev=2, ErrorSev=3
+INFO, WARNING = 1, 2
+
+
+def helm_lint(chart_dir) -> list[tuple[int, str]]:
+    """Run `helm lint` on ``chart_dir``; return its (severity, path) messages."""
+    result = asyncio.run(helm_sdkpy.Lint(helm_sdkpy.Configuration(namespace="pallas")).run(str(chart_dir)))
+    assert result["TotalChartsLinted"] == 1, result
+    return [(m["Severity"], m["Path"]) for m in result["Messages"] or []]
+
+
+def test_chart_lints_without_errors_or_warnings():
+    msgs = helm_lint(CHART)
+    bad = [m for m in msgs if m[0] >= WARNING or m[0] == 0]
+    assert not bad, f"helm lint reported (severity, path): {bad}"
+    # the only allowed finding is informational (Chart.yaml has no icon)
+    assert all(sev == INFO for sev, _ in msgs)
+
+
+def _copy_with(tmp_path, pattern, repl):
+    dst = tmp_path / "pallas-agent"
+    shutil.copytree(CHART, dst)
+    values = dst / "values.yaml"
+    text, n = re.subn(pattern, repl, values.read_text(), count=1, flags=re.M)
+    assert n == 1, pattern
+    values.write_text(text)
+    return dst
+
+
+@pytest.mark.parametrize("pattern, repl", [
+    (r"^  gpus: 1$", "  gpus: -1"),                     # a negative GPU count
+    (r"^  controlPort: 50051$", "  controlPort: 70000"),  # not a port
+    (r"^  blockSize: 16$", "  blockSize: 24"),           # not a vLLM block size
+    (r"^agentId: edge-a$", "agentId: Edge_A"),            # not a DNS label: no Service name
+])
+def test_a_chart_copy_with_a_bad_value_is_rejected_by_the_linter(tmp_path, pattern, repl):
+    bad = _copy_with(tmp_path, pattern, repl)
+    msgs = helm_lint(bad)
+    # values.yaml fails values.schema.json, so the templates are not rendered either
+    assert (3, "values.yaml") in msgs, msgs
+
+
+def test_values_schema_is_valid_draft7_and_kv_connector_matches_the_agent():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    Draft7Validator.check_schema(schema)
+    values = (CHART / "values.yaml").read_text()
+    assert re.search(r"^    className: PallasConnector$", values, re.M)
+    assert re.search(r"^    modulePath: agent\.connector$", values, re.M)
+
+
+def test_chart_ports_match_the_xapp_descriptor():
+    """The descriptor's agent addresses point at the ports the chart opens."""
+    values = (CHART / "values.yaml").read_text()
+    control = int(re.search(r"^  controlPort: (\d+)$", values, re.M).group(1))
+    peer = int(re.search(r"^  peerPort: (\d+)$", values, re.M).group(1))
+    agents = json.loads((DESCRIPTORS / "config-file.json").read_text())["controls"]["agents"]
+    for aid, a in agents.items():
+        assert a["control_address"] == f"pallas-agent-{aid}.pallas.svc.cluster.local:{control}"
+        assert a["peer_address"] == f"pallas-agent-{aid}.pallas.svc.cluster.local:{peer}"

@@ -1,0 +1,244 @@
+"""The xApp's live mode with RMR stubbed (osc-notes.md section 1, "Verified workaround").
+
+RIC_INDICATION messages delivered through ricxappframe's own RMR receive path (RMRXapp's work
+loop, its queue and callback dispatch; only the C library is faked) make the xApp subscribe to
+the E2 nodes through a loopback fake subscription manager, predict the handover, and send the
+trigger and then the commit to a test agent (a fake Control gRPC servicer on loopback, which
+also streams the telemetry the window decision needs), exactly as the replay does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import sys
+import threading
+import time
+import types
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from unittest import mock
+
+import grpc
+import pytest
+
+from pallas_proto import pallas_pb2 as pb
+from pallas_proto import pallas_pb2_grpc as pbg
+
+REPO = Path(__file__).resolve().parents[2]
+CELL_A, CELL_B = 0xA81B0C01, 0xA81C0D01        # 36-bit NR cell identities (gNB 0xA81B0C, 0xA81C0D)
+PCI_A, PCI_B = 101, 202
+UE = 7
+
+
+def _install_fake_rmrclib() -> None:
+    """Put a fake ``ricxappframe.rmr.rmrclib.rmrclib`` in sys.modules (no librmr_si.so here)."""
+    name = "ricxappframe.rmr.rmrclib.rmrclib"
+    if name in sys.modules and getattr(sys.modules[name], "_pallas_fake", False):
+        return
+    consts = {"RMR_MAX_RCV_BYTES": 65536, "RMRFL_MTCALL": 2, "RMRFL_NONE": 0, "RMR_OK": 0,
+              "RMR_ERR_BADARG": 1, "RMR_ERR_NOENDPT": 2, "RMR_ERR_EMPTY": 3, "RMR_ERR_NOHDR": 4,
+              "RMR_ERR_SENDFAILED": 5, "RMR_ERR_CALLFAILED": 6, "RMR_ERR_NOWHOPEN": 7, "RMR_ERR_WHID": 8,
+              "RMR_ERR_OVERFLOW": 9, "RMR_ERR_RETRY": 10, "RMR_ERR_RCVFAILED": 11, "RMR_ERR_TIMEOUT": 12,
+              "RMR_ERR_UNSET": 13, "RMR_ERR_TRUNC": 14, "RMR_ERR_INITFAILED": 15, "RMR_ERR_NOTSUPP": 16}
+    m = types.ModuleType(name)
+    m._pallas_fake = True
+    m.rmr_c_lib = mock.MagicMock()
+    m.get_constants = lambda cache={}: consts
+    m.get_mapping_dict = lambda cache={}: {v: k for k, v in consts.items() if k.startswith("RMR_")}
+    m.state_to_status = lambda s: "RMR_OK" if s == 0 else "RMR_ERR_TIMEOUT"
+    sys.modules[name] = m
+
+
+class FakeAgent(pbg.ControlServicer):
+    """A test agent: records Control calls, streams telemetry with one session of the UE."""
+
+    def __init__(self, agent_id: str, serves_session: bool) -> None:
+        self.agent_id = agent_id
+        self.serves = serves_session
+        self.calls: "queue.Queue[tuple[str, object]]" = queue.Queue()
+
+    def _reply(self, req, state):
+        return pb.ControlReply(status=pb.STATUS_OK, session_id=req.session_id, epoch=req.epoch, state=state,
+                               scheme=pb.SCHEME_PALLAS)
+
+    def Trigger(self, request, context):
+        self.calls.put(("Trigger", request))
+        return self._reply(request, "migrating")
+
+    def Cancel(self, request, context):
+        self.calls.put(("Cancel", request))
+        return self._reply(request, "serving")
+
+    def Commit(self, request, context):
+        self.calls.put(("Commit", request))
+        return self._reply(request, "handed_over")
+
+    def Telemetry(self, request, context):
+        while context.is_active():
+            rep = pb.TelemetryReport(agent_id=self.agent_id, time=time.time())
+            rep.server.model.CopyFrom(pb.ModelIdentity(model="tiny", block_size=32, kv_bytes_per_token=16384))
+            rep.server.prefill_rate = 5000.0
+            rep.server.free_kv_blocks = 10000
+            if self.serves:
+                rep.sessions.add(session_id="sess-1", ue_id=str(UE), tokens=480, decode_rate=50.0,
+                                 state="serving", remaining_tokens=200)
+            yield rep
+            time.sleep(0.05)
+
+
+class FakeSubmgr(BaseHTTPRequestHandler):
+    posts: list = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        FakeSubmgr.posts.append((self.path, body))
+        out = json.dumps({"SubscriptionId": f"sub-{len(FakeSubmgr.posts)}", "SubscriptionInstances": []}).encode()
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *a):
+        pass
+
+
+def _grpc_agent(agent: FakeAgent) -> tuple[grpc.Server, int]:
+    srv = grpc.server(futures.ThreadPoolExecutor(8))
+    pbg.add_ControlServicer_to_server(agent, srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    return srv, port
+
+
+def _indication(serving_cell: int, serving_pci: int, rsrp: float, nb_pci: int, nb_rsrp: float, sn: int) -> bytes:
+    from xapp.e2 import codec as C
+    u = C.UeId(kind="gNB", amf_ue_ngap_id=UE, guami=C.Guami(plmn="00101"))
+    r = C.RrcMeasReport(1, (C.ServingResult(0, C.CellResult(serving_pci, rsrp, -10.0, 10.0)),),
+                        (C.CellResult(nb_pci, nb_rsrp, -10.0, 5.0),))
+    h, m = C.encode_rc_message_copy(C.RcMessageCopy(C.encode_rrc_meas_report(r), u, C.Cgi("00101", serving_cell)))
+    return C.encode_ric_indication(C.RicIndication(1, 1, 3, 1, h, m, sn=sn))
+
+
+@pytest.fixture
+def rmr_stub(monkeypatch):
+    """ricxappframe importable and runnable without librmr_si.so; returns the injection queue."""
+    _install_fake_rmrclib()
+    from ricxappframe.rmr import rmr
+    from ricxappframe.rmr.rmr_mocks import rmr_mocks
+    from ricxappframe import xapp_frame
+
+    rmr_mocks.patch_rmr(monkeypatch)
+    alloc = rmr.rmr_alloc_msg
+    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_alloc_msg",
+                        lambda vctx=None, size=0, *a, **kw: alloc(vctx, size, *a, **kw))  # 3.2.2 mock bug
+    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_init", lambda *a, **k: object())
+    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_ready", lambda *a, **k: 1)
+    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_close", lambda *a, **k: None)
+    sent: list = []
+    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_send_msg", lambda mrc, sbuf: (sent.append(sbuf), sbuf)[1])
+    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_rts_msg", lambda mrc, sbuf: (sent.append(sbuf), sbuf)[1])
+    monkeypatch.setattr(xapp_frame._BaseXapp, "xapp_shutdown", lambda self: None)
+    monkeypatch.setattr(xapp_frame._BaseXapp, "registerXapp", lambda self: None)
+    inbox: "queue.Queue[tuple[int, bytes, str]]" = queue.Queue()
+
+    def rcvall(mrc, pass_filter=None, timeout=0):
+        out = []
+        try:
+            item = inbox.get(timeout=0.05)
+        except queue.Empty:
+            return out
+        while True:
+            mtype, payload, meid = item
+            sbuf = rmr_mocks.Rmr_mbuf_t()
+            sbuf.contents.mtype, sbuf.contents.payload, sbuf.contents.meid = mtype, payload, meid.encode()
+            summary = {rmr.RMR_MS_MSG_TYPE: mtype, rmr.RMR_MS_PAYLOAD: payload, rmr.RMR_MS_SUB_ID: 1,
+                       rmr.RMR_MS_MEID: meid.encode(), rmr.RMR_MS_MSG_STATUS: "RMR_OK",
+                       rmr.RMR_MS_PAYLOAD_LEN: len(payload)}
+            out.append((summary, sbuf))
+            try:
+                item = inbox.get_nowait()
+            except queue.Empty:
+                return out
+
+    monkeypatch.setattr("ricxappframe.xapp_rmr.helpers.rmr_rcvall_msgs_raw", rcvall)
+    monkeypatch.delenv("CONFIG_FILE", raising=False)
+    return types.SimpleNamespace(inbox=inbox, sent=sent)
+
+
+def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
+    from xapp.app import EventLog, PallasXapp, subscribe_all
+    from xapp.config import load_controls
+    from xapp.e2.transport import RIC_INDICATION, RmrTransport
+
+    a, b = FakeAgent("edge-a", True), FakeAgent("edge-b", False)
+    (sa, pa), (sb, pb_) = _grpc_agent(a), _grpc_agent(b)
+    http = ThreadingHTTPServer(("127.0.0.1", 0), FakeSubmgr)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    FakeSubmgr.posts = []
+    controls = copy.deepcopy(json.loads((REPO / "descriptors" / "config-file.json").read_text())["controls"])
+    controls["scheme"] = "pallas"
+    controls["agents"] = {
+        "edge-a": {"e2_node_id": "gnb_001_01_00a81b0c", "control_address": f"127.0.0.1:{pa}",
+                   "peer_address": "127.0.0.1:1001"},
+        "edge-b": {"e2_node_id": "gnb_001_01_00a81c0d", "control_address": f"127.0.0.1:{pb_}",
+                   "peer_address": "127.0.0.1:1002"}}
+    controls["cells"] = {str(CELL_A): "edge-a", str(CELL_B): "edge-b"}
+    controls["e2"]["submgr_url"] = f"http://127.0.0.1:{http.server_port}/ric/v1"
+    cfg = load_controls(controls)
+    events = EventLog(tmp_path / "events.jsonl")
+    app = PallasXapp(cfg, RmrTransport(rmr_port=4599, use_fake_sdl=True, wait_for_ready=False),
+                     nrt={PCI_A: CELL_A, PCI_B: CELL_B}, events=events)
+    try:
+        subs = subscribe_all(cfg)
+        app.start()
+        # The UE drives from A towards B: serving RSRP falls, B's rises (8 dB/s closing), one
+        # report every 200 ms, delivered through RMR; then the first report from cell B.
+        t0 = time.time()
+        k = 0
+        while time.time() - t0 < 6.0:
+            dt = time.time() - t0
+            if dt < 4.0:
+                msg = _indication(CELL_A, PCI_A, -80.0 - 4.0 * dt, PCI_B, -100.0 + 4.0 * dt, k)
+            else:
+                msg = _indication(CELL_B, PCI_B, -80.0, PCI_A, -100.0, k)
+            rmr_stub.inbox.put((RIC_INDICATION, msg, "gnb_001_01_00a81b0c"))
+            k += 1
+            if dt >= 4.0:
+                break
+            time.sleep(0.2)
+        calls = []
+        deadline = time.time() + 5
+        while time.time() < deadline and not any(c[0] == "Commit" for c in calls):
+            try:
+                calls.append(a.calls.get(timeout=0.2))
+            except queue.Empty:
+                pass
+    finally:
+        app.stop()
+        sa.stop(0)
+        sb.stop(0)
+        http.shutdown()
+    # Subscribed at both E2 nodes, with submgr's PascalCase body, on the right path.
+    assert [p for p, _ in FakeSubmgr.posts] == ["/ric/v1/subscriptions"] * 2
+    assert {body["Meid"] for _, body in FakeSubmgr.posts} == {"gnb_001_01_00a81b0c", "gnb_001_01_00a81c0d"}
+    assert all(body["RANFunctionID"] == 3 and body["ClientEndpoint"]["RMRPort"] == 4560 for _, body in FakeSubmgr.posts)
+    assert len(subs) == 2
+    kinds = [c[0] for c in calls]
+    assert "Trigger" in kinds and kinds[-1] == "Commit", kinds
+    trig = next(r for k_, r in calls if k_ == "Trigger")
+    commit = next(r for k_, r in calls if k_ == "Commit")
+    assert trig.session_id == commit.session_id == "sess-1"
+    assert trig.target.agent_id == "edge-b" and trig.target.address == "127.0.0.1:1002"
+    assert trig.scheme == pb.SCHEME_PALLAS and trig.window_s >= 0.0
+    assert trig.predicted_handover_time > t0
+    assert commit.actual_target.agent_id == "edge-b" and commit.epoch == trig.epoch
+    assert b.calls.empty()   # the target is reached through the source, never called by the xApp
+    ev = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "prediction" and e["target_cell"] == CELL_B for e in ev)
+    commit_ev = next(e for e in ev if e["kind"] == "commit")
+    assert commit_ev["prepared"] is True and commit_ev["from_cell"] == CELL_A and commit_ev["to_cell"] == CELL_B
+    assert app.ingest.stats["reports"] == k

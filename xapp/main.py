@@ -1,0 +1,168 @@
+"""``pallas-xapp``: the Pallas xApp's entry point, live on a near-RT RIC or in test mode.
+
+Live (what the container runs)::
+
+    CONFIG_FILE=/opt/ric/config/config-file.json pallas-xapp
+
+reads the descriptor's ``controls`` (xapp.config), subscribes to the E2 nodes of the configured
+agents through the subscription manager, receives RIC_INDICATION and A1_POLICY_REQ over RMR
+(librmr_si.so, as OSC images carry it) and sends trigger/cancel/commit policies to the agents.
+The descriptor is re-read when the file changes.
+
+Test mode (what ``pallas replay`` runs)::
+
+    pallas-xapp --mode test --config cfg.json --trace drive.e2trace --start-at UNIX_TIME \\
+        [--speed 1] [--nrt nrt.json] [--events events.jsonl] [--scheme ctho]
+
+replays the trace's records through the same xApp: the first record is delivered at
+``--start-at`` (wall clock) and the others at their recorded offsets (``--speed 0``: as fast as
+possible). It exits at the end of the trace plus ``--linger-s`` (policies still in flight finish)
+or on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Sequence
+
+import structlog
+
+from xapp.config import ConfigError, load_config_file
+
+log = structlog.get_logger("pallas.xapp.main")
+
+
+def _configure_logging(level: str) -> None:
+    import logging
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr, format="%(message)s")
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
+                    structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pallas-xapp", description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=["live", "test"], default=os.environ.get("PALLAS_XAPP_MODE", "live"))
+    p.add_argument("--config", default=os.environ.get("CONFIG_FILE"), help="the xApp descriptor (CONFIG_FILE)")
+    p.add_argument("--trace", help="test mode: the E2 trace to replay")
+    p.add_argument("--start-at", type=float, default=0.0, help="test mode: wall time of the first record (0: now)")
+    p.add_argument("--speed", type=float, default=1.0, help="test mode: replay speed (0 = as fast as possible)")
+    p.add_argument("--linger-s", type=float, default=3.0, help="test mode: keep running after the trace ends")
+    p.add_argument("--nrt", help="neighbour relation table JSON {PCI: NR cell identity}")
+    p.add_argument("--events", help="append the decision/event log (JSON lines) here")
+    p.add_argument("--scheme", help="override the configured scheme (pallas, ctho, detour, ...)")
+    p.add_argument("--rmr-port", type=int, default=4560)
+    p.add_argument("--log-level", default=os.environ.get("PALLAS_LOG_LEVEL", "INFO"))
+    return p
+
+
+def _config(path: str | None, scheme: str | None):
+    cfg = load_config_file(path)
+    if scheme:
+        import dataclasses
+        cfg = dataclasses.replace(cfg, scheme=scheme.replace("-", "_"))
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the xApp; returns the exit status (2: bad configuration or arguments)."""
+    a = build_parser().parse_args(argv)
+    _configure_logging(a.log_level)
+    try:
+        cfg = _config(a.config, a.scheme)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    from xapp.app import EventLog, PallasXapp, subscribe_all
+    nrt = {int(k): int(v) for k, v in json.load(open(a.nrt)).items()} if a.nrt else None
+    events = EventLog(a.events)
+    done = threading.Event()
+
+    def on_signal(signum, frame):
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    if a.mode == "test":
+        if not a.trace:
+            print("--mode test needs --trace", file=sys.stderr)
+            return 2
+        from xapp.e2.trace import read_trace
+        from xapp.e2.transport import TraceTransport
+        first = next(iter(read_trace(a.trace)), None)
+        if first is None:
+            print(f"{a.trace}: empty trace", file=sys.stderr)
+            return 2
+        start_at = a.start_at or time.time()
+        offset = start_at - first.time
+        transport = TraceTransport(a.trace, speed=a.speed or None, threaded=True)
+        app = PallasXapp(cfg, transport, nrt=nrt, events=events, offset=offset)
+        events.write("start", mode="test", scheme=cfg.scheme, trace=a.trace, start_at=start_at, offset=offset)
+        # Telemetry flows while waiting for the start time; then the replay starts.
+        app.start_telemetry()
+        while not done.is_set() and time.time() < start_at:
+            done.wait(min(0.05, max(0.0, start_at - time.time())))
+        app.start()
+        while not done.is_set() and not transport.wait(0.2):
+            pass
+        end = time.time() + a.linger_s
+        while not done.is_set() and time.time() < end:
+            done.wait(0.1)
+        events.write("end", delivered=transport.delivered, ingest=dict(app.ingest.stats), cycles=app.cycles)
+        app.stop()
+        return 0
+
+    # live
+    from xapp.a1 import A1PolicyHandler, default_policy_type_path, load_policy_type
+    from xapp.e2.transport import A1_POLICY_QUERY, RmrTransport
+    transport = RmrTransport(rmr_port=a.rmr_port, use_fake_sdl=bool(os.environ.get("USE_FAKE_SDL")))
+    a1 = A1PolicyHandler(cfg, load_policy_type(default_policy_type_path(cfg.a1.policy_type_id)))
+    app = PallasXapp(cfg, transport, nrt=nrt, events=events, a1=a1)
+    subscribe_all(cfg)
+    app.start()
+    transport.send(A1_POLICY_QUERY, a1.query_message())   # A1 resends every live instance
+    events.write("start", mode="live", scheme=cfg.scheme)
+    watcher = _watch_config(a.config, app, a.scheme, done)
+    done.wait()
+    app.stop()
+    if watcher is not None:
+        watcher.join(1.0)
+    return 0
+
+
+def _watch_config(path: str | None, app, scheme: str | None, done: threading.Event) -> threading.Thread | None:
+    """Reload the descriptor when CONFIG_FILE changes (mtime poll, 1 s), as OSC xApps do on
+    inotify; a bad new file is logged and the running configuration kept."""
+    if not path:
+        return None
+
+    def run() -> None:
+        last = os.stat(path).st_mtime if os.path.exists(path) else 0.0
+        while not done.wait(1.0):
+            try:
+                m = os.stat(path).st_mtime
+            except OSError:
+                continue
+            if m != last:
+                last = m
+                try:
+                    app.reconfigure(_config(path, scheme))
+                except ConfigError as e:
+                    log.error("new configuration rejected, keeping the running one", error=str(e))
+
+    th = threading.Thread(target=run, name="config-watch", daemon=True)
+    th.start()
+    return th
+
+
+if __name__ == "__main__":
+    sys.exit(main())
