@@ -71,7 +71,8 @@ def test_convert_all_ucc_drives_and_decode_back(tmp_path, capsys):
     cfg = convert.ConvertConfig()
     n = ho = 0
     for i, (c, f) in enumerate(zip(per_file, files)):
-        src = convert.read_reports(f, c["ue"])
+        src, n_ho = convert.read_reports(f, c["ue"])
+        assert n_ho == c["handovers"]
         recs = list(read_trace(c["trace"]))
         assert len(recs) == len(src) == c["reports"]
         cells = []
@@ -82,5 +83,5 @@ def test_convert_all_ucc_drives_and_decode_back(tmp_path, capsys):
             cells.append(dec.serving_cell)
         n += len(recs)
         ho += convert.count_handovers(cells)
-    assert (n, ho) == (total["reports"], total["handovers"])
+    assert (n, ho) == (total["reports"], total["handovers"])  # HOs in the decoded traces == the reader's
     print(f"converted {total['ues']} UEs, {n} reports, {ho} handovers")
