@@ -18,7 +18,6 @@ Target (issue 4): >= 5,000 RC message copies per second on one core.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
 import time
