@@ -36,7 +36,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from . import units
 
@@ -290,10 +290,10 @@ def e2_node_name(plmn: str, gnb_id: int) -> str:
 # NR RRC MeasurementReport (TS 38.331 clause 6.2.2, UL-DCCH, unaligned PER)
 # ------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class CellResult:
+class CellResult(NamedTuple):
     """One cell's SSB results in a MeasurementReport: PCI (-1 when absent) and RSRP dBm, RSRQ dB,
-    SINR dB after TS 38.133 conversion (NaN when the UE did not report the quantity)."""
+    SINR dB after TS 38.133 conversion (NaN when the UE did not report the quantity).
+    (A NamedTuple: the decoder makes several per report.)"""
 
     pci: int = -1
     rsrp_dbm: float = NAN
@@ -301,8 +301,7 @@ class CellResult:
     sinr_db: float = NAN
 
 
-@dataclass(frozen=True, slots=True)
-class ServingResult:
+class ServingResult(NamedTuple):
     """A serving MO's result: ``serv_cell_index`` (ServCellIndex 0..31) and the cell's results."""
 
     serv_cell_index: int
@@ -411,7 +410,6 @@ def encode_rrc_meas_report(r: RrcMeasReport) -> bytes:
     """RrcMeasReport -> UL-DCCH-Message (UPER). Position is written as locationInfo-r16 when
     lat/lon are known, velocity when speed and heading are both known. Uses the fast encoder
     of :mod:`fastper` (byte-identical to :func:`encode_rrc_meas_report_pycrate`, tested)."""
-    from . import fastper
     loc = vel = None
     if r.lat == r.lat and r.lon == r.lon:
         sign, nlat = units.lat_to_lpp(r.lat)
@@ -488,7 +486,6 @@ def decode_rrc_meas_report_pycrate(b: bytes) -> RrcMeasReport:
 def decode_rrc_meas_report(b: bytes) -> RrcMeasReport:
     """UL-DCCH-Message bytes -> RrcMeasReport. Tries the fast walker, falls back to pycrate for
     anything it does not cover (same result; tests check both agree)."""
-    from . import fastper
     try:
         r = fastper.decode_meas_report(b)
     except fastper.Unsupported:
@@ -545,7 +542,6 @@ def encode_ric_indication(ind: RicIndication) -> bytes:
     """RicIndication -> E2AP-PDU (aligned PER), IEs in the E2AP clause 9.1.1.7 order. Uses the
     fast encoder of :mod:`fastper` (byte-identical to :func:`encode_ric_indication_pycrate`,
     tested); values out of their ranges raise ValueError."""
-    from . import fastper
     if not (0 <= ind.ric_requestor_id <= 65535 and 0 <= ind.ric_instance_id <= 65535
             and 0 <= ind.ran_function_id <= 4095 and 0 <= ind.action_id <= 255
             and (ind.sn is None or 0 <= ind.sn <= 65535) and ind.ind_type in ("report", "insert")):
@@ -617,7 +613,6 @@ def _indication_from_ies(f: Mapping[int, Any]) -> RicIndication:
 
 def decode_ric_indication(b: bytes) -> RicIndication:
     """E2AP-PDU bytes -> RicIndication. The fast envelope walker first; pycrate for the rest."""
-    from . import fastper
     try:
         return _indication_from_ies(fastper.decode_ric_indication_ies(b))
     except fastper.Unsupported:
@@ -668,7 +663,6 @@ def encode_rc_message_copy(m: RcMessageCopy) -> tuple[bytes, bytes]:
     """RcMessageCopy -> (E2SM-RC IndicationHeader Format 1, IndicationMessage Format 1), aligned PER.
     The message is written by :func:`fastper.encode_rc_octs_params` (byte-identical to
     asn1tools, tested), the header, UEID and CGI by asn1tools (memoised)."""
-    from . import fastper
     items = [(RC_PARAM_RRC_MESSAGE, m.rrc), (RC_PARAM_UE_ID, encode_ueid(m.ue))]
     if m.cell is not None:
         items.append((RC_PARAM_CELL_GLOBAL_ID, encode_cgi(m.cell)))
@@ -727,7 +721,6 @@ def decode_rc_message_copy(header: bytes, message: bytes) -> RcMessageCopy:
     has the plain message-copy shape, else by asn1tools; header, UEID and CGI decodes are
     memoised on their octets (pure functions of the bytes).
     """
-    from . import fastper
     cond = _rc_header_condition(header)
     try:
         params = fastper.decode_rc_octs_params(message)
@@ -883,3 +876,5 @@ def kpm_action_definition_ue_level(names: Sequence[str], granularity_ms: int,
             "subscriptionInfo": sub})})
 
 
+# imported last: fastper uses the result types above (CellResult, ServingResult)
+from . import fastper  # noqa: E402

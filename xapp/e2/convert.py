@@ -22,31 +22,29 @@ MeasurementReport, sent by the serving cell's E2 node:
 - record time = the row time; a change of serving cell between consecutive rows is a handover.
 
 What a MeasurementReport cannot carry is lost: rows in RRC idle (State I) are still written as
-reports (a real idle UE sends none), so decoded reports have ``connected=True``; values outside
-the TS 38.133 ranges come back clamped to the range's edge (the reader turns them into NaN).
+reports (a real idle UE sends none), so decoded reports have ``connected=True``; the RRC
+quantisation (1 dB RSRP, 0.5 dB RSRQ/SINR, ~1 m position, whole km/h and degrees) applies.
 
-The core (:func:`reports_to_records`) works on MeasurementReport lists; the CSV reading is
-``xapp.drivetest.read_drive`` when present, else the small reader below.
+The CSVs are read by ``xapp.drivetest.read_drive`` (serving cell RAWCELLID, values outside the
+TS 38.133 ranges as NaN, monotone times, heading from the previous fix); the core
+(:func:`reports_to_records`) works on any MeasurementReport list (the simulator uses it too).
+The handover count printed is ``read_drive``'s (every change of RAWCELLID between rows).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import math
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..tracks import MeasurementReport, NeighbourMeas
+from ..drivetest import read_drive
+from ..tracks import MeasurementReport
 from . import codec
 from .trace import TraceRecord, TraceWriter
 from .transport import RIC_INDICATION
-
-NAN = float("nan")
 
 
 @dataclass(frozen=True)
@@ -107,64 +105,13 @@ def count_handovers(cells: Sequence[int]) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# CSV reading: xapp.drivetest.read_drive when it exists, else this minimal reader
+# CSV reading: xapp.drivetest (one reader of the drive CSVs for the whole project)
 # ------------------------------------------------------------------------------------------------
 
-def _num(s: str, lo: float, hi: float) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        return NAN
-    return v if lo <= v <= hi else NAN
-
-
-def _bearing(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
-    p1, p2 = math.radians(lat1), math.radians(lat2)
-    dl = math.radians(lon2 - lon1)
-    y = math.sin(dl) * math.cos(p2)
-    x = math.cos(p1) * math.sin(p2) - math.sin(p1) * math.cos(p2) * math.cos(dl)
-    return math.degrees(math.atan2(y, x)) % 360.0
-
-
-def _read_minimal(path: Path, ue_id: str) -> list[MeasurementReport]:
-    """Rows -> MeasurementReports (serving cell RAWCELLID, ranges of TS 38.133 else NaN, time
-    made monotone, heading from the previous distinct fix). Malformed rows are skipped."""
-    out: list[MeasurementReport] = []
-    last_t = -math.inf
-    prev_fix: tuple[float, float] | None = None
-    heading = NAN
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            try:
-                t = datetime.strptime(row["Timestamp"], "%Y.%m.%d_%H.%M.%S").replace(tzinfo=timezone.utc).timestamp()
-                cell = int(row["RAWCELLID"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            t = last_t = max(t, last_t)
-            lat, lon = _num(row["Latitude"], -90, 90), _num(row["Longitude"], -180, 180)
-            if lat == lat and lon == lon:
-                if prev_fix is not None and prev_fix != (lat, lon):
-                    heading = _bearing(prev_fix[0], prev_fix[1], lat, lon)
-                prev_fix = (lat, lon)
-            nb = (NeighbourMeas(rsrp_dbm=_num(row["NRxRSRP"], -156, -31), rsrq_db=_num(row["NRxRSRQ"], -43, 20)),)
-            if nb[0].rsrp_dbm != nb[0].rsrp_dbm and nb[0].rsrq_db != nb[0].rsrq_db:
-                nb = ()
-            spd = _num(row["Speed"], 0, 2047)
-            out.append(MeasurementReport(
-                time=t, ue_id=ue_id, serving_cell=cell, rsrp_dbm=_num(row["RSRP"], -156, -31),
-                rsrq_db=_num(row["RSRQ"], -43, 20), sinr_db=_num(row["SNR"], -23, 40), neighbours=nb,
-                lat=lat, lon=lon, speed_mps=spd / 3.6 if spd == spd else NAN, heading_deg=heading,
-                e2_node=row.get("NODEHEX", ""), connected=row.get("State") != "I"))
-    return out
-
-
-def read_reports(path: Path, ue_id: str) -> list[MeasurementReport]:
-    """A drive CSV -> its MeasurementReports (``xapp.drivetest`` if available)."""
-    try:
-        from xapp.drivetest import read_drive  # type: ignore[import-not-found]
-    except ImportError:
-        return _read_minimal(path, ue_id)
-    return list(read_drive(path, ue_id=ue_id).reports)
+def read_reports(path: Path, ue_id: str) -> tuple[list[MeasurementReport], int]:
+    """A drive CSV -> (its MeasurementReports, its handovers) via ``xapp.drivetest.read_drive``."""
+    d = read_drive(path, ue_id=ue_id)
+    return list(d.reports), len(d.handovers)
 
 
 def csv_files(inputs: Sequence[str | Path]) -> list[Path]:
@@ -189,12 +136,12 @@ class Converted:
 def convert_file(path: Path, out_dir: Path, index: int, cfg: ConvertConfig = ConvertConfig()) -> Converted:
     """Convert one CSV (UE number ``index``) to ``out_dir/<stem>.e2trace``."""
     ue = ue_identity(index, cfg)
-    reports = read_reports(path, ue.key)
+    reports, handovers = read_reports(path, ue.key)
     out = out_dir / f"{path.parent.name}_{path.stem}.e2trace"
     with TraceWriter(str(out)) as w:
         for rec in reports_to_records(reports, index, cfg):
             w.write(rec)
-    return Converted(str(path), str(out), ue.key, len(reports), count_handovers([r.serving_cell for r in reports]))
+    return Converted(str(path), str(out), ue.key, len(reports), handovers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -195,26 +195,34 @@ class _Bits:
         return self.read(8 * k).to_bytes(k, "big") if k else b""
 
 
+_NO_Q = (NAN, NAN, NAN)
+
+
 def _quantities(r: _Bits) -> tuple[float, float, float]:
-    pr, pq, ps = r.read(1), r.read(1), r.read(1)
-    rsrp = units.index_to_rsrp(r.read(7)) if pr else NAN
-    rsrq = units.index_to_rsrq(r.read(7)) if pq else NAN
-    sinr = units.index_to_sinr(r.read(7)) if ps else NAN
+    pres = r.read(3)
+    if pres == 7:  # the common case: all three, read as one 21-bit field
+        x = r.read(21)
+        return float((x >> 14) - 156), ((x >> 7) & 0x7F) / 2.0 - 43.0, (x & 0x7F) / 2.0 - 23.0
+    rsrp = units.index_to_rsrp(r.read(7)) if pres & 4 else NAN
+    rsrq = units.index_to_rsrq(r.read(7)) if pres & 2 else NAN
+    sinr = units.index_to_sinr(r.read(7)) if pres & 1 else NAN
     return rsrp, rsrq, sinr
 
 
 def _meas_result_nr(r: _Bits) -> CellResult:
-    if r.read(1):
+    head = r.read(2)                 # extension bit, physCellId present
+    if head & 2:
         raise Unsupported("MeasResultNR extension")
-    has_pci = r.read(1)
-    pci = r.read(10) if has_pci else -1
-    if pci > 1007:
-        raise Unsupported("PCI range")
-    if r.read(1):  # rsIndexResults present
+    pci = -1
+    if head:
+        pci = r.read(10)
+        if pci > 1007:
+            raise Unsupported("PCI range")
+    flags = r.read(3)                # rsIndexResults, resultsSSB-Cell, resultsCSI-RS-Cell present
+    if flags & 4:
         raise Unsupported("rsIndexResults")
-    ssb, csi = r.read(1), r.read(1)
-    q = _quantities(r) if ssb else (NAN, NAN, NAN)
-    if csi:
+    q = _quantities(r) if flags & 2 else _NO_Q
+    if flags & 1:
         _quantities(r)  # CSI-RS cell results: read past, Pallas uses SSB results
     return CellResult(pci, q[0], q[1], q[2])
 
@@ -231,17 +239,14 @@ class FastMeasReport(NamedTuple):
 
 def _location_group(b: bytes) -> tuple[bytes | None, bytes | None]:
     r = _Bits(b)
-    pres = [r.read(1) for _ in range(5)]
-    if pres != [0, 1, 0, 0, 0]:
+    # group presence bits (only locationInfo-r16), LocationInfo-r16 extension bit and presence
+    # bits (only commonLocationInfo-r16): 5 + 1 + 4 bits
+    if r.read(10) != 0b0100001000:
         raise Unsupported("extension group 3 content")
-    if r.read(1):
-        raise Unsupported("LocationInfo-r16 extension")
-    if [r.read(1) for _ in range(4)] != [1, 0, 0, 0]:
-        raise Unsupported("LocationInfo-r16 content")
-    opts = [r.read(1) for _ in range(6)]
+    opts = r.read(6)
     vals: list[bytes | None] = []
-    for o in opts:
-        vals.append(r.octets(r.length()) if o else None)
+    for k in range(5, -1, -1):
+        vals.append(r.octets(r.length()) if opts >> k & 1 else None)
     if r.n - r.p >= 8:
         raise Unsupported("trailing octets in extension group")
     return vals[2], vals[5]
@@ -250,23 +255,18 @@ def _location_group(b: bytes) -> tuple[bytes | None, bytes | None]:
 def decode_meas_report(b: bytes) -> FastMeasReport:
     """UL-DCCH-Message bytes -> FastMeasReport, or Unsupported."""
     r = _Bits(b)
-    if r.read(1) != 0 or r.read(4) != 0:
-        raise Unsupported("not c1/measurementReport")
-    if r.read(1) != 0:
-        raise Unsupported("criticalExtensionsFuture")
-    if r.read(2) != 0:
-        raise Unsupported("MeasurementReport-IEs extensions")
-    ext = r.read(1)
-    has_nb = r.read(1)
-    meas_id = r.read(6) + 1
+    # c1 (1 bit), measurementReport (4), criticalExtensions (1), MeasurementReport-IEs
+    # optional bits (2): all zero
+    if r.read(8) != 0:
+        raise Unsupported("not c1/measurementReport without extensions")
+    x = r.read(8)                    # MeasResults extension bit, neighbour list present, measId - 1
+    ext, has_nb, meas_id = x >> 7, (x >> 6) & 1, (x & 0x3F) + 1
     serving = []
     for _ in range(r.read(5) + 1):
-        if r.read(1):
-            raise Unsupported("MeasResultServMO extension")
-        if r.read(1):
-            raise Unsupported("measResultBestNeighCell")
-        idx = r.read(5)
-        serving.append(ServingResult(idx, _meas_result_nr(r)))
+        y = r.read(7)                # MeasResultServMO extension bit, best neighbour, servCellId
+        if y & 0x60:
+            raise Unsupported("MeasResultServMO extension or measResultBestNeighCell")
+        serving.append(ServingResult(y & 0x1F, _meas_result_nr(r)))
     nbs: list[CellResult] = []
     if has_nb:
         if r.read(1):
@@ -296,23 +296,22 @@ def decode_meas_report(b: bytes) -> FastMeasReport:
 def decode_ellipsoid_point(b: bytes) -> tuple[float, float]:
     """TS 37.355 LocationCoordinates UPER -> (lat, lon) for the ellipsoidPoint alternative."""
     r = _Bits(b)
-    if r.read(1) or r.read(3) != 0:
+    if r.read(4) != 0:
         raise Unsupported("LocationCoordinates alternative")
-    sign = "south" if r.read(1) else "north"
-    nlat = r.read(23)
-    nlon = r.read(24) - (1 << 23)
+    x = r.read(48)                   # latitudeSign (1), degreesLatitude (23), degreesLongitude (24)
     if r.n - r.p >= 8:
         raise Unsupported("trailing octets")
-    return units.lpp_to_lat(sign, nlat), units.lpp_to_lon(nlon)
+    return (units.lpp_to_lat("south" if x >> 47 else "north", (x >> 24) & 0x7FFFFF),
+            units.lpp_to_lon((x & 0xFFFFFF) - (1 << 23)))
 
 
 def decode_horizontal_velocity(b: bytes) -> tuple[float, float]:
     """TS 37.355 Velocity UPER -> (speed m/s, bearing degrees) for horizontalVelocity."""
     r = _Bits(b)
-    if r.read(1) or r.read(2) != 0:
+    x = r.read(23)                   # extension bit, alternative (2), bearing (9), speed (11)
+    if x >> 20:
         raise Unsupported("Velocity alternative")
-    bearing = r.read(9)
-    kmh = r.read(11)
+    bearing, kmh = (x >> 11) & 0x1FF, x & 0x7FF
     if bearing > 359 or r.n - r.p >= 8:
         raise Unsupported("Velocity shape")
     return units.kmh_to_speed(kmh), float(bearing)
