@@ -45,9 +45,9 @@ class _SinkHandler:
     async def on_prepare(self, req):
         return pallas_pb2.PrepareReply(status=pallas_pb2.STATUS_OK)
 
-    def on_block(self, blk):
+    def on_block(self, blk, crc_ok=None):
         v = self.store.put(blk.session_id, blk.epoch, blk.block_index, blk.fill, blk.checksum,
-                           blk.data)
+                           blk.data, crc_ok)
         if self.store.num_blocks > 64:
             self.store.drop(blk.session_id)
         return v
