@@ -296,7 +296,12 @@ class AgentApp:
         cfg = self.cfg
         self.core = await build_core(cfg, self.log)
         core = self.core
+        def carried(sid: str):
+            s = core.sessions.get(sid)
+            return s.info.get("scheme") if s is not None else None
+
         self.runner = SchemeRunner(core.migrator, default_scheme=cfg.scheme, rates=self._rates,
+                                   carried_scheme=carried,
                                    detour=lambda sid, tgt: self.log.info(
                                        "detour", session=sid, peer=getattr(tgt, "agent_id", str(tgt))))
         self.scraper = VllmScraper(core.vllm_url, period_s=1.0)

@@ -273,3 +273,13 @@ def test_target_side_gap_is_observed_once_per_resumed_session():
     before = REGISTRY.get_sample_value("pallas_sit_seconds_sum") or 0.0
     assert observe_resumed([s, fresh]) == 1 and observe_resumed([s, fresh]) == 0
     assert REGISTRY.get_sample_value("pallas_sit_seconds_sum") - before == pytest.approx(0.25)
+
+
+def test_scheme_carried_with_a_resumed_session_is_used():
+    mig = fk.FakeMigrator()
+    carried = {"s9": pb.SCHEME_RECOMPUTATION}
+    runner = SchemeRunner(mig, default_scheme="pallas", carried_scheme=carried.get)
+    assert runner.scheme_for("s9") == pb.SCHEME_RECOMPUTATION
+    assert runner.scheme_for("other") == pb.SCHEME_PALLAS
+    runner.set_session_scheme("s9", "ctho")
+    assert runner.scheme_for("s9") == pb.SCHEME_CTHO and runner.scheme_for("s9", "detour") == pb.SCHEME_DETOUR
