@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import grpc
 from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
-from agent.obs import CONTROL_CALLS, get_logger
+from agent.obs import COMMIT_SECONDS, CONTROL_CALLS, get_logger
 from agent.schemes import SchemeRunner, scheme_name
 
 __all__ = ["ControlService", "EpochLedger", "add_control_service"]
@@ -255,7 +255,9 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         async def work():
             led = self.ledger.get(sid)
             led.newest = max(led.newest, epoch)
+            t0 = time.perf_counter()
             out = await self.runner.commit(sid, epoch, request.actual_target, request.scheme or None)
+            COMMIT_SECONDS.labels(scheme_name(out.scheme)).observe(time.perf_counter() - t0)
             if out.status == S.STATUS_OK:
                 led.closed[epoch] = "committed"
             return _reply(out.status, out.message, sid, epoch, state=out.state,

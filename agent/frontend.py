@@ -98,10 +98,13 @@ def _state(s: Session) -> str:
 
 
 def _moved_to(s: Session) -> str | None:
-    for k in ("handed_over_to", "target_agent_id", "target"):
-        v = s.info.get(k)
-        if v:
-            return getattr(v, "agent_id", None) or str(v)
+    """The agent a handed-over session went to (agent id, else the target's peer address)."""
+    ho = s.info.get("handover")
+    if isinstance(ho, dict) and (ho.get("agent_id") or ho.get("target")):
+        return str(ho.get("agent_id") or ho.get("target"))
+    v = s.info.get("handed_over_to")
+    if v:
+        return getattr(v, "agent_id", None) or str(v)
     return None
 
 
@@ -143,15 +146,14 @@ class SessionFront:
         self.directory = dict(directory or {})
         self.resume_wait_s = resume_wait_s
         self.scheme_of = scheme_of
-        self._http = http
+        # Created now, not at the first relay: building its TLS context blocks for ~0.3 s.
+        self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
         self.app = self._build_app()
 
     # ------------------------------------------------------------------ helpers
     @property
     def http(self) -> httpx.AsyncClient:
-        """HTTP client for relaying other agents' streams (created on first use)."""
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+        """HTTP client for relaying other agents' streams."""
         return self._http
 
     async def aclose(self) -> None:
@@ -206,7 +208,7 @@ class SessionFront:
                 return s
             if time.monotonic() >= deadline:
                 return None
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.005)
 
     # ------------------------------------------------------------------ event streams
     def _token_event(self, sid: str, i: int, tok: int, t: float, agent: str, relayed_by: str | None) -> dict[str, Any]:
@@ -250,13 +252,20 @@ class SessionFront:
             if origin and origin not in relayed_from:
                 # Relay (Detour, or a commit still in flight): one extra hop per token.
                 end = None
-                async for kind, payload in self._relay(sid, i, origin):
+                arrived = False
+                async for kind, payload in self._relay_until_local(sid, i, origin):
                     if kind == "token":
                         i = payload["index"] + 1
                         RELAYED_TOKENS.inc()
                         yield sse(payload)
+                    elif kind == "local":
+                        arrived = True
                     else:
                         end = payload
+                if arrived:  # the session was handed over to this agent: serve it from here
+                    relayed_from.add(origin)
+                    allow_ho = False
+                    continue
                 if end is not None and end.get("state") == "handed_over":
                     relayed_from.add(origin)  # the session left the origin: look here (or follow)
                     moved = end.get("moved_to")
@@ -282,6 +291,39 @@ class SessionFront:
                            "error": f"session {sid} is not served here"})
                 break
         yield sse("[DONE]")
+
+    async def _relay_until_local(self, sid: str, start: int, origin: str) -> AsyncIterator[tuple[str, Any]]:
+        """:meth:`_relay`, cut short with ("local", None) as soon as the session arrives here
+        (a commit to this agent completed while the origin's stream was still open)."""
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump() -> None:
+            async for item in self._relay(sid, start, origin):
+                await q.put(item)
+            await q.put(("closed", None))
+
+        async def watch() -> None:
+            while self._local(sid, handed_over=False) is None:
+                await asyncio.sleep(0.01)
+            await q.put(("local", None))
+
+        tasks = [asyncio.create_task(pump()), asyncio.create_task(watch())]
+        try:
+            while True:
+                kind, ev = await q.get()
+                if kind == "closed":
+                    return
+                yield kind, ev
+                if kind in ("end", "local"):
+                    return
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):
+                    pass
 
     async def _relay(self, sid: str, start: int, origin: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Read ``origin``'s event stream of ``sid`` from ``start``; yield ("token"|"end", event)."""

@@ -109,8 +109,13 @@ class BlockStore:
         self.num_blocks = 0
         self.num_bytes = 0
 
-    def put(self, sid: str, epoch: int, idx: int, fill: int, crc: int, data: bytes) -> str:
-        """Store a block. Returns "ok", "stale" (older epoch: dropped) or "bad" (checksum)."""
+    def put(self, sid: str, epoch: int, idx: int, fill: int, crc: int, data: bytes,
+            crc_ok: bool | None = None) -> str:
+        """Store a block. Returns "ok", "stale" (older epoch: dropped) or "bad" (checksum).
+
+        ``crc_ok``: the caller already compared CRC-32(data) with ``crc`` (off the event
+        loop); None makes the store compute it.
+        """
         cur = self._by_sid.get(sid)
         if cur is not None and epoch < cur.epoch:
             return "stale"
@@ -118,8 +123,10 @@ class BlockStore:
             self.drop(sid)
             cur = self._by_sid[sid] = _SessionBlocks(epoch)
         if not self.verify:
-            crc = crc32(data)
-        if crc32(data) != crc:
+            crc, crc_ok = crc32(data), True
+        if crc_ok is None:
+            crc_ok = crc32(data) == crc
+        if not crc_ok:
             cur.bad.add(idx)
             return "bad"
         old = cur.blocks.get(idx)
@@ -267,13 +274,14 @@ class BlockHub:
         self._exports.pop(sid, None)
         self._to_sched({"t": "stop", "sid": sid})
 
-    def put_block(self, sid: str, epoch: int, idx: int, fill: int, crc: int, data: bytes) -> str:
+    def put_block(self, sid: str, epoch: int, idx: int, fill: int, crc: int, data: bytes,
+                  crc_ok: bool | None = None) -> str:
         """Store a received block (target role) and advertise it to the connector.
 
         Returns the store's verdict: "ok", "stale" or "bad" (a bad block is advertised as bad,
         so a waiting resume stops waiting for it and recomputes instead).
         """
-        verdict = self.store.put(sid, epoch, idx, fill, crc, data)
+        verdict = self.store.put(sid, epoch, idx, fill, crc, data, crc_ok)
         if verdict == "ok":
             self._to_sched({"t": "avail", "sid": sid, "epoch": int(epoch), "idx": int(idx),
                             "fill": int(fill)})

@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from agent.obs import BYTES_MOVED, KV_BLOCKS_HELD, configure_logging, get_logger
+from agent.obs import BYTES_MOVED, KV_BLOCKS_HELD, configure_logging, get_logger, observe_resumed
 from agent.schemes import Rates, SchemeRunner, scheme_name, scheme_value
 
 __all__ = ["AgentConfig", "parse_args", "AgentApp", "main"]
@@ -278,6 +278,12 @@ class AgentApp:
                     if self.control is not None:
                         self.control.ledger.forget(s.session_id)
 
+    async def _observe(self) -> None:
+        """Record the target-side handover gap of resumed sessions (``pallas_sit_seconds``)."""
+        while True:
+            await asyncio.sleep(0.1)
+            observe_resumed(list(self.core.sessions))
+
     async def start(self) -> None:
         """Start vLLM (if launching), the core, the gRPC services, the front and telemetry."""
         import uvicorn
@@ -290,7 +296,12 @@ class AgentApp:
         cfg = self.cfg
         self.core = await build_core(cfg, self.log)
         core = self.core
+        def carried(sid: str):
+            s = core.sessions.get(sid)
+            return s.info.get("scheme") if s is not None else None
+
         self.runner = SchemeRunner(core.migrator, default_scheme=cfg.scheme, rates=self._rates,
+                                   carried_scheme=carried,
                                    detour=lambda sid, tgt: self.log.info(
                                        "detour", session=sid, peer=getattr(tgt, "agent_id", str(tgt))))
         self.scraper = VllmScraper(core.vllm_url, period_s=1.0)
@@ -331,6 +342,7 @@ class AgentApp:
             await asyncio.sleep(0.02)
         await self._probe_prefill()
         self._tasks.append(asyncio.create_task(self._janitor(), name="janitor"))
+        self._tasks.append(asyncio.create_task(self._observe(), name="observe-resumes"))
         for svc in ("", CONTROL_SERVICE):
             await _set_health(self.health, svc, True)
         self.log.info("agent_ready", control_port=cfg.control_port, peer_port=cfg.peer_port,

@@ -652,13 +652,16 @@ class Migrator:
                  prefix=len(prefix))
         return pallas_pb2.PrepareReply(status=S.STATUS_OK, model=mine, free_kv_bytes=free_bytes)
 
-    def on_block(self, blk: pallas_pb2.KVBlock) -> str:
-        """Store one streamed block: "ok", "stale" (no attempt of that epoch) or "bad" (CRC)."""
+    def on_block(self, blk: pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str:
+        """Store one streamed block: "ok", "stale" (no attempt of that epoch) or "bad" (CRC).
+
+        ``crc_ok``: the transport already checked the block's CRC-32 (None: check here).
+        """
         inb = self.inbound.get(blk.session_id)
         if inb is None or blk.epoch != inb.epoch or inb.state == "released":
             return "stale"
         verdict = self.hub.put_block(blk.session_id, blk.epoch, blk.block_index, blk.fill,
-                                     blk.checksum, blk.data)
+                                     blk.checksum, blk.data, crc_ok)
         if verdict == "ok":
             inb.blocks_in += 1
         else:

@@ -12,8 +12,11 @@ Metrics are prometheus-client objects registered once per process in the default
 - ``pallas_migrations_total{role, scheme, outcome}``: control-plane outcomes
   (``role``: source/target; ``outcome``: committed, cancelled, fallback, rejected, error,
   stale).
-- ``pallas_sit_seconds{scheme}``: handover gap as the agent sees it (model.md section 7
-  defines SIT at the UE; the agent-side figure is the commit-to-first-target-token time).
+- ``pallas_sit_seconds``: the part of the handover gap a target agent sees: from the Sync's
+  arrival (the resumed session's creation here) to the first token its own vLLM produced
+  for it. model.md section 7 defines SIT at the UE, which adds the source's commit work
+  and the network; the UE client (agent/client.py) measures that.
+- ``pallas_commit_seconds{scheme}``: duration of a Commit at the source, by scheme used.
 - ``pallas_bytes_moved_total{peer, direction}``: KV bytes moved over the peer stream.
 - ``pallas_kv_blocks_held``: KV blocks the agent holds for incoming migrations.
 - ``pallas_control_calls_total{method, status}``: xApp-facing Control calls by status.
@@ -39,6 +42,8 @@ __all__ = [
     "bind_migration",
     "MIGRATIONS",
     "SIT_SECONDS",
+    "COMMIT_SECONDS",
+    "observe_resumed",
     "CONTROL_CALLS",
     "SESSIONS",
     "RELAYED_TOKENS",
@@ -105,11 +110,15 @@ MIGRATIONS = Counter(
     "Migration control outcomes at this agent.",
     ["role", "scheme", "outcome"],
 )
+_GAP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 30, 60)
 SIT_SECONDS = Histogram(
     "pallas_sit_seconds",
-    "Handover gap seen by the agent: commit to the first token after the handover (s).",
-    ["scheme"],
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 20, 30, 60),
+    "Target side of the handover gap: Sync arrival to the first token of the resumed request (s).",
+    buckets=_GAP_BUCKETS,
+)
+COMMIT_SECONDS = Histogram(
+    "pallas_commit_seconds", "Duration of a Commit at the source, by the scheme used (s).",
+    ["scheme"], buckets=_GAP_BUCKETS,
 )
 CONTROL_CALLS = Counter(
     "pallas_control_calls",
@@ -186,3 +195,18 @@ def register_collector(c: CallbackCollector) -> None:
 
 register_collector(BYTES_MOVED)
 register_collector(KV_BLOCKS_HELD)
+
+
+def observe_resumed(sessions: Iterable[Any]) -> int:
+    """Record ``pallas_sit_seconds`` once for each session resumed here that has produced its
+    first own token (attributes of :class:`agent.session.Session`: resumed_from, token_times,
+    info). Returns how many were recorded now."""
+    n = 0
+    for s in sessions:
+        k = getattr(s, "resumed_from", 0)
+        if k <= 0 or s.info.get("sit_observed") or len(s.token_times) <= k:
+            continue
+        s.info["sit_observed"] = True
+        SIT_SECONDS.observe(max(0.0, s.token_times[k] - s.token_times[k - 1]))
+        n += 1
+    return n

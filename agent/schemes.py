@@ -279,6 +279,8 @@ class SchemeRunner:
         rates: ``rates(session_id, actual_target) -> Rates`` for the ctHO split at a commit.
         detour: ``detour(session_id, target) -> None``: mark the session as served by Detour
             (the source keeps serving it; the new agent relays). Optional.
+        carried_scheme: ``carried_scheme(session_id) -> scheme or None``: the scheme a session
+            brought from its previous agent (a resumed session's Sync names it). Optional.
     """
 
     def __init__(
@@ -288,11 +290,13 @@ class SchemeRunner:
         default_scheme: int | str = S.SCHEME_PALLAS,
         rates: Callable[[str, Any], Rates] | None = None,
         detour: Callable[[str, Any], None] | None = None,
+        carried_scheme: Callable[[str], int | str | None] | None = None,
     ) -> None:
         self.migrator = migrator
         self.default_scheme = scheme_value(default_scheme)
         self.rates = rates
         self.detour_hook = detour
+        self.carried_scheme = carried_scheme
         self.session_schemes: dict[str, int] = {}
         self._prepared: dict[str, _Prepared] = {}
         self._detoured: dict[str, Any] = {}
@@ -306,10 +310,20 @@ class SchemeRunner:
             self.session_schemes[session_id] = scheme_value(scheme)
 
     def scheme_for(self, session_id: str, requested: int | str | None = None) -> int:
-        """Scheme for a call: the call's own, else the session's, else the agent default."""
+        """Scheme for a call: the call's own, else the session's (pinned here, or carried with
+        the session from the agent it came from), else the agent default."""
         if requested not in (None, 0, ""):
             return scheme_value(requested)
-        return self.session_schemes.get(session_id, self.default_scheme)
+        if session_id in self.session_schemes:
+            return self.session_schemes[session_id]
+        if self.carried_scheme is not None:
+            try:
+                carried = self.carried_scheme(session_id)
+                if carried not in (None, 0, ""):
+                    return scheme_value(carried)
+            except (ValueError, LookupError):
+                pass
+        return self.default_scheme
 
     def prepared(self, session_id: str) -> _Prepared | None:
         """The active preparation of a session, if any."""

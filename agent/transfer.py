@@ -16,14 +16,20 @@ Rates are given in Mbit/s at the edges and converted once to bytes/s (model.md c
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
 import structlog
+from concurrent.futures import ThreadPoolExecutor
+
 from pallas_proto import pallas_pb2, pallas_pb2_grpc
+
+from agent.ipc import crc32
 
 log = structlog.get_logger("pallas.agent.transfer")
 
@@ -105,7 +111,7 @@ class PeerHandler(Protocol):
     """What the PeerTransfer service delegates to (implemented by the Migrator)."""
 
     async def on_prepare(self, req: pallas_pb2.PrepareRequest) -> pallas_pb2.PrepareReply: ...
-    def on_block(self, blk: pallas_pb2.KVBlock) -> str: ...
+    def on_block(self, blk: pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str: ...
     async def on_sync(self, req: pallas_pb2.SyncRequest) -> pallas_pb2.SyncReply: ...
     async def on_release(self, req: pallas_pb2.ReleaseRequest) -> pallas_pb2.ReleaseReply: ...
 
@@ -113,11 +119,17 @@ class PeerHandler(Protocol):
 class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
     """Target side of the peer data plane; every call is delegated to ``handler``.
 
+    Block checksums are computed in a thread pool (zlib releases the GIL), pipelined with the
+    reception of the next blocks; the handler gets each block in order with the verdict.
     A handler exception becomes STATUS_ERROR (logged); the service runs on.
     """
 
-    def __init__(self, handler: PeerHandler) -> None:
+    MAX_IN_FLIGHT = 8  # blocks whose checksum is being computed
+
+    def __init__(self, handler: PeerHandler, crc_threads: int | None = None) -> None:
         self.handler = handler
+        self._pool = ThreadPoolExecutor(max_workers=crc_threads or min(4, os.cpu_count() or 1),
+                                        thread_name_prefix="pallas-crc")
 
     async def Prepare(self, request, context):  # noqa: N802 (gRPC names)
         try:
@@ -127,23 +139,36 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
             return pallas_pb2.PrepareReply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
 
     async def StreamBlocks(self, request_iterator, context):  # noqa: N802
-        n_ok = n_bad = 0
-        nbytes = 0
+        loop = asyncio.get_running_loop()
+        pending: deque = deque()
+        counts = {"ok": 0, "bad": 0, "bytes": 0}
         sid, epoch = "", 0
-        async for blk in request_iterator:
-            sid, epoch = blk.session_id, blk.epoch
+
+        async def settle_head() -> None:
+            blk, fut = pending.popleft()
             try:
-                verdict = self.handler.on_block(blk)
+                crc_ok = (await fut) == blk.checksum
+                verdict = self.handler.on_block(blk, crc_ok)
             except Exception:
-                log.exception("block_failed", session=sid, epoch=epoch, block=blk.block_index)
+                log.exception("block_failed", session=blk.session_id, epoch=blk.epoch,
+                              block=blk.block_index)
                 verdict = "error"
             if verdict == "ok":
-                n_ok += 1
-                nbytes += len(blk.data)
+                counts["ok"] += 1
+                counts["bytes"] += len(blk.data)
             else:
-                n_bad += 1
-        return pallas_pb2.StreamAck(session_id=sid, epoch=epoch, blocks_received=n_ok,
-                                    bytes_received=nbytes, blocks_rejected=n_bad)
+                counts["bad"] += 1
+
+        async for blk in request_iterator:
+            sid, epoch = blk.session_id, blk.epoch
+            pending.append((blk, loop.run_in_executor(self._pool, crc32, blk.data)))
+            while pending and (pending[0][1].done() or len(pending) > self.MAX_IN_FLIGHT):
+                await settle_head()
+        while pending:
+            await settle_head()
+        return pallas_pb2.StreamAck(session_id=sid, epoch=epoch, blocks_received=counts["ok"],
+                                    bytes_received=counts["bytes"],
+                                    blocks_rejected=counts["bad"])
 
     async def Sync(self, request, context):  # noqa: N802
         try:

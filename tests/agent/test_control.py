@@ -261,3 +261,25 @@ def test_over_grpc_with_telemetry_stream():
     assert (s.session_id, s.tokens, s.prompt_tokens) == ("s1", 103, 100)
     assert s.decode_rate == pytest.approx(10.0, rel=1e-6)
     assert reports[1].time > reports[0].time
+
+
+def test_target_side_gap_is_observed_once_per_resumed_session():
+    from prometheus_client import REGISTRY
+
+    from agent.obs import observe_resumed
+    s = Session("r1", "ue", [1, 2, 3], output_token_ids=[7, 8, 9], token_times=[5.0, 5.0, 5.25],
+                resumed_from=2)
+    fresh = Session("r2", "ue", [1], output_token_ids=[4], token_times=[1.0], resumed_from=1)
+    before = REGISTRY.get_sample_value("pallas_sit_seconds_sum") or 0.0
+    assert observe_resumed([s, fresh]) == 1 and observe_resumed([s, fresh]) == 0
+    assert REGISTRY.get_sample_value("pallas_sit_seconds_sum") - before == pytest.approx(0.25)
+
+
+def test_scheme_carried_with_a_resumed_session_is_used():
+    mig = fk.FakeMigrator()
+    carried = {"s9": pb.SCHEME_RECOMPUTATION}
+    runner = SchemeRunner(mig, default_scheme="pallas", carried_scheme=carried.get)
+    assert runner.scheme_for("s9") == pb.SCHEME_RECOMPUTATION
+    assert runner.scheme_for("other") == pb.SCHEME_PALLAS
+    runner.set_session_scheme("s9", "ctho")
+    assert runner.scheme_for("s9") == pb.SCHEME_CTHO and runner.scheme_for("s9", "detour") == pb.SCHEME_DETOUR

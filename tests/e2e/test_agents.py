@@ -96,11 +96,13 @@ def trigger(src, dst, epoch, agents, **kw):
 
 
 def commit(src, dst, epoch, agents, *, endpoint=None, move_ue=True, **kw):
+    """The handover: the UE moves to ``dst``'s front while the xApp's Commit goes to ``src``."""
     async def act(ue, ctl):
-        r = await ctl[src].Commit(pb.CommitRequest(session_id=ue.session_id, epoch=epoch,
-                                                   actual_target=endpoint or agents[dst].endpoint, **kw))
-        if move_ue:
-            await ue.handover(agents[dst].front_url)
+        call = ctl[src].Commit(pb.CommitRequest(session_id=ue.session_id, epoch=epoch,
+                                                actual_target=endpoint or agents[dst].endpoint, **kw))
+        if not move_ue:
+            return await call
+        r, _ = await asyncio.gather(call, ue.handover(agents[dst].front_url))
         return r
     return act
 
@@ -146,15 +148,16 @@ def test_trigger_then_cancel_source_serves_on(agents):
     assert ue.token_ids == ref and all(r.agent_id == "a" for r in ue.records)
     assert max(ue.itls()) < 2.0  # the source never stopped
     assert agents["b"].metrics().get("pallas_kv_blocks_held", 0.0) == held_before
-    # A stale retry of the old epoch after a newer one is refused.
-    async def stale():
+    # Retries get the first answers again; an older epoch is refused.
+    async def retries():
         async with grpc.aio.insecure_channel(agents["a"].control_address) as ch:
             s = pallas_pb2_grpc.ControlStub(ch)
             again = await s.Cancel(pb.CancelRequest(session_id=ue.session_id, epoch=1))
-            newer = await s.Trigger(pb.TriggerRequest(session_id=ue.session_id, epoch=1, target=agents["b"].endpoint))
-            return again, newer
-    again, newer = run(stale())
-    assert again == c and newer.status == pb.STATUS_STALE_EPOCH
+            t_again = await s.Trigger(pb.TriggerRequest(session_id=ue.session_id, epoch=1, target=agents["b"].endpoint))
+            older = await s.Trigger(pb.TriggerRequest(session_id=ue.session_id, epoch=0, target=agents["b"].endpoint))
+            return again, t_again, older
+    again, t_again, older = run(retries())
+    assert again == c and t_again == t and older.status == pb.STATUS_STALE_EPOCH
 
 
 def test_commit_to_a_different_target_than_prepared_falls_back(agents):

@@ -230,6 +230,33 @@ async def _held(p: Pair) -> dict:
             "a_kv": p.a.hub.kv_stats(), "b_kv": p.b.hub.kv_stats()}
 
 
+def test_chain_a_to_b_to_a(pair: Pair):
+    """After a commit the target is the source of the next handover: A -> B -> A, exact."""
+    async def run():
+        prompt = _prompt(120, 41)
+        ref = await _reference(pair.a, prompt, 300)
+        s = await _start(pair.a, prompt, 300)
+        sid = s.session_id
+        await _wait_outputs(s, 10)
+        assert (await pair.a.migrator.trigger(sid, 1, pair.b.endpoint)).status == 1
+        await _wait_outputs(s, 60)
+        assert (await pair.a.migrator.commit(sid, 1, pair.b.endpoint, ue_tokens=60)).status == 1
+        t = pair.b.sessions.get(sid)
+        assert t is not None and t.state == SessionState.RESUMED
+        await _wait_outputs(t, 80)
+        assert (await pair.b.migrator.trigger(sid, 2, pair.a.endpoint)).status == 1
+        await _wait_outputs(t, 150)
+        assert (await pair.b.migrator.commit(sid, 2, pair.a.endpoint, ue_tokens=150)).status == 1
+        back = await _finish(pair.a, sid)
+        return ref, t, back
+
+    ref, t, back = pair.lt.run(run())
+    assert t.state == SessionState.HANDED_OVER and back.resumed_from == 150
+    assert back.output_token_ids == ref
+    claim = back.info["claim"]
+    assert claim["local"] + claim["external"] == 120 + 150 - 1, claim
+
+
 # ------------------------------------------------------------------------------ controls
 def test_corrupted_block_is_caught_and_recomputed(pair: Pair):
     """A block zeroed in flight fails its CRC-32 at B; B recomputes from it, still exact."""
