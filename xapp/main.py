@@ -140,24 +140,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _watch_config(path: str | None, app, scheme: str | None, done: threading.Event) -> threading.Thread | None:
-    """Reload the descriptor when CONFIG_FILE changes (mtime poll, 1 s), as OSC xApps do on
-    inotify; a bad new file is logged and the running configuration kept."""
+    """Re-read the descriptor when CONFIG_FILE changes (mtime poll, 1 s), as OSC xApps do on
+    inotify, through ``xapp.config.reload_descriptor``: an invalid new file is logged field by
+    field and the running configuration kept."""
     if not path:
         return None
+    from xapp.config import reload_descriptor
 
     def run() -> None:
         last = os.stat(path).st_mtime if os.path.exists(path) else 0.0
         while not done.wait(1.0):
             try:
                 m = os.stat(path).st_mtime
-            except OSError:
-                continue
-            if m != last:
+                if m == last:
+                    continue
                 last = m
-                try:
-                    app.reconfigure(_config(path, scheme))
-                except ConfigError as e:
-                    log.error("new configuration rejected, keeping the running one", error=str(e))
+                with open(path, encoding="utf-8") as f:
+                    doc = json.load(f)
+            except (OSError, ValueError) as e:
+                log.error("descriptor unreadable, keeping the running configuration", error=str(e))
+                continue
+            new = reload_descriptor(doc, app.config)
+            if new is not app.config:
+                if scheme:
+                    import dataclasses
+                    new = dataclasses.replace(new, scheme=scheme.replace("-", "_"))
+                app.reconfigure(new)
 
     th = threading.Thread(target=run, name="config-watch", daemon=True)
     th.start()
