@@ -104,11 +104,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         start_at = a.start_at or time.time()
         offset = start_at - first.time
-        transport = TraceTransport(a.trace, speed=a.speed or None, threaded=True)
+        # Deliver record k at start_at + (t_k - t_first) / speed on the wall clock, whatever the
+        # moment the replay thread starts: the replay takes its reference time from the first
+        # clock reading, so that reading is the start time (a late start catches up at once).
+        first_read = [True]
+
+        def anchored_clock() -> float:
+            if first_read[0]:
+                first_read[0] = False
+                return start_at
+            return time.time()
+
+        transport = TraceTransport(a.trace, speed=a.speed or None, threaded=True,
+                                   clock=anchored_clock if a.speed else time.monotonic)
         app = PallasXapp(cfg, transport, nrt=nrt, events=events, offset=offset)
         events.write("start", mode="test", scheme=cfg.scheme, trace=a.trace, start_at=start_at, offset=offset)
         # Telemetry flows while waiting for the start time; then the replay starts.
         app.start_telemetry()
+        late = time.time() - start_at
+        if late > 0:
+            events.write("late_start", late_s=late)
+            log.warning("started after the replay's start time; catching up", late_s=round(late, 3))
         while not done.is_set() and time.time() < start_at:
             done.wait(min(0.05, max(0.0, start_at - time.time())))
         app.start()
