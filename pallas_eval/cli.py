@@ -200,6 +200,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
                       TimeElapsedColumn(), console=con, transient=False) as prog:
             for sch in schemes:
+                rp.end_sessions(servers)
                 rp.reset_prefix_caches(servers)
                 runs.append(rp.run_scheme(sup, opts, plan, mapping, servers, sch, sampler, vocab, prog))
                 after = rp.agent_counters(servers)

@@ -66,7 +66,7 @@ class ReplayOptions:
     max_model_len: int = 2048
     max_output: int = 512
     peer_rate_mbps: float = 0.0
-    start_delay_s: float = 3.0
+    start_delay_s: float = 8.0
     verify: bool = True
     simulate: bool = True
     simulate_only: bool = False
@@ -187,6 +187,37 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int) -> list[Server]:
     return servers
 
 
+def end_sessions(servers: Sequence[Server], timeout_s: float = 20.0) -> int:
+    """Stop every session still running at any agent (a UE left mid-session at the end of a
+    scheme's replay), so the next scheme's xApp and engines start clean; returns how many were
+    stopped. Waits until no agent reports a live session (or ``timeout_s``)."""
+    import httpx
+    live_states = {"new", "serving", "migrating", "committing", "preparing", "resumed"}
+    stopped = 0
+    deadline = time.time() + timeout_s
+    with httpx.Client(timeout=10.0) as http:
+        while True:
+            live = []
+            for s in servers:
+                try:
+                    for x in http.get(s.agent.front_url + "/v1/sessions").json().get("sessions", []):
+                        if x.get("state") in live_states:
+                            live.append((s, x["session_id"]))
+                except (httpx.HTTPError, ValueError) as e:
+                    log.warning("sessions unavailable", server=s.agent_id, error=repr(e))
+            if not live or time.time() > deadline:
+                if live:
+                    log.warning("sessions still live", n=len(live))
+                return stopped
+            for s, sid in live:
+                try:
+                    http.delete(f"{s.agent.front_url}/v1/sessions/{sid}")
+                    stopped += 1
+                except httpx.HTTPError as e:
+                    log.warning("session stop failed", server=s.agent_id, session=sid, error=repr(e))
+            time.sleep(0.5)
+
+
 def reset_prefix_caches(servers: Sequence[Server]) -> None:
     """Empty every server's prefix cache (vLLM's dev endpoint), so a scheme's run never reuses
     KV computed in another scheme's run. A failure is logged (the comparison is then biased)."""
@@ -234,7 +265,7 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     if events.exists():
         events.unlink()
     t_first = float(plan["t_first"])
-    start_at = time.time() + opts.start_delay_s + 2.0   # the xApp's start-up (imports) fits before
+    start_at = time.time() + opts.start_delay_s   # the xApp's start-up (imports, config) fits before
     offset = start_at - t_first
     cmd = [xapp_python(opts), "-m", "xapp.main", "--mode", "test", "--config", str(cfg), "--trace", plan["trace"],
            "--start-at", f"{start_at:.6f}", "--events", str(events), "--nrt", str(opts.out_dir / "input" / "nrt.json"),
@@ -280,6 +311,9 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     errors = [e for o in outcomes for e in o.errors]
     if not evs:
         errors.append("the xApp wrote no events" + tail_hint(child))
+    for e in evs:
+        if e.get("kind") == "late_start":
+            errors.append(f"the xApp started {e.get('late_s', 0):.2f} s after the replay's start (raise start_delay_s)")
     return SchemeRun(scheme, start_at, sessions, specs, evs, errors, offset)
 
 

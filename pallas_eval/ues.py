@@ -48,12 +48,14 @@ class UEOutcome:
 
 async def run_ue(plan: UEPlan, front_of_cell: Callable[[int], str], sessions: Iterator[SessionSpec], *,
                  scheme: str, http: httpx.AsyncClient, gap_s: float = 0.2, min_left_s: float = 2.0,
+                 grace_s: float = 3.0,
                  on_token: Callable[[], None] | None = None) -> UEOutcome:
     """Drive one UE through its plan; returns its outcome (never raises for a session's error:
     the error is recorded and the UE starts its next session).
 
     ``front_of_cell(cell)`` is the front URL of the agent serving that cell. A new session is not
-    started less than ``min_left_s`` before the UE leaves the trace.
+    started less than ``min_left_s`` before the UE leaves the trace; a session still running
+    ``grace_s`` after it left is cut there (its tokens so far are kept and checked).
     """
     from agent.client import SessionError, UESession
 
@@ -102,7 +104,7 @@ async def run_ue(plan: UEPlan, front_of_cell: Callable[[int], str], sessions: It
             out.specs[rec.session_id] = spec
             out.sessions.append(rec)
             try:
-                remaining = plan.end - time.time() + 30.0
+                remaining = plan.end - time.time() + grace_s
                 async with asyncio.timeout(max(1.0, remaining)):
                     async for tok in ue.tokens():
                         rec.times.append(tok.t)

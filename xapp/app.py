@@ -126,7 +126,7 @@ class PallasXapp:
         self.offset = offset
         self.a1 = a1
         self.tracks = TrackStore()
-        self.ingest = ingest or Ingestor(self.tracks)
+        self.ingest = ingest or Ingestor(self.tracks, self._ingest_config(config))
         self.predictor = predictor if predictor is not None else self._build_predictor(config, nrt)
         self.engine = engine if engine is not None else self._build_engine(config)
         endpoints = self._endpoints(config)
@@ -150,6 +150,21 @@ class PallasXapp:
     @staticmethod
     def _endpoints(config: XappConfig) -> dict[str, AgentEndpoint]:
         return {aid: AgentEndpoint(aid, a.control_address, a.peer_address) for aid, a in config.agents.items()}
+
+    @staticmethod
+    def _ingest_config(config: XappConfig) -> Any:
+        """E2 ingestion settings from ``controls.e2`` (RAN function -> service model, KPM names),
+        the ingest's defaults where the configuration does not give them."""
+        from xapp.e2.ingest import IngestConfig
+        e2 = config.e2
+        kw: dict[str, Any] = {}
+        rf = getattr(e2, "ran_functions", None)
+        if rf:
+            kw["ran_functions"] = {int(k): v for k, v in dict(rf).items()}
+        km = getattr(e2, "kpm_measurements", None)
+        if isinstance(km, Mapping) and km:
+            kw["kpm_measurements"] = dict(km)
+        return IngestConfig(**kw)
 
     @staticmethod
     def _build_predictor(config: XappConfig, nrt: Mapping[int, int] | None) -> Any:
@@ -439,15 +454,16 @@ def subscribe_all(config: XappConfig, client: Any = None) -> list[dict]:
     e2 = config.e2
     client = client or sub.SubmgrClient(e2.submgr_url)
     trigger, actions = sub.rc_message_copy_details()
+    rc_ids = getattr(e2, "rc_ran_function_ids", None) or (getattr(e2, "rc_ran_function_id", 3),)
     out = []
     for node in config.e2_nodes:
-        params = sub.subscription_params(host=e2.client_host, http_port=e2.client_http_port,
-                                         rmr_port=e2.client_rmr_port, meid=node,
-                                         ran_function_id=e2.rc_ran_function_id,
-                                         event_trigger=trigger, actions=actions)
-        try:
-            out.append(client.subscribe(params))
-            log.info("subscribed", e2_node=node)
-        except Exception as e:
-            log.error("subscription failed", e2_node=node, error=repr(e))
+        for rf in rc_ids:
+            params = sub.subscription_params(host=e2.client_host, http_port=e2.client_http_port,
+                                             rmr_port=e2.client_rmr_port, meid=node, ran_function_id=int(rf),
+                                             event_trigger=trigger, actions=actions)
+            try:
+                out.append(client.subscribe(params))
+                log.info("subscribed", e2_node=node, ran_function=rf)
+            except Exception as e:
+                log.error("subscription failed", e2_node=node, ran_function=rf, error=repr(e))
     return out

@@ -104,11 +104,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         start_at = a.start_at or time.time()
         offset = start_at - first.time
-        transport = TraceTransport(a.trace, speed=a.speed or None, threaded=True)
+        # Deliver record k at start_at + (t_k - t_first) / speed on the wall clock, whatever the
+        # moment the replay thread starts: the replay takes its reference time from the first
+        # clock reading, so that reading is the start time (a late start catches up at once).
+        first_read = [True]
+
+        def anchored_clock() -> float:
+            if first_read[0]:
+                first_read[0] = False
+                return start_at
+            return time.time()
+
+        transport = TraceTransport(a.trace, speed=a.speed or None, threaded=True,
+                                   clock=anchored_clock if a.speed else time.monotonic)
         app = PallasXapp(cfg, transport, nrt=nrt, events=events, offset=offset)
         events.write("start", mode="test", scheme=cfg.scheme, trace=a.trace, start_at=start_at, offset=offset)
         # Telemetry flows while waiting for the start time; then the replay starts.
         app.start_telemetry()
+        late = time.time() - start_at
+        if late > 0:
+            events.write("late_start", late_s=late)
+            log.warning("started after the replay's start time; catching up", late_s=round(late, 3))
         while not done.is_set() and time.time() < start_at:
             done.wait(min(0.05, max(0.0, start_at - time.time())))
         app.start()
@@ -140,24 +156,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _watch_config(path: str | None, app, scheme: str | None, done: threading.Event) -> threading.Thread | None:
-    """Reload the descriptor when CONFIG_FILE changes (mtime poll, 1 s), as OSC xApps do on
-    inotify; a bad new file is logged and the running configuration kept."""
+    """Re-read the descriptor when CONFIG_FILE changes (mtime poll, 1 s), as OSC xApps do on
+    inotify, through ``xapp.config.reload_descriptor``: an invalid new file is logged field by
+    field and the running configuration kept."""
     if not path:
         return None
+    from xapp.config import reload_descriptor
 
     def run() -> None:
         last = os.stat(path).st_mtime if os.path.exists(path) else 0.0
         while not done.wait(1.0):
             try:
                 m = os.stat(path).st_mtime
-            except OSError:
-                continue
-            if m != last:
+                if m == last:
+                    continue
                 last = m
-                try:
-                    app.reconfigure(_config(path, scheme))
-                except ConfigError as e:
-                    log.error("new configuration rejected, keeping the running one", error=str(e))
+                with open(path, encoding="utf-8") as f:
+                    doc = json.load(f)
+            except (OSError, ValueError) as e:
+                log.error("descriptor unreadable, keeping the running configuration", error=str(e))
+                continue
+            new = reload_descriptor(doc, app.config)
+            if new is not app.config:
+                if scheme:
+                    import dataclasses
+                    new = dataclasses.replace(new, scheme=scheme.replace("-", "_"))
+                app.reconfigure(new)
 
     th = threading.Thread(target=run, name="config-watch", daemon=True)
     th.start()

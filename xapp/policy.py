@@ -93,15 +93,21 @@ class CallOutcome:
 class PolicyClient:
     """gRPC client to the agents' Control services.
 
-    ``agents``: agent_id -> AgentEndpoint. ``deadline_s`` bounds one attempt; ``retries`` extra
-    attempts follow transient errors after ``backoff_s * 2**i``. ``on_reply(outcome)`` is called
-    on the agent's worker thread for every finished call. Unknown agent ids raise KeyError.
+    ``agents``: agent_id -> AgentEndpoint. ``deadline_s`` bounds one attempt of Trigger and
+    Cancel, ``commit_deadline_s`` one attempt of Commit (a commit returns once the target has
+    the session, which under Full-Copy means the whole cache crossed the link); ``retries`` extra
+    attempts follow transient errors after ``backoff_s * 2**i`` (a retry is safe: the agents
+    answer a repeated (call, session, epoch) with the first call's reply). ``on_reply(outcome)``
+    is called on the agent's worker thread for every finished call. Unknown agent ids raise
+    KeyError.
     """
 
-    def __init__(self, agents: Mapping[str, AgentEndpoint], *, deadline_s: float = 2.0, retries: int = 3,
-                 backoff_s: float = 0.1, on_reply: Callable[[CallOutcome], None] | None = None) -> None:
+    def __init__(self, agents: Mapping[str, AgentEndpoint], *, deadline_s: float = 5.0,
+                 commit_deadline_s: float = 60.0, retries: int = 3, backoff_s: float = 0.1,
+                 on_reply: Callable[[CallOutcome], None] | None = None) -> None:
         self.agents = dict(agents)
         self.deadline_s = deadline_s
+        self.commit_deadline_s = commit_deadline_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.on_reply = on_reply
@@ -134,7 +140,7 @@ class PolicyClient:
         err = ""
         for attempt in range(self.retries + 1):
             try:
-                reply = method(request, timeout=self.deadline_s)
+                reply = method(request, timeout=self.commit_deadline_s if kind == "Commit" else self.deadline_s)
                 out = CallOutcome(kind, agent_id, request.session_id, int(request.epoch), reply,
                                   attempts=attempt + 1, latency_s=time.monotonic() - t0)
                 with self._lock:

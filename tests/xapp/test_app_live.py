@@ -28,6 +28,10 @@ from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc as pbg
 
 REPO = Path(__file__).resolve().parents[2]
+# The xApp's parts (issues 3, 4, 7) this test wires together; until they are on the branch
+# there is nothing to compose.
+for _mod in ("xapp.e2.transport", "xapp.scheduler", "xapp.predict"):
+    pytest.importorskip(_mod)
 CELL_A, CELL_B = 0xA81B0C01, 0xA81C0D01        # 36-bit NR cell identities (gNB 0xA81B0C, 0xA81C0D)
 PCI_A, PCI_B = 101, 202
 UE = 7
