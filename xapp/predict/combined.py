@@ -70,8 +70,10 @@ class CombinedPredictor:
     predictors' raw scores (A3 only when its neighbour resolves to a cell id).
     Time, first that applies: A3 for that target when due within ``a3_trust_s`` (the
     condition is holding or about to: the most exact clock); the handover place ahead for that
-    target; A3 for that target or for an anonymous neighbour (drive data); CVH for that target;
-    else no time (the target alone, from history). ``source`` = ``combined:<time source>``.
+    target (if its score reaches ``places_time_min_score``); A3 for that target, or for an
+    anonymous neighbour if ``time_from_anonymous_a3``; CVH for that target if ``time_from_cvh``
+    (off by default: its area-exit times raised many false alarms on both data sets); else no
+    time (the target alone, from history). ``source`` = ``combined:<time source>``.
     """
 
     name = "combined"
@@ -79,7 +81,7 @@ class CombinedPredictor:
     def __init__(self, a3: A3Forecaster, cvh: CVHPredictor, places: PlacesPredictor, hist: HistoryPredictor,
                  w_cvh: float = 0.5, w_places: float = 3.0, w_a3: float = 2.0, a3_trust_s: float = 1.0,
                  calibrator: Calibrator | None = None, time_from_anonymous_a3: bool = True,
-                 time_from_cvh: bool = True, places_time_min_score: float = 0.0) -> None:
+                 time_from_cvh: bool = False, places_time_min_score: float = 0.0) -> None:
         self.a3, self.cvh, self.places, self.hist = a3, cvh, places, hist
         self.w_cvh, self.w_places, self.w_a3, self.a3_trust_s = w_cvh, w_places, w_a3, a3_trust_s
         self.time_from_anonymous_a3 = time_from_anonymous_a3
@@ -131,15 +133,17 @@ class HandoverPredictor:
     ``observe(report)`` for every report that enters the TrackStore (online learning of the
     association map, successor counts and the NRT); ``predict(track, now)`` for one UE;
     ``predict_all(store, now)`` for all. Predictions below ``cfg.min_confidence`` are dropped.
+    ``calibrators`` maps a mode name to a ``Calibrator`` (or its ``to_dict`` form, as saved by
+    ``python -m xapp.predict.evaluate --save-calibration``) so that confidences are calibrated.
     """
 
     def __init__(self, cfg: PredictorConfig | None = None, knowledge: Knowledge | None = None,
-                 calibrators: dict[str, Calibrator] | None = None, learn_online: bool = True) -> None:
+                 calibrators: dict[str, Calibrator | dict] | None = None, learn_online: bool = True) -> None:
         self.cfg = cfg = cfg or PredictorConfig()
         self.knowledge = knowledge or Knowledge.create(cfg.cvh.tile_m, cfg.history.smoothing,
                                                        cfg.history.backoff_weight)
         self.learn_online = learn_online
-        cal = calibrators or {}
+        cal = {m: (c if isinstance(c, Calibrator) else Calibrator.from_dict(c)) for m, c in (calibrators or {}).items()}
         k = self.knowledge
         self.a3 = A3Forecaster(cfg.a3, k.nrt, cal.get("a3"))
         self.cvh = CVHPredictor(cfg.cvh, k.assoc, cal.get("cvh"))

@@ -150,7 +150,7 @@ class PredictorConfig:
     w_cvh: float = 0.5
     w_places: float = 3.0
     time_from_anonymous_a3: bool = True
-    time_from_cvh: bool = True
+    time_from_cvh: bool = False
     places_time_min_score: float = 0.0
     a3: A3Config = field(default_factory=A3Config)
     cvh: CVHConfig = field(default_factory=CVHConfig)

@@ -194,6 +194,12 @@ def test_calibrator_is_monotone_and_calibrated():
     assert np.all(np.diff(v) >= 0)
     # a bin's value is the bin's accuracy: E[s^2 | s in [0.9, 1)] = 0.903, [0.3, 0.4) -> 0.123
     assert cal(0.95) == pytest.approx(0.903, abs=0.05) and cal(0.35) == pytest.approx(0.123, abs=0.05)
+    again = Calibrator.from_dict(cal.to_dict())
+    assert [again(x) for x in xs] == list(v)
+    hp = HandoverPredictor(PredictorConfig(mode="history"), calibrators={"history": cal.to_dict()})
+    assert hp.history.calibrator(0.95) == cal(0.95)
+    with pytest.raises(ValueError):
+        Calibrator.from_dict({"edges": [0.0], "values": [0.1, 0.2]})
 
 
 def test_config_from_dict():
