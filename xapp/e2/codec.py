@@ -26,7 +26,8 @@ Layers (outermost first):
   the decoder first tries :mod:`xapp.e2.fastper`'s walker for the fields Pallas reads.
 
 Every ``decode_*`` raises :class:`E2DecodeError` with a reason on any malformed, truncated or
-unsupported input; nothing else escapes.
+unsupported input; nothing else escapes. pycrate's compiled types are shared module objects:
+use the codec from one thread at a time (the xApp decodes on its one RMR dispatch thread).
 """
 
 from __future__ import annotations

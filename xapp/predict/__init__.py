@@ -1,21 +1,24 @@
 """Handover prediction: target cell and handover time from measurement tracks (paper §4.2).
 
 Public API: ``Prediction``, ``Predictor`` (protocol), ``A3Forecaster``, ``CVHPredictor``,
-``HistoryPredictor``, ``CombinedPredictor``, ``HandoverPredictor`` (the facade the xApp calls),
-``Knowledge`` (association map, successors, neighbour relations), ``PredictorConfig``,
-``Stabiliser``, ``Calibrator``. Evaluation: ``python -m xapp.predict.evaluate``.
+``PlacesPredictor``, ``HistoryPredictor``, ``CombinedPredictor``, ``HandoverPredictor`` (the
+facade the xApp calls: ``observe(report)`` per report, ``predict(track, now)`` per UE and cycle),
+``BatchA3`` (vectorised A3 for many UEs), ``Knowledge`` (association map, handover places,
+successors, neighbour relation table), ``PredictorConfig``, ``Stabiliser``, ``Calibrator``.
+Evaluation: ``python -m xapp.predict.evaluate``.
 """
 
 from xapp.predict.a3 import A3Forecaster
 from xapp.predict.base import Calibrator, Prediction, Predictor, Stabiliser, reliability, theil_sen
 from xapp.predict.combined import CombinedPredictor, HandoverPredictor, HistoryPredictor
 from xapp.predict.config import A3Config, CVHConfig, HistoryConfig, PredictorConfig, StabilityConfig
-from xapp.predict.cvh import CVHPredictor
-from xapp.predict.maps import AssociationMap, Knowledge, NeighbourRelations, TransitionModel
+from xapp.predict.batch import BatchA3, BatchForecast
+from xapp.predict.cvh import CVHPredictor, PlacesPredictor
+from xapp.predict.maps import AssociationMap, HandoverPlaces, Knowledge, NeighbourRelations, TransitionModel
 
 __all__ = [
     "A3Forecaster", "Calibrator", "Prediction", "Predictor", "Stabiliser", "reliability", "theil_sen",
     "CombinedPredictor", "HandoverPredictor", "HistoryPredictor", "A3Config", "CVHConfig", "HistoryConfig",
     "PredictorConfig", "StabilityConfig", "CVHPredictor", "AssociationMap", "Knowledge", "NeighbourRelations",
-    "TransitionModel",
+    "TransitionModel", "BatchA3", "BatchForecast", "PlacesPredictor", "HandoverPlaces",
 ]

@@ -29,6 +29,7 @@ observed accuracy.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -36,6 +37,12 @@ from xapp.predict.base import Calibrator, Prediction, theil_sen
 from xapp.predict.config import A3Config
 from xapp.predict.maps import NeighbourRelations
 from xapp.tracks import TrackView
+
+
+@lru_cache(maxsize=256)
+def _pairs(w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs i < j of a window of w points (Theil-Sen), cached."""
+    return np.triu_indices(w, 1)
 
 
 def _nanmedian(x: np.ndarray) -> np.ndarray:
@@ -107,7 +114,7 @@ class A3Forecaster:
         start = np.where(brk, np.arange(w)[:, None], -1).max(axis=0) + 1
         holding = ok[-1] & above[-1]
         # Theil-Sen over all candidates at once
-        i, j = np.triu_indices(w, 1)
+        i, j = _pairs(w)
         dt = tw[j] - tw[i]
         good = dt > 1e-6
         if good.any():

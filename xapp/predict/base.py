@@ -184,6 +184,23 @@ class Calibrator:
         self.values = np.array([b[0] for b in blocks])
         return self
 
+    def to_dict(self) -> dict:
+        """JSON-able form: {"edges": [...], "values": [...]} (inf edges as null)."""
+        return {"edges": [None if not np.isfinite(e) else float(e) for e in self.edges],
+                "values": [None if v != v else float(v) for v in self.values]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Calibrator":
+        """Inverse of ``to_dict``. Raises ValueError on a malformed table."""
+        try:
+            e = [(-math.inf if i == 0 else math.inf) if x is None else float(x) for i, x in enumerate(d["edges"])]
+            v = [math.nan if x is None else float(x) for x in d["values"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"bad calibration table: {exc}") from exc
+        if len(e) != len(v) + 1:
+            raise ValueError("bad calibration table: len(edges) must be len(values) + 1")
+        return cls(np.array(e), np.array(v))
+
     def __call__(self, score: float) -> float:
         if not self.fitted:
             return float(min(max(score, 0.0), 1.0))

@@ -70,17 +70,23 @@ class CombinedPredictor:
     predictors' raw scores (A3 only when its neighbour resolves to a cell id).
     Time, first that applies: A3 for that target when due within ``a3_trust_s`` (the
     condition is holding or about to: the most exact clock); the handover place ahead for that
-    target; A3 for that target or for an anonymous neighbour (drive data); CVH for that target;
-    else no time (the target alone, from history). ``source`` = ``combined:<time source>``.
+    target (if its score reaches ``places_time_min_score``); A3 for that target, or for an
+    anonymous neighbour if ``time_from_anonymous_a3``; CVH for that target if ``time_from_cvh``
+    (off by default: its area-exit times raised many false alarms on both data sets); else no
+    time (the target alone, from history). ``source`` = ``combined:<time source>``.
     """
 
     name = "combined"
 
     def __init__(self, a3: A3Forecaster, cvh: CVHPredictor, places: PlacesPredictor, hist: HistoryPredictor,
                  w_cvh: float = 0.5, w_places: float = 3.0, w_a3: float = 2.0, a3_trust_s: float = 1.0,
-                 calibrator: Calibrator | None = None) -> None:
+                 calibrator: Calibrator | None = None, time_from_anonymous_a3: bool = True,
+                 time_from_cvh: bool = False, places_time_min_score: float = 0.0) -> None:
         self.a3, self.cvh, self.places, self.hist = a3, cvh, places, hist
         self.w_cvh, self.w_places, self.w_a3, self.a3_trust_s = w_cvh, w_places, w_a3, a3_trust_s
+        self.time_from_anonymous_a3 = time_from_anonymous_a3
+        self.time_from_cvh = time_from_cvh
+        self.places_time_min_score = places_time_min_score
         self.calibrator = calibrator or Calibrator()
 
     def predict(self, view: TrackView, now: float, ue_id: str = "") -> Prediction | None:
@@ -110,11 +116,11 @@ class CombinedPredictor:
         pci = a3f[0] if (a3f is not None and a3_cell == target) else -1
         if a3f is not None and a3_cell == target and a3f[2] - now <= self.a3_trust_s:
             t_ho, src = a3f[2], "a3"
-        elif pl is not None and pl[0] == target:
+        elif pl is not None and pl[0] == target and pl[2] >= self.places_time_min_score:
             t_ho, src = pl[1], "places"
-        elif a3f is not None and (a3_cell == target or (a3_cell < 0 and a3f[0] < 0)):
+        elif a3f is not None and (a3_cell == target or (self.time_from_anonymous_a3 and a3_cell < 0 and a3f[0] < 0)):
             t_ho, src = a3f[2], "a3"
-        elif cv is not None and cv[0] == target:
+        elif self.time_from_cvh and cv is not None and cv[0] == target:
             t_ho, src = cv[1], "cvh"
         else:
             t_ho, src = math.nan, "history"
@@ -127,22 +133,27 @@ class HandoverPredictor:
     ``observe(report)`` for every report that enters the TrackStore (online learning of the
     association map, successor counts and the NRT); ``predict(track, now)`` for one UE;
     ``predict_all(store, now)`` for all. Predictions below ``cfg.min_confidence`` are dropped.
+    ``calibrators`` maps a mode name to a ``Calibrator`` (or its ``to_dict`` form, as saved by
+    ``python -m xapp.predict.evaluate --save-calibration``) so that confidences are calibrated.
     """
 
     def __init__(self, cfg: PredictorConfig | None = None, knowledge: Knowledge | None = None,
-                 calibrators: dict[str, Calibrator] | None = None, learn_online: bool = True) -> None:
+                 calibrators: dict[str, Calibrator | dict] | None = None, learn_online: bool = True) -> None:
         self.cfg = cfg = cfg or PredictorConfig()
         self.knowledge = knowledge or Knowledge.create(cfg.cvh.tile_m, cfg.history.smoothing,
                                                        cfg.history.backoff_weight)
         self.learn_online = learn_online
-        cal = calibrators or {}
+        cal = {m: (c if isinstance(c, Calibrator) else Calibrator.from_dict(c)) for m, c in (calibrators or {}).items()}
         k = self.knowledge
         self.a3 = A3Forecaster(cfg.a3, k.nrt, cal.get("a3"))
         self.cvh = CVHPredictor(cfg.cvh, k.assoc, cal.get("cvh"))
         self.places = PlacesPredictor(cfg.cvh, k.places, k.assoc, cal.get("places"))
         self.history = HistoryPredictor(k.trans, k, cal.get("history"))
         self.combined = CombinedPredictor(self.a3, self.cvh, self.places, self.history, cfg.w_cvh, cfg.w_places,
-                                          calibrator=cal.get("combined"))
+                                          calibrator=cal.get("combined"),
+                                          time_from_anonymous_a3=cfg.time_from_anonymous_a3,
+                                          time_from_cvh=cfg.time_from_cvh,
+                                          places_time_min_score=cfg.places_time_min_score)
         self.active = {"a3": self.a3, "cvh": self.cvh, "places": self.places, "history": self.history,
                        "combined": self.combined}[cfg.mode]
         self._stab: dict[str, Stabiliser] = {}

@@ -138,7 +138,10 @@ class PredictorConfig:
     ``cvh``, ``history``). ``window_reports``: the track tail read per prediction.
     ``alarm_horizon_s``: a prediction due within this is an alarm (for metrics and the window
     decision). ``w_cvh``/``w_places``: weights of the location votes against the successor
-    probabilities in the combination. ``min_confidence``: predictions below it are not reported."""
+    probabilities in the combination; ``time_from_anonymous_a3``/``time_from_cvh``: whether the
+    combination may take the time from A3 on an unidentified neighbour or from CVH, and
+    ``places_time_min_score`` the handover-places score below which it gives no time (these
+    trade timed predictions against false alarms). ``min_confidence``: predictions below it are not reported."""
 
     mode: str = "combined"
     window_reports: int = 32
@@ -146,6 +149,9 @@ class PredictorConfig:
     min_confidence: float = 0.0
     w_cvh: float = 0.5
     w_places: float = 3.0
+    time_from_anonymous_a3: bool = True
+    time_from_cvh: bool = False
+    places_time_min_score: float = 0.0
     a3: A3Config = field(default_factory=A3Config)
     cvh: CVHConfig = field(default_factory=CVHConfig)
     history: HistoryConfig = field(default_factory=HistoryConfig)

@@ -77,8 +77,18 @@ def profile_config(drives: Sequence[Drive]) -> PredictorConfig:
     ~1 Hz) get a longer A3 trend window; E2-like reports (200 ms) keep the defaults."""
     dts = [np.median(np.diff([r.time for r in d.reports])) for d in drives if len(d.reports) > 2]
     if dts and float(np.median(dts)) >= 0.5:
-        return PredictorConfig(a3=A3Config(window_s=6.0, min_points=3, ttt_s=0.0, ho_delay_s=0.0))
+        return drive_log_config()
     return PredictorConfig()
+
+
+def drive_log_config() -> PredictorConfig:
+    """The profile for G-NetTrack-like logs (1 s rows, sparse GPS, one anonymous neighbour),
+    chosen on the UCC drives (leave-one-drive-out): the location votes weigh more, and the
+    combination gives a time only from a confident handover place, since A3 on the anonymous
+    neighbour and CVH timing raised ~70 and ~20 false alarms/h for 1-2 points of timed@3."""
+    return PredictorConfig(a3=A3Config(window_s=6.0, min_points=3, ttt_s=0.0, ho_delay_s=0.0),
+                           w_cvh=1.5, w_places=6.0, time_from_anonymous_a3=False, time_from_cvh=False,
+                           places_time_min_score=0.4)
 
 
 def replay(drive: Drive, knowledge: Knowledge, cfg: PredictorConfig, modes: Sequence[str]) -> dict[str, Trace]:
@@ -265,6 +275,9 @@ def evaluate(drives: Sequence[Drive], cfg: PredictorConfig, modes: Sequence[str]
             conf += [cal(x) for x in p["pairs"][0]]
             corr += p["pairs"][1]
         s["reliability"] = reliability(conf, corr)
+        all_s = [x for p in per for x in p["pairs"][0]]
+        all_y = [x for p in per for x in p["pairs"][1]]
+        res.setdefault("_calibration", {})[m] = Calibrator().fit(all_s, all_y).to_dict()
         s["brier"] = round(float(np.mean((np.array(conf) - np.array(corr, dtype=float)) ** 2)), 4) if conf else None
         res[m] = s
         res["_tavail"][m] = [r["t_avail"] for p in per for r in p["handovers"] if not r["idle"]]
@@ -353,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--config", help="JSON file of PredictorConfig overrides")
     ap.add_argument("--tol", type=float, default=None, help="time tolerance (s); default 2 (files) / 0.5 (generated)")
     ap.add_argument("--plot", help="save the T_avail distribution here (PNG)")
+    ap.add_argument("--save-calibration", help="save the per-predictor confidence calibration (JSON) fitted on "
+                                                "all scored drives, for HandoverPredictor(calibrators=...)")
     a = ap.parse_args(argv)
     if not a.folder and not a.generate:
         ap.error("give a folder or --generate N")
@@ -389,7 +404,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.plot:
         plot_tavail(res, a.plot)
         log(f"T_avail plot: {a.plot}")
-    summary = {k: v for k, v in res.items() if not k.startswith("_tavail")}
+    if a.save_calibration:
+        Path(a.save_calibration).write_text(json.dumps(res["_calibration"], indent=1))
+        log(f"calibration: {a.save_calibration}")
+    summary = {k: v for k, v in res.items() if k not in ("_tavail", "_calibration")}
     summary["_meta"]["seconds"] = round(_time.perf_counter() - t0, 1)
     summary["_meta"]["config"] = cfg.to_dict()
     print(json.dumps(summary, separators=(",", ":")))

@@ -270,3 +270,12 @@ def test_truncated_pdus_raise_e2decodeerror_only(e2):
             ind = C.decode_ric_indication(b[:n])
             c = C.decode_rc_message_copy(ind.header, ind.message)
             C.decode_rrc_meas_report(c.rrc)
+
+
+def test_kpm_labels_other_than_nolabel_decode():
+    s = C.e2sm_spec()
+    lab = {"sliceID": {"sST": b"\x01", "sD": b"\x00\x00\x07"}, "fiveQI": 9, "plmnID": b"\x00\xf1\x10", "avg": "true"}
+    b = s.encode("MeasurementLabel", lab)
+    assert s.decode("MeasurementLabel", b) == lab
+    # extension bit 0, 21 presence bits (only noLabel), noLabel's own extension bit: 23 bits
+    assert s.encode("MeasurementLabel", {"noLabel": "true"}) == bytes.fromhex("400000")

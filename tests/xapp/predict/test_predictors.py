@@ -194,6 +194,12 @@ def test_calibrator_is_monotone_and_calibrated():
     assert np.all(np.diff(v) >= 0)
     # a bin's value is the bin's accuracy: E[s^2 | s in [0.9, 1)] = 0.903, [0.3, 0.4) -> 0.123
     assert cal(0.95) == pytest.approx(0.903, abs=0.05) and cal(0.35) == pytest.approx(0.123, abs=0.05)
+    again = Calibrator.from_dict(cal.to_dict())
+    assert [again(x) for x in xs] == list(v)
+    hp = HandoverPredictor(PredictorConfig(mode="history"), calibrators={"history": cal.to_dict()})
+    assert hp.history.calibrator(0.95) == cal(0.95)
+    with pytest.raises(ValueError):
+        Calibrator.from_dict({"edges": [0.0], "values": [0.1, 0.2]})
 
 
 def test_config_from_dict():
@@ -232,3 +238,38 @@ def test_facade_predict_all_and_bad_views():
     assert hp.predict(tr, 0.0) is None                    # empty track
     tr.append(rep(0.0))
     assert hp.predict_all([tr], 0.0) == {}                # nothing learned yet: no prediction
+
+
+def test_batch_a3_matches_the_border_answer():
+    from xapp.predict.batch import BatchA3
+
+    for speed, x0 in [(11.0, 40.0), (14.0, 30.0), (20.0, 0.0)]:
+        net, rcfg, res = border_drive(1, 0.0, speed, x0)
+        (ho,) = res.handovers
+        b = BatchA3(a3_for(rcfg), max_ues=4, window=16)
+        other = generate_drive(net, straight_route((400.0, 0.0), 270.0, 300.0, 10.0), seed=2, ue_id="ue-1")
+        last = None
+        for r, q in zip(res.reports, other.reports):
+            if r.time > ho.time - 1.0:
+                break
+            b.observe(r)
+            b.observe(q)
+            last = r.time
+        f = b.forecast_all(last)
+        assert f.ue_ids == ["ue-0", "ue-1"]
+        assert f.target_pci[0] == net.cells[1].pci and abs(f.t_ho[0] - ho.time) <= 0.2
+
+
+def test_batch_median_equals_nanmedian():
+    import warnings
+
+    from xapp.predict.batch import _median_lastaxis_nan
+
+    rng = np.random.default_rng(1)
+    for p in (3, 8, 11):
+        x = rng.normal(size=(200, 5, p)).astype(np.float32)
+        x[rng.random(x.shape) < 0.3] = np.nan
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = np.nanmedian(x, axis=-1)
+        assert np.allclose(ref, _median_lastaxis_nan(x), equal_nan=True, atol=1e-6)

@@ -1,0 +1,50 @@
+import json
+
+import pytest
+
+from xapp.predict.evaluate import main
+
+
+def _last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+SMALL = ["Netflix/Driving/animated-RickandMorty/B_2019.11.21_10.20.17.csv",
+         "Netflix/Driving/animated-RickandMorty/B_2019.11.21_09.03.55.csv"]
+
+
+def test_smoke_on_two_real_drives(ucc_dir, tmp_path, capsys):
+    # two short real drives (linked, not copied), leave-one-drive-out between them
+    folder = tmp_path / "drives"
+    folder.mkdir()
+    for rel in SMALL:
+        (folder / rel.rsplit("/", 1)[1]).symlink_to(ucc_dir / rel)
+    png = tmp_path / "tavail.png"
+    assert main([str(folder), "--modes", "history,combined", "--plot", str(png)]) == 0
+    s = _last_json(capsys.readouterr().out)
+    assert s["_meta"]["drives"] == 2 and s["_meta"]["protocol"] == "leave-one-drive-out"
+    for m in ("history", "combined"):
+        c = s[m]["connected"]
+        assert c["n"] > 0 and 0.0 <= c["right@2"] <= 1.0 and s[m]["false_alarms_per_h"] >= 0
+    assert png.stat().st_size > 1000
+
+
+def test_map_from_other_folder(ucc_dir, capsys):
+    # score one short drive with the knowledge of the other
+    assert main([str(ucc_dir / SMALL[0]), "--map-from", str(ucc_dir / SMALL[1]), "--modes", "places"]) == 0
+    s = _last_json(capsys.readouterr().out)
+    assert s["_meta"]["protocol"] == "map-from" and "places" in s
+
+
+def test_generated_drives(capsys):
+    assert main(["--generate", "2", "--routes", "1", "--duration", "120", "--modes", "a3,combined"]) == 0
+    s = _last_json(capsys.readouterr().out)
+    assert s["_meta"]["tol_s"] == 0.5 and s["a3"]["connected"]["n"] > 0
+    # with full reports the combination names most targets 1 s ahead
+    assert s["combined"]["connected"]["right@1"] >= 0.5
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(SystemExit):
+        main([])
+    assert main([str(tmp_path)]) == 2      # an empty folder: nothing to score
