@@ -67,9 +67,11 @@ class CombinedPredictor:
 
     Target: argmax over cells B of P_hist(B | A, C) + w_cvh s_cvh [B = CVH target]
     + w_places s_places [B = places target] + w_a3 s_a3 [B = A3 target], the s being the
-    predictors' raw scores (A3 only when its neighbour resolves to a cell id).
-    Time, first that applies: A3 for that target when due within ``a3_trust_s`` (the
-    condition is holding or about to: the most exact clock); the handover place ahead for that
+    predictors' raw scores (A3 only when its neighbour resolves to a cell id, and, unless nothing
+    else votes, only when its handover is due within ``a3_trust_s``: further ahead its forecasts
+    flip between neighbours).
+    Time, first that applies: A3 for that target when due within ``a3_trust_s`` (0.4 s, about
+    TTT + HO delay: the entry condition already holds, the most exact clock); the handover place ahead for that
     target (if its score reaches ``places_time_min_score``); A3 for that target, or for an
     anonymous neighbour if ``time_from_anonymous_a3``; CVH for that target if ``time_from_cvh``
     (off by default: its area-exit times raised many false alarms on both data sets); else no
@@ -79,7 +81,7 @@ class CombinedPredictor:
     name = "combined"
 
     def __init__(self, a3: A3Forecaster, cvh: CVHPredictor, places: PlacesPredictor, hist: HistoryPredictor,
-                 w_cvh: float = 0.5, w_places: float = 3.0, w_a3: float = 2.0, a3_trust_s: float = 1.0,
+                 w_cvh: float = 0.5, w_places: float = 3.0, w_a3: float = 2.0, a3_trust_s: float = 0.4,
                  calibrator: Calibrator | None = None, time_from_anonymous_a3: bool = True,
                  time_from_cvh: bool = False, places_time_min_score: float = 0.0) -> None:
         self.a3, self.cvh, self.places, self.hist = a3, cvh, places, hist
@@ -106,7 +108,7 @@ class CombinedPredictor:
             score[cv[0]] = score.get(cv[0], 0.0) + self.w_cvh * cv[2]
         if pl is not None:
             score[pl[0]] = score.get(pl[0], 0.0) + self.w_places * pl[2]
-        if a3f is not None and a3_cell >= 0:
+        if a3f is not None and a3_cell >= 0 and (a3f[2] - now <= self.a3_trust_s or not score):
             score[a3_cell] = score.get(a3_cell, 0.0) + self.w_a3 * a3f[3]
         if not score:
             return None

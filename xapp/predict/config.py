@@ -109,15 +109,13 @@ class CVHConfig:
 class HistoryConfig:
     """Successor model: P(target | serving, previous serving) learned from observed handovers.
 
-    ``smoothing``: additive smoothing; ``backoff_weight``: weight of the first-order table
-    against the second-order one; ``min_count``: observations before a table row is used.
-    ``return_window_s``: a dwell this short after arriving from cell C favours returning to C.
+    ``smoothing``: additive smoothing of the first-order table; ``backoff_weight``: weight of
+    the first-order estimate against the second-order counts (the ping-pong return C -> A -> C
+    is a second-order transition).
     """
 
     smoothing: float = 0.5
     backoff_weight: float = 1.0
-    min_count: int = 1
-    return_window_s: float = 10.0
 
 
 @dataclass(frozen=True)

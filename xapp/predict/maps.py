@@ -430,13 +430,3 @@ class Knowledge:
             k.learn_drive(d)
         return k
 
-
-def previous_cells(serving: Sequence[int]) -> np.ndarray:
-    """For each row of a serving-cell sequence, the cell served before the current run (-1 if none)."""
-    out = np.full(len(serving), -1, dtype=np.int64)
-    before = -1
-    for i in range(1, len(serving)):
-        if serving[i] != serving[i - 1]:
-            before = serving[i - 1]
-        out[i] = before
-    return out

@@ -36,6 +36,7 @@ def test_map_from_other_folder(ucc_dir, capsys):
     assert s["_meta"]["protocol"] == "map-from" and "places" in s
 
 
+@pytest.mark.slow
 def test_generated_drives(capsys):
     assert main(["--generate", "2", "--routes", "1", "--duration", "120", "--modes", "a3,combined"]) == 0
     s = _last_json(capsys.readouterr().out)
