@@ -383,7 +383,7 @@ def decode_location(b: bytes) -> tuple[float, float]:
         alt, v = L.get_val()
     except Exception as e:  # noqa: BLE001 - pycrate raises many types
         raise E2DecodeError(f"locationCoordinate-r16: {type(e).__name__}: {e}") from None
-    if "latitudeSign" not in v:
+    if not isinstance(v, dict) or "latitudeSign" not in v:  # an extension alternative is bytes
         raise E2DecodeError(f"unsupported LocationCoordinates {alt}")
     return units.lpp_to_lat(v["latitudeSign"], v["degreesLatitude"]), units.lpp_to_lon(v["degreesLongitude"])
 
@@ -396,8 +396,8 @@ def decode_velocity(b: bytes) -> tuple[float, float]:
         alt, v = V.get_val()
     except Exception as e:  # noqa: BLE001
         raise E2DecodeError(f"velocityEstimate-r16: {type(e).__name__}: {e}") from None
-    if "bearing" not in v or "horizontalSpeed" not in v:
-        raise E2DecodeError(f"unsupported Velocity {alt}")
+    if not isinstance(v, dict) or "bearing" not in v or "horizontalSpeed" not in v:
+        raise E2DecodeError(f"unsupported Velocity {alt}")  # an extension alternative is bytes
     return units.kmh_to_speed(v["horizontalSpeed"]), float(v["bearing"])
 
 
