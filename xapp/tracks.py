@@ -206,4 +206,5 @@ class TrackStore:
         return len(self.tracks)
 
     def get(self, ue_id: str) -> UETrack | None:
+        """The track of ``ue_id``, or None if no report of that UE was added."""
         return self.tracks.get(ue_id)

@@ -172,6 +172,8 @@ class UeId:
 
     @property
     def key(self) -> str:
+        """The UE's key in the track store: the AMF UE NGAP ID (decimal) for a gNB UEID,
+        ``du-f1ap-<id>`` / ``cuup-e1ap-<id>`` for gNB-DU / gNB-CU-UP UEIDs (the E2SM common UEID CHOICE)."""
         if self.kind == "gNB":
             return str(self.amf_ue_ngap_id)
         if self.kind == "gNB-DU":

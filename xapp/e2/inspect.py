@@ -91,6 +91,8 @@ def inspect_records(records: Iterable[TraceRecord], out: TextIO, config: IngestC
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+    """``python -m xapp.e2.inspect``: print a trace file's messages, or one hex PDU, decoded as
+    JSON lines on ``out`` (see :func:`describe`). Returns the process exit status."""
     ap = argparse.ArgumentParser(prog="python -m xapp.e2.inspect", description=__doc__.split("\n")[0])
     ap.add_argument("trace", nargs="?", help="a trace file (.e2trace)")
     ap.add_argument("--hex", help="one RMR payload as hex instead of a trace")

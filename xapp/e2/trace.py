@@ -73,6 +73,7 @@ class TraceWriter:
         self.count += 1
 
     def close(self) -> None:
+        """Close the file if this writer opened it, else flush the caller's stream."""
         if self._own:
             self._f.close()
         else:

@@ -72,13 +72,17 @@ class Transport(Protocol):
     ``stop()``: stop delivering and release the transport; idempotent.
     """
 
-    def start(self, on_message: Callable[[RmrMessage], None]) -> None: ...
+    def start(self, on_message: Callable[[RmrMessage], None]) -> None:
+        """Begin delivering received messages to ``on_message`` (see the class docstring)."""
 
-    def send(self, mtype: int, payload: bytes, sub_id: int = -1) -> bool: ...
+    def send(self, mtype: int, payload: bytes, sub_id: int = -1) -> bool:
+        """Route ``payload`` as RMR message type ``mtype`` (and ``sub_id``); True if sent."""
 
-    def rts(self, msg: RmrMessage, mtype: int, payload: bytes) -> bool: ...
+    def rts(self, msg: RmrMessage, mtype: int, payload: bytes) -> bool:
+        """Return-to-sender a reply to ``msg`` (inside its ``on_message`` call); True if sent."""
 
-    def stop(self) -> None: ...
+    def stop(self) -> None:
+        """Stop delivering and release the transport; idempotent."""
 
 
 def _safe(on_message: Callable[[RmrMessage], None], msg: RmrMessage) -> None:
@@ -147,6 +151,7 @@ class RmrTransport:
         return bool(self.xapp.rmr_rts(msg.handle, new_payload=payload, new_mtype=mtype))
 
     def stop(self) -> None:
+        """Stop RMRXapp's loop and release RMR; idempotent."""
         if self.xapp is not None:
             self.xapp.stop()
             self.xapp = None
@@ -184,6 +189,8 @@ class TraceTransport:
         self.delivered = _trace.replay(records, deliver, self.speed, self.clock, self.sleep, self._stop.is_set)
 
     def start(self, on_message: Callable[[RmrMessage], None]) -> None:
+        """Replay the trace to ``on_message``: in this thread (returns at the end) or, when
+        ``threaded``, in a daemon thread (returns at once; :meth:`wait` joins it)."""
         if self.threaded:
             self._thread = threading.Thread(target=self._run, args=(on_message,), name="trace-replay", daemon=True)
             self._thread.start()
@@ -198,14 +205,17 @@ class TraceTransport:
         return not self._thread.is_alive()
 
     def send(self, mtype: int, payload: bytes, sub_id: int = -1) -> bool:
+        """Record ``(mtype, payload, sub_id)`` in :attr:`sent`; always True."""
         with self._lock:
             self.sent.append((mtype, bytes(payload), sub_id))
         return True
 
     def rts(self, msg: RmrMessage, mtype: int, payload: bytes) -> bool:
+        """Record the reply in :attr:`sent` with ``msg``'s sub id; always True."""
         return self.send(mtype, payload, msg.sub_id)
 
     def stop(self) -> None:
+        """Stop the replay after the message being delivered; joins a replay thread (5 s)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
