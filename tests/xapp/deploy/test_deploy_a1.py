@@ -197,7 +197,7 @@ _requests = st.fixed_dictionaries(
                           "slices": _json})}) | _json})
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(request=_requests | _json)
 def test_fuzzed_requests_never_raise_and_answer_per_the_contract(handler, request):
     """Any JSON request: an answer that satisfies the A1-xApp contract, and an ERROR changes
