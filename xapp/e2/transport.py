@@ -15,6 +15,7 @@ Message types: ric-plt-lib-rmr ``RIC_message_types.h``.
 
 from __future__ import annotations
 
+import os
 import threading
 import time as _time
 from dataclasses import dataclass, field
@@ -160,13 +161,13 @@ class RmrTransport:
 class TraceTransport:
     """Test-mode transport: replays trace records as RmrMessages.
 
-    ``source``: a trace file path or an iterable of TraceRecords. ``speed``: None/0 = as fast as
+    ``source``: a trace file path (str or os.PathLike) or an iterable of TraceRecords. ``speed``: None/0 = as fast as
     possible, 1.0 = recorded speed. ``threaded``: False (default) makes start() replay in the
     calling thread and return at the end; True replays in a thread (:meth:`wait` joins it).
     Sent and returned messages are appended to ``sent`` as (mtype, payload, sub_id).
     """
 
-    def __init__(self, source: str | Iterable[_trace.TraceRecord], speed: float | None = None,
+    def __init__(self, source: str | os.PathLike | Iterable[_trace.TraceRecord], speed: float | None = None,
                  threaded: bool = False, clock: Callable[[], float] = _time.monotonic,
                  sleep: Callable[[float], None] = _time.sleep) -> None:
         self.source = source
@@ -181,7 +182,8 @@ class TraceTransport:
         self._lock = threading.Lock()
 
     def _run(self, on_message: Callable[[RmrMessage], None]) -> None:
-        records = _trace.read_trace(self.source) if isinstance(self.source, str) else self.source
+        records = (_trace.read_trace(self.source) if isinstance(self.source, (str, os.PathLike))
+                   else self.source)
 
         def deliver(r: _trace.TraceRecord) -> None:
             _safe(on_message, RmrMessage(r.mtype, r.payload, r.sub_id, r.e2_node, r.time, handle=r))

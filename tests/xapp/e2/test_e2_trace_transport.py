@@ -32,6 +32,27 @@ def test_trace_write_read_round_trip(tmp_path, e2):
         list(T.read_trace(io.BytesIO(b"XXXXXXXX\x01\x00\x00\x00")))
 
 
+def test_trace_paths_may_be_pathlib_and_the_reader_refuses_disorder(tmp_path, e2):
+    rs = recs(e2, 3)
+    p = tmp_path / "b.e2trace"                              # a pathlib.Path, not a str
+    assert T.write_trace(p, rs) == 3
+    assert list(T.read_trace(p)) == rs
+    tt = TraceTransport(p)
+    got = []
+    tt.start(got.append)
+    assert [m.payload for m in got] == [r.payload for r in rs]
+    # A file the writer could not have produced: the second record older than the first, or
+    # a NaN time. The reader names the offset of the bad record (the first one is yielded).
+    for bad_time in (99.0, float("nan")):
+        buf = io.BytesIO()
+        T.TraceWriter(buf).write(rs[0])
+        buf.write(T._RECORD.pack(bad_time, RIC_INDICATION, -1, 1, 1) + b"nx")   # record layout by hand
+        it = T.read_trace(io.BytesIO(buf.getvalue()))
+        assert next(it) == rs[0]
+        with pytest.raises(T.TraceFormatError, match="before the previous"):
+            next(it)
+
+
 def test_writer_refuses_disorder():
     w = T.TraceWriter(io.BytesIO())
     w.write(T.TraceRecord(2.0, "", 1, b""))
