@@ -165,6 +165,9 @@ class TraceTransport:
     possible, 1.0 = recorded speed. ``threaded``: False (default) makes start() replay in the
     calling thread and return at the end; True replays in a thread (:meth:`wait` joins it).
     Sent and returned messages are appended to ``sent`` as (mtype, payload, sub_id).
+    ``delivered`` counts the records delivered; a trace file that turns out damaged
+    (:class:`~xapp.e2.trace.TraceFormatError`) or unreadable ends the replay with the reason
+    logged and kept in ``error`` (None otherwise); nothing raises from the replay.
     """
 
     def __init__(self, source: str | os.PathLike | Iterable[_trace.TraceRecord], speed: float | None = None,
@@ -177,6 +180,7 @@ class TraceTransport:
         self.sleep = sleep
         self.sent: list[tuple[int, bytes, int]] = []
         self.delivered = 0
+        self.error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -185,10 +189,19 @@ class TraceTransport:
         records = (_trace.read_trace(self.source) if isinstance(self.source, (str, os.PathLike))
                    else self.source)
 
+        self.delivered = 0
+
         def deliver(r: _trace.TraceRecord) -> None:
             _safe(on_message, RmrMessage(r.mtype, r.payload, r.sub_id, r.e2_node, r.time, handle=r))
+            self.delivered += 1
 
-        self.delivered = _trace.replay(records, deliver, self.speed, self.clock, self.sleep, self._stop.is_set)
+        try:
+            _trace.replay(records, deliver, self.speed, self.clock, self.sleep, self._stop.is_set)
+        except (_trace.TraceFormatError, OSError) as e:
+            # A damaged or unreadable trace ends the replay; what came before it was delivered.
+            self.error = f"{type(e).__name__}: {e}"
+            log.error("trace_replay_stopped", source=str(self.source), reason=self.error,
+                      delivered=self.delivered)
 
     def start(self, on_message: Callable[[RmrMessage], None]) -> None:
         """Replay the trace to ``on_message``: in this thread (returns at the end) or, when

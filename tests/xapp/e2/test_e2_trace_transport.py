@@ -53,6 +53,21 @@ def test_trace_paths_may_be_pathlib_and_the_reader_refuses_disorder(tmp_path, e2
             next(it)
 
 
+def test_trace_transport_delivers_up_to_a_damaged_record_and_says_why(tmp_path, e2):
+    rs = recs(e2, 3)
+    p = tmp_path / "c.e2trace"
+    T.write_trace(p, rs)
+    p.write_bytes(p.read_bytes()[:-5])                      # the last record is cut short
+    tt = TraceTransport(str(p))
+    got = []
+    tt.start(got.append)                                     # does not raise
+    assert [m.payload for m in got] == [r.payload for r in rs[:2]] and tt.delivered == 2
+    assert tt.error is not None and "truncated record" in tt.error
+    ok = TraceTransport(rs)
+    ok.start(lambda m: None)
+    assert ok.delivered == 3 and ok.error is None
+
+
 def test_writer_refuses_disorder():
     w = T.TraceWriter(io.BytesIO())
     w.write(T.TraceRecord(2.0, "", 1, b""))
