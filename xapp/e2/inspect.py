@@ -70,6 +70,8 @@ def describe(rec: TraceRecord, config: IngestConfig) -> dict[str, Any]:
             out["a1"] = json.loads(rec.payload)
         except ValueError as e:
             out["error"] = f"A1 payload is not JSON: {e}"
+        except RecursionError:  # json's C decoder recurses per nesting level
+            out["error"] = "A1 payload is not JSON: nested too deeply"
     else:
         out["payload_hex"] = rec.payload.hex()
     return out

@@ -235,3 +235,12 @@ def test_inspect_trace_and_hex(tmp_path, e2):
     assert e2inspect.main(["--hex", hexpdu, "--e2-node", "gnb_y"], out=out) == 0
     d = json.loads(out.getvalue())
     assert d["e2_node"] == "gnb_y" and d["reports"][0]["ue"] == "9" and d["reports"][0]["rsrp_dbm"] == -70.0
+
+
+def test_inspect_describes_an_a1_payload_nested_too_deeply_as_an_error():
+    from xapp.e2.ingest import IngestConfig
+    d = e2inspect.describe(T.TraceRecord(0.0, "", A1_POLICY_REQ, b"[" * 100_000), IngestConfig())
+    assert d["error"] == "A1 payload is not JSON: nested too deeply"
+    out = io.StringIO()
+    assert e2inspect.main(["--hex", (b"[" * 5000).hex(), "--mtype", str(A1_POLICY_REQ)], out=out) == 1
+    assert "error" in json.loads(out.getvalue())
