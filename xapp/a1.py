@@ -203,6 +203,8 @@ class A1PolicyHandler:
             req = json.loads(message)
         except (ValueError, UnicodeDecodeError) as e:
             return self._answer("?", None, "", "ERROR", f"request is not JSON: {e}", False)
+        except RecursionError:  # json's C decoder recurses per nesting level
+            return self._answer("?", None, "", "ERROR", "request is not JSON: nested too deeply", False)
         if not isinstance(req, dict):
             return self._answer("?", None, "", "ERROR", "request is not a JSON object", False)
         op = req.get("operation")
@@ -282,7 +284,8 @@ class A1PolicyHandler:
     def _answer(self, op: str, tid: int | None, iid: str, status: str, reason: str,
                 changed: bool) -> A1Outcome:
         body = {
-            "policy_type_id": tid if tid is not None else self.policy_type_id,
+            # The contract's policy_type_id is 1..2^31-1: an id outside that is not echoed.
+            "policy_type_id": tid if tid is not None and 1 <= tid <= _MAX_TYPE_ID else self.policy_type_id,
             "policy_instance_id": iid,
             "handler_id": self._base.a1.handler_id,
             "status": status,

@@ -388,7 +388,8 @@ def load_config_file(path: str | os.PathLike | None = None, *,
     """Read the descriptor at ``path`` (default ``$CONFIG_FILE``) and build the configuration.
 
     Raises :class:`ConfigError` for an unset path, an unreadable file, invalid JSON (with line
-    and column) or an invalid ``controls`` section.
+    and column; also invalid UTF-8, NaN/Infinity tokens and nesting too deep to parse) or an
+    invalid ``controls`` section.
     """
     path = path or os.environ.get("CONFIG_FILE")
     if not path:
@@ -400,8 +401,10 @@ def load_config_file(path: str | os.PathLike | None = None, *,
         raise ConfigError([(str(path), f"cannot read: {e.strerror or e}")]) from e
     except json.JSONDecodeError as e:
         raise ConfigError([(str(path), f"not JSON: {e.msg} at line {e.lineno} column {e.colno}")]) from e
-    except ValueError as e:  # NaN / Infinity tokens
+    except ValueError as e:  # NaN / Infinity tokens, invalid UTF-8
         raise ConfigError([(str(path), f"not JSON: {e}")]) from e
+    except RecursionError:  # json's C decoder recurses per nesting level
+        raise ConfigError([(str(path), "not a descriptor: JSON nested too deeply")]) from None
     return from_descriptor(doc, schema_path=schema_path)
 
 

@@ -12,6 +12,7 @@ integer identity is -1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Sequence
 
@@ -128,7 +129,10 @@ class UETrack:
         return sum(a.nbytes for a in self._a.values())
 
     def append(self, r: MeasurementReport) -> None:
-        """Add a report. Raises ValueError if it is older than the newest report held."""
+        """Add a report. Raises ValueError if its time is not finite or it is older than the
+        newest report held (the track is then unchanged)."""
+        if not math.isfinite(r.time):
+            raise ValueError(f"report for UE {self.ue_id} has a non-finite time {r.time!r}")
         if self.last_report is not None and r.time < self.last_report.time:
             raise ValueError(
                 f"report for UE {self.ue_id} at t={r.time} is older than the newest "
@@ -189,13 +193,17 @@ class TrackStore:
     tracks: dict[str, UETrack] = field(default_factory=dict)
 
     def add(self, r: MeasurementReport) -> UETrack:
-        """Append a report to its UE's track (ValueError if out of order for that UE)."""
+        """Append a report to its UE's track. Raises ValueError (and changes nothing) if the
+        report's time is not finite or is older than that UE's newest report."""
         t = self.tracks.get(r.ue_id)
         if t is None:
+            t = UETrack(r.ue_id, self.capacity, self.max_neighbours)
+            t.append(r)                    # a rejected first report creates no track
             if len(self.tracks) >= self.max_ues:
                 oldest = min(self.tracks.values(), key=lambda x: x.last_report.time)  # type: ignore[union-attr]
                 del self.tracks[oldest.ue_id]
-            t = self.tracks[r.ue_id] = UETrack(r.ue_id, self.capacity, self.max_neighbours)
+            self.tracks[r.ue_id] = t
+            return t
         t.append(r)
         return t
 
@@ -206,4 +214,5 @@ class TrackStore:
         return len(self.tracks)
 
     def get(self, ue_id: str) -> UETrack | None:
+        """The track of ``ue_id``, or None if no report of that UE was added."""
         return self.tracks.get(ue_id)

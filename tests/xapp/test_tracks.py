@@ -48,3 +48,18 @@ def test_store_bounds_ues_and_memory():
     nbytes = st.get("u4").nbytes
     assert nbytes == UETrack("x", 8, 4).nbytes
     assert np.isfinite(nbytes) and nbytes < 8 * (61 + 25 * 4) + 1
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_time_rejected_and_no_empty_track_left(bad):
+    st = TrackStore(max_ues=1)
+    st.add(MeasurementReport(1.0, "a", 1, -90.0))
+    with pytest.raises(ValueError, match="non-finite time"):
+        st.add(MeasurementReport(bad, "b", 2, -90.0))        # a new UE: no track is created
+    assert len(st) == 1 and st.get("b") is None and st.get("a") is not None
+    with pytest.raises(ValueError, match="non-finite time"):
+        st.add(MeasurementReport(bad, "a", 1, -91.0))        # a known UE: its track unchanged
+    assert st.get("a").view().rsrp_dbm.tolist() == [-90.0]
+    st.add(MeasurementReport(2.0, "a", 1, -92.0))            # the order check still works after
+    st.add(MeasurementReport(3.0, "c", 3, -80.0))            # eviction finds a real oldest
+    assert [t.ue_id for t in st] == ["c"]

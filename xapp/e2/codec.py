@@ -172,6 +172,8 @@ class UeId:
 
     @property
     def key(self) -> str:
+        """The UE's key in the track store: the AMF UE NGAP ID (decimal) for a gNB UEID,
+        ``du-f1ap-<id>`` / ``cuup-e1ap-<id>`` for gNB-DU / gNB-CU-UP UEIDs (the E2SM common UEID CHOICE)."""
         if self.kind == "gNB":
             return str(self.amf_ue_ngap_id)
         if self.kind == "gNB-DU":
@@ -374,30 +376,31 @@ def encode_velocity(speed_mps: float, heading_deg: float) -> bytes:
     return V.to_uper()
 
 
+def _pycrate_decode(obj: Any, b: bytes, what: str, aligned: bool = False) -> Any:
+    """Decode ``b`` with the pycrate ASN.1 object ``obj`` (UPER, or APER if ``aligned``) and
+    return its value; any pycrate failure (it raises many types) becomes E2DecodeError naming
+    ``what``."""
+    try:
+        (obj.from_aper if aligned else obj.from_uper)(b)
+        return obj.get_val()
+    except Exception as e:  # noqa: BLE001 - pycrate raises many types
+        raise E2DecodeError(f"{what}: {type(e).__name__}: {e}") from None
+
+
 def decode_location(b: bytes) -> tuple[float, float]:
     """locationCoordinate-r16 contents -> (lat, lon) degrees. E2DecodeError if not an
     ellipsoid point (with or without uncertainty/altitude: the point is taken)."""
-    L = _lpp().LocationCoordinates
-    try:
-        L.from_uper(b)
-        alt, v = L.get_val()
-    except Exception as e:  # noqa: BLE001 - pycrate raises many types
-        raise E2DecodeError(f"locationCoordinate-r16: {type(e).__name__}: {e}") from None
-    if "latitudeSign" not in v:
+    alt, v = _pycrate_decode(_lpp().LocationCoordinates, b, "locationCoordinate-r16")
+    if not isinstance(v, dict) or "latitudeSign" not in v:  # an extension alternative is bytes
         raise E2DecodeError(f"unsupported LocationCoordinates {alt}")
     return units.lpp_to_lat(v["latitudeSign"], v["degreesLatitude"]), units.lpp_to_lon(v["degreesLongitude"])
 
 
 def decode_velocity(b: bytes) -> tuple[float, float]:
     """velocityEstimate-r16 contents -> (speed m/s, heading degrees)."""
-    V = _lpp().Velocity
-    try:
-        V.from_uper(b)
-        alt, v = V.get_val()
-    except Exception as e:  # noqa: BLE001
-        raise E2DecodeError(f"velocityEstimate-r16: {type(e).__name__}: {e}") from None
-    if "bearing" not in v or "horizontalSpeed" not in v:
-        raise E2DecodeError(f"unsupported Velocity {alt}")
+    alt, v = _pycrate_decode(_lpp().Velocity, b, "velocityEstimate-r16")
+    if not isinstance(v, dict) or "bearing" not in v or "horizontalSpeed" not in v:
+        raise E2DecodeError(f"unsupported Velocity {alt}")  # an extension alternative is bytes
     return units.kmh_to_speed(v["horizontalSpeed"]), float(v["bearing"])
 
 
@@ -472,12 +475,7 @@ def _rrc_from_val(v: Mapping) -> RrcMeasReport:
 
 def decode_rrc_meas_report_pycrate(b: bytes) -> RrcMeasReport:
     """UL-DCCH-Message bytes -> RrcMeasReport with pycrate's RRCNR (the full decoder)."""
-    U = _ul_dcch()
-    try:
-        U.from_uper(b)
-        v = U.get_val()
-    except Exception as e:  # noqa: BLE001
-        raise E2DecodeError(f"RRC UL-DCCH: {type(e).__name__}: {e}") from None
+    v = _pycrate_decode(_ul_dcch(), b, "RRC UL-DCCH")
     try:
         return _rrc_from_val(v)
     except (KeyError, TypeError, IndexError, AttributeError) as e:
@@ -579,12 +577,7 @@ def encode_ric_indication_pycrate(ind: RicIndication) -> bytes:
 
 def decode_e2ap_pycrate(b: bytes) -> RicIndication:
     """E2AP-PDU bytes -> RicIndication with pycrate (the full decoder)."""
-    P = _e2ap_pdu()
-    try:
-        P.from_aper(b)
-        v = P.get_val()
-    except Exception as e:  # noqa: BLE001
-        raise E2DecodeError(f"E2AP: {type(e).__name__}: {e}") from None
+    v = _pycrate_decode(_e2ap_pdu(), b, "E2AP", aligned=True)
     try:
         kind, body = v
         name = body["value"][0] if isinstance(body.get("value"), tuple) else "(unknown value)"

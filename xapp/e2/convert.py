@@ -145,6 +145,8 @@ def convert_file(path: Path, out_dir: Path, index: int, cfg: ConvertConfig = Con
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m xapp.e2.convert``: drive CSVs -> one .e2trace per UE; prints one JSON line
+    per file (UE, reports, handovers, trace path) and a total line. Returns the exit status."""
     ap = argparse.ArgumentParser(prog="python -m xapp.e2.convert", description=__doc__.split("\n")[0])
     ap.add_argument("inputs", nargs="+", help="drive CSV files or folders searched for *.csv")
     ap.add_argument("-o", "--out", required=True, help="output folder for the .e2trace files")

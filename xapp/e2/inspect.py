@@ -70,6 +70,8 @@ def describe(rec: TraceRecord, config: IngestConfig) -> dict[str, Any]:
             out["a1"] = json.loads(rec.payload)
         except ValueError as e:
             out["error"] = f"A1 payload is not JSON: {e}"
+        except RecursionError:  # json's C decoder recurses per nesting level
+            out["error"] = "A1 payload is not JSON: nested too deeply"
     else:
         out["payload_hex"] = rec.payload.hex()
     return out
@@ -91,6 +93,8 @@ def inspect_records(records: Iterable[TraceRecord], out: TextIO, config: IngestC
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+    """``python -m xapp.e2.inspect``: print a trace file's messages, or one hex PDU, decoded as
+    JSON lines on ``out`` (see :func:`describe`). Returns the process exit status."""
     ap = argparse.ArgumentParser(prog="python -m xapp.e2.inspect", description=__doc__.split("\n")[0])
     ap.add_argument("trace", nargs="?", help="a trace file (.e2trace)")
     ap.add_argument("--hex", help="one RMR payload as hex instead of a trace")

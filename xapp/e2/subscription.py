@@ -63,6 +63,9 @@ class Action:
     time_to_wait: str = "zero"
 
     def to_json(self) -> dict:
+        """The subscription manager's ActionToBeSetup JSON (ActionID, ActionType,
+        ActionDefinition, SubsequentAction). Raises ValueError for an id outside 0..255 or an
+        unknown action, subsequent-action or time-to-wait name."""
         if not 0 <= self.action_id <= 255:
             raise ValueError("ActionID must be 0..255")
         if self.action_type not in ("report", "insert", "policy"):

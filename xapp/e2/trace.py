@@ -19,12 +19,14 @@ Layout (all integers little-endian)::
   messages not from an E2 node.
 - ``payload``: the raw RMR payload, e.g. the aligned-PER E2AP-PDU.
 
-A file that ends inside a record, or with a bad header, raises :class:`TraceFormatError`
-with the offset.
+A file that ends inside a record, has a bad header, or holds a record whose time is NaN or
+older than the previous record's raises :class:`TraceFormatError` with the offset.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import struct
 import time as _time
 from dataclasses import dataclass
@@ -52,11 +54,12 @@ class TraceRecord:
 
 
 class TraceWriter:
-    """Writes records to a binary file object or path, in non-decreasing time."""
+    """Writes records to a binary file object or a path (str or os.PathLike), in
+    non-decreasing time."""
 
-    def __init__(self, dest: str | BinaryIO) -> None:
-        self._own = isinstance(dest, str)
-        self._f: BinaryIO = open(dest, "wb") if isinstance(dest, str) else dest
+    def __init__(self, dest: str | os.PathLike | BinaryIO) -> None:
+        self._own = isinstance(dest, (str, os.PathLike))
+        self._f: BinaryIO = open(dest, "wb") if self._own else dest  # type: ignore[assignment]
         self._f.write(_HEADER.pack(MAGIC, VERSION, 0))
         self._last = float("-inf")
         self.count = 0
@@ -73,6 +76,7 @@ class TraceWriter:
         self.count += 1
 
     def close(self) -> None:
+        """Close the file if this writer opened it, else flush the caller's stream."""
         if self._own:
             self._f.close()
         else:
@@ -85,7 +89,7 @@ class TraceWriter:
         self.close()
 
 
-def write_trace(path: str, records: Iterable[TraceRecord]) -> int:
+def write_trace(path: str | os.PathLike, records: Iterable[TraceRecord]) -> int:
     """Write ``records`` to ``path``; returns the number written."""
     with TraceWriter(path) as w:
         for r in records:
@@ -93,9 +97,12 @@ def write_trace(path: str, records: Iterable[TraceRecord]) -> int:
         return w.count
 
 
-def read_trace(src: str | BinaryIO) -> Iterator[TraceRecord]:
-    """Yield the records of a trace file (path or binary file object), in file order."""
-    f: BinaryIO = open(src, "rb") if isinstance(src, str) else src
+def read_trace(src: str | os.PathLike | BinaryIO) -> Iterator[TraceRecord]:
+    """Yield the records of a trace file (a path, str or os.PathLike, or a binary file object),
+    in file order. Raises :class:`TraceFormatError` (module docstring) where the file breaks
+    the format, after yielding the records before that point."""
+    own = isinstance(src, (str, os.PathLike))
+    f: BinaryIO = open(src, "rb") if own else src  # type: ignore[assignment]
     try:
         h = f.read(_HEADER.size)
         if len(h) != _HEADER.size:
@@ -106,6 +113,7 @@ def read_trace(src: str | BinaryIO) -> Iterator[TraceRecord]:
         if version != VERSION:
             raise TraceFormatError(f"unsupported trace version {version}")
         off = _HEADER.size
+        last = -math.inf
         while True:
             fixed = f.read(_RECORD.size)
             if not fixed:
@@ -113,6 +121,10 @@ def read_trace(src: str | BinaryIO) -> Iterator[TraceRecord]:
             if len(fixed) != _RECORD.size:
                 raise TraceFormatError(f"truncated record header at offset {off}")
             t, mtype, sub_id, nlen, plen = _RECORD.unpack(fixed)
+            if not t >= last:
+                raise TraceFormatError(f"record at offset {off} has time {t!r}, before the previous "
+                                       f"record's {last!r} (or NaN)")
+            last = t
             body = f.read(nlen + plen)
             if len(body) != nlen + plen:
                 raise TraceFormatError(f"truncated record at offset {off}")
@@ -123,7 +135,7 @@ def read_trace(src: str | BinaryIO) -> Iterator[TraceRecord]:
             yield TraceRecord(t, node, mtype, body[nlen:], sub_id)
             off += _RECORD.size + nlen + plen
     finally:
-        if isinstance(src, str):
+        if own:
             f.close()
 
 

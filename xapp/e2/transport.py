@@ -15,6 +15,7 @@ Message types: ric-plt-lib-rmr ``RIC_message_types.h``.
 
 from __future__ import annotations
 
+import os
 import threading
 import time as _time
 from dataclasses import dataclass, field
@@ -72,13 +73,17 @@ class Transport(Protocol):
     ``stop()``: stop delivering and release the transport; idempotent.
     """
 
-    def start(self, on_message: Callable[[RmrMessage], None]) -> None: ...
+    def start(self, on_message: Callable[[RmrMessage], None]) -> None:
+        """Begin delivering received messages to ``on_message`` (see the class docstring)."""
 
-    def send(self, mtype: int, payload: bytes, sub_id: int = -1) -> bool: ...
+    def send(self, mtype: int, payload: bytes, sub_id: int = -1) -> bool:
+        """Route ``payload`` as RMR message type ``mtype`` (and ``sub_id``); True if sent."""
 
-    def rts(self, msg: RmrMessage, mtype: int, payload: bytes) -> bool: ...
+    def rts(self, msg: RmrMessage, mtype: int, payload: bytes) -> bool:
+        """Return-to-sender a reply to ``msg`` (inside its ``on_message`` call); True if sent."""
 
-    def stop(self) -> None: ...
+    def stop(self) -> None:
+        """Stop delivering and release the transport; idempotent."""
 
 
 def _safe(on_message: Callable[[RmrMessage], None], msg: RmrMessage) -> None:
@@ -147,6 +152,7 @@ class RmrTransport:
         return bool(self.xapp.rmr_rts(msg.handle, new_payload=payload, new_mtype=mtype))
 
     def stop(self) -> None:
+        """Stop RMRXapp's loop and release RMR; idempotent."""
         if self.xapp is not None:
             self.xapp.stop()
             self.xapp = None
@@ -155,13 +161,16 @@ class RmrTransport:
 class TraceTransport:
     """Test-mode transport: replays trace records as RmrMessages.
 
-    ``source``: a trace file path or an iterable of TraceRecords. ``speed``: None/0 = as fast as
+    ``source``: a trace file path (str or os.PathLike) or an iterable of TraceRecords. ``speed``: None/0 = as fast as
     possible, 1.0 = recorded speed. ``threaded``: False (default) makes start() replay in the
     calling thread and return at the end; True replays in a thread (:meth:`wait` joins it).
     Sent and returned messages are appended to ``sent`` as (mtype, payload, sub_id).
+    ``delivered`` counts the records delivered; a trace file that turns out damaged
+    (:class:`~xapp.e2.trace.TraceFormatError`) or unreadable ends the replay with the reason
+    logged and kept in ``error`` (None otherwise); nothing raises from the replay.
     """
 
-    def __init__(self, source: str | Iterable[_trace.TraceRecord], speed: float | None = None,
+    def __init__(self, source: str | os.PathLike | Iterable[_trace.TraceRecord], speed: float | None = None,
                  threaded: bool = False, clock: Callable[[], float] = _time.monotonic,
                  sleep: Callable[[float], None] = _time.sleep) -> None:
         self.source = source
@@ -171,19 +180,32 @@ class TraceTransport:
         self.sleep = sleep
         self.sent: list[tuple[int, bytes, int]] = []
         self.delivered = 0
+        self.error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def _run(self, on_message: Callable[[RmrMessage], None]) -> None:
-        records = _trace.read_trace(self.source) if isinstance(self.source, str) else self.source
+        records = (_trace.read_trace(self.source) if isinstance(self.source, (str, os.PathLike))
+                   else self.source)
+
+        self.delivered = 0
 
         def deliver(r: _trace.TraceRecord) -> None:
             _safe(on_message, RmrMessage(r.mtype, r.payload, r.sub_id, r.e2_node, r.time, handle=r))
+            self.delivered += 1
 
-        self.delivered = _trace.replay(records, deliver, self.speed, self.clock, self.sleep, self._stop.is_set)
+        try:
+            _trace.replay(records, deliver, self.speed, self.clock, self.sleep, self._stop.is_set)
+        except (_trace.TraceFormatError, OSError) as e:
+            # A damaged or unreadable trace ends the replay; what came before it was delivered.
+            self.error = f"{type(e).__name__}: {e}"
+            log.error("trace_replay_stopped", source=str(self.source), reason=self.error,
+                      delivered=self.delivered)
 
     def start(self, on_message: Callable[[RmrMessage], None]) -> None:
+        """Replay the trace to ``on_message``: in this thread (returns at the end) or, when
+        ``threaded``, in a daemon thread (returns at once; :meth:`wait` joins it)."""
         if self.threaded:
             self._thread = threading.Thread(target=self._run, args=(on_message,), name="trace-replay", daemon=True)
             self._thread.start()
@@ -198,14 +220,17 @@ class TraceTransport:
         return not self._thread.is_alive()
 
     def send(self, mtype: int, payload: bytes, sub_id: int = -1) -> bool:
+        """Record ``(mtype, payload, sub_id)`` in :attr:`sent`; always True."""
         with self._lock:
             self.sent.append((mtype, bytes(payload), sub_id))
         return True
 
     def rts(self, msg: RmrMessage, mtype: int, payload: bytes) -> bool:
+        """Record the reply in :attr:`sent` with ``msg``'s sub id; always True."""
         return self.send(mtype, payload, msg.sub_id)
 
     def stop(self) -> None:
+        """Stop the replay after the message being delivered; joins a replay thread (5 s)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)

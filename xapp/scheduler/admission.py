@@ -102,7 +102,8 @@ def admit(source: ModelKey | None, target: ServerState | None, k_ho: float, s_kv
     whether a target "can serve the model" for the fallback).
 
     Need = ceil(K_HO / P) P s_kv (1 + headroom); admitted iff the model is compatible and
-    need <= free - reserved.
+    need <= free - reserved. A non-finite ``k_ho`` is refused (need unknown) unless
+    ``check_memory`` is False. Never raises for such input; the reason says why.
     """
     if source is None:
         return AdmissionResult(False, "source model unknown", 0, 0)
@@ -112,6 +113,13 @@ def admit(source: ModelKey | None, target: ServerState | None, k_ho: float, s_kv
     if why is not None:
         return AdmissionResult(False, f"incompatible model: {why}", 0, 0)
     p = max(1, source.block_size)
+    if not math.isfinite(float(k_ho)):
+        # NaN would read as 0 tokens (admitted with no memory), infinity would overflow.
+        free = target.free_kv_bytes - int(reserved_bytes)
+        if not check_memory:
+            return AdmissionResult(True, "", 0, free)
+        return AdmissionResult(False, f"predicted tokens at the handover are not finite ({k_ho!r})",
+                               0, free)
     blocks = math.ceil(max(0.0, float(k_ho)) / p - 1e-9)
     need = int(math.ceil(blocks * p * s_kv * (1.0 + headroom_fraction)))
     free = target.free_kv_bytes - int(reserved_bytes)

@@ -62,8 +62,13 @@ class SchedulerConfig:
     - ``c_sync_s``: commit cost c_sync of Eq. 6, s (one control round trip plus admission).
     - ``rtt_s``: xApp-to-agent round trip, s. The trigger takes half of it to reach the source,
       so the trigger rule looks ahead by ``control_period_s + rtt_s / 2`` (see
-      :meth:`decision_params`). Not in the descriptor schema; default 2 ms.
-    - ``tie_tol_s``: J values within this tie; ties go to the smaller window (Eq. 9).
+      :meth:`decision_params`). Default 2 ms.
+    - ``tie_tol_s``: J values within this tie; ties go to the smaller window (Eq. 9). The only
+      field not in the descriptor schema (``controls.scheduler`` cannot set it).
+
+    Every other field is required by ``descriptors/schema.json`` with the same bounds as
+    here. Raises :class:`SchedulerConfigError` naming every field that is not a finite number
+    in its range.
     """
 
     alpha: float = 0.8

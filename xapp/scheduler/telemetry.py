@@ -164,7 +164,13 @@ class TelemetryStore:
         return self.goodput.update((source, target), bytes_per_s, now)
 
     def observe_server(self, state: ServerState) -> None:
-        """An agent's server report (model identity, free KV blocks)."""
+        """An agent's server report (model identity, free KV blocks); kept if it is the newest.
+
+        A report whose time is not finite is logged and dropped."""
+        if not math.isfinite(state.time):
+            log.warning("server_report_dropped", agent=state.agent_id,
+                        reason=f"report time {state.time!r} is not finite")
+            return
         old = self._servers.get(state.agent_id)
         if old is None or state.time >= old.time:
             self._servers[state.agent_id] = state
@@ -172,7 +178,8 @@ class TelemetryStore:
     def ingest(self, report: Any, now: float | None = None) -> list[SessionSample]:
         """Fold in one ``pallas_pb2.TelemetryReport``; returns its sessions.
 
-        The report's ``time`` is used (``now`` if it is 0). Rates that are 0 mean "not
+        The report's ``time`` is used (``now`` if it is 0); a report without an agent id or
+        with a non-finite time is logged and dropped whole. Rates that are 0 mean "not
         measured" and are skipped; bad ones are logged and dropped. Nothing raises for a
         malformed report: what can be read is kept.
         """
@@ -180,6 +187,10 @@ class TelemetryStore:
         t = float(report.time) if report.time else float(now if now is not None else 0.0)
         if not agent:
             log.warning("telemetry_report_dropped", reason="no agent_id")
+            return []
+        if not math.isfinite(t):
+            # An infinite time would keep this report "fresh" and newer than every later one.
+            log.warning("telemetry_report_dropped", agent=agent, reason=f"report time {t!r} is not finite")
             return []
         if report.HasField("server"):
             srv = report.server

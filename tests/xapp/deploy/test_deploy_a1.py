@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from deploy_paths import DESCRIPTORS
 from xapp.a1 import (A1_POLICY_QUERY, A1_POLICY_REQ, A1_POLICY_RESP, A1PolicyHandler,
@@ -105,6 +106,10 @@ def test_a_bad_instance_is_answered_error_and_changes_nothing(handler, changes, 
     (json.dumps({"operation": "CREATE", "policy_type_id": "26001", "policy_instance_id": "i",
                  "payload": {"alpha": 0.5}}).encode(), "policy_type_id must be an integer"),
     (req("CREATE", iid="", payload={"alpha": 0.5}), "policy_instance_id must be a non-empty string"),
+    (b"[" * 100_000, "nested too deeply"),
+    (b'{"a": ' * 50_000, "nested too deeply"),
+    (req("CREATE", type_id=10**40, payload={"alpha": 0.5}), "is not served here"),
+    (req("CREATE", type_id=-5, payload={"alpha": 0.5}), "is not served here"),
 ])
 def test_malformed_requests_are_answered_error(handler, raw, why):
     out = handler.process(raw)
@@ -174,3 +179,32 @@ def test_the_policy_type_id_must_match_the_configuration(base):
     ptype = load_policy_type(default_policy_type_path(TYPE_ID))
     with pytest.raises(ValueError, match="not the configured"):
         A1PolicyHandler(base, dict(ptype, policy_type_id=1))
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=12)
+_requests = st.fixed_dictionaries(
+    {}, optional={"operation": st.sampled_from(["CREATE", "UPDATE", "DELETE", "READ", "PATCH"]) | _json,
+                  "policy_type_id": st.sampled_from([TYPE_ID, 0, -1, 2**31, 10**30]) | _json,
+                  "policy_instance_id": st.sampled_from(["i", ""]) | _json,
+                  "payload": st.fixed_dictionaries({}, optional={
+                      "alpha": _json | st.floats(), "t_max_s": _json | st.floats(), "dt_s": st.floats(),
+                      "fallback": st.sampled_from(["ctho", "detour", "x"]),
+                      "proactive": st.fixed_dictionaries({}, optional={
+                          "enabled": _json, "cells": st.dictionaries(st.sampled_from(["1", "x", "01"]), _json),
+                          "slices": _json})}) | _json})
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(request=_requests | _json)
+def test_fuzzed_requests_never_raise_and_answer_per_the_contract(handler, request):
+    """Any JSON request: an answer that satisfies the A1-xApp contract, and an ERROR changes
+    nothing (the live configuration stays the last good one)."""
+    before = handler.config
+    out = handler.process(json.dumps(request).encode())
+    body = resp(out.response)
+    assert body["status"] == out.status and (out.status == "ERROR") == bool(out.reason)
+    if out.status == "ERROR":
+        assert handler.config is before and not out.changed

@@ -53,6 +53,14 @@ def test_unreadable_or_non_json_file_is_a_config_error(tmp_path):
         load_config_file(bad)
     with pytest.raises(ConfigError, match="no 'controls' section"):
         from_descriptor({"name": "pallas"})
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"controls": ' * 50_000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config_file(deep)
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes(b'{"name": "caf\xe9"}')
+    with pytest.raises(ConfigError, match="not JSON: 'utf-8' codec"):
+        load_config_file(latin)
 
 
 def _set(path, value):

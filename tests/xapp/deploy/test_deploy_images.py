@@ -66,3 +66,22 @@ def test_agent_image_installs_the_gpu_extra_without_vllm():
     # the chart runs both containers from this image with its own commands
     assert "ENTRYPOINT []" in AGENT
     assert "vllm.entrypoints.openai.api_server" in (CHART / "templates" / "deployment.yaml").read_text()
+
+
+def _exposed(dockerfile: str) -> set[int]:
+    return {int(p) for line in re.findall(r"^EXPOSE (.+)$", dockerfile, re.M) for p in line.split()}
+
+
+def test_images_expose_exactly_the_ports_the_descriptor_and_the_chart_use():
+    """EXPOSE is documentation for the operator: it must list the ports that are served and no
+    other (an unused port invites a firewall rule or Service port for nothing)."""
+    values = (CHART / "values.yaml").read_text()          # no YAML parser in this venv
+
+    def port(section: str, key: str) -> int:
+        body = re.search(rf"^{section}:\n((?:[ #].*\n|\n)*)", values, re.M).group(1)
+        return int(re.search(rf"^  {key}: (\d+)\s*$", body, re.M).group(1))
+
+    assert _exposed(AGENT) == {port("vllm", "port"), port("agent", "controlPort"),
+                               port("agent", "peerPort"), port("agent", "frontPort")}
+    d = json.loads((DESCRIPTORS / "config-file.json").read_text())
+    assert _exposed(XAPP) == {p["port"] for p in d["messaging"]["ports"]}

@@ -5,6 +5,7 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 from prometheus_client import CollectorRegistry
 
 from xapp.e2 import codec as C
@@ -126,3 +127,64 @@ def test_garbage_is_dropped_with_a_reason(payload, capsys):
     ing = Ingestor(TrackStore())
     assert ing.on_indication(payload, "n", t=0.0) == []
     assert sum(v for k, v in ing.stats.items() if k.startswith("dropped:E2AP")) == 1
+
+
+def _builders():
+    """The builders behind the ``e2`` fixture, loaded by path (hypothesis strategies need them
+    at import time, and several test folders have a module named conftest)."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("e2_builders", Path(__file__).with_name("conftest.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+e2b = _builders()
+
+
+def _seed_pdus(e2=e2b):
+    rng = random.Random(11)
+    full = e2.rrc(-95.0, -12.0, 8.0, pci=7, nbs=(C.CellResult(3, -101.0, -15.0, 2.0),),
+                  lat=51.9, lon=-8.4, speed=12.0, heading=181.0)
+    return ([e2.rc_indication(e2.ue(900), full), e2.rc_indication(e2.ue(901), e2.rrc())]
+            + [e2.rc_indication(e2.ue(902 + i), e2.random_rrc(rng)) for i in range(4)]
+            + [e2.kpm_indication([(e2.ue(950), [("L1M.SS-RSRP", -90.0), ("L1M.SS-SINR", 5)])])])
+
+
+_SEEDS = _seed_pdus()
+_edits = st.lists(st.tuples(st.sampled_from(["flip", "set", "cut", "insert", "delete"]),
+                            st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4)
+
+
+def _apply(pdu: bytes, edits) -> bytes:
+    x = bytearray(pdu)
+    for kind, pos, val in edits:
+        i = pos % max(len(x), 1)
+        if kind == "flip" and x:
+            x[i] ^= 1 << (val % 8)
+        elif kind == "set" and x:
+            x[i] = val
+        elif kind == "cut":
+            del x[i:]
+        elif kind == "insert":
+            x[i:i] = bytes([val])
+        elif x:
+            del x[i:i + 1 + val % 5]
+    return bytes(x)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.sampled_from(_SEEDS), edits=_edits, junk=st.binary(max_size=64), raw=st.booleans())
+def test_hypothesis_mutated_pdus_are_dropped_with_a_decode_reason_never_an_internal_error(seed, edits, junk, raw):
+    """Mutated RC/KPM indications (with position and velocity, which take the pycrate LPP
+    fallback) or plain junk: nothing escapes, nothing is dropped as an internal error (that
+    is, every failure is a decoding reason), and a bystander UE's track is untouched."""
+    e2 = e2b
+    ing = Ingestor(TrackStore())
+    ing.on_indication(e2.rc_indication(e2.ue(1), e2.rrc(-80.0)), "n", t=1.0)
+    out = ing.on_indication(junk if raw else _apply(seed, edits), "n", t=2.0)
+    assert all(r.ue_id != "1" for r in out)
+    assert ing.store.get("1").view().rsrp_dbm.tolist() == [-80.0]
+    assert not any(k.startswith("dropped:internal error") for k in ing.stats), ing.stats
+    assert ing.stats["indications"] == 2

@@ -32,6 +32,42 @@ def test_trace_write_read_round_trip(tmp_path, e2):
         list(T.read_trace(io.BytesIO(b"XXXXXXXX\x01\x00\x00\x00")))
 
 
+def test_trace_paths_may_be_pathlib_and_the_reader_refuses_disorder(tmp_path, e2):
+    rs = recs(e2, 3)
+    p = tmp_path / "b.e2trace"                              # a pathlib.Path, not a str
+    assert T.write_trace(p, rs) == 3
+    assert list(T.read_trace(p)) == rs
+    tt = TraceTransport(p)
+    got = []
+    tt.start(got.append)
+    assert [m.payload for m in got] == [r.payload for r in rs]
+    # A file the writer could not have produced: the second record older than the first, or
+    # a NaN time. The reader names the offset of the bad record (the first one is yielded).
+    for bad_time in (99.0, float("nan")):
+        buf = io.BytesIO()
+        T.TraceWriter(buf).write(rs[0])
+        buf.write(T._RECORD.pack(bad_time, RIC_INDICATION, -1, 1, 1) + b"nx")   # record layout by hand
+        it = T.read_trace(io.BytesIO(buf.getvalue()))
+        assert next(it) == rs[0]
+        with pytest.raises(T.TraceFormatError, match="before the previous"):
+            next(it)
+
+
+def test_trace_transport_delivers_up_to_a_damaged_record_and_says_why(tmp_path, e2):
+    rs = recs(e2, 3)
+    p = tmp_path / "c.e2trace"
+    T.write_trace(p, rs)
+    p.write_bytes(p.read_bytes()[:-5])                      # the last record is cut short
+    tt = TraceTransport(str(p))
+    got = []
+    tt.start(got.append)                                     # does not raise
+    assert [m.payload for m in got] == [r.payload for r in rs[:2]] and tt.delivered == 2
+    assert tt.error is not None and "truncated record" in tt.error
+    ok = TraceTransport(rs)
+    ok.start(lambda m: None)
+    assert ok.delivered == 3 and ok.error is None
+
+
 def test_writer_refuses_disorder():
     w = T.TraceWriter(io.BytesIO())
     w.write(T.TraceRecord(2.0, "", 1, b""))
@@ -199,3 +235,12 @@ def test_inspect_trace_and_hex(tmp_path, e2):
     assert e2inspect.main(["--hex", hexpdu, "--e2-node", "gnb_y"], out=out) == 0
     d = json.loads(out.getvalue())
     assert d["e2_node"] == "gnb_y" and d["reports"][0]["ue"] == "9" and d["reports"][0]["rsrp_dbm"] == -70.0
+
+
+def test_inspect_describes_an_a1_payload_nested_too_deeply_as_an_error():
+    from xapp.e2.ingest import IngestConfig
+    d = e2inspect.describe(T.TraceRecord(0.0, "", A1_POLICY_REQ, b"[" * 100_000), IngestConfig())
+    assert d["error"] == "A1 payload is not JSON: nested too deeply"
+    out = io.StringIO()
+    assert e2inspect.main(["--hex", (b"[" * 5000).hex(), "--mtype", str(A1_POLICY_REQ)], out=out) == 1
+    assert "error" in json.loads(out.getvalue())

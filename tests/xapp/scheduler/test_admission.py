@@ -47,3 +47,11 @@ def test_memory_need_with_headroom_and_reservations():
 def test_refusals_say_why(source, server, reason):
     r = admit(source, server, 100.0, S_KV, 0.1)
     assert not r.admitted and reason in r.reason
+
+
+@pytest.mark.parametrize("k_ho", [float("nan"), float("inf")])
+def test_a_non_finite_predicted_cache_is_refused_not_admitted_for_free(k_ho):
+    srv = ServerState("b", MODEL, 10**6, 10**6, 0.0)
+    r = admit(MODEL, srv, k_ho, S_KV, 0.1)
+    assert not r.admitted and "not finite" in r.reason
+    assert admit(MODEL, srv, k_ho, S_KV, 0.1, check_memory=False).admitted   # the model is fine

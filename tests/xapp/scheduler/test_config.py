@@ -62,3 +62,19 @@ def test_errors_name_every_offending_key(data, keys):
 def test_not_a_mapping():
     with pytest.raises(SchedulerConfigError, match="mapping"):
         SchedulerConfig.from_dict([("alpha", 0.5)])
+
+
+def test_the_descriptor_schema_has_the_same_fields_and_bounds():
+    """controls.scheduler in descriptors/schema.json and SchedulerConfig agree: the same fields
+    (tie_tol_s is the engine's own) and the same bounds, inclusive or exclusive."""
+    from dataclasses import fields
+    from xapp.scheduler.config import _RANGES
+    props = json.loads((REPO / "descriptors" / "schema.json").read_text())["properties"]["scheduler"]
+    names = {f.name for f in fields(SchedulerConfig)} - {"tie_tol_s"}
+    assert set(props["properties"]) == set(props["required"]) == names
+    for name in names:
+        p = props["properties"][name]
+        lo, lo_inc, hi, hi_inc = _RANGES[name]
+        assert p["type"] == "number", name
+        assert (p.get("minimum"), p.get("exclusiveMinimum")) == ((lo, None) if lo_inc else (None, lo)), name
+        assert (p.get("maximum"), p.get("exclusiveMaximum")) == ((hi, None) if hi_inc else (None, hi)), name

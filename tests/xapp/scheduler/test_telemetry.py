@@ -76,3 +76,16 @@ def test_ingest_a_report():
     assert store.ingest(pallas_pb2.TelemetryReport(time=1.0)) == []               # no agent: dropped
     store.forget_session("s1")
     assert store.decode_rate("s1", 100.0) == store.cfg.default_decode_rate_tps
+
+
+@pytest.mark.parametrize("bad_time", [float("inf"), float("nan")])
+def test_a_report_with_a_non_finite_time_is_dropped_and_does_not_shadow_later_ones(bad_time):
+    store = TelemetryStore(SchedulerConfig())
+    sess = pallas_pb2.SessionTelemetry(session_id="s1", tokens=10, decode_rate=50.0)
+    assert store.ingest(server_report("a", bad_time, free_blocks=7, sessions=[sess])) == []
+    assert store.server("a", 100.0) is None and "a" not in list(store.agents())
+    assert store.decode_rate("s1", 100.0) == store.cfg.default_decode_rate_tps
+    store.ingest(server_report("a", 100.0, free_blocks=9))
+    srv = store.server("a", 100.5)
+    assert srv is not None and srv.free_kv_blocks == 9 and srv.time == 100.0
+    assert store.server("a", 200.0) is None                                      # ages normally
