@@ -13,6 +13,7 @@ integer identity is -1.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Sequence
 
@@ -184,13 +185,14 @@ class UETrack:
 class TrackStore:
     """Tracks of every UE the xApp hears of, created on first report.
 
-    ``max_ues`` bounds memory: when full, the UE whose newest report is the oldest is evicted.
+    ``max_ues`` bounds memory: when full, the UE heard from least recently is evicted (O(1):
+    ``tracks`` is kept in order of each UE's latest report).
     """
 
     capacity: int = 256
     max_neighbours: int = 8
     max_ues: int = 100_000
-    tracks: dict[str, UETrack] = field(default_factory=dict)
+    tracks: OrderedDict[str, UETrack] = field(default_factory=OrderedDict)
 
     def add(self, r: MeasurementReport) -> UETrack:
         """Append a report to its UE's track. Raises ValueError (and changes nothing) if the
@@ -200,11 +202,11 @@ class TrackStore:
             t = UETrack(r.ue_id, self.capacity, self.max_neighbours)
             t.append(r)                    # a rejected first report creates no track
             if len(self.tracks) >= self.max_ues:
-                oldest = min(self.tracks.values(), key=lambda x: x.last_report.time)  # type: ignore[union-attr]
-                del self.tracks[oldest.ue_id]
+                self.tracks.popitem(last=False)
             self.tracks[r.ue_id] = t
             return t
         t.append(r)
+        self.tracks.move_to_end(r.ue_id)
         return t
 
     def __iter__(self) -> Iterator[UETrack]:

@@ -63,3 +63,12 @@ def test_non_finite_time_rejected_and_no_empty_track_left(bad):
     st.add(MeasurementReport(2.0, "a", 1, -92.0))            # the order check still works after
     st.add(MeasurementReport(3.0, "c", 3, -80.0))            # eviction finds a real oldest
     assert [t.ue_id for t in st] == ["c"]
+
+
+def test_store_evicts_the_ue_heard_from_least_recently():
+    st = TrackStore(capacity=4, max_neighbours=1, max_ues=2)
+    st.add(MeasurementReport(time=0.0, ue_id="a", serving_cell=1))
+    st.add(MeasurementReport(time=1.0, ue_id="b", serving_cell=1))
+    st.add(MeasurementReport(time=2.0, ue_id="a", serving_cell=1))   # a is now the fresher
+    st.add(MeasurementReport(time=3.0, ue_id="c", serving_cell=1))
+    assert st.get("b") is None and st.get("a") is not None and st.get("c") is not None
