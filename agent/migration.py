@@ -86,7 +86,7 @@ class MigrationConfig:
     release_timeout_s: float = 5.0
     kv_headroom: float = 1.0
     link_rate_mbps: float | None = None
-    claim_wait_s: float = 30.0
+    claim_wait_s: float = 5.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -171,6 +171,9 @@ class Migrator:
         self.inbound: dict[str, Inbound] = {}
         self._newest_in: dict[str, int] = {}
         self._committed: dict[str, tuple[int, pallas_pb2.ControlReply]] = {}
+        # The connector's claim at a resume, by (session, epoch); kept apart from the inbound
+        # state, which is released as soon as the first token arrives (maybe before it).
+        self._claims: dict[tuple[str, int], asyncio.Future] = {}
         self._lock: dict[str, asyncio.Lock] = {}
         self._bg: set[asyncio.Task] = set()
         # Fault injection for tests: (session_id, block_index) pairs whose data the source
@@ -720,18 +723,22 @@ class Migrator:
         params = {"pallas": {"sid": sid, "load": {
             "epoch": epoch, "prefix_len": inb.prefix_len, "first_block": first,
             "last_block": last, "deadline": now + self.cfg.resume_deadline_s}}}
-        inb.claim = asyncio.get_running_loop().create_future()
+        claim_fut = asyncio.get_running_loop().create_future()
+        self._claims[(sid, epoch)] = claim_fut
+        inb.claim = claim_fut
         self.engine.start(session, kv_transfer_params=params)
         self._spawn(self._release_after_first_token(inb, session), f"drop-{sid}-{epoch}")
         reused = 0
         try:
-            claim = await asyncio.wait_for(asyncio.shield(inb.claim),
+            claim = await asyncio.wait_for(asyncio.shield(claim_fut),
                                            self.cfg.resume_deadline_s + self.cfg.claim_wait_s)
             reused = int(claim["local"]) + int(claim["external"])
             session.reused_tokens = reused
             session.info["claim"] = claim
         except asyncio.TimeoutError:
             log.warning("no_claim_report", session=sid, epoch=epoch)
+        finally:
+            self._claims.pop((sid, epoch), None)
         log.info("resumed", session=sid, epoch=epoch, n_tokens=n, reused=reused,
                  blocks_in=inb.blocks_in, rejected=inb.blocks_rejected)
         return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=reused)
@@ -744,11 +751,9 @@ class Migrator:
             await self._drop_inbound(inb, "resumed")
 
     def _on_claim(self, hdr: dict[str, Any]) -> None:
-        inb = self.inbound.get(hdr.get("sid", ""))
-        if inb is None or inb.epoch != int(hdr.get("epoch", -1)) or inb.claim is None:
-            return
-        if not inb.claim.done():
-            inb.claim.set_result(hdr)
+        fut = self._claims.get((str(hdr.get("sid", "")), int(hdr.get("epoch", -1))))
+        if fut is not None and not fut.done():
+            fut.set_result(hdr)
 
     def _on_loaded(self, hdr: dict[str, Any]) -> None:
         inb = self.inbound.get(hdr.get("sid", ""))
