@@ -507,6 +507,9 @@ class Migrator:
         if ship:
             await self._wait_blocks(out, need_end, ship_tail)
         self.hub.stop_export(sid)
+        blog.info("commit_blocks", n_tokens=n, prepared=prepared, ship=ship,
+                  first_block=out.first_block, full=sorted(out.full)[-4:],
+                  tail=None if out.tail is None else out.tail[:2], state=out.state)
         tail_msg = None
         last_full = need_end // bs  # blocks < last_full must be full
         if ship and ship_tail and need_end % bs and last_full not in out.full and out.tail:
