@@ -437,15 +437,29 @@ class Migrator:
                 return _reply(S.STATUS_INVALID, session_id, epoch, state=s.state.value,
                               message=f"session is {s.state.value}")
             s.epoch = epoch
-            reply = await self._commit_locked(s, epoch, actual_target, split_tokens,
-                                              ship_blocks, ship_tail, scheme, ue_tokens)
+            # The commit point: the UE has ue_tokens outputs; later ones are held back.
+            s.freeze(ue_tokens)
+            try:
+                reply = await self._commit_locked(s, epoch, actual_target, split_tokens,
+                                                  ship_blocks, ship_tail, scheme)
+            except Exception as exc:  # never leave the source frozen
+                log.exception("commit_error", session=session_id, epoch=epoch)
+                reply = _reply(S.STATUS_ERROR, session_id, epoch, message=repr(exc))
+            if reply.status != S.STATUS_OK and s.state != SessionState.HANDED_OVER:
+                out = self.outbound.get(session_id)
+                if out is not None and not out.proactive:
+                    await self._abandon(out, "commit failed")
+                s.unfreeze()
+                if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
+                    s.set_state(SessionState.SERVING)
+                reply.state = s.state.value
             if reply.status == S.STATUS_OK:
                 self._committed[session_id] = (epoch, reply)
             return reply
 
     async def _commit_locked(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
                              split_tokens: int | None, ship_blocks: str, ship_tail: bool,
-                             scheme: int, ue_tokens: int | None) -> pallas_pb2.ControlReply:
+                             scheme: int) -> pallas_pb2.ControlReply:
         sid = s.session_id
         bs = self.block_size
         blog = log.bind(session=sid, epoch=epoch, peer=target.address)
@@ -500,8 +514,9 @@ class Migrator:
         elif out.stream is not None and not ship:
             self.hub.stop_export(sid)
 
-        # The commit point: n tokens; the target needs KV for positions [0, n-1).
-        n_out = s.freeze(ue_tokens)
+        # The commit point (frozen by the caller): n tokens; the target needs KV for
+        # positions [0, n-1).
+        n_out = len(s.output_token_ids)
         n = len(s.prompt_token_ids) + n_out
         need_end = n - 1
         if ship:
