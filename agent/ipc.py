@@ -478,13 +478,11 @@ class WorkerLink:
         self._ctx = zmq.Context.instance()
         self._fetch_sock: zmq.Socket | None = None
         self._rid = 0
-        self.pending = 0
         self._thread = threading.Thread(target=self._run, name="pallas-worker-link", daemon=True)
         self._thread.start()
 
     def send_block(self, header: dict[str, Any], slab: Any) -> None:
         """Queue one block: ``slab`` is a contiguous CPU tensor the caller no longer touches."""
-        self.pending += 1
         self._q.put((header, slab))
 
     def report(self, header: dict[str, Any]) -> None:
@@ -529,9 +527,6 @@ class WorkerLink:
                 pass  # agent gone: the block is dropped (the target will recompute)
             except Exception:
                 logging.getLogger("vllm.pallas").exception("worker link send")
-            finally:
-                if item not in (None, ()) and item[1] is not None:
-                    self.pending -= 1
         sock.close(linger=0)
 
     def fetch(self, blocks: list[list[Any]],
