@@ -361,10 +361,18 @@ def _max_gap(s: Session, start: int, end: int) -> float:
     return max(b - a for a, b in zip(t, t[1:]))
 
 
-def _median_gap(s: Session) -> float:
-    t = s.token_times
-    gaps = sorted(b - a for a, b in zip(t, t[1:]))
-    return gaps[len(gaps) // 2]
+def _no_stall(s: Session, k: int, window: int = 40) -> None:
+    """No token gap at the source around output ``k`` beyond the session's usual ones.
+
+    Gaps are seen at the agent, where a loaded machine delivers tokens in bursts, so the
+    bound is relative to the session's own largest gap elsewhere; what it must catch is the
+    source waiting on the target (timeouts of seconds).
+    """
+    lo, hi = max(0, k - 2), min(len(s.token_times), k + window)
+    around = _max_gap(s, lo, hi)
+    rest = max(_max_gap(s, 0, lo + 1) if lo > 1 else 0.0,
+               _max_gap(s, hi - 1, len(s.token_times)) if hi < len(s.token_times) - 1 else 0.0)
+    assert around < max(1.0, 2.0 * rest), (around, rest)
 
 
 def test_cancel_mid_stream_releases_everything(pair: Pair):
@@ -393,8 +401,7 @@ def test_cancel_mid_stream_releases_everything(pair: Pair):
     assert mid["b"]["blocks"] >= 1 and mid["a_kv"]["exports"] == 1
     # The source served on, token-exact, with no gap at the cancel.
     assert fin.output_token_ids == ref
-    gap = _max_gap(fin, max(0, k_cancel - 2), min(len(fin.token_times), k_after + 3))
-    assert gap < max(0.5, 10 * _median_gap(fin)), gap
+    _no_stall(fin, k_cancel, window=max(40, k_after - k_cancel + 3))
     # Everything released: the target's buffers, its KV pool and the connector views.
     for side in ("a", "b"):
         assert after[side] == {"inbound": 0, "outbound": 0, "blocks": 0, "bytes": 0,
@@ -430,8 +437,7 @@ def test_peer_killed_mid_stream(pair: Pair):
 
     base, after, fin, ref, k_kill = pair.lt.run(run())
     assert fin.output_token_ids == ref
-    assert _max_gap(fin, max(0, k_kill - 2), len(fin.token_times)) < max(
-        0.5, 10 * _median_gap(fin))
+    _no_stall(fin, k_kill)
     assert after["a"] == {"inbound": 0, "outbound": 0, "blocks": 0, "bytes": 0,
                           "streams_queued": 0}, after
     assert after["a_kv"]["exports"] == 0
