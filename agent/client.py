@@ -51,6 +51,7 @@ class TokenRecord:
         agent_id: the agent that served it.
         relayed_by: the agent that relayed it (Detour), or None.
         url: the front URL the UE read it from.
+        t_agent: when the token reached the serving agent (the event's ``time``), or None.
     """
 
     index: int
@@ -61,6 +62,7 @@ class TokenRecord:
     agent_id: str | None
     relayed_by: str | None
     url: str
+    t_agent: float | None = None
 
 
 @dataclass
@@ -275,6 +277,6 @@ class UESession:
         if i > len(self.records):
             raise SessionError(f"gap in the stream: expected index {len(self.records)}, got {i}")
         rec = TokenRecord(i, int(ev["token_id"]), ev.get("text"), time.time(), time.perf_counter(),
-                          ev.get("agent_id"), ev.get("relayed_by"), self.url)
+                          ev.get("agent_id"), ev.get("relayed_by"), self.url, ev.get("time"))
         self.records.append(rec)
         self._queue.put_nowait(rec)

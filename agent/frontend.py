@@ -37,6 +37,9 @@ Routes (JSON bodies; every field of the open request except the prompt is option
      "max_tokens", "finish_reason", "epoch", "scheme", "resumed_from", "decode_rate",
      "moved_to"}
 
+  With ``?include_tokens=true`` it also carries ``output_token_ids`` and ``token_times`` (when
+  each output token reached this agent; tokens copied in at a resume carry the resume time).
+
 ``GET /v1/sessions`` ``{"sessions": [session objects]}``. ``DELETE /v1/sessions/{id}`` stops
 the session here (``{"session_id", "state"}``). ``GET /health`` ``{"status": "ok",
 "agent_id"}``. ``GET /metrics`` Prometheus text.
@@ -431,11 +434,15 @@ class SessionFront:
             return {"sessions": [front.session_json(s) for s in front.store]}
 
         @app.get("/v1/sessions/{sid}")
-        async def get_session(sid: str):
+        async def get_session(sid: str, include_tokens: bool = False):
             s = front.store.get(sid)
             if s is None:
                 raise HTTPException(404, f"session {sid} is not known here")
-            return front.session_json(s)
+            out = front.session_json(s)
+            if include_tokens:
+                out["output_token_ids"] = list(s.output_token_ids)
+                out["token_times"] = list(s.token_times)
+            return out
 
         @app.delete("/v1/sessions/{sid}")
         async def delete_session(sid: str):

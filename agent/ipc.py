@@ -388,17 +388,39 @@ class SchedulerLink:
         self._on_command = on_command
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._report_sock: zmq.Socket | None = None
+        self._report_thread: int | None = None
         self._thread = threading.Thread(target=self._run, name="pallas-sched-link", daemon=True)
         self._thread.start()
 
     def report(self, header: dict[str, Any]) -> None:
-        """Queue a message to the agent (non-blocking)."""
-        self._out.put(header)
+        """Send a message to the agent now (non-blocking, dropped if no agent is there).
+
+        The first calling thread (the engine's scheduler thread) gets its own socket, so a
+        report is not delayed by the background thread's poll period; other threads queue.
+        """
+        tid = threading.get_ident()
+        if self._report_thread is None:
+            self._report_thread = tid
+            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.address)
+            self._report_sock = sock
+        if tid != self._report_thread or self._report_sock is None:
+            self._out.put(header)
+            return
+        try:
+            self._report_sock.send_multipart(encode(header), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def close(self) -> None:
-        """Stop the thread."""
+        """Stop the thread (and close the report socket; call from the reporting thread)."""
         self._stop.set()
         self._thread.join(timeout=2.0)
+        if self._report_sock is not None:
+            self._report_sock.close(linger=0)
+            self._report_sock = None
 
     def _run(self) -> None:
         ctx = zmq.Context.instance()
@@ -456,13 +478,11 @@ class WorkerLink:
         self._ctx = zmq.Context.instance()
         self._fetch_sock: zmq.Socket | None = None
         self._rid = 0
-        self.pending = 0
         self._thread = threading.Thread(target=self._run, name="pallas-worker-link", daemon=True)
         self._thread.start()
 
     def send_block(self, header: dict[str, Any], slab: Any) -> None:
         """Queue one block: ``slab`` is a contiguous CPU tensor the caller no longer touches."""
-        self.pending += 1
         self._q.put((header, slab))
 
     def report(self, header: dict[str, Any]) -> None:
@@ -507,9 +527,6 @@ class WorkerLink:
                 pass  # agent gone: the block is dropped (the target will recompute)
             except Exception:
                 logging.getLogger("vllm.pallas").exception("worker link send")
-            finally:
-                if item not in (None, ()) and item[1] is not None:
-                    self.pending -= 1
         sock.close(linger=0)
 
     def fetch(self, blocks: list[list[Any]],

@@ -86,7 +86,7 @@ class MigrationConfig:
     release_timeout_s: float = 5.0
     kv_headroom: float = 1.0
     link_rate_mbps: float | None = None
-    claim_wait_s: float = 30.0
+    claim_wait_s: float = 5.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -171,6 +171,9 @@ class Migrator:
         self.inbound: dict[str, Inbound] = {}
         self._newest_in: dict[str, int] = {}
         self._committed: dict[str, tuple[int, pallas_pb2.ControlReply]] = {}
+        # The connector's claim at a resume, by (session, epoch); kept apart from the inbound
+        # state, which is released as soon as the first token arrives (maybe before it).
+        self._claims: dict[tuple[str, int], asyncio.Future] = {}
         self._lock: dict[str, asyncio.Lock] = {}
         self._bg: set[asyncio.Task] = set()
         # Fault injection for tests: (session_id, block_index) pairs whose data the source
@@ -434,15 +437,29 @@ class Migrator:
                 return _reply(S.STATUS_INVALID, session_id, epoch, state=s.state.value,
                               message=f"session is {s.state.value}")
             s.epoch = epoch
-            reply = await self._commit_locked(s, epoch, actual_target, split_tokens,
-                                              ship_blocks, ship_tail, scheme, ue_tokens)
+            # The commit point: the UE has ue_tokens outputs; later ones are held back.
+            s.freeze(ue_tokens)
+            try:
+                reply = await self._commit_locked(s, epoch, actual_target, split_tokens,
+                                                  ship_blocks, ship_tail, scheme)
+            except Exception as exc:  # never leave the source frozen
+                log.exception("commit_error", session=session_id, epoch=epoch)
+                reply = _reply(S.STATUS_ERROR, session_id, epoch, message=repr(exc))
+            if reply.status != S.STATUS_OK and s.state != SessionState.HANDED_OVER:
+                out = self.outbound.get(session_id)
+                if out is not None and not out.proactive:
+                    await self._abandon(out, "commit failed")
+                s.unfreeze()
+                if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
+                    s.set_state(SessionState.SERVING)
+                reply.state = s.state.value
             if reply.status == S.STATUS_OK:
                 self._committed[session_id] = (epoch, reply)
             return reply
 
     async def _commit_locked(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
                              split_tokens: int | None, ship_blocks: str, ship_tail: bool,
-                             scheme: int, ue_tokens: int | None) -> pallas_pb2.ControlReply:
+                             scheme: int) -> pallas_pb2.ControlReply:
         sid = s.session_id
         bs = self.block_size
         blog = log.bind(session=sid, epoch=epoch, peer=target.address)
@@ -497,13 +514,17 @@ class Migrator:
         elif out.stream is not None and not ship:
             self.hub.stop_export(sid)
 
-        # The commit point: n tokens; the target needs KV for positions [0, n-1).
-        n_out = s.freeze(ue_tokens)
+        # The commit point (frozen by the caller): n tokens; the target needs KV for
+        # positions [0, n-1).
+        n_out = len(s.output_token_ids)
         n = len(s.prompt_token_ids) + n_out
         need_end = n - 1
         if ship:
             await self._wait_blocks(out, need_end, ship_tail)
         self.hub.stop_export(sid)
+        blog.info("commit_blocks", n_tokens=n, prepared=prepared, ship=ship,
+                  first_block=out.first_block, full=sorted(out.full)[-4:],
+                  tail=None if out.tail is None else out.tail[:2], state=out.state)
         tail_msg = None
         last_full = need_end // bs  # blocks < last_full must be full
         if ship and ship_tail and need_end % bs and last_full not in out.full and out.tail:
@@ -720,18 +741,22 @@ class Migrator:
         params = {"pallas": {"sid": sid, "load": {
             "epoch": epoch, "prefix_len": inb.prefix_len, "first_block": first,
             "last_block": last, "deadline": now + self.cfg.resume_deadline_s}}}
-        inb.claim = asyncio.get_running_loop().create_future()
+        claim_fut = asyncio.get_running_loop().create_future()
+        self._claims[(sid, epoch)] = claim_fut
+        inb.claim = claim_fut
         self.engine.start(session, kv_transfer_params=params)
         self._spawn(self._release_after_first_token(inb, session), f"drop-{sid}-{epoch}")
         reused = 0
         try:
-            claim = await asyncio.wait_for(asyncio.shield(inb.claim),
+            claim = await asyncio.wait_for(asyncio.shield(claim_fut),
                                            self.cfg.resume_deadline_s + self.cfg.claim_wait_s)
             reused = int(claim["local"]) + int(claim["external"])
             session.reused_tokens = reused
             session.info["claim"] = claim
         except asyncio.TimeoutError:
             log.warning("no_claim_report", session=sid, epoch=epoch)
+        finally:
+            self._claims.pop((sid, epoch), None)
         log.info("resumed", session=sid, epoch=epoch, n_tokens=n, reused=reused,
                  blocks_in=inb.blocks_in, rejected=inb.blocks_rejected)
         return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=reused)
@@ -744,11 +769,9 @@ class Migrator:
             await self._drop_inbound(inb, "resumed")
 
     def _on_claim(self, hdr: dict[str, Any]) -> None:
-        inb = self.inbound.get(hdr.get("sid", ""))
-        if inb is None or inb.epoch != int(hdr.get("epoch", -1)) or inb.claim is None:
-            return
-        if not inb.claim.done():
-            inb.claim.set_result(hdr)
+        fut = self._claims.get((str(hdr.get("sid", "")), int(hdr.get("epoch", -1))))
+        if fut is not None and not fut.done():
+            fut.set_result(hdr)
 
     def _on_loaded(self, hdr: dict[str, Any]) -> None:
         inb = self.inbound.get(hdr.get("sid", ""))

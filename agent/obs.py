@@ -1,8 +1,8 @@
 """Observability for the Pallas agent: structured JSON logs and Prometheus metrics.
 
 Logs are structlog events rendered as one JSON object per line. Every record about a
-migration carries the keys ``session``, ``epoch`` and ``peer`` (bound with
-:func:`bind_migration` or passed explicitly), so a migration can be followed across the two
+migration carries the keys ``session``, ``epoch`` and ``peer`` (bound or passed
+explicitly), so a migration can be followed across the two
 agents and the xApp by grepping one session id.
 
 Metrics are prometheus-client objects registered once per process in the default registry
@@ -39,7 +39,6 @@ from prometheus_client.registry import Collector
 __all__ = [
     "configure_logging",
     "get_logger",
-    "bind_migration",
     "MIGRATIONS",
     "SIT_SECONDS",
     "COMMIT_SECONDS",
@@ -96,11 +95,6 @@ def get_logger(name: str = "pallas.agent", **initial: Any):
     Lazy: the logging configuration in force when a record is emitted applies, so module-level
     loggers created before :func:`configure_logging` still follow it."""
     return structlog.get_logger(name, component=name, **initial)
-
-
-def bind_migration(log, session_id: str, epoch: int | None = None, peer: str | None = None):
-    """Return ``log`` bound with the migration keys ``session``, ``epoch`` and ``peer``."""
-    return log.bind(session=session_id, epoch=epoch, peer=peer)
 
 
 # ------------------------------------------------------------------ metrics (default registry)

@@ -87,10 +87,6 @@ class SamplingSpec:
         return body
 
 
-class SessionClosed(Exception):
-    """Raised to a reader waiting for tokens of a session that will produce no more here."""
-
-
 @dataclasses.dataclass(eq=False)
 class Session:
     """One UE's LLM request at this agent.

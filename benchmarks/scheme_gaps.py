@@ -85,6 +85,19 @@ async def one_run(a: LocalAgent, b: LocalAgent, ids: list[int], args, scheme: st
                                  "split": r.split_tokens, "rpc_s": round(time.perf_counter() - t0, 4),
                                  "message": r.message}
         await ue.close()
+    if scheme is not None and scheme != "detour":
+        # Agent-side decode gap: the source's last decoded token (its frozen length n) to the
+        # target's first own token, both timed where the engines produced them (one host clock).
+        # The UE-side gap can hide part of it when the UE was still a few tokens behind the
+        # source at the switch (those tokens then reach it from the target in a burst).
+        async with httpx.AsyncClient(timeout=30) as c:
+            sa = (await c.get(f"{a.front_url}/v1/sessions/{ue.session_id}", params={"include_tokens": True})).json()
+            sb = (await c.get(f"{b.front_url}/v1/sessions/{ue.session_id}", params={"include_tokens": True})).json()
+        n = sa["output_tokens"]
+        out["frozen_at"] = n
+        out["ue_behind_tokens"] = n - ue.handovers[0].next_index if ue.handovers else None
+        if 0 < n < len(sb["token_times"]):
+            out["decode_gap_s"] = sb["token_times"][n] - sa["token_times"][n - 1]
     itl = ue.itls()
     hi = ue.handovers[0].next_index if ue.handovers else None
     before = itl[max(0, (hi or len(itl)) - 40):(hi or len(itl)) - 1] if itl else []
@@ -130,7 +143,9 @@ async def bench(args) -> list[dict]:
             r.pop("tokens")
             rows.append(r)
             gap = f"{r['gap_s'] * 1000:.0f} ms" if r["gap_s"] is not None else "n/a"
-            print(f"{scheme:14s} gap {gap:>9s}  exact={r['token_exact']}  commit={r.get('commit')}  "
+            dgap = f"{r['decode_gap_s'] * 1000:.0f} ms" if r.get("decode_gap_s") is not None else "n/a"
+            print(f"{scheme:14s} UE gap {gap:>9s}  decode gap {dgap:>9s}  UE behind by {r.get('ue_behind_tokens')}"
+                  f"  exact={r['token_exact']}  commit={r.get('commit')}  "
                   f"trigger={r.get('trigger')}  ITL before/after {r['itl_before_ms']}/{r['itl_after_ms']} ms",
                   flush=True)
     finally:
@@ -140,11 +155,15 @@ async def bench(args) -> list[dict]:
     print(f"\nhandover gap at the UE, one session: prompt {args.prompt_tokens} + {args.max_tokens} output tokens,"
           f" commit at K = {k} tokens, trigger at output {args.trigger_at}, peer link "
           f"{args.peer_rate_mbps or 'unlimited'} Mbit/s")
-    print(f"{'scheme':14s} {'gap (ms)':>9s} {'exact':>6s} {'used':>14s} {'split':>6s} {'ITL after (ms)':>14s}")
+    print("UE gap: last token from the source to the first after the switch, at the UE; decode gap:"
+          " the source's last decoded token to the target's first, where the engines produced them")
+    print(f"{'scheme':14s} {'UE gap (ms)':>11s} {'decode gap (ms)':>15s} {'exact':>6s} {'used':>14s} {'split':>6s}"
+          f" {'ITL after (ms)':>14s}")
     for r in rows:
         c = r.get("commit") or {}
         gap = f"{r['gap_s'] * 1000:.0f}" if r["gap_s"] is not None else "n/a"
-        print(f"{r['scheme']:14s} {gap:>9s} {str(r['token_exact']):>6s} {c.get('scheme', ''):>14s} "
+        dgap = f"{r['decode_gap_s'] * 1000:.0f}" if r.get("decode_gap_s") is not None else "n/a"
+        print(f"{r['scheme']:14s} {gap:>11s} {dgap:>15s} {str(r['token_exact']):>6s} {c.get('scheme', ''):>14s} "
               f"{c.get('split', ''):>6} {r['itl_after_ms']!s:>14s}")
     if args.json:
         print(json.dumps({"reference": {k_: v for k_, v in ref.items() if k_ != "tokens"}, "runs": rows}))

@@ -47,6 +47,11 @@ def test_open_streams_every_token_with_indices_and_header():
             await ue.close()
             async with httpx.AsyncClient() as c:
                 info = (await c.get(f"{srv.url}/v1/sessions/{ue.session_id}")).json()
+                full = (await c.get(f"{srv.url}/v1/sessions/{ue.session_id}",
+                                    params={"include_tokens": "true"})).json()
+                assert "output_token_ids" not in info
+                assert full["output_token_ids"] == toks and len(full["token_times"]) == N
+                assert [r.t_agent for r in ue.records] == full["token_times"]
                 metrics = (await c.get(f"{srv.url}/metrics")).text
             return hdr, toks, ue, info, metrics
 

@@ -130,3 +130,24 @@ def test_source_guards():
         assert r.status == pb.STATUS_OK and s.state == SessionState.SERVING
         await m.peers.close()
     asyncio.run(run())
+
+
+def test_failed_commit_leaves_the_source_serving_with_no_token_lost():
+    async def run():
+        m, hub, eng = _migrator()
+        m.cfg.rpc_timeout_s = 1.0
+        m.peers.timeout_s = 1.0
+        s = Session("s", "ue", list(range(40)), SamplingSpec(max_tokens=50))
+        s.set_state(SessionState.SERVING)
+        s.append_tokens([5, 6, 7, 8])
+        m.sessions.add(s)
+        dead = pb.PeerEndpoint(agent_id="x", address="127.0.0.1:9")   # nothing listens
+        r = await m.commit("s", 1, dead, split_tokens=0, ship_blocks="none", ue_tokens=2)
+        assert r.status == pb.STATUS_ERROR and "prepare failed" in r.message
+        assert s.state == SessionState.SERVING and s.frozen_at is None
+        assert s.output_token_ids == [5, 6, 7, 8]        # tokens past the commit point kept
+        s.append_tokens([9])
+        assert s.output_token_ids[-1] == 9
+        assert m.held()["outbound"] == 0
+        await m.peers.close()
+    asyncio.run(run())
