@@ -80,13 +80,24 @@ def configure_logging(level: str = "INFO", *, json: bool = True, stream=None) ->
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream or _StderrNow()),
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=lvl, stream=stream or sys.stderr, format="%(message)s")
     for noisy in ("httpx", "httpcore"):  # one line per HTTP request (the vLLM scraper)
         logging.getLogger(noisy).setLevel(max(lvl, logging.WARNING))
     _configured = True
+
+
+class _StderrNow:
+    """A file-like view of whatever ``sys.stderr`` is when a record is written (test runners
+    and daemons swap it; a reference taken at configuration time can be closed later)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def get_logger(name: str = "pallas.agent", **initial: Any):
