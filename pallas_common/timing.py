@@ -296,10 +296,10 @@ class _Columns:
         # Eq. 6's window-independent part: c_sync + N_tail / r_p + 1 / r_d_target.
         self.const_sit = x.c_sync + self.n_tail * self.inv_rp + 1.0 / x.r_d_target
 
-    def take(self, index: Any) -> "_Columns":
-        """The constants of UEs ``index`` (a slice or an integer array)."""
+    def take(self, index: Any, names: tuple[str, ...] | None = None) -> "_Columns":
+        """The constants of UEs ``index`` (a slice or an integer array); only ``names`` if given."""
         out = _Columns(None)
-        for name in self.__slots__:
+        for name in self.__slots__ if names is None else names:
             setattr(out, name, getattr(self, name)[index])
         return out
 
@@ -319,6 +319,9 @@ def _check_windows(windows: Any, n_ue: int) -> np.ndarray:
 
 
 _BLOCK_FIELDS = ("m", "frac", "n", "ind", "t1")
+# The per-UE constants the kernel reads (what a chunk needs of :class:`_Columns`).
+_KERNEL_COLUMNS = ("y_eps", "fy", "rho", "blk", "tau", "keeps_up", "nk_tau", "c1", "c1_pos",
+                   "blk_tau", "p_over_rp", "const_sit")
 _KERNEL_FIELDS = _BLOCK_FIELDS + ("t_tx_res", "t_pre", "t_res", "t_catch", "t_ready", "t_early",
                                   "t_sit", "j", "tmp")
 
@@ -328,7 +331,7 @@ def _scratch(shape: tuple[int, ...], names: tuple[str, ...] = _KERNEL_FIELDS) ->
     return {k: np.empty(shape) for k in names}
 
 
-def _blocks(col: _Columns, w: np.ndarray, o: dict[str, np.ndarray]) -> None:
+def _blocks(col: _Columns, w: np.ndarray, o: dict[str, np.ndarray], clamp: bool = True) -> None:
     """Eq. 4's split and the suffix stream's block counts, into ``o`` (in place).
 
     m = floor(K_trig / P) = L_hist / P; frac = (K_trig - L_hist) / P in [0, 1); n = n_full;
@@ -339,7 +342,8 @@ def _blocks(col: _Columns, w: np.ndarray, o: dict[str, np.ndarray]) -> None:
     np.multiply(col.rho, w, out=frac)
     np.subtract(col.y_eps, frac, out=frac)            # u = K_trig / P (+ the grid slack)
     np.floor(frac, out=m)
-    np.maximum(m, 0.0, out=m)                         # m <= floor(y) holds as T_w >= 0
+    if clamp:
+        np.maximum(m, 0.0, out=m)                     # m <= floor(y) holds as T_w >= 0
     np.subtract(frac, m, out=frac)
     if n is not None:
         np.subtract(col.fy, m, out=n)                 # n_full = floor(K_HO / P) - m
@@ -355,12 +359,14 @@ def _pallas_kernel(col: _Columns, w: np.ndarray, alpha: float, o: dict[str, np.n
     bound by memory traffic, and fresh temporaries of this size cost more than the arithmetic.
     ``all_keep_up`` (every UE's link keeps up with its source) takes the shorter path in which
     T_tx_res and T_catch do not need f_n's slow-link branch. ``j_only`` (the decision's hot
-    path) leaves T_SIT and n_full unwritten and J short of its window-independent part
-    alpha (c_sync + N_tail / r_p + 1 / r_d_target), which changes no argmin or tie.
+    path) leaves T_SIT and n_full unwritten, skips clamping L_hist at 0 (only windows beyond
+    T_limit can go below), and writes (J - alpha (c_sync + N_tail / r_p + 1 / r_d_target)) / s
+    instead of J, s = max(alpha, 1 - alpha): a per-UE shift and a positive factor, so the
+    argmin is the same and ties scale by :func:`_j_only_scale`.
     """
     if j_only and all_keep_up:
         o = dict(o, n=None)
-    _blocks(col, w, o)
+    _blocks(col, w, o, clamp=not j_only)
     m, frac, n, ind, t1 = o["m"], o["frac"], o["n"], o["ind"], o["t1"]
     tx, pre, res, catch = o["t_tx_res"], o["t_pre"], o["t_res"], o["t_catch"]
     ready, early, sit, j, tmp = o["t_ready"], o["t_early"], o["t_sit"], o["j"], o["tmp"]
@@ -392,14 +398,25 @@ def _pallas_kernel(col: _Columns, w: np.ndarray, alpha: float, o: dict[str, np.n
     np.maximum(pre, catch, out=ready)                 # Eq. 7: T_ready
     np.subtract(w, ready, out=early)
     np.maximum(early, 0.0, out=early)                 # Eq. 7: T_early
-    np.multiply(early, 1.0 - alpha, out=tmp)
     if j_only:
-        np.multiply(res, alpha, out=j)                # Eq. 8 less alpha * (T_SIT - T_res)
-    else:
-        np.add(res, col.const_sit, out=sit)           # Eq. 6: T_SIT
-        np.multiply(sit, alpha, out=j)
+        # Eq. 8 up to a per-UE constant and a positive factor (see :func:`_j_only_scale`).
+        if alpha >= 0.5:
+            np.multiply(early, (1.0 - alpha) / alpha, out=j)
+            j += res                                  # (J - alpha (T_SIT - T_res)) / alpha
+        else:
+            np.multiply(res, alpha / (1.0 - alpha), out=j)
+            j += early                                # (J - alpha (T_SIT - T_res)) / (1 - alpha)
+        return o
+    np.add(res, col.const_sit, out=sit)               # Eq. 6: T_SIT
+    np.multiply(sit, alpha, out=j)
+    np.multiply(early, 1.0 - alpha, out=tmp)
     j += tmp                                          # Eq. 8: J
     return o
+
+
+def _j_only_scale(alpha: float) -> float:
+    """The factor by which the kernel's ``j_only`` output divides J's differences."""
+    return alpha if alpha >= 0.5 else 1.0 - alpha
 
 
 def _f_n(col: _Columns, w: np.ndarray, o: dict[str, np.ndarray], f0: np.ndarray) -> np.ndarray:
@@ -538,7 +555,7 @@ _DECIDE_CHUNK = 256    # UEs per block of work: keeps the (chunk, n_w) work arra
 _BEYOND_LIMIT = 1e30   # added to J of windows beyond T_limit (J itself is finite)
 
 
-def decide(inputs: WindowInputs, params: DecisionParams = DecisionParams()) -> Decision:
+def decide(inputs: WindowInputs, params: Any = DecisionParams()) -> Decision:
     """Choose T_w* = argmin_{T_w in W} J(T_w) per UE and apply the trigger rule (Eq. 9).
 
     W is :func:`candidate_windows` (``params.dt``, ``params.t_max``) truncated per UE at
@@ -546,8 +563,13 @@ def decide(inputs: WindowInputs, params: DecisionParams = DecisionParams()) -> D
     fires at once). Ties (J within ``params.tie_tol``) go to the smaller window. The trigger
     fires where T_remain_hat <= T_w* + ``params.trigger_lookahead``.
 
+    ``params``: :class:`DecisionParams`, or an object with a ``decision_params()`` method
+    returning one (the xApp's ``SchedulerConfig``).
+
     Cost: O(n_ue * n_w) array arithmetic, in chunks of 256 UEs. Returns :class:`Decision`.
     """
+    if not isinstance(params, DecisionParams):
+        params = params.decision_params()
     grid = candidate_windows(params.dt, params.t_max)
     n = inputs.n_ue
     cols = _Columns(inputs)
@@ -556,32 +578,43 @@ def decide(inputs: WindowInputs, params: DecisionParams = DecisionParams()) -> D
     last = np.floor(t_limit / params.dt + _GRID_EPS)
     k = np.arange(grid.size, dtype=np.float64)[:, None]
     index = np.empty(n, dtype=np.int64)
+    tie_tol = params.tie_tol / _j_only_scale(params.alpha)
+    picked = {name: np.empty(n) for name in ("t_res", "t_early", "t_ready", "m")}
     work = _scratch((grid.size, min(n, _DECIDE_CHUNK)))
-    w = grid[:, None]
-    # UEs whose link keeps up first, so that whole chunks take the kernel's shorter path.
-    order = np.argsort(~cols.keeps_up, kind="stable")
-    sorted_cols, sorted_last = cols.take(order), last[order]
+    # Order the UEs by link regime (those that keep up first: the kernel's shorter path) and
+    # then by T_limit, so that a chunk evaluates only the windows its UEs can use and most
+    # chunks need no masking of windows beyond T_limit.
+    order = np.lexsort((last, ~cols.keeps_up))
+    sorted_cols, sorted_last = cols.take(order, _KERNEL_COLUMNS), last[order]
     for lo in range(0, n, _DECIDE_CHUNK):
         sl = slice(lo, min(n, lo + _DECIDE_CHUNK))
         rows = sl.stop - sl.start
-        c = sorted_cols.take(sl)
-        o = _pallas_kernel(c, w, params.alpha, {name: v[:, :rows] for name, v in work.items()},
+        c = sorted_cols.take(sl, _KERNEL_COLUMNS)
+        chunk_last = sorted_last[sl]
+        n_w = int(chunk_last.max()) + 1
+        o = _pallas_kernel(c, grid[:n_w, None], params.alpha,
+                           {name: v[:n_w, :rows] for name, v in work.items()},
                            all_keep_up=bool(c.keeps_up.all()), j_only=True)
         j, tmp = o["j"], o["tmp"]
-        np.greater(k, sorted_last[sl], out=tmp)       # 1.0 beyond T_limit
-        tmp *= _BEYOND_LIMIT
-        j += tmp
+        if chunk_last.min() < n_w - 1:
+            np.greater(k[:n_w], chunk_last, out=tmp)  # 1.0 beyond T_limit
+            tmp *= _BEYOND_LIMIT
+            j += tmp
         jmin = j.min(axis=0)
-        jmin += params.tie_tol
-        index[order[sl]] = np.argmax(j <= jmin, axis=0)   # the first, i.e. smallest, T_w
+        jmin += tie_tol
+        best = np.argmax(j <= jmin, axis=0)           # the first, i.e. smallest, T_w
+        dest = order[sl]
+        index[dest] = best
+        ue = np.arange(rows)
+        for name, arr in picked.items():
+            arr[dest] = o[name][best, ue]
     window = grid[index]
-    row_w = window[None, :]
-    chosen = {k: v[0] for k, v in
-              _pallas_kernel(cols, row_w, params.alpha, _scratch(row_w.shape)).items()}
+    t_sit = picked["t_res"] + cols.const_sit          # Eq. 6
     trigger = inputs.t_remain <= window + params.trigger_lookahead + _GRID_EPS
-    return Decision(t_limit=t_limit, window=window, index=index, j=chosen["j"],
-                    t_sit=chosen["t_sit"], t_early=chosen["t_early"], t_ready=chosen["t_ready"],
-                    l_hist=chosen["m"] * inputs.block_size, k_ho=cols.k_ho, trigger=trigger)
+    return Decision(t_limit=t_limit, window=window, index=index,
+                    j=params.alpha * t_sit + (1.0 - params.alpha) * picked["t_early"],
+                    t_sit=t_sit, t_early=picked["t_early"], t_ready=picked["t_ready"],
+                    l_hist=picked["m"] * inputs.block_size, k_ho=cols.k_ho, trigger=trigger)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,16 +13,20 @@ Public API:
 - :func:`load_config_file` (path) and :func:`from_descriptor` (parsed descriptor) and
   :func:`load_controls` (the ``controls`` mapping) -> :class:`XappConfig`; all raise
   :class:`ConfigError`, whose message names every offending field by its path.
+- :func:`reload_descriptor` is the body of the xApp's config handler (CONFIG_FILE changed):
+  the new configuration, or the current one kept when the new file is invalid.
 - :func:`validate_controls` checks only; :func:`controls_schema` returns the schema.
 
-The sub-configurations of the Scheduler Engine and the predictor are composed in
-:func:`_compose_engines`, the one place to rewire when their typed classes change.
+The sub-configurations are the Scheduler Engine's ``SchedulerConfig`` and the predictor's
+``PredictorConfig``, built from ``controls.scheduler`` and ``controls.predictor`` by their own
+``from_dict`` in :func:`_compose_engines`.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,7 +35,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import structlog
 from jsonschema import Draft7Validator
+
+from xapp.predict.config import PredictorConfig
+from xapp.scheduler.config import SchedulerConfig, SchedulerConfigError
 
 __all__ = [
     "ConfigError",
@@ -47,12 +55,13 @@ __all__ = [
     "load_controls",
     "from_descriptor",
     "load_config_file",
+    "reload_descriptor",
 ]
 
 #: Environment variable naming the controls schema file (the container image sets it).
 SCHEMA_ENV = "PALLAS_CONTROLS_SCHEMA"
 
-_MBIT = 1e6 / 8.0  # bytes/s per Mbit/s
+log = structlog.get_logger("xapp.config")
 
 
 class ConfigError(ValueError):
@@ -115,22 +124,48 @@ class ProactiveRules:
 
 @dataclass(frozen=True)
 class E2SubscriptionConfig:
-    """Parameters of the E2 subscriptions made through the subscription manager's REST API.
+    """Parameters of the E2 subscriptions (made through the subscription manager's REST API)
+    and of E2 ingestion.
 
-    ``client_*`` form the subscription's ClientEndpoint (where submgr reaches the xApp);
-    RAN function ids are E2AP RANfunctionIDs (0..4095); ``report_period_ms`` is the E2SM-KPM
-    reporting period; ``kpm_measurements`` the TS 28.552 names requested per UE (empty: no KPM
-    subscription).
+    ``client_*`` form the subscriptions' ClientEndpoint (where submgr reaches the xApp).
+    ``ran_functions`` maps an E2AP RANfunctionID (0..4095) to its service model, ``"rc"``
+    (E2SM-RC REPORT style 1, message copy of the NR RRC MeasurementReport) or ``"kpm"``
+    (E2SM-KPM REPORT style 4, per-UE measurements); ``report_period_ms`` is the E2SM-KPM
+    reporting period; ``kpm_measurements`` maps a KPM measurement name to the
+    MeasurementReport field it fills (``rsrp_dbm``, ``rsrq_db``, ``sinr_db``, ``lat``, ``lon``,
+    ``speed_mps``, ``heading_deg``, ``serving_cell``, ``serving_pci``).
     """
 
     submgr_url: str
     client_host: str
     client_http_port: int
     client_rmr_port: int
-    rc_ran_function_id: int
-    kpm_ran_function_id: int
+    ran_functions: Mapping[int, str]
     report_period_ms: int
-    kpm_measurements: tuple[str, ...]
+    kpm_measurements: Mapping[str, str]
+
+    @property
+    def rc_ran_function_ids(self) -> tuple[int, ...]:
+        """RAN function ids served by E2SM-RC, ascending."""
+        return tuple(sorted(k for k, v in self.ran_functions.items() if v == "rc"))
+
+    @property
+    def kpm_ran_function_ids(self) -> tuple[int, ...]:
+        """RAN function ids served by E2SM-KPM, ascending."""
+        return tuple(sorted(k for k, v in self.ran_functions.items() if v == "kpm"))
+
+    @property
+    def rc_ran_function_id(self) -> int | None:
+        """The lowest E2SM-RC RAN function id, or None when none is configured (several are
+        allowed: subscribe to each of :attr:`rc_ran_function_ids`)."""
+        ids = self.rc_ran_function_ids
+        return ids[0] if ids else None
+
+    @property
+    def kpm_ran_function_id(self) -> int | None:
+        """The lowest E2SM-KPM RAN function id, or None when none is configured."""
+        ids = self.kpm_ran_function_ids
+        return ids[0] if ids else None
 
 
 @dataclass(frozen=True)
@@ -150,9 +185,10 @@ class XappConfig:
       ``no_sm``); ``fallback``: the recovery of an unprepared or mispredicted target that can
       serve the model (model.md section 6).
     - ``proactive``: :class:`ProactiveRules`.
-    - ``scheduler`` / ``predictor``: the engines' sub-configurations (see :func:`_compose_engines`).
-    - ``default_goodput_bytes_per_s``: ``scheduler.default_goodput_mbps`` converted once to
-      bytes/s (model.md: goodput is Mbit/s at the edges, SI inside).
+    - ``scheduler``: :class:`xapp.scheduler.config.SchedulerConfig` (the Scheduler Engine's
+      parameters; its ``default_goodput_bytes_per_s`` is the Mbit/s value converted once);
+      ``predictor``: :class:`xapp.predict.config.PredictorConfig`; ``association_map_path``:
+      the file of an association map learned from earlier drives ("" = start empty).
     - ``agents`` (agent id -> :class:`AgentEndpoint`), ``cells`` (cell id -> agent id).
     - ``e2``: :class:`E2SubscriptionConfig`; ``a1``: :class:`A1Config`.
     - ``controls``: a private deep copy of the validated ``controls`` mapping this object was
@@ -162,9 +198,9 @@ class XappConfig:
     scheme: str
     fallback: str
     proactive: ProactiveRules
-    scheduler: Any
-    predictor: Any
-    default_goodput_bytes_per_s: float
+    scheduler: SchedulerConfig
+    predictor: PredictorConfig
+    association_map_path: str
     agents: Mapping[str, AgentEndpoint]
     cells: Mapping[int, str]
     e2: E2SubscriptionConfig
@@ -234,24 +270,75 @@ def validate_controls(controls: Any, *, schema_path: str | os.PathLike | None = 
         raise ConfigError([(_dotted(prefix, e.absolute_path), e.message) for e in errors])
 
 
-def _compose_engines(controls: Mapping[str, Any]) -> tuple[Any, Any]:
-    """Build the Scheduler Engine's and the predictor's sub-configurations.
+def _integers(schema: Mapping[str, Any], node: Mapping[str, Any], value: Any) -> Any:
+    """``value`` with every integral float the schema types ``integer`` turned into an int.
 
-    The one place that knows the engines' config classes. Until those land, each is the
-    validated section as a read-only mapping (field names and units as in schema.json).
+    JSON Schema counts 2.0 as an integer, so the schema accepts it; typed configurations that
+    check ``isinstance(v, int)`` would not. Walks properties, additionalProperties, items and
+    local ``$ref``s (``#/definitions/...``)."""
+    while "$ref" in node:
+        ref = node["$ref"]
+        node = schema
+        for part in ref.lstrip("#/").split("/"):
+            node = node[part]
+    if isinstance(value, float) and node.get("type") == "integer" and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        props = node.get("properties", {})
+        extra = node.get("additionalProperties")
+        out = {}
+        for k, v in value.items():
+            sub = props.get(k, extra if isinstance(extra, Mapping) else None)
+            out[k] = _integers(schema, sub, v) if sub is not None else v
+        return out
+    if isinstance(value, list) and isinstance(node.get("items"), Mapping):
+        return [_integers(schema, node["items"], v) for v in value]
+    return value
+
+
+def _non_finite(value: Any, path: tuple[str, ...]) -> list[str]:
+    """Dotted paths of NaN or infinite floats in ``value``: Python's json module reads the
+    tokens NaN and Infinity, but they are not JSON numbers (RFC 8259), and no bound in a JSON
+    Schema excludes NaN, so they are refused here."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [".".join(path)]
+    if isinstance(value, Mapping):
+        return [p for k, v in value.items() for p in _non_finite(v, path + (str(k),))]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in _non_finite(v, path[:-1] + (f"{path[-1]}[{i}]",))]
+    return []
+
+
+def _compose_engines(controls: Mapping[str, Any]) -> tuple[SchedulerConfig, PredictorConfig]:
+    """Build the Scheduler Engine's and the predictor's sub-configurations from their sections.
+
+    The one place that knows the engines' config classes. The schema is at least as strict as
+    their ``from_dict`` checks, so for validated ``controls`` these never raise; if they do
+    (the schema and a class drifted apart), the error is reported as a :class:`ConfigError`.
     """
-    return (MappingProxyType(copy.deepcopy(dict(controls["scheduler"]))),
-            MappingProxyType(copy.deepcopy(dict(controls["predictor"]))))
+    try:
+        scheduler = SchedulerConfig.from_dict(controls["scheduler"])
+    except SchedulerConfigError as e:
+        raise ConfigError([(f"controls.scheduler.{k}", m) for k, m in e.errors]) from e
+    try:
+        predictor = PredictorConfig.from_dict(controls["predictor"], where="controls.predictor")
+    except ValueError as e:
+        raise ConfigError([("controls.predictor", str(e))]) from e
+    return scheduler, predictor
 
 
 def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None) -> XappConfig:
     """Validate a ``controls`` object and build the :class:`XappConfig`.
 
-    Raises :class:`ConfigError` (naming each offending field) if it does not satisfy the schema,
-    and for nothing the schema accepts.
+    Raises :class:`ConfigError` (naming each offending field) if it does not satisfy the schema
+    (or holds a NaN or infinite float, which is no JSON number), and for nothing else.
     """
     validate_controls(controls, schema_path=schema_path)
-    c = copy.deepcopy(controls)
+    bad = _non_finite(controls, ("controls",))
+    if bad:
+        raise ConfigError([(p, "not a JSON number (NaN or infinity)") for p in bad])
+    schema = _schema_at(str(schema_path or default_schema_path()))[0]
+    c = _integers(schema, schema, copy.deepcopy(controls))
     scheduler, predictor = _compose_engines(c)
     p = c["proactive"]
     e2 = c["e2"]
@@ -265,7 +352,7 @@ def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None
             slices=MappingProxyType(dict(p["slices"]))),
         scheduler=scheduler,
         predictor=predictor,
-        default_goodput_bytes_per_s=float(c["scheduler"]["default_goodput_mbps"]) * _MBIT,
+        association_map_path=c["association_map"]["path"],
         agents=MappingProxyType({aid: AgentEndpoint(aid, a["e2_node_id"], a["control_address"],
                                                     a["peer_address"])
                                  for aid, a in c["agents"].items()}),
@@ -273,10 +360,9 @@ def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None
         e2=E2SubscriptionConfig(
             submgr_url=e2["submgr_url"], client_host=ep["host"],
             client_http_port=int(ep["http_port"]), client_rmr_port=int(ep["rmr_port"]),
-            rc_ran_function_id=int(e2["rc_ran_function_id"]),
-            kpm_ran_function_id=int(e2["kpm_ran_function_id"]),
+            ran_functions=MappingProxyType({int(k): v for k, v in e2["ran_functions"].items()}),
             report_period_ms=int(e2["report_period_ms"]),
-            kpm_measurements=tuple(e2["kpm_measurements"])),
+            kpm_measurements=MappingProxyType(dict(e2["kpm_measurements"]))),
         a1=A1Config(policy_type_id=int(c["a1"]["policy_type_id"]), handler_id=c["a1"]["handler_id"]),
         controls=MappingProxyType(c),
     )
@@ -293,6 +379,10 @@ def from_descriptor(descriptor: Any, *, schema_path: str | os.PathLike | None = 
     return load_controls(descriptor["controls"], schema_path=schema_path)
 
 
+def _no_constants(token: str) -> Any:
+    raise ValueError(f"{token} is not a JSON number")
+
+
 def load_config_file(path: str | os.PathLike | None = None, *,
                      schema_path: str | os.PathLike | None = None) -> XappConfig:
     """Read the descriptor at ``path`` (default ``$CONFIG_FILE``) and build the configuration.
@@ -305,9 +395,27 @@ def load_config_file(path: str | os.PathLike | None = None, *,
         raise ConfigError([("CONFIG_FILE", "no descriptor path given and CONFIG_FILE is not set")])
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+            doc = json.load(f, parse_constant=_no_constants)
     except OSError as e:
         raise ConfigError([(str(path), f"cannot read: {e.strerror or e}")]) from e
     except json.JSONDecodeError as e:
         raise ConfigError([(str(path), f"not JSON: {e.msg} at line {e.lineno} column {e.colno}")]) from e
+    except ValueError as e:  # NaN / Infinity tokens
+        raise ConfigError([(str(path), f"not JSON: {e}")]) from e
     return from_descriptor(doc, schema_path=schema_path)
+
+
+def reload_descriptor(descriptor: Any, current: XappConfig | None, *,
+                      schema_path: str | os.PathLike | None = None) -> XappConfig | None:
+    """Handle a changed descriptor (ricxappframe calls the config handler with the parsed
+    ``$CONFIG_FILE`` whenever it changes): return the new :class:`XappConfig`, or, if the new
+    descriptor is invalid, log every offending field and return ``current`` unchanged (the xApp
+    runs on with its last good configuration)."""
+    try:
+        cfg = from_descriptor(descriptor, schema_path=schema_path)
+    except ConfigError as e:
+        log.error("config_rejected", errors=[f"{p}: {m}" for p, m in e.errors],
+                  kept="previous" if current is not None else "none")
+        return current
+    log.info("config_loaded", scheme=cfg.scheme, agents=len(cfg.agents), cells=len(cfg.cells))
+    return cfg

@@ -20,8 +20,9 @@ What it models, and where each piece comes from:
   filtered per TS 38.331 §5.5.3.2 (F_n = (1-a) F_{n-1} + a M_n, a = 1/2^(k/4), k = 4, with a
   rescaled so that the time constant matches the 200 ms sample rate the coefficient assumes).
 - **Handover**: the serving cell changes by the A3 event (TS 38.331 §5.5.4.4): entering when
-  Mn + Ofn + Ocn - Hys > Mp + Ofp + Ocp + Off on the L3-filtered RSRP, held for time-to-trigger;
-  the HO completes ``ho_delay_s`` after the report (HO command, RACH). Ofn/Ocn are 0.
+  Mn + Ofn + Ocn - Hys > Mp + Ofp + Ocp + Off on the L3-filtered RSRP (checked at every L1
+  sample), held for time-to-trigger (a timer from the entry sample); the HO completes
+  ``ho_delay_s`` after the report (HO command, RACH). Ofn/Ocn are 0.
 - **What E2 delivers**: a MeasurementReport every ``report_period_s`` (200 ms) with the serving
   cell's and every neighbour's L3 RSRP above ``report_floor_dbm`` (strongest ``max_neighbours``,
   each with its PCI; ``cell_id`` only if ``resolve_neighbour_ids``), and position, speed and
@@ -99,6 +100,7 @@ class Network:
     cells: list[Cell]
     cfg: RadioConfig
     seed: int = 0
+    omni: bool = False          # isotropic antennas (max gain in every direction)
     # shadowing: one (ny, nx) field per site on a grid of ``grid_m`` spacing starting at (x0, y0)
     _shadow: np.ndarray | None = None
     _grid: tuple[float, float, float] = (0.0, 0.0, 10.0)
@@ -138,8 +140,8 @@ class Network:
         if sigma <= 0 or not self.cells:
             self._shadow = np.zeros((max(self.n_sites, 1), ny, nx), dtype=np.float32)
             return
-        # periodic distances on a grid twice the size so the wrap-around does not correlate edges
-        NX, NY = 2 * nx, 2 * ny
+        # periodic field; the wrap-around only correlates the two margins (>> d_cor), not the sites' area
+        NX, NY = nx, ny
         kx = np.minimum(np.arange(NX), NX - np.arange(NX)) * grid_m
         ky = np.minimum(np.arange(NY), NY - np.arange(NY)) * grid_m
         r = np.hypot(ky[:, None], kx[None, :])
@@ -181,7 +183,7 @@ class Network:
         bearing = np.degrees(np.arctan2(dx, dy))          # from site to UE, clockwise from north
         phi = (bearing - self._az[None, :] + 180.0) % 360.0 - 180.0
         theta = 90.0 + np.degrees(np.arctan2(cfg.h_bs_m - cfg.h_ut_m, d2))
-        gain = antenna_gain_db(phi, theta, cfg.downtilt_deg, cfg.max_gain_dbi)
+        gain = cfg.max_gain_dbi if self.omni else antenna_gain_db(phi, theta, cfg.downtilt_deg, cfg.max_gain_dbi)
         p_re = cfg.tx_power_dbm - 10.0 * math.log10(12 * cfg.n_prb)
         out = p_re + gain - pl
         if shadowing:
@@ -238,9 +240,9 @@ def hex_network(rows: int = 4, cols: int = 4, isd_m: float = 500.0, cfg: RadioCo
 
 def line_network(n_sites: int = 2, isd_m: float = 500.0, cfg: RadioConfig | None = None, seed: int = 0,
                  gnb_base: int = 0x1000) -> Network:
-    """Omnidirectional-ish sites on the x axis (one cell each, facing +y), for border tests."""
+    """Omnidirectional sites on a line 50 m south of the x axis (one cell each), for border tests."""
     sites = [(i * isd_m, -50.0) for i in range(n_sites)]
-    net = Network(_make_cells(sites, (0.0,), gnb_base), cfg or RadioConfig(), seed)
+    net = Network(_make_cells(sites, (0.0,), gnb_base), cfg or RadioConfig(), seed, omni=True)
     net.build_shadowing()
     return net
 
@@ -357,6 +359,7 @@ def generate_drive(net: Network, route: Route, duration_s: float | None = None, 
     for i in range(1, n):
         l3[i] = (1.0 - a) * l3[i - 1] + a * meas[i]
     serving = np.empty(n, dtype=np.int64)
+    events: list[tuple[float, int, int]] = []   # (exact HO time, source index, target index)
     s = int(np.argmax(l3[0]))
     enter_since = np.full(l3.shape[1], np.nan)
     pending: tuple[float, int] | None = None
@@ -374,10 +377,15 @@ def generate_drive(net: Network, route: Route, duration_s: float | None = None, 
         enter_since[~cond] = np.nan
         newly = cond & np.isnan(enter_since)
         enter_since[newly] = t[i]
-        held = np.where(cond & (t[i] - enter_since >= cfg.a3_ttt_s - 1e-9))[0]
+        # the TTT timer expires at enter + TTT; the condition is only known at samples, so it
+        # fires if it still holds at the last sample before the expiry
+        expiry = enter_since + cfg.a3_ttt_s
+        held = np.where(cond & (expiry < t[i] + cfg.step_s - 1e-9))[0]
         if held.size:
-            tgt = int(held[np.argmax(l3[i, held])])
-            pending = (t[i] + cfg.ho_delay_s, tgt)
+            tgt = int(held[np.argmin(expiry[held])])
+            t_rep = max(float(expiry[tgt]), float(t[i]))
+            pending = (t_rep + cfg.ho_delay_s, tgt)
+            events.append((t_rep + cfg.ho_delay_s, s, tgt))
     # reports every report_period_s, GPS every gps_period_s
     rep_every = max(1, int(round(cfg.report_period_s / cfg.step_s)))
     gps_every = max(1, int(round(cfg.gps_period_s / cfg.step_s)))
@@ -406,32 +414,39 @@ def generate_drive(net: Network, route: Route, duration_s: float | None = None, 
             lat=float(lat[i]) if fix else NAN, lon=float(lon[i]) if fix else NAN,
             speed_mps=route.speed_mps if fix else NAN, heading_deg=float(hd[i]) if fix else NAN,
             e2_node=cells[sc].e2_node, connected=True))
-    # true handovers at simulation resolution (the report stream only sees them to 200 ms)
-    hos = []
-    for i in np.nonzero(np.diff(serving))[0] + 1:
-        hos.append(Handover(time=t0 + float(t[i]), source_cell=cells[int(serving[i - 1])].cell_id,
-                            target_cell=cells[int(serving[i])].cell_id, idle=False, row=-1,
-                            prev_time=t0 + float(t[i - 1]), kind="nr-intra-gnb"
-                            if cells[int(serving[i - 1])].site == cells[int(serving[i])].site else "nr-inter-gnb"))
+    # true handovers: the report time + ho_delay_s (the serving array switches at the next step);
     # row = index of the first report on the target
     rt = np.array([r.time for r in reports])
-    hos = [Handover(time=h.time, source_cell=h.source_cell, target_cell=h.target_cell, idle=False,
-                    row=int(np.searchsorted(rt, h.time - 1e-9)), prev_time=h.prev_time, kind=h.kind) for h in hos]
+    hos = []
+    for th, a, b in events:
+        if th > t[-1]:
+            continue
+        ca, cb = cells[a], cells[b]
+        hos.append(Handover(time=t0 + float(th), source_cell=ca.cell_id, target_cell=cb.cell_id, idle=False,
+                            row=int(np.searchsorted(rt, t0 + th - 1e-9)), prev_time=t0 + float(th) - cfg.ho_delay_s,
+                            kind="nr-intra-gnb" if ca.site == cb.site else "nr-inter-gnb"))
     return SimResult(ue_id=ue_id, reports=reports, handovers=hos, t=t0 + t, x_m=x, y_m=y, serving=serving,
                      l3_rsrp=l3)
 
 
 def generate_drives(n: int = 8, duration_s: float = 600.0, speed_mps: float = 14.0, seed: int = 0,
-                    net: Network | None = None) -> tuple[Network, list[SimResult]]:
+                    net: Network | None = None, n_routes: int | None = None,
+                    speed_spread: float = 0.0) -> tuple[Network, list[SimResult]]:
     """``n`` Manhattan drives of ``duration_s`` each through one network (default ``hex_network``).
 
-    Drive k uses route seed ``seed * 1000 + k`` and UE id ``sim-<seed>-<k>``; times start at
+    Drive k follows route ``k % n_routes`` (``n_routes`` None: every drive its own route; fewer
+    routes model commuters repeating theirs) at ``speed_mps`` times a factor drawn uniformly
+    from [1 - speed_spread, 1 + speed_spread]; its measurement noise, GPS noise and speed are
+    drawn with seed ``seed * 1000 + k``. UE ids are ``sim-<seed>-<k>``; times start at
     ``k * (duration_s + 60)`` so drives never overlap.
     """
     net = net or hex_network(seed=seed)
+    nr = n if n_routes is None else max(1, n_routes)
+    rng = np.random.default_rng([seed, 0x5EED])
     out = []
     for k in range(n):
-        route = manhattan_route(net, speed_mps * duration_s + 200.0, speed_mps, seed=seed * 1000 + k)
+        v = speed_mps * (1.0 + speed_spread * (2.0 * rng.random() - 1.0))
+        route = manhattan_route(net, v * duration_s + 200.0, v, seed=seed * 1000 + k % nr)
         out.append(generate_drive(net, route, duration_s, seed=seed * 1000 + k, ue_id=f"sim-{seed}-{k}",
                                   t0=k * (duration_s + 60.0)))
     return net, out

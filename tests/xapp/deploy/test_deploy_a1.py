@@ -51,13 +51,13 @@ def test_message_types_are_the_rmr_ones():
 
 
 def test_create_update_delete_change_and_revert_the_live_config(handler, base, changes):
-    assert handler.config.scheduler["alpha"] == 0.8
+    assert handler.config.scheduler.alpha == 0.8
     r = resp(handler.handle(req("CREATE", payload={"alpha": 0.5, "t_max_s": 3.0,
                                                    "proactive": {"cells": {str(TGT): False}}})))
     assert r == {"policy_type_id": TYPE_ID, "policy_instance_id": "inst-1", "handler_id": "pallas",
                  "status": "OK"}
     cfg = handler.config
-    assert (cfg.scheduler["alpha"], cfg.scheduler["t_max_s"], cfg.scheduler["dt_s"]) == (0.5, 3.0, 0.1)
+    assert (cfg.scheduler.alpha, cfg.scheduler.t_max_s, cfg.scheduler.dt_s) == (0.5, 3.0, 0.1)
     assert not cfg.proactive.allows(SRC, TGT) and cfg.proactive.allows(SRC, SRC)
     assert changes == [cfg]
 
@@ -65,7 +65,7 @@ def test_create_update_delete_change_and_revert_the_live_config(handler, base, c
     assert r["status"] == "OK"
     cfg = handler.config
     # an update replaces the instance's payload: its earlier knobs no longer apply
-    assert (cfg.scheduler["alpha"], cfg.scheduler["dt_s"], cfg.fallback) == (0.8, 0.2, "detour")
+    assert (cfg.scheduler.alpha, cfg.scheduler.dt_s, cfg.fallback) == (0.8, 0.2, "detour")
     assert cfg.proactive.allows(SRC, TGT)
 
     r = resp(handler.handle(req("DELETE")))
@@ -109,18 +109,18 @@ def test_a_bad_instance_is_answered_error_and_changes_nothing(handler, changes, 
 def test_malformed_requests_are_answered_error(handler, raw, why):
     out = handler.process(raw)
     assert resp(out.response)["status"] == "ERROR" and why in out.reason
-    assert handler.config.scheduler["alpha"] == 0.8 and handler.instances == {}
+    assert handler.config.scheduler.alpha == 0.8 and handler.instances == {}
 
 
 def test_instances_stack_in_creation_order_and_delete_reverts_only_its_own(handler):
     assert resp(handler.handle(req("CREATE", "a", {"alpha": 0.3, "proactive": {"enabled": False}})))["status"] == "OK"
     assert resp(handler.handle(req("CREATE", "b", {"alpha": 0.9})))["status"] == "OK"
-    assert handler.config.scheduler["alpha"] == 0.9 and not handler.config.proactive.enabled
+    assert handler.config.scheduler.alpha == 0.9 and not handler.config.proactive.enabled
     # updating "a" keeps its place: "b" still has the last word on alpha
     assert resp(handler.handle(req("UPDATE", "a", {"alpha": 0.1, "proactive": {"enabled": False}})))["status"] == "OK"
-    assert handler.config.scheduler["alpha"] == 0.9
+    assert handler.config.scheduler.alpha == 0.9
     assert resp(handler.handle(req("DELETE", "b")))["status"] == "DELETED"
-    assert handler.config.scheduler["alpha"] == 0.1 and not handler.config.proactive.enabled
+    assert handler.config.scheduler.alpha == 0.1 and not handler.config.proactive.enabled
     assert list(handler.instances) == ["a"]
 
 
@@ -141,7 +141,7 @@ def test_rebase_reapplies_live_instances_on_a_new_descriptor(handler, base):
     controls["scheduler"] = dict(controls["scheduler"], c_sync_s=0.2, alpha=0.7)
     from xapp.config import load_controls
     cfg = handler.rebase(load_controls(controls))
-    assert cfg.scheduler["c_sync_s"] == 0.2 and cfg.scheduler["alpha"] == 0.3
+    assert cfg.scheduler.c_sync_s == 0.2 and cfg.scheduler.alpha == 0.3
 
 
 def test_query_message_asks_for_this_type():

@@ -37,6 +37,7 @@ def test_without_schema_json_the_controls_section_is_refused(descriptor):
 
 @pytest.mark.parametrize("mutate, what", [
     (lambda d: d["readinessProbe"].__setitem__("periodSeconds", "15"), "'15' is not of type 'integer'"),
+    (lambda d: d["livenessProbe"].pop("initialDelaySeconds"), "is not valid under any of the given schemas"),
     (lambda d: d.__setitem__("version", "0.1"), "does not match"),
     (lambda d: d["containers"][0]["image"].__setitem__("registry", "localhost:5000"), "does not match"),
     (lambda d: d["messaging"]["ports"][2].pop("policies"), "'policies' is a dependency"),
@@ -70,8 +71,9 @@ def test_descriptor_parts_agree_with_each_other(descriptor):
     # where submgr reaches us is where we listen
     assert c["e2"]["client_endpoint"]["http_port"] == http["port"]
     assert c["e2"]["client_endpoint"]["rmr_port"] == rmr["port"]
-    assert descriptor["readinessProbe"]["httpGet"]["port"] == http["port"]
-    assert descriptor["livenessProbe"]["exec"]["command"][-1].endswith(f":{rmr['port']}")
+    # RMRXapp answers RIC_HEALTH_CHECK_REQ itself; rmr_probe (in the rmr deb) asks it
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert descriptor[probe]["exec"]["command"][-1].endswith(f":{rmr['port']}")
     assert descriptor["annotations"]["prometheus.io/port"] == str(http["port"])
     assert descriptor["annotations"]["prometheus.io/path"] == descriptor["metrics"]["url"]
     # the xApp reads this file: the chart does not set CONFIG_FILE, appenv must

@@ -10,7 +10,7 @@ import helm_sdkpy
 import pytest
 from jsonschema import Draft7Validator
 
-from deploy_paths import CHART, DESCRIPTORS
+from deploy_paths import CHART, DESCRIPTORS, REPO
 
 # helm.sh/helm/v3/pkg/lint/support: UnknownSev=0, InfoSev=1, WarningSev=2, ErrorSev=3
 INFO, WARNING = 1, 2
@@ -71,3 +71,43 @@ def test_chart_ports_match_the_xapp_descriptor():
     for aid, a in agents.items():
         assert a["control_address"] == f"pallas-agent-{aid}.pallas.svc.cluster.local:{control}"
         assert a["peer_address"] == f"pallas-agent-{aid}.pallas.svc.cluster.local:{peer}"
+
+
+def _agent_container_flags() -> set[str]:
+    tpl = (CHART / "templates" / "deployment.yaml").read_text()
+    block = tpl[tpl.index("- name: agent"):tpl.index("ports:", tpl.index("- name: agent"))]
+    return set(re.findall(r'^\s+- (?:\{\{ printf ")?(--[a-z0-9-]+)=', block, re.M))
+
+
+def test_every_flag_the_chart_passes_to_pallas_agent_exists():
+    """Read agent/main.py's argparse flags from its source (the agent's environment, not this
+    one, can import it) and check each flag the chart gives the agent container."""
+    import ast
+
+    tree = ast.parse((REPO / "agent" / "main.py").read_text())
+    defined = {a.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+               and getattr(node.func, "attr", "") == "add_argument"
+               for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")}
+    used = _agent_container_flags()
+    assert {"--agent-id", "--control-port", "--peer-port", "--front-port", "--hub-address"} <= used
+    assert used <= defined, f"flags the agent does not define: {sorted(used - defined)}"
+
+
+def test_the_kv_connector_class_is_where_the_chart_says():
+    """vLLM imports kv_connector_module_path and takes the kv_connector attribute from it: the
+    module must export the class (here lazily, through __all__ and a module __getattr__) and
+    the package must define it."""
+    import ast
+
+    values = (CHART / "values.yaml").read_text()
+    module = re.search(r"^    modulePath: (\S+)$", values, re.M).group(1)
+    cls = re.search(r"^    className: (\S+)$", values, re.M).group(1)
+    path = REPO.joinpath(*module.split("."))
+    init = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    tree = ast.parse(init.read_text())
+    exported = {e.value for node in tree.body if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", "") == "__all__" for t in node.targets)
+                for e in node.value.elts}
+    assert cls in exported
+    sources = [init] + (sorted(path.glob("*.py")) if path.is_dir() else [])
+    assert any(re.search(rf"^class {cls}\(", f.read_text(), re.M) for f in sources)

@@ -1,0 +1,185 @@
+"""Local agent processes for tests, benchmarks and the replay job.
+
+:class:`LocalAgent` runs one ``pallas-agent`` (``python -m agent.main``) as a subprocess in
+its own process group, with its own vLLM server (launched by the agent), and gives typed
+access to its three endpoints: the Control gRPC stub, the UE front URL and ``/metrics``.
+:func:`start_agents` starts several at once (vLLM start-up dominates, so they overlap) with
+each one's front registered at the others (``--peer-front``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pallas_proto import pallas_pb2, pallas_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+__all__ = ["LocalAgent", "start_agents", "free_port"]
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LocalAgent:
+    """One ``pallas-agent`` subprocess on loopback.
+
+    Args:
+        agent_id: the agent's id.
+        model: model folder to serve.
+        omp_bind: ``VLLM_CPU_OMP_THREADS_BIND`` of its vLLM ("0", "1", "auto").
+        extra: more ``pallas-agent`` flags (e.g. ``["--peer-rate-mbps", "300"]``).
+        env: more environment variables (inherited by its vLLM server too).
+        log_dir: where the agent's log (JSON lines, with vLLM's log next to it) goes.
+    """
+
+    agent_id: str
+    model: str
+    omp_bind: str = "auto"
+    extra: list[str] = field(default_factory=list)
+    log_dir: str = str(REPO_ROOT / ".cache" / "logs")
+    env: dict[str, str] = field(default_factory=dict)
+    control_port: int = field(default_factory=free_port)
+    peer_port: int = field(default_factory=free_port)
+    front_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def front_url(self) -> str:
+        """The UE front, ``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.front_port}"
+
+    @property
+    def control_address(self) -> str:
+        """host:port of the Control gRPC service."""
+        return f"127.0.0.1:{self.control_port}"
+
+    @property
+    def endpoint(self) -> pallas_pb2.PeerEndpoint:
+        """This agent as a migration target (its PeerTransfer endpoint)."""
+        return pallas_pb2.PeerEndpoint(agent_id=self.agent_id, address=f"127.0.0.1:{self.peer_port}")
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.log_dir, f"agent-{self.agent_id}-{self.front_port}.log")
+
+    def command(self, peer_fronts: dict[str, str] | None = None) -> list[str]:
+        """The agent's command line."""
+        cmd = [sys.executable, "-m", "agent.main", "--agent-id", self.agent_id, "--model", self.model,
+               "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
+               "--control-port", str(self.control_port), "--peer-port", str(self.peer_port),
+               "--front-port", str(self.front_port), "--omp-bind", self.omp_bind]
+        for k, v in (peer_fronts or {}).items():
+            cmd += ["--peer-front", f"{k}={v}"]
+        return cmd + list(self.extra)
+
+    def start(self, peer_fronts: dict[str, str] | None = None) -> None:
+        """Launch the subprocess (returns at once; see :meth:`wait_ready`)."""
+        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(self.env)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "proto")] +
+                                            ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.command(peer_fronts), cwd=str(REPO_ROOT), env=env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        """Block until the front answers and gRPC health says SERVING.
+
+        Raises:
+            RuntimeError: the agent exited (with its log's tail).
+            TimeoutError: not ready in time.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"agent {self.agent_id} exited:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.front_url + "/health", timeout=2.0).status_code == 200:
+                    with grpc.insecure_channel(self.control_address) as ch:
+                        r = health_pb2_grpc.HealthStub(ch).Check(
+                            health_pb2.HealthCheckRequest(service="pallas.v1.Control"), timeout=2.0)
+                        if r.status == health_pb2.HealthCheckResponse.SERVING:
+                            return
+            except (httpx.HTTPError, grpc.RpcError):
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"agent {self.agent_id} not ready after {timeout_s} s:\n{self.log_tail()}")
+
+    def control(self, channel: grpc.aio.Channel | grpc.Channel | None = None) -> pallas_pb2_grpc.ControlStub:
+        """A Control stub (on ``channel``, or a new synchronous channel)."""
+        return pallas_pb2_grpc.ControlStub(channel or grpc.insecure_channel(self.control_address))
+
+    def metrics(self) -> dict[str, float]:
+        """This agent's Prometheus samples, ``name{labels}`` -> value."""
+        out: dict[str, float] = {}
+        for line in httpx.get(self.front_url + "/metrics", timeout=5.0).text.splitlines():
+            if line and not line.startswith("#"):
+                k, _, v = line.rpartition(" ")
+                try:
+                    out[k] = float(v)
+                except ValueError:
+                    pass
+        return out
+
+    def log_tail(self, n: int = 60) -> str:
+        """The last ``n`` lines of the agent's log."""
+        try:
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the agent (it stops its vLLM), then SIGKILL its process group if needed."""
+        p = self.proc
+        if p is None:
+            return
+        try:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=timeout_s)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc = None
+
+
+def start_agents(agents: list[LocalAgent], timeout_s: float = 600.0) -> list[LocalAgent]:
+    """Start ``agents`` together (each knows the others' fronts) and wait until all are ready.
+
+    On failure every agent is stopped and the error re-raised.
+    """
+    fronts = {a.agent_id: a.front_url for a in agents}
+    try:
+        for a in agents:
+            a.start({k: v for k, v in fronts.items() if k != a.agent_id})
+        for a in agents:
+            a.wait_ready(timeout_s)
+    except BaseException:
+        for a in agents:
+            a.stop()
+        raise
+    return agents

@@ -1,0 +1,288 @@
+"""Scheduler-side policy of the Pallas connector, free of vLLM types (unit-testable).
+
+The policy decides, each engine step, which KV blocks the worker copies out (source role) and
+which received blocks it copies in (target role). The vLLM class in ``agent.connector`` only
+adapts vLLM's hooks to it.
+
+Source role (paper §4.3, steps 1 and 3): for a session under export (the agent's ``export``
+command: session id, epoch, first block), after a step in which a tracked request has KV for
+positions ``< computed`` (``computed = num_computed_tokens + num_scheduled_tokens``), every
+block ``j`` with ``(j + 1) * block_size <= computed`` not shipped yet is emitted once as a full
+block, and the partial last block (``computed % block_size`` valid entries) is snapshotted
+every step (the tail; vllm-notes.md pitfall 7). Block ids are read from the KV cache manager
+at that step, so a preempted and resumed request (new block table) is handled; blocks already
+shipped stay valid because the KV of a position depends only on the tokens before it.
+
+Target role (step 3): a resumed request (prompt = all n tokens so far) carries
+``kv_transfer_params = {"pallas": {"sid", "load": {"epoch", "prefix_len", "first_block",
+"last_block", "deadline"}}}``. vLLM presents the block-aligned local prefix-cache hit ``c``; the
+policy claims the longest run of received blocks contiguous from ``c`` up to position ``n - 1``
+(APC and the scheduler leave the last token to recompute, vllm-notes.md pitfall 4). If a block
+it expects (``first_block..last_block``) has not arrived yet and the deadline has not passed,
+it answers None (vLLM keeps the request waiting and asks again next step). A missing block past
+the deadline, a block that failed its checksum (``bad``), or a prefix that was evicted
+(``c < prefix_len`` with no block at ``c``) ends the claimed run: vLLM recomputes the rest, so
+a wrong block is never loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# (sid, epoch, block_index, block_id, fill, is_tail, computed)
+SaveOp = tuple[str, int, int, int, int, bool, int]
+# (sid, epoch, block_index, block_id, need_fill)
+LoadOp = tuple[str, int, int, int, int]
+
+IDLE_WAIT_S = 0.01  # how long a deferral may block the scheduler when nothing else runs
+
+
+def pallas_params(kv_transfer_params: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``"pallas"`` entry of a request's kv_transfer_params, or None."""
+    if not kv_transfer_params:
+        return None
+    p = kv_transfer_params.get("pallas")
+    return p if isinstance(p, dict) and p.get("sid") else None
+
+
+@dataclass
+class _Export:
+    epoch: int
+    next_block: int
+    stream: bool
+    tail: bool
+    start: int = 0
+
+
+@dataclass
+class _Avail:
+    epoch: int
+    blocks: dict[int, int] = field(default_factory=dict)  # index -> fill
+    bad: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Plan:
+    sid: str
+    epoch: int
+    first_block: int
+    needs: list[int]  # need_fill per block from first_block
+    allocated: bool = False
+
+
+@dataclass
+class ScheduledReq:
+    """What the policy needs about one request scheduled in this step."""
+
+    req_id: str
+    computed_before: int          # num_computed_tokens before this step
+    num_scheduled: int            # tokens scheduled this step
+    block_ids: Callable[[], list[int]]  # the request's block table (first KV group)
+
+
+class SchedulerPolicy:
+    """Block bookkeeping of the scheduler-side connector (one per engine).
+
+    Args:
+        block_size: tokens per KV block (32 on vLLM CPU).
+        report: sends a message to the agent (``claim``); may be a no-op in tests.
+        clock: wall clock in seconds (``time.time``), for the resume deadline.
+    """
+
+    def __init__(self, block_size: int, report: Callable[[dict[str, Any]], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size}")
+        self.bs = block_size
+        self._report = report or (lambda hdr: None)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._exports: dict[str, _Export] = {}
+        self._avail: dict[str, _Avail] = {}
+        self._sid_of: dict[str, str] = {}          # req_id -> session id
+        self._plans: dict[str, _Plan] = {}         # req_id -> load plan
+        self._waiting_since: dict[str, float] = {}
+        self._idle = True
+        self.saves_emitted = 0
+        self.loads_emitted = 0
+
+    # ------------------------------------------------------------------ agent commands
+    def on_command(self, hdr: dict[str, Any]) -> None:
+        """Apply one agent command (called from the link thread)."""
+        t = hdr["t"]
+        with self._lock:
+            if t == "export":
+                cur = self._exports.get(hdr["sid"])
+                if cur is not None and cur.epoch == int(hdr["epoch"]):
+                    cur.next_block = min(cur.next_block, int(hdr["start_block"]))
+                    cur.start = min(cur.start, int(hdr["start_block"]))
+                    cur.stream = bool(hdr.get("stream", True))
+                    cur.tail = bool(hdr.get("tail", True))
+                else:
+                    start = int(hdr["start_block"])
+                    self._exports[hdr["sid"]] = _Export(int(hdr["epoch"]), start,
+                                                        bool(hdr.get("stream", True)),
+                                                        bool(hdr.get("tail", True)), start)
+            elif t == "stop":
+                self._exports.pop(hdr["sid"], None)
+            elif t in ("avail", "bad"):
+                sid, epoch, idx = hdr["sid"], int(hdr["epoch"]), int(hdr["idx"])
+                cur = self._avail.get(sid)
+                if cur is not None and epoch < cur.epoch:
+                    return  # an old epoch's block: dropped
+                if cur is None or epoch > cur.epoch:
+                    cur = self._avail[sid] = _Avail(epoch)
+                if t == "avail":
+                    cur.blocks[idx] = max(int(hdr["fill"]), cur.blocks.get(idx, 0))
+                    cur.bad.discard(idx)
+                else:
+                    cur.blocks.pop(idx, None)
+                    cur.bad.add(idx)
+                self._changed.notify_all()
+            elif t == "drop":
+                self._avail.pop(hdr["sid"], None)
+                self._changed.notify_all()
+            elif t == "reset":
+                self._exports.clear()
+                self._avail.clear()
+                self._changed.notify_all()
+            else:
+                raise ValueError(f"unknown command {t!r}")
+
+    def stats(self) -> dict[str, Any]:
+        """Counters merged into the scheduler side's hello."""
+        with self._lock:
+            return {"exports": len(self._exports),
+                    "avail_blocks": sum(len(a.blocks) for a in self._avail.values()),
+                    "tracked_reqs": len(self._sid_of),
+                    "saves_emitted": self.saves_emitted, "loads_emitted": self.loads_emitted}
+
+    # ------------------------------------------------------------------ vLLM hooks
+    def on_new_request(self, req_id: str, kv_transfer_params: dict[str, Any] | None) -> None:
+        """Track a request that belongs to a Pallas session."""
+        p = pallas_params(kv_transfer_params)
+        if p is not None:
+            self._sid_of[req_id] = str(p["sid"])
+
+    def match(self, req_id: str, kv_transfer_params: dict[str, Any] | None, num_tokens: int,
+              num_computed: int) -> int | None:
+        """Tokens the received blocks add beyond the local hit ``num_computed`` (None = wait).
+
+        Args:
+            num_tokens: the request's tokens (n: prompt = everything so far at a resume).
+            num_computed: block-aligned local prefix-cache hit, tokens.
+        """
+        p = pallas_params(kv_transfer_params)
+        load = None if p is None else p.get("load")
+        if not load:
+            return 0
+        sid, epoch = str(p["sid"]), int(load["epoch"])
+        end = num_tokens - 1  # KV needed for positions [0, n-1); the last token is recomputed
+        first_exp = int(load.get("first_block", 0))
+        last_exp = int(load.get("last_block", -1))
+        deadline = float(load.get("deadline", 0.0))
+        bs = self.bs
+        with self._lock:
+            av = self._avail.get(sid)
+            blocks = dict(av.blocks) if av is not None and av.epoch == epoch else {}
+            bad = set(av.bad) if av is not None and av.epoch == epoch else set()
+        j = num_computed // bs
+        cover = num_computed
+        needs: list[int] = []
+        wait = False
+        while cover < end:
+            need = min(bs, end - j * bs)
+            fill = blocks.get(j)
+            if fill is not None and fill >= need:
+                needs.append(need)
+                cover = j * bs + need
+                j += 1
+                continue
+            if first_exp <= j <= last_exp and j not in bad and self._clock() < deadline:
+                wait = True
+            break
+        if wait:
+            self._waiting_since.setdefault(req_id, self._clock())
+            if self._idle:
+                # Nothing else runs: block briefly for the next arrival instead of letting the
+                # engine loop spin.
+                with self._lock:
+                    self._changed.wait(IDLE_WAIT_S)
+            return None
+        ext = max(0, cover - num_computed)
+        if ext > 0:
+            self._plans[req_id] = _Plan(sid, epoch, num_computed // bs, needs)
+        else:
+            self._plans.pop(req_id, None)
+        waited = self._clock() - self._waiting_since.pop(req_id, self._clock())
+        self._report({"t": "claim", "sid": sid, "epoch": epoch, "local": int(num_computed),
+                      "external": int(ext), "num_tokens": int(num_tokens),
+                      "waited_s": round(waited, 6), "bad": sorted(bad)})
+        return ext
+
+    def after_alloc(self, req_id: str, num_external_tokens: int) -> None:
+        """vLLM allocated blocks for the request: arm its load plan if it claimed tokens."""
+        plan = self._plans.get(req_id)
+        if plan is None:
+            return
+        if num_external_tokens > 0:
+            plan.allocated = True
+        else:
+            self._plans.pop(req_id, None)
+
+    def build(self, scheduled: list[ScheduledReq], *,
+              engine_idle: bool | None = None) -> tuple[list[SaveOp], list[LoadOp]]:
+        """Saves and loads for this step (call once per step, before vLLM advances counters).
+
+        ``engine_idle``: the step scheduled no token at all (default: ``not scheduled``); only
+        then may a deferral in :meth:`match` block the scheduler thread briefly.
+        """
+        self._idle = (not scheduled) if engine_idle is None else engine_idle
+        with self._lock:
+            return self._build_locked(scheduled)
+
+    def _build_locked(self, scheduled: list[ScheduledReq]) -> tuple[list[SaveOp], list[LoadOp]]:
+        saves: list[SaveOp] = []
+        loads: list[LoadOp] = []
+        bs = self.bs
+        exports = self._exports
+        for sr in scheduled:
+            plan = self._plans.pop(sr.req_id, None)
+            if plan is not None and plan.allocated:
+                ids = sr.block_ids()
+                for k, need in enumerate(plan.needs):
+                    j = plan.first_block + k
+                    if j < len(ids):
+                        loads.append((plan.sid, plan.epoch, j, ids[j], need))
+            sid = self._sid_of.get(sr.req_id)
+            exp = None if sid is None else exports.get(sid)
+            if exp is None:
+                continue
+            computed = sr.computed_before + sr.num_scheduled
+            full = computed // bs
+            ids = None
+            if exp.stream and exp.next_block < full:
+                ids = sr.block_ids()
+                while exp.next_block < min(full, len(ids)):
+                    j = exp.next_block
+                    saves.append((sid, exp.epoch, j, ids[j], bs, False, computed))
+                    exp.next_block += 1
+            rem = computed - full * bs
+            if exp.tail and rem > 0 and full >= exp.start:
+                ids = ids if ids is not None else sr.block_ids()
+                if full < len(ids):
+                    saves.append((sid, exp.epoch, full, ids[full], rem, True, computed))
+        self.saves_emitted += len(saves)
+        self.loads_emitted += len(loads)
+        return saves, loads
+
+    def finished(self, req_id: str) -> None:
+        """The request finished or was aborted: forget it."""
+        self._sid_of.pop(req_id, None)
+        self._plans.pop(req_id, None)
+        self._waiting_since.pop(req_id, None)

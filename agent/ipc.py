@@ -1,0 +1,550 @@
+"""The local channel between the agent and the Pallas connector inside vLLM's processes.
+
+Transport: ZeroMQ over loopback TCP (pyzmq ships with vLLM); nothing touches the disk. The
+agent binds one ROUTER socket (:class:`BlockHub`); each connector side connects DEALER sockets:
+
+- the *scheduler side* (in vLLM's EngineCore process, :class:`SchedulerLink`): a background
+  thread receives the agent's commands (export / stop / avail / bad / drop / reset) and sends
+  a ``hello`` with KV-pool stats every ``HELLO_PERIOD_S``; the engine thread sends ``claim``
+  reports on its own socket;
+- the *worker side* (in the Worker process, :class:`WorkerLink`): a background sender thread
+  ships the block slabs copied out in ``wait_for_save`` (CRC-32 computed there, off the engine
+  thread); the engine thread fetches received blocks synchronously in ``start_load_kv``.
+
+Every message is a multipart ZeroMQ message ``[header, *payload]``: ``header`` is a UTF-8 JSON
+object with a ``"t"`` (type) key, ``payload`` holds raw block bytes (one frame per block).
+Malformed messages are logged and dropped.
+
+Message types (field names in brackets):
+
+=========  ================  ===============================================================
+type       direction         meaning
+=========  ================  ===============================================================
+hello      sched -> agent    role, block_size, num_blocks, free_blocks, exports, avail_blocks
+hello      worker -> agent   role, block_bytes, num_layers, dtype, shape, backend
+block      worker -> agent   [sid, epoch, idx, fill, crc, tail, computed] + 1 data frame
+claim      sched -> agent    [sid, epoch, local, external, num_tokens, waited_s]
+loaded     worker -> agent   [sid, epoch, blocks, failed]
+fetch      worker -> agent   [rid, blocks=[[sid, epoch, idx, need]]]; reply ``fetched``
+export     agent -> sched    [sid, epoch, start_block, stream, tail]
+stop       agent -> sched    [sid]
+avail      agent -> sched    [sid, epoch, idx, fill]; ``bad`` marks a rejected block
+drop       agent -> sched    [sid]
+reset      agent -> sched    forget every export and every advertised block
+=========  ================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+HELLO_PERIOD_S = 0.25
+FETCH_TIMEOUT_S = 10.0
+
+
+def crc32(data: bytes | memoryview) -> int:
+    """CRC-32 (zlib polynomial) of ``data`` as an unsigned 32-bit int (the KVBlock checksum)."""
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def encode(header: dict[str, Any], *payload: bytes | memoryview) -> list[bytes | memoryview]:
+    """Frames of one message: JSON header then raw payload frames."""
+    return [json.dumps(header, separators=(",", ":")).encode(), *payload]
+
+
+def decode_header(frame: bytes) -> dict[str, Any]:
+    """Parse a header frame; raises ValueError on anything but a JSON object with a type."""
+    obj = json.loads(bytes(frame).decode())
+    if not isinstance(obj, dict) or "t" not in obj:
+        raise ValueError("header is not an object with a 't' key")
+    return obj
+
+
+# =============================================================================================
+# Agent side
+# =============================================================================================
+
+@dataclass
+class StoredBlock:
+    """One received, checksum-verified KV block held by the target agent."""
+
+    fill: int
+    crc: int
+    data: bytes
+
+
+@dataclass
+class _SessionBlocks:
+    epoch: int
+    blocks: dict[int, StoredBlock] = field(default_factory=dict)
+    bad: set[int] = field(default_factory=set)
+
+
+class BlockStore:
+    """Received KV blocks per session (target role), newest epoch only.
+
+    Accounting (``num_blocks``, ``num_bytes``) is what the cancel/kill tests check returns to
+    zero. A block whose CRC-32 does not match its checksum is never stored (``bad``).
+    """
+
+    def __init__(self) -> None:
+        self._by_sid: dict[str, _SessionBlocks] = {}
+        # Negative-control knob for tests: False stores blocks without checking them (their
+        # checksum is recomputed from the data as received), as a path without end-to-end
+        # checksums would.
+        self.verify = True
+        self.num_blocks = 0
+        self.num_bytes = 0
+
+    def put(self, sid: str, epoch: int, idx: int, fill: int, crc: int, data: bytes,
+            crc_ok: bool | None = None) -> str:
+        """Store a block. Returns "ok", "stale" (older epoch: dropped) or "bad" (checksum).
+
+        ``crc_ok``: the caller already compared CRC-32(data) with ``crc`` (off the event
+        loop); None makes the store compute it.
+        """
+        cur = self._by_sid.get(sid)
+        if cur is not None and epoch < cur.epoch:
+            return "stale"
+        if cur is None or epoch > cur.epoch:
+            self.drop(sid)
+            cur = self._by_sid[sid] = _SessionBlocks(epoch)
+        if not self.verify:
+            crc, crc_ok = crc32(data), True
+        if crc_ok is None:
+            crc_ok = crc32(data) == crc
+        if not crc_ok:
+            cur.bad.add(idx)
+            return "bad"
+        old = cur.blocks.get(idx)
+        if old is not None:
+            if old.fill >= fill:
+                return "ok"  # keep the fuller snapshot
+            self.num_bytes -= len(old.data)
+            self.num_blocks -= 1
+        cur.blocks[idx] = StoredBlock(fill, crc, bytes(data))
+        cur.bad.discard(idx)
+        self.num_blocks += 1
+        self.num_bytes += len(data)
+        return "ok"
+
+    def get(self, sid: str, epoch: int, idx: int) -> StoredBlock | None:
+        """The stored block, or None (unknown session, other epoch, missing)."""
+        cur = self._by_sid.get(sid)
+        if cur is None or cur.epoch != epoch:
+            return None
+        return cur.blocks.get(idx)
+
+    def epoch(self, sid: str) -> int | None:
+        """Newest epoch held for ``sid``."""
+        cur = self._by_sid.get(sid)
+        return None if cur is None else cur.epoch
+
+    def count(self, sid: str) -> int:
+        """Blocks held for ``sid``."""
+        cur = self._by_sid.get(sid)
+        return 0 if cur is None else len(cur.blocks)
+
+    def bad(self, sid: str) -> set[int]:
+        """Indices of blocks of ``sid`` that failed their checksum."""
+        cur = self._by_sid.get(sid)
+        return set() if cur is None else set(cur.bad)
+
+    def drop(self, sid: str) -> int:
+        """Forget every block of ``sid``; returns how many were released."""
+        cur = self._by_sid.pop(sid, None)
+        if cur is None:
+            return 0
+        n = len(cur.blocks)
+        self.num_blocks -= n
+        self.num_bytes -= sum(len(b.data) for b in cur.blocks.values())
+        return n
+
+    def sessions(self) -> list[str]:
+        """Session ids with anything held."""
+        return list(self._by_sid)
+
+
+BlockCallback = Callable[[dict[str, Any], bytes], None]
+
+
+class BlockHub:
+    """The agent's end of the local channel (one per agent, one vLLM server per agent).
+
+    Args:
+        address: ZeroMQ endpoint to bind, e.g. ``"tcp://127.0.0.1:5601"``; port 0 picks a free
+            port (read :attr:`address` after :meth:`start`).
+
+    Callbacks (set by the Migrator): ``on_block(header, data)`` for blocks the local worker
+    copied out (source role), ``on_claim(header)`` / ``on_loaded(header)`` for the connector's
+    reports at a resume (target role).
+    """
+
+    def __init__(self, address: str = "tcp://127.0.0.1:0") -> None:
+        self._bind = address
+        self.address = address
+        self.store = BlockStore()
+        self.sched_info: dict[str, Any] | None = None
+        self.worker_info: dict[str, Any] | None = None
+        self.on_block: BlockCallback | None = None
+        self.on_claim: Callable[[dict[str, Any]], None] | None = None
+        self.on_loaded: Callable[[dict[str, Any]], None] | None = None
+        self._ctx = zmq.asyncio.Context()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._task: asyncio.Task | None = None
+        self._sched_ident: bytes | None = None
+        self._ready = asyncio.Event()
+        self._exports: dict[str, dict[str, Any]] = {}
+        self._log = logging.getLogger("pallas.agent.ipc")
+        self.blocks_in = 0  # blocks received from the local worker (source role)
+        self.bytes_in = 0
+
+    async def start(self) -> None:
+        """Bind and start serving."""
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if self._bind.endswith(":0"):
+            port = self._sock.bind_to_random_port(self._bind.rsplit(":", 1)[0])
+            self.address = f"{self._bind.rsplit(':', 1)[0]}:{port}"
+        else:
+            self._sock.bind(self._bind)
+            self.address = self._bind
+        self._task = asyncio.get_running_loop().create_task(self._serve(), name="block-hub")
+
+    async def close(self) -> None:
+        """Stop serving and close the socket (connectors reconnect to the next hub)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self._ctx.term()
+
+    async def wait_ready(self, timeout: float = 300.0) -> None:
+        """Wait until both connector sides have said hello. Raises asyncio.TimeoutError."""
+        await asyncio.wait_for(self._ready.wait(), timeout)
+
+    @property
+    def ready(self) -> bool:
+        """True once both connector sides have said hello."""
+        return self._ready.is_set()
+
+    # ---------------------------------------------------------------- commands to the engine
+    def _to_sched(self, header: dict[str, Any]) -> bool:
+        if self._sched_ident is None or self._sock is None:
+            return False
+        try:
+            self._sock.send_multipart([self._sched_ident, *encode(header)], flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:
+            self._log.warning("to_sched failed: %r", exc)
+            return False
+
+    def export(self, sid: str, epoch: int, start_block: int, *, stream: bool = True,
+               tail: bool = True) -> None:
+        """Ask the connector to copy out blocks of ``sid`` from ``start_block`` as they complete.
+
+        ``stream``: full blocks; ``tail``: a snapshot of the partial last block every step.
+        The command is re-sent if the scheduler side reconnects.
+        """
+        cmd = {"t": "export", "sid": sid, "epoch": int(epoch), "start_block": int(start_block),
+               "stream": bool(stream), "tail": bool(tail)}
+        self._exports[sid] = cmd
+        self._to_sched(cmd)
+
+    def stop_export(self, sid: str) -> None:
+        """Stop copying out blocks of ``sid``."""
+        self._exports.pop(sid, None)
+        self._to_sched({"t": "stop", "sid": sid})
+
+    def put_block(self, sid: str, epoch: int, idx: int, fill: int, crc: int, data: bytes,
+                  crc_ok: bool | None = None) -> str:
+        """Store a received block (target role) and advertise it to the connector.
+
+        Returns the store's verdict: "ok", "stale" or "bad" (a bad block is advertised as bad,
+        so a waiting resume stops waiting for it and recomputes instead).
+        """
+        verdict = self.store.put(sid, epoch, idx, fill, crc, data, crc_ok)
+        if verdict == "ok":
+            self._to_sched({"t": "avail", "sid": sid, "epoch": int(epoch), "idx": int(idx),
+                            "fill": int(fill)})
+        elif verdict == "bad":
+            self._to_sched({"t": "bad", "sid": sid, "epoch": int(epoch), "idx": int(idx)})
+        return verdict
+
+    def drop(self, sid: str) -> int:
+        """Release every block held for ``sid`` here and in the connector's view; returns count."""
+        n = self.store.drop(sid)
+        self._to_sched({"t": "drop", "sid": sid})
+        return n
+
+    def kv_stats(self) -> dict[str, Any]:
+        """Latest KV-pool stats from the scheduler side (num_blocks, free_blocks, ...)."""
+        return dict(self.sched_info or {})
+
+    # ---------------------------------------------------------------- serving loop
+    async def _serve(self) -> None:
+        assert self._sock is not None
+        while True:
+            frames = await self._sock.recv_multipart(copy=True)
+            if len(frames) < 2:
+                continue
+            ident, hdr_frame, payload = frames[0], frames[1], frames[2:]
+            try:
+                hdr = decode_header(hdr_frame)
+                await self._handle(ident, hdr, payload)
+            except Exception as exc:  # a malformed message is dropped; the hub runs on
+                self._log.warning("dropped ipc message: %r", exc)
+
+    async def _handle(self, ident: bytes, hdr: dict[str, Any], payload: list[bytes]) -> None:
+        t = hdr["t"]
+        if t == "block":
+            self.blocks_in += 1
+            self.bytes_in += len(payload[0])
+            if self.on_block is not None:
+                self.on_block(hdr, payload[0])
+        elif t == "fetch":
+            out_hdr: list[Any] = []
+            frames: list[bytes] = []
+            for sid, epoch, idx, need in hdr["blocks"]:
+                blk = self.store.get(sid, int(epoch), int(idx))
+                if blk is None or blk.fill < int(need):
+                    out_hdr.append(None)
+                else:
+                    out_hdr.append([blk.fill, blk.crc])
+                    frames.append(blk.data)
+            await self._sock.send_multipart(
+                [ident, *encode({"t": "fetched", "rid": hdr["rid"], "blocks": out_hdr}), *frames])
+        elif t == "hello":
+            if hdr.get("role") == "sched":
+                first = self._sched_ident is None or self._sched_ident != ident
+                self._sched_ident = ident
+                self.sched_info = hdr
+                if first:
+                    # A (re)connected scheduler side: forget what a previous hub told it,
+                    # then re-send what this hub holds.
+                    self._to_sched({"t": "reset"})
+                    for cmd in self._exports.values():
+                        self._to_sched(cmd)
+                    for sid in self.store.sessions():
+                        ep = self.store.epoch(sid)
+                        cur = self.store._by_sid[sid]
+                        for idx, blk in cur.blocks.items():
+                            self._to_sched({"t": "avail", "sid": sid, "epoch": ep, "idx": idx,
+                                            "fill": blk.fill})
+            else:
+                self.worker_info = hdr
+            if self.sched_info is not None and self.worker_info is not None:
+                self._ready.set()
+        elif t == "claim":
+            if self.on_claim is not None:
+                self.on_claim(hdr)
+        elif t == "loaded":
+            if self.on_loaded is not None:
+                self.on_loaded(hdr)
+        else:
+            raise ValueError(f"unknown message type {t!r}")
+
+
+# =============================================================================================
+# Connector side (inside vLLM processes; plain threads, no asyncio)
+# =============================================================================================
+
+class SchedulerLink:
+    """The scheduler-side connector's channel to the agent (thread-safe facade).
+
+    A background thread owns a DEALER socket: it sends ``hello`` (with ``stats()``) every
+    ``HELLO_PERIOD_S`` and hands every command it receives to ``on_command`` (called in that
+    thread: keep it short and lock-protected). :meth:`report` sends from any thread through a
+    queue the background thread drains.
+
+    Args:
+        address: the agent's BlockHub endpoint.
+        stats: returns the dict merged into each hello (KV-pool figures).
+        on_command: handles one decoded command header.
+    """
+
+    def __init__(self, address: str, stats: Callable[[], dict[str, Any]],
+                 on_command: Callable[[dict[str, Any]], None]) -> None:
+        self.address = address
+        self._stats = stats
+        self._on_command = on_command
+        self._out: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pallas-sched-link", daemon=True)
+        self._thread.start()
+
+    def report(self, header: dict[str, Any]) -> None:
+        """Queue a message to the agent (non-blocking)."""
+        self._out.put(header)
+
+    def close(self) -> None:
+        """Stop the thread."""
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 10000)
+        sock.connect(self.address)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        next_hello = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                if now >= next_hello:
+                    sock.send_multipart(encode({"t": "hello", "role": "sched", "pid": os.getpid(),
+                                                **self._stats()}), flags=zmq.NOBLOCK)
+                    next_hello = now + HELLO_PERIOD_S
+                while True:
+                    try:
+                        hdr = self._out.get_nowait()
+                    except queue.Empty:
+                        break
+                    sock.send_multipart(encode(hdr), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # no agent connected: drop; hellos resume when it is back
+            except Exception:  # never take the engine down
+                logging.getLogger("vllm.pallas").exception("sched link send")
+            events = dict(poller.poll(timeout=20))
+            if sock in events:
+                while True:
+                    try:
+                        frames = sock.recv_multipart(flags=zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    try:
+                        self._on_command(decode_header(frames[0]))
+                    except Exception:
+                        logging.getLogger("vllm.pallas").exception("bad agent command")
+        sock.close(linger=0)
+
+
+class WorkerLink:
+    """The worker-side connector's channel to the agent.
+
+    :meth:`send_block` queues a copied-out slab for the background sender thread, which
+    computes its CRC-32 and sends it (the engine thread only pays for the copy).
+    :meth:`fetch` is a synchronous request/response used by ``start_load_kv`` on the engine
+    thread, on its own socket.
+    """
+
+    def __init__(self, address: str, hello: dict[str, Any]) -> None:
+        self.address = address
+        self._hello = hello
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._ctx = zmq.Context.instance()
+        self._fetch_sock: zmq.Socket | None = None
+        self._rid = 0
+        self.pending = 0
+        self._thread = threading.Thread(target=self._run, name="pallas-worker-link", daemon=True)
+        self._thread.start()
+
+    def send_block(self, header: dict[str, Any], slab: Any) -> None:
+        """Queue one block: ``slab`` is a contiguous CPU tensor the caller no longer touches."""
+        self.pending += 1
+        self._q.put((header, slab))
+
+    def report(self, header: dict[str, Any]) -> None:
+        """Queue a small message (no payload)."""
+        self._q.put((header, None))
+
+    def close(self) -> None:
+        """Stop the sender thread after it drains its queue."""
+        self._q.put(None)
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 100000)
+        sock.connect(self.address)
+        next_hello = 0.0
+        while True:
+            try:
+                item = self._q.get(timeout=HELLO_PERIOD_S * 4)
+            except queue.Empty:
+                item = ()
+            now = time.monotonic()
+            try:
+                if now >= next_hello:
+                    sock.send_multipart(encode({"t": "hello", "role": "worker",
+                                                "pid": os.getpid(), **self._hello}),
+                                        flags=zmq.NOBLOCK)
+                    next_hello = now + HELLO_PERIOD_S * 4
+                if item is None:
+                    break
+                if item == ():
+                    continue
+                header, slab = item
+                if slab is None:
+                    sock.send_multipart(encode(header), flags=zmq.NOBLOCK)
+                    continue
+                buf = memoryview(slab.numpy()).cast("B")
+                header["crc"] = crc32(buf)
+                sock.send_multipart(encode(header, buf), flags=zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                pass  # agent gone: the block is dropped (the target will recompute)
+            except Exception:
+                logging.getLogger("vllm.pallas").exception("worker link send")
+            finally:
+                if item not in (None, ()) and item[1] is not None:
+                    self.pending -= 1
+        sock.close(linger=0)
+
+    def fetch(self, blocks: list[list[Any]],
+              timeout_s: float = FETCH_TIMEOUT_S) -> list[tuple[int, int, bytes] | None]:
+        """Fetch blocks ``[[sid, epoch, idx, need_fill], ...]`` from the agent's store.
+
+        Returns one ``(fill, crc, data)`` or None (missing) per requested block; all None if the
+        agent does not answer within ``timeout_s``.
+        """
+        if self._fetch_sock is None:
+            self._fetch_sock = self._ctx.socket(zmq.DEALER)
+            self._fetch_sock.setsockopt(zmq.LINGER, 0)
+            self._fetch_sock.connect(self.address)
+        sock = self._fetch_sock
+        self._rid += 1
+        rid = self._rid
+        sock.send_multipart(encode({"t": "fetch", "rid": rid, "blocks": blocks}))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sock.poll(timeout=int(left * 1000)):
+                # Reset the socket so a late reply cannot be taken for a later fetch's.
+                sock.close(linger=0)
+                self._fetch_sock = None
+                return [None] * len(blocks)
+            frames = sock.recv_multipart()
+            hdr = decode_header(frames[0])
+            if hdr.get("rid") != rid:
+                continue
+            out: list[tuple[int, int, bytes] | None] = []
+            k = 1
+            for ent in hdr["blocks"]:
+                if ent is None:
+                    out.append(None)
+                else:
+                    out.append((int(ent[0]), int(ent[1]), frames[k]))
+                    k += 1
+            return out

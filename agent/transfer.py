@@ -1,0 +1,385 @@
+"""The peer data plane between agents (PeerTransfer gRPC service, paper §4.3).
+
+- :class:`PeerTransferService`: the target side, a grpc.aio servicer that hands each call to a
+  handler (the agent's :class:`agent.migration.Migrator`): Prepare (admission: ModelIdentity and
+  free KV memory; starts the prefix warm-up), StreamBlocks (suffix KV blocks, each with its
+  CRC-32; blocks of an old epoch are dropped), Sync (token ids, tail block, remaining sampling
+  parameters; the target resumes the request) and Release.
+- :class:`PeerClient`: the source side for one peer, with a per-peer token-bucket link-rate
+  limit on the block stream (it emulates an inter-gNB backhaul in tests and caps migration
+  bandwidth in production) and the measured goodput (PeerTelemetry).
+- :class:`TokenBucket`, :func:`identity_mismatch`: pure helpers.
+
+Rates are given in Mbit/s at the edges and converted once to bytes/s (model.md conventions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+import structlog
+from concurrent.futures import ThreadPoolExecutor
+
+from pallas_proto import pallas_pb2, pallas_pb2_grpc
+
+from agent.ipc import crc32
+
+log = structlog.get_logger("pallas.agent.transfer")
+
+GRPC_OPTIONS = [("grpc.max_send_message_length", 256 << 20),
+                ("grpc.max_receive_message_length", 256 << 20)]
+
+
+def mbit_to_bytes_per_s(mbit_per_s: float) -> float:
+    """Mbit/s (10^6 bit/s) -> bytes/s."""
+    return float(mbit_per_s) * 1e6 / 8.0
+
+
+class TokenBucket:
+    """Token-bucket rate limiter in bytes.
+
+    Args:
+        rate: sustained rate, bytes/s; None or <= 0 means unlimited.
+        burst: bucket depth, bytes (default: 50 ms at ``rate``, at least 64 KiB). A request
+            larger than the bucket is allowed once the bucket is full and drives it negative
+            (debt), so the long-run rate still holds for any message size.
+        clock: monotonic clock in seconds.
+    """
+
+    def __init__(self, rate: float | None, burst: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = float(rate) if rate and rate > 0 else None
+        self.burst = float(burst) if burst else (max(65536.0, self.rate * 0.05)
+                                                 if self.rate else 0.0)
+        self._clock = clock
+        self._level = self.burst
+        self._t = clock()
+        self._lock = asyncio.Lock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        if self.rate is not None:
+            self._level = min(self.burst, self._level + (now - self._t) * self.rate)
+        self._t = now
+
+    def reserve(self, nbytes: int) -> float:
+        """Take ``nbytes`` now and return how long (s) the caller must wait before sending."""
+        if self.rate is None:
+            return 0.0
+        self._refill()
+        need = min(float(nbytes), self.burst)  # wait until at most a full bucket is needed
+        wait = 0.0 if self._level >= need else (need - self._level) / self.rate
+        self._level -= float(nbytes)
+        return wait
+
+    async def acquire(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` may be sent under the rate limit."""
+        if self.rate is None:
+            return
+        async with self._lock:
+            wait = self.reserve(nbytes)
+            if wait > 0:
+                await asyncio.sleep(wait)
+
+
+IDENTITY_FIELDS = ("model", "weights_digest", "dtype", "kv_cache_dtype", "block_size", "backend",
+                   "kv_bytes_per_token", "num_layers", "block_bytes")
+
+
+def identity_mismatch(a: pallas_pb2.ModelIdentity, b: pallas_pb2.ModelIdentity) -> str | None:
+    """None if KV blocks may move between servers ``a`` and ``b``, else the first differing field.
+
+    Every field must be equal: the same weights (digest), activation and KV dtype, block size,
+    attention backend/ISA (the block layout is backend-specific, vllm-notes.md pitfall 2) and
+    block geometry.
+    """
+    for f in IDENTITY_FIELDS:
+        va, vb = getattr(a, f), getattr(b, f)
+        if va != vb:
+            return f"{f}: {va!r} != {vb!r}"
+    return None
+
+
+class PeerHandler(Protocol):
+    """What the PeerTransfer service delegates to (implemented by the Migrator)."""
+
+    async def on_prepare(self, req: pallas_pb2.PrepareRequest) -> pallas_pb2.PrepareReply: ...
+    def on_block(self, blk: pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str: ...
+    async def on_sync(self, req: pallas_pb2.SyncRequest) -> pallas_pb2.SyncReply: ...
+    async def on_release(self, req: pallas_pb2.ReleaseRequest) -> pallas_pb2.ReleaseReply: ...
+
+
+class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
+    """Target side of the peer data plane; every call is delegated to ``handler``.
+
+    Block checksums are computed in a thread pool (zlib releases the GIL), pipelined with the
+    reception of the next blocks; the handler gets each block in order with the verdict.
+    A handler exception becomes STATUS_ERROR (logged); the service runs on.
+    """
+
+    MAX_IN_FLIGHT = 8  # blocks whose checksum is being computed
+
+    def __init__(self, handler: PeerHandler, crc_threads: int | None = None) -> None:
+        self.handler = handler
+        self._pool = ThreadPoolExecutor(max_workers=crc_threads or min(4, os.cpu_count() or 1),
+                                        thread_name_prefix="pallas-crc")
+
+    async def Prepare(self, request, context):  # noqa: N802 (gRPC names)
+        try:
+            return await self.handler.on_prepare(request)
+        except Exception as exc:
+            log.exception("prepare_failed", session=request.session_id, epoch=request.epoch)
+            return pallas_pb2.PrepareReply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
+
+    async def StreamBlocks(self, request_iterator, context):  # noqa: N802
+        loop = asyncio.get_running_loop()
+        pending: deque = deque()
+        counts = {"ok": 0, "bad": 0, "bytes": 0}
+        sid, epoch = "", 0
+
+        async def settle_head() -> None:
+            blk, fut = pending.popleft()
+            try:
+                crc_ok = (await fut) == blk.checksum
+                verdict = self.handler.on_block(blk, crc_ok)
+            except Exception:
+                log.exception("block_failed", session=blk.session_id, epoch=blk.epoch,
+                              block=blk.block_index)
+                verdict = "error"
+            if verdict == "ok":
+                counts["ok"] += 1
+                counts["bytes"] += len(blk.data)
+            else:
+                counts["bad"] += 1
+
+        async for blk in request_iterator:
+            sid, epoch = blk.session_id, blk.epoch
+            pending.append((blk, loop.run_in_executor(self._pool, crc32, blk.data)))
+            while pending and (pending[0][1].done() or len(pending) > self.MAX_IN_FLIGHT):
+                await settle_head()
+        while pending:
+            await settle_head()
+        return pallas_pb2.StreamAck(session_id=sid, epoch=epoch, blocks_received=counts["ok"],
+                                    bytes_received=counts["bytes"],
+                                    blocks_rejected=counts["bad"])
+
+    async def Sync(self, request, context):  # noqa: N802
+        try:
+            return await self.handler.on_sync(request)
+        except Exception as exc:
+            log.exception("sync_failed", session=request.session_id, epoch=request.epoch)
+            return pallas_pb2.SyncReply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
+
+    async def Release(self, request, context):  # noqa: N802
+        try:
+            return await self.handler.on_release(request)
+        except Exception as exc:
+            log.exception("release_failed", session=request.session_id, epoch=request.epoch)
+            return pallas_pb2.ReleaseReply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
+
+
+class BlockStream:
+    """One StreamBlocks call (one session, one epoch), fed from a queue, rate-limited.
+
+    :meth:`send` never blocks the caller (the queue is unbounded; KV blocks of one session are
+    bounded by its length). :meth:`finish` ends the stream and returns the target's StreamAck;
+    :meth:`abort` cancels it. ``done`` resolves when the call ends; ``error`` holds a failure.
+    """
+
+    def __init__(self, client: "PeerClient", session_id: str, epoch: int) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.epoch = epoch
+        self._q: asyncio.Queue = asyncio.Queue()
+        self.blocks_sent = 0
+        self.bytes_sent = 0
+        self.sent_indices: list[int] = []
+        self.error: BaseException | None = None
+        self.ack: pallas_pb2.StreamAck | None = None
+        self._closed = False
+        self._call = client.stub.StreamBlocks(self._gen())
+        self.task = asyncio.get_running_loop().create_task(self._run(),
+                                                           name=f"stream-{session_id}-{epoch}")
+
+    async def _gen(self) -> AsyncIterator[pallas_pb2.KVBlock]:
+        while True:
+            blk = await self._q.get()
+            if blk is None:
+                return
+            await self.client.bucket.acquire(len(blk.data))
+            t0 = time.monotonic()
+            yield blk
+            self.blocks_sent += 1
+            self.bytes_sent += len(blk.data)
+            self.sent_indices.append(blk.block_index)
+            self.client._account(len(blk.data), t0)
+
+    async def _run(self) -> pallas_pb2.StreamAck | None:
+        try:
+            self.ack = await self._call
+            return self.ack
+        except asyncio.CancelledError:
+            self._call.cancel()
+            raise
+        except Exception as exc:  # peer gone, deadline, ...
+            self.error = exc
+            log.warning("stream_failed", session=self.session_id, epoch=self.epoch,
+                        peer=self.client.address, error=repr(exc))
+            return None
+
+    def send(self, blk: pallas_pb2.KVBlock) -> bool:
+        """Queue a block; False if the stream is closed or failed."""
+        if self._closed or self.task.done():
+            return False
+        self._q.put_nowait(blk)
+        return True
+
+    @property
+    def queued(self) -> int:
+        """Blocks queued and not yet handed to gRPC."""
+        return self._q.qsize()
+
+    async def finish(self, timeout_s: float | None = None) -> pallas_pb2.StreamAck | None:
+        """Close the stream after the queued blocks and await the ack (None on failure)."""
+        if not self._closed:
+            self._closed = True
+            self._q.put_nowait(None)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.task), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+
+    def abort(self) -> None:
+        """Cancel the stream now; queued blocks are dropped."""
+        self._closed = True
+        while not self._q.empty():
+            self._q.get_nowait()
+        if not self.task.done():
+            self._call.cancel()
+            self.task.cancel()
+
+
+@dataclass
+class _Goodput:
+    bytes: int = 0
+    busy_s: float = 0.0
+    ewma: float = 0.0
+
+
+class PeerClient:
+    """Source-side client of one peer's PeerTransfer service.
+
+    Args:
+        address: ``host:port`` of the peer's PeerTransfer service.
+        link_rate_mbps: token-bucket limit on this peer's block streams, Mbit/s (None =
+            unlimited); shared by every stream to this peer.
+        timeout_s: deadline of unary calls, seconds.
+    """
+
+    def __init__(self, address: str, *, link_rate_mbps: float | None = None,
+                 timeout_s: float = 30.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.bucket = TokenBucket(mbit_to_bytes_per_s(link_rate_mbps) if link_rate_mbps else None)
+        self.channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self.stub = pallas_pb2_grpc.PeerTransferStub(self.channel)
+        self._gp = _Goodput()
+        self._last_t: float | None = None
+
+    def _account(self, nbytes: int, t0: float) -> None:
+        now = time.monotonic()
+        self._gp.bytes += nbytes
+        if self._last_t is not None and now > self._last_t:
+            rate = nbytes / (now - self._last_t)
+            self._gp.ewma = rate if self._gp.ewma == 0 else 0.7 * self._gp.ewma + 0.3 * rate
+        self._last_t = now
+
+    @property
+    def goodput_bytes_per_s(self) -> float:
+        """EWMA (weight 0.3 newest) of the block-stream goodput to this peer, bytes/s."""
+        return self._gp.ewma
+
+    @property
+    def bytes_sent(self) -> int:
+        """KV bytes handed to gRPC for this peer so far."""
+        return self._gp.bytes
+
+    def telemetry(self, agent_id: str = "") -> pallas_pb2.PeerTelemetry:
+        """PeerTelemetry for the Telemetry stream."""
+        return pallas_pb2.PeerTelemetry(agent_id=agent_id, goodput_bytes_per_s=self._gp.ewma,
+                                        bytes_sent=self._gp.bytes)
+
+    async def prepare(self, req: pallas_pb2.PrepareRequest) -> pallas_pb2.PrepareReply:
+        """Prepare (admission + prefix warm-up start). Raises grpc.aio.AioRpcError."""
+        return await self.stub.Prepare(req, timeout=self.timeout_s)
+
+    async def sync(self, req: pallas_pb2.SyncRequest) -> pallas_pb2.SyncReply:
+        """Sync (the target resumes the request). Raises grpc.aio.AioRpcError."""
+        return await self.stub.Sync(req, timeout=self.timeout_s)
+
+    async def release(self, req: pallas_pb2.ReleaseRequest,
+                      timeout_s: float | None = None) -> pallas_pb2.ReleaseReply:
+        """Release everything the peer holds for (session, epoch). Raises grpc.aio.AioRpcError."""
+        return await self.stub.Release(req, timeout=timeout_s or self.timeout_s)
+
+    def open_stream(self, session_id: str, epoch: int) -> BlockStream:
+        """Start a StreamBlocks call for (session, epoch)."""
+        return BlockStream(self, session_id, epoch)
+
+    async def close(self) -> None:
+        """Close the channel (open streams fail)."""
+        await self.channel.close()
+
+
+class PeerPool:
+    """One :class:`PeerClient` per peer address (so the link-rate limit is per peer)."""
+
+    def __init__(self, *, link_rate_mbps: float | None = None, timeout_s: float = 30.0) -> None:
+        self.link_rate_mbps = link_rate_mbps
+        self.timeout_s = timeout_s
+        self._clients: dict[str, PeerClient] = {}
+        self._names: dict[str, str] = {}
+
+    def get(self, endpoint: pallas_pb2.PeerEndpoint) -> PeerClient:
+        """The client for ``endpoint.address`` (created on first use)."""
+        c = self._clients.get(endpoint.address)
+        if c is None:
+            c = self._clients[endpoint.address] = PeerClient(
+                endpoint.address, link_rate_mbps=self.link_rate_mbps, timeout_s=self.timeout_s)
+        if endpoint.agent_id:
+            self._names[endpoint.address] = endpoint.agent_id
+        return c
+
+    def telemetry(self) -> list[pallas_pb2.PeerTelemetry]:
+        """PeerTelemetry of every peer contacted so far."""
+        return [c.telemetry(self._names.get(a, a)) for a, c in self._clients.items()]
+
+    async def close(self) -> None:
+        """Close every channel."""
+        for c in self._clients.values():
+            await c.close()
+        self._clients.clear()
+
+
+async def serve_peer_transfer(handler: PeerHandler, address: str = "127.0.0.1:0",
+                              register: Callable[[grpc.aio.Server], Any] | None = None
+                              ) -> tuple[grpc.aio.Server, str]:
+    """Start a grpc.aio server with the PeerTransfer service (and anything ``register`` adds).
+
+    Returns the started server and its bound ``host:port``.
+    """
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    pallas_pb2_grpc.add_PeerTransferServicer_to_server(PeerTransferService(handler), server)
+    if register is not None:
+        register(server)
+    host = address.rsplit(":", 1)[0]
+    port = server.add_insecure_port(address)
+    await server.start()
+    return server, f"{host}:{port}"

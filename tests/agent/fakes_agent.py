@@ -1,0 +1,145 @@
+"""Fakes of the migration core (issue 2) for the agent's unit tests, and a tiny HTTP server runner.
+
+FakeEngine produces a deterministic token sequence per prompt (token i of a session is a
+function of the prompt and i only), so a session moved between two fake agents continues
+with exactly the tokens it would have produced without the move: the property the real e2e
+tests check with vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import uvicorn
+from pallas_proto import pallas_pb2
+
+from agent.session import Session, SessionState, SessionStore
+
+
+def expected_token(prompt: list[int], i: int) -> int:
+    """Token at output index i of a session with this prompt (FakeEngine's rule)."""
+    return (sum(prompt) * 31 + i * 7 + len(prompt)) % 997
+
+
+class FakeEngine:
+    """Appends ``expected_token`` every ``step_s`` until max_tokens; ``abort`` stops it."""
+
+    def __init__(self, step_s: float = 0.005) -> None:
+        self.step_s = step_s
+        self.started: list[str] = []
+
+    def start(self, s: Session, **_kw) -> asyncio.Task:
+        self.started.append(s.session_id)
+        if s.state == SessionState.NEW:
+            s.set_state(SessionState.SERVING)
+
+        async def run():
+            while len(s.output_token_ids) < s.sampling.max_tokens:
+                if s.frozen_at is not None and len(s.output_token_ids) >= s.frozen_at:
+                    return
+                await asyncio.sleep(self.step_s)
+                s.append_tokens([expected_token(s.prompt_token_ids, len(s.output_token_ids))])
+            if s.frozen_at is None and not s.done:
+                s.set_state(SessionState.FINISHED, finish_reason="length")
+
+        s._task = asyncio.get_running_loop().create_task(run())
+        return s._task
+
+    async def abort(self, s: Session) -> None:
+        t = s._task
+        if t is not None and not t.done():
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+
+def reply(status=pallas_pb2.STATUS_OK, **kw) -> pallas_pb2.ControlReply:
+    return pallas_pb2.ControlReply(status=status, **kw)
+
+
+class FakeMigrator:
+    """Records calls; ``commit`` moves the session to ``peers[actual_target.agent_id]`` (a
+    (store, engine) pair) after ``commit_delay_s``, the way the real core hands over."""
+
+    def __init__(self, store: SessionStore | None = None, peers: dict | None = None,
+                 *, commit_delay_s: float = 0.0, reject_targets: set[str] | None = None,
+                 agent_id: str = "a") -> None:
+        self.store = store
+        self.peers = peers or {}
+        self.commit_delay_s = commit_delay_s
+        self.reject_targets = reject_targets or set()
+        self.agent_id = agent_id
+        self.calls: list[tuple] = []
+        self.gate: asyncio.Event | None = None  # set to hold trigger() until released
+
+    async def trigger(self, session_id, epoch, target, split_tokens=0, *, stream_suffix=True,
+                      proactive=True, recompute_prefix=True, scheme=0):
+        self.calls.append(("trigger", session_id, epoch, target.agent_id, split_tokens,
+                           dict(stream_suffix=stream_suffix, recompute_prefix=recompute_prefix, scheme=scheme)))
+        if self.gate is not None:
+            await self.gate.wait()
+        if target.agent_id in self.reject_targets:
+            return reply(pallas_pb2.STATUS_REJECTED, message="model mismatch", session_id=session_id, epoch=epoch)
+        return reply(session_id=session_id, epoch=epoch, state="migrating", split_tokens=split_tokens or 64)
+
+    async def cancel(self, session_id, epoch, reason=""):
+        self.calls.append(("cancel", session_id, epoch, reason))
+        return reply(session_id=session_id, epoch=epoch, state="serving")
+
+    async def commit(self, session_id, epoch, actual_target, *, split_tokens=None, ship_blocks="suffix",
+                     ship_tail=True, scheme=0):
+        self.calls.append(("commit", session_id, epoch, actual_target.agent_id, split_tokens,
+                           dict(ship_blocks=ship_blocks, scheme=scheme)))
+        if actual_target.agent_id in self.reject_targets:
+            return reply(pallas_pb2.STATUS_REJECTED, message="target cannot serve the model",
+                         session_id=session_id, epoch=epoch, state="serving")
+        if self.store is not None and actual_target.agent_id in self.peers:
+            await asyncio.sleep(self.commit_delay_s)
+            handover(self.store, session_id, actual_target.agent_id, *self.peers[actual_target.agent_id])
+        return reply(session_id=session_id, epoch=epoch, state="handed_over", split_tokens=split_tokens or 0)
+
+    def ops(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+
+def handover(src_store: SessionStore, sid: str, target_id: str, dst_store: SessionStore, dst_engine: FakeEngine) -> Session:
+    """Move a session the way the real core does: freeze at the source, resume at the target."""
+    s = src_store.get(sid)
+    s.frozen_at = len(s.output_token_ids)
+    t = Session(session_id=sid, ue_id=s.ue_id, prompt_token_ids=list(s.prompt_token_ids), sampling=s.sampling,
+                output_token_ids=list(s.output_token_ids), token_times=list(s.token_times), epoch=s.epoch,
+                resumed_from=len(s.output_token_ids))
+    t.state = SessionState.RESUMED
+    dst_store.add(t)
+    dst_engine.start(t)
+    s.info["handed_over_to"] = target_id
+    s.set_state(SessionState.HANDED_OVER)
+    return t
+
+
+class ServedApp:
+    """Run an ASGI app with uvicorn on an ephemeral loopback port inside the current loop."""
+
+    def __init__(self, app) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "ServedApp":
+        self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
+        while not self.server.started:
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.server.force_exit = True
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(self.task, 5)
+        self.sock.close()

@@ -1,0 +1,237 @@
+"""UE front and UE client over real HTTP (uvicorn on loopback) with fake engines (no vLLM)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from agent.client import SessionError, UESession
+from agent.frontend import SessionFront
+from agent.session import SessionState, SessionStore
+
+import fakes_agent as fk
+
+PROMPT = [5, 9, 11, 300, 2]
+N = 60
+
+
+def expected(n=N, prompt=PROMPT):
+    return [fk.expected_token(prompt, i) for i in range(n)]
+
+
+class Agent:
+    def __init__(self, agent_id, step_s=0.005, **kw):
+        self.id = agent_id
+        self.store = SessionStore()
+        self.engine = fk.FakeEngine(step_s)
+        self.opened = []
+        self.front = SessionFront(self.store, self.engine, agent_id=agent_id, resume_wait_s=3.0,
+                                  on_open=lambda s, sch: self.opened.append((s.session_id, sch)), **kw)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_open_streams_every_token_with_indices_and_header():
+    a = Agent("a")
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as srv:
+            ue = UESession(srv.url, ue_id="ue1")
+            hdr = await ue.open(prompt_token_ids=PROMPT, max_tokens=N, scheme="ctho")
+            toks = await ue.run()
+            await ue.close()
+            async with httpx.AsyncClient() as c:
+                info = (await c.get(f"{srv.url}/v1/sessions/{ue.session_id}")).json()
+                metrics = (await c.get(f"{srv.url}/metrics")).text
+            return hdr, toks, ue, info, metrics
+
+    hdr, toks, ue, info, metrics = run(go())
+    assert hdr["object"] == "session" and hdr["agent_id"] == "a" and hdr["prompt_tokens"] == len(PROMPT)
+    assert toks == expected()
+    assert [r.index for r in ue.records] == list(range(N))
+    assert ue.end["state"] == "finished" and ue.end["finish_reason"] == "length" and ue.end["next_index"] == N
+    assert info["state"] == "finished" and info["output_tokens"] == N and info["ue_id"] == "ue1"
+    assert a.opened[0][1] == 4  # SCHEME_CTHO pinned for the session
+    assert 'pallas_sessions{state="finished"} 1.0' in metrics
+    assert all(x >= 0 for x in ue.itls())
+
+
+def test_bad_requests_are_refused_clearly():
+    a = Agent("a")
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as srv, httpx.AsyncClient() as c:
+            r1 = await c.post(f"{srv.url}/v1/sessions", json={"prompt": "hello"})
+            r2 = await c.post(f"{srv.url}/v1/sessions", json={"prompt_token_ids": [1, -2]})
+            r3 = await c.post(f"{srv.url}/v1/sessions", json={"prompt_token_ids": [1], "max_tokens": 0})
+            r4 = await c.post(f"{srv.url}/v1/sessions", content=b"{not json")
+            r5 = await c.post(f"{srv.url}/v1/sessions", json={"prompt_token_ids": [1], "scheme": "warp"})
+            r6 = await c.get(f"{srv.url}/v1/sessions/nope")
+            ok = await c.post(f"{srv.url}/v1/sessions", json={"prompt_token_ids": [1], "session_id": "x",
+                                                              "stream": False})
+            dup = await c.post(f"{srv.url}/v1/sessions", json={"prompt_token_ids": [1], "session_id": "x"})
+            return r1, r2, r3, r4, r5, r6, ok, dup
+
+    r1, r2, r3, r4, r5, r6, ok, dup = run(go())
+    assert r1.status_code == 400 and "tokenizer" in r1.json()["error"]["message"]
+    for r in (r2, r3, r4, r5):
+        assert r.status_code == 400, r.text
+    assert r6.status_code == 404 and dup.status_code == 409
+    assert ok.status_code == 200 and ok.json()["session_id"] == "x"
+
+
+def test_session_outlives_the_ue_stream_and_resumes_from_an_index():
+    a = Agent("a")
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as srv:
+            ue = UESession(srv.url, ue_id="ue1")
+            await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+            async for rec in ue.tokens():
+                if rec.index == 9:
+                    break
+            await ue.close()  # the UE drops off; the session decodes on
+            await asyncio.sleep(0.1)
+            ue2 = UESession(srv.url, ue_id="ue1", session_id=ue.session_id)
+            ue2.records = list(ue.records)
+            await ue2.resume()
+            return await ue2.run(), ue2
+
+    toks, ue2 = run(go())
+    assert toks == expected()
+    # Tokens decoded while the UE was away arrive in a burst when it comes back.
+    assert ue2.records[10].index == 10
+
+
+def test_handover_with_commit_in_flight_relays_then_serves_locally():
+    """The UE reaches B before the commit lands: B relays A, then serves its own copy."""
+    a, b = Agent("a", step_s=0.01), Agent("b", step_s=0.01)
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
+            ue = UESession(sa.url, ue_id="ue1")
+            await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+            moved = None
+            async for rec in ue.tokens():
+                if rec.index == 14 and moved is None:
+                    await ue.handover(sb.url)
+                    async def commit():
+                        await asyncio.sleep(0.15)  # the xApp's commit arrives after the UE
+                        fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
+                    moved = asyncio.create_task(commit())
+            await moved
+            await ue.close()
+            return ue
+
+    ue = run(go())
+    assert ue.token_ids == expected()
+    relayed = [r for r in ue.records if r.relayed_by == "b"]
+    local_b = [r for r in ue.records if r.agent_id == "b" and r.relayed_by is None]
+    assert relayed and local_b, "expected a relayed stretch then local serving at B"
+    assert max(r.index for r in relayed) < min(r.index for r in local_b)
+    assert ue.handovers[0].next_index >= 15 and len(ue.handover_gaps()) == 1
+
+
+def test_handover_after_commit_serves_locally_from_the_right_index():
+    a, b = Agent("a", step_s=0.01), Agent("b", step_s=0.01)
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
+            ue = UESession(sa.url, ue_id="ue1")
+            await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+            async for rec in ue.tokens():
+                if rec.index == 19 and not ue.handovers:
+                    fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
+                    await ue.handover(sb.url)
+            await ue.close()
+            return ue
+
+    ue = run(go())
+    assert ue.token_ids == expected()
+    after = ue.records[ue.handovers[0].next_index:]
+    assert after and all(r.agent_id == "b" and r.relayed_by is None for r in after)
+    assert a.store.get(ue.session_id).state == SessionState.HANDED_OVER
+
+
+def test_detour_relays_every_later_token_through_the_new_agent():
+    a, b = Agent("a"), Agent("b")
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
+            ue = UESession(sa.url, ue_id="ue1")
+            await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+            async for rec in ue.tokens():
+                if rec.index == 9 and not ue.handovers:
+                    await ue.handover(sb.url)
+            await ue.close()
+            return ue
+
+    ue = run(go())
+    assert ue.token_ids == expected()
+    after = ue.records[ue.handovers[0].next_index:]
+    assert after and all(r.relayed_by == "b" and r.agent_id == "a" for r in after)
+    assert ue.end["state"] == "finished" and ue.end["relayed_by"] == "b"
+    assert b.store.get(ue.session_id) is None  # B never held the session
+
+
+def test_a_to_b_to_a_with_stale_record_at_a():
+    a, b = Agent("a", step_s=0.01), Agent("b", step_s=0.01)
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
+            ue = UESession(sa.url, ue_id="ue1")
+            await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+            async for rec in ue.tokens():
+                if rec.index == 14 and len(ue.handovers) == 0:
+                    fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
+                    await ue.handover(sb.url)
+                elif rec.index == 34 and len(ue.handovers) == 1:
+                    await ue.handover(sa.url)  # A still holds its old handed-over record
+
+                    async def back():
+                        await asyncio.sleep(0.1)
+                        fk.handover(b.store, ue.session_id, "a", a.store, a.engine)
+                    asyncio.create_task(back())
+            await ue.close()
+            return ue
+
+    ue = run(go())
+    assert ue.token_ids == expected()
+    assert [h.to_url.split(":")[-1] for h in ue.handovers][0] != [h.to_url.split(":")[-1] for h in ue.handovers][1]
+    assert ue.records[-1].agent_id == "a" and ue.records[-1].relayed_by is None
+
+
+def test_resume_of_unknown_session_without_origin_is_404():
+    a = Agent("a")
+    a.front.resume_wait_s = 0.1
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as sa:
+            ue = UESession(sa.url, ue_id="ue1", session_id="ghost")
+            await ue.resume()
+            with pytest.raises(SessionError, match="404"):
+                await ue.run()
+
+    run(go())
+
+
+def test_client_refuses_a_diverging_resume():
+    ue = UESession("http://127.0.0.1:1", ue_id="x")
+    ue._on_token({"index": 0, "token_id": 5})
+    ue._on_token({"index": 0, "token_id": 5})  # duplicate is dropped
+    assert ue.token_ids == [5]
+    with pytest.raises(SessionError, match="differs"):
+        ue._on_token({"index": 0, "token_id": 6})
+    with pytest.raises(SessionError, match="gap"):
+        ue._on_token({"index": 3, "token_id": 6})
+
+
+def test_sse_shape():
+    from agent.frontend import sse
+    assert sse({"a": 1}) == b'data: {"a":1}\n\n' and sse("[DONE]") == b"data: [DONE]\n\n"
+    assert json.loads(sse({"x": [1, 2]})[6:]) == {"x": [1, 2]}

@@ -1,0 +1,132 @@
+"""The Migrator's target side and its control-call guards, with fakes (no vLLM, no network)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pallas_proto import pallas_pb2 as pb
+
+from agent.ipc import BlockHub, crc32
+from agent.migration import MigrationConfig, Migrator
+from agent.session import SamplingSpec, Session, SessionState, SessionStore
+
+IDENT = pb.ModelIdentity(model="tiny", weights_digest="ab", dtype="float32",
+                         kv_cache_dtype="auto", block_size=32, backend="cpu/CPU_ATTN/vec",
+                         kv_bytes_per_token=2048, num_layers=2, block_bytes=65536)
+
+
+class FakeEngine:
+    def __init__(self):
+        self.prefills: list[list[int]] = []
+        self.started: list[tuple[Session, dict]] = []
+
+    async def prefill(self, ids, **kw):
+        self.prefills.append(list(ids))
+        return {}
+
+    def start(self, session, *, kv_transfer_params=None):
+        self.started.append((session, kv_transfer_params))
+
+    async def abort(self, session):
+        pass
+
+
+def _migrator(free_blocks=1000):
+    hub = BlockHub()
+    hub.sched_info = {"free_blocks": free_blocks, "block_size": 32}
+    eng = FakeEngine()
+    m = Migrator(agent_id="b", peer_address="127.0.0.1:1", sessions=SessionStore(), engine=eng,
+                 hub=hub, identity=lambda: IDENT,
+                 config=MigrationConfig(claim_wait_s=0.05, resume_deadline_s=0.01))
+    return m, hub, eng
+
+
+def _prep(epoch=1, prefix=64, model=IDENT, expected=1000):
+    return pb.PrepareRequest(session_id="s", epoch=epoch, model=model,
+                             prefix_token_ids=list(range(prefix)), expected_kv_bytes=expected,
+                             source=pb.PeerEndpoint(agent_id="a", address="x:1"))
+
+
+def _blk(idx, epoch=1, data=b"\x01" * 16, crc=None):
+    return pb.KVBlock(session_id="s", epoch=epoch, block_index=idx, fill=32,
+                      checksum=crc32(data) if crc is None else crc, data=data)
+
+
+def test_prepare_admission_and_epochs():
+    async def run():
+        m, hub, eng = _migrator(free_blocks=2)
+        other = pb.ModelIdentity()
+        other.CopyFrom(IDENT)
+        other.weights_digest = "cd"
+        r = await m.on_prepare(_prep(model=other))
+        assert r.status == pb.STATUS_REJECTED and "weights_digest" in r.message
+        r = await m.on_prepare(_prep(expected=10**9))
+        assert r.status == pb.STATUS_REJECTED and r.free_kv_bytes == 2 * 65536
+        r = await m.on_prepare(_prep(prefix=40))
+        assert r.status == pb.STATUS_INVALID
+        assert (await m.on_prepare(_prep(epoch=2))).status == pb.STATUS_OK
+        assert (await m.on_prepare(_prep(epoch=2))).message == "already prepared"
+        await asyncio.sleep(0)
+        assert eng.prefills == [list(range(64))]   # warm-up with exactly the prefix
+        assert (await m.on_prepare(_prep(epoch=1))).status == pb.STATUS_STALE_EPOCH
+        # Blocks: only the prepared epoch is kept, bad checksums are rejected.
+        assert m.on_block(_blk(2, epoch=2)) == "ok"
+        assert m.on_block(_blk(3, epoch=1)) == "stale"
+        assert m.on_block(_blk(3, epoch=2, crc=5)) == "bad"
+        assert hub.store.num_blocks == 1
+        rel = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=1))
+        assert rel.status == pb.STATUS_STALE_EPOCH and hub.store.num_blocks == 1
+        rel = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=2))
+        assert rel.status == pb.STATUS_OK and rel.blocks_released == 1
+        assert m.held() == {"inbound": 0, "outbound": 0, "blocks": 0, "bytes": 0,
+                            "streams_queued": 0}
+        assert m.on_block(_blk(4, epoch=2)) == "stale"   # released: nothing is taken any more
+    asyncio.run(run())
+
+
+def test_sync_resumes_with_reduced_sampling_and_load_params():
+    async def run():
+        m, hub, eng = _migrator()
+        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        m.on_block(_blk(2))
+        tokens = list(range(100))       # 70 prompt + 30 generated
+        tail = _blk(3)
+        tail.fill = 3
+        rep = await m.on_sync(pb.SyncRequest(
+            session_id="s", epoch=1, token_ids=tokens, prompt_tokens=70, tail=tail,
+            streamed_blocks=1, split_tokens=64, ue_id="ue",
+            sampling=pb.SamplingParams(max_tokens=20, ignore_eos=True)))
+        assert rep.status == pb.STATUS_OK
+        s, params = eng.started[0]
+        assert s.state == SessionState.RESUMED and s.resumed_from == 30
+        assert s.remaining_tokens == 20 and s.all_token_ids == tokens
+        load = params["pallas"]["load"]
+        assert (load["first_block"], load["last_block"], load["prefix_len"]) == (2, 3, 64)
+        assert hub.store.count("s") == 2
+        # Sync of an unknown attempt is refused.
+        bad = await m.on_sync(pb.SyncRequest(session_id="zz", epoch=1, token_ids=[1]))
+        assert bad.status == pb.STATUS_UNKNOWN_SESSION
+    asyncio.run(run())
+
+
+def test_source_guards():
+    async def run():
+        m, hub, eng = _migrator()
+        tgt = pb.PeerEndpoint(agent_id="b", address="127.0.0.1:9")
+        r = await m.trigger("nope", 1, tgt)
+        assert r.status == pb.STATUS_UNKNOWN_SESSION
+        s = Session("s", "ue", list(range(40)), SamplingSpec(max_tokens=10))
+        s.set_state(SessionState.SERVING)
+        s.epoch = 5
+        m.sessions.add(s)
+        assert (await m.trigger("s", 4, tgt)).status == pb.STATUS_STALE_EPOCH
+        assert (await m.cancel("s", 4)).status == pb.STATUS_STALE_EPOCH
+        assert (await m.commit("s", 4, tgt)).status == pb.STATUS_STALE_EPOCH
+        assert (await m.commit("s", 5, tgt, ship_blocks="some")).status == pb.STATUS_INVALID
+        assert (await m.trigger("s", 5, pb.PeerEndpoint())).status == pb.STATUS_INVALID
+        r = await m.trigger("s", 6, tgt, proactive=False)
+        assert r.status == pb.STATUS_OK and r.split_tokens == 32
+        r = await m.cancel("s", 6)
+        assert r.status == pb.STATUS_OK and s.state == SessionState.SERVING
+        await m.peers.close()
+    asyncio.run(run())

@@ -1,0 +1,84 @@
+"""Whole-block slab copies with fake KV caches of two layouts (no vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent.connector.mover import BlockMover, WorkerSide, find_block_dim
+from agent.ipc import crc32
+
+
+def _caches(shape, n_layers=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn((n_layers, *shape), generator=g)
+    return {f"layer.{i}": base[i] for i in range(n_layers)}
+
+
+@pytest.mark.parametrize("shape,num_blocks,dim", [
+    ((10, 2, 32, 128), 10, 0),        # vLLM CPU: [num_blocks, H, N, 2*head_dim]
+    ((2, 10, 32, 2, 64), 10, 1),      # FlashAttention-like: [2, num_blocks, bs, H, D]
+])
+def test_copy_out_then_in_moves_exactly_one_block(shape, num_blocks, dim):
+    src, dst = _caches(shape, seed=1), _caches(shape, seed=2)
+    ms, md = BlockMover(src, num_blocks), BlockMover(dst, num_blocks)
+    assert ms.block_dim == dim
+    before = {k: v.clone() for k, v in dst.items()}
+    slab = ms.copy_out(7)
+    assert slab.shape[0] == 3 and slab.numel() * 4 == ms.block_bytes
+    md.copy_in(4, slab.numpy().tobytes())
+    for k in src:
+        assert torch.equal(dst[k].select(dim, 4), src[k].select(dim, 7))
+        for j in range(num_blocks):
+            if j != 4:
+                assert torch.equal(dst[k].select(dim, j), before[k].select(dim, j))
+    with pytest.raises(ValueError):
+        md.copy_in(4, b"\x00" * 12)
+
+
+def test_find_block_dim_and_mixed_layers_are_rejected():
+    assert find_block_dim((2, 5, 32), 5) == 1
+    with pytest.raises(ValueError):
+        find_block_dim((2, 4, 32), 5)
+    with pytest.raises(ValueError):
+        BlockMover({"a": torch.zeros(5, 2, 4), "b": torch.zeros(5, 2, 8)}, 5)
+    with pytest.raises(ValueError):
+        BlockMover({}, 5)
+
+
+class FakeLink:
+    def __init__(self, answers):
+        self.answers = answers
+        self.reports = []
+        self.sent = []
+
+    def fetch(self, blocks):
+        return self.answers
+
+    def report(self, hdr):
+        self.reports.append(hdr)
+
+    def send_block(self, hdr, slab):
+        self.sent.append((hdr, slab))
+
+
+def test_worker_never_loads_a_block_that_fails_its_check():
+    caches = _caches((6, 2, 32, 8))
+    ws = WorkerSide("tcp://127.0.0.1:9")
+    ws.mover = BlockMover(caches, 6)
+    good = ws.mover.copy_out(1).numpy().tobytes()
+    bad = bytes(len(good))
+    ws.link = FakeLink([(32, crc32(good), good), (32, crc32(good), bad), None,
+                        (10, crc32(good), good)])
+    before = {k: v.clone() for k, v in caches.items()}
+    ws.load([("s", 1, 3, 2, 32), ("s", 1, 4, 3, 32), ("s", 1, 5, 4, 32), ("s", 1, 6, 5, 20)])
+    for k in caches:
+        assert torch.equal(caches[k][2], before[k][1])              # loaded
+        for j in (3, 4, 5):
+            assert torch.equal(caches[k][j], before[k][j])          # untouched
+    assert ws.take_errors() == {3, 4, 5} and ws.take_errors() == set()
+    assert ws.link.reports == [{"t": "loaded", "sid": "s", "epoch": 1, "blocks": [3],
+                                "failed": [4, 5, 6]}]
+    ws.save([("s", 1, 0, 1, 32, False, 32)])
+    hdr, slab = ws.link.sent[0]
+    assert hdr["idx"] == 0 and slab.numpy().tobytes() == good

@@ -1,0 +1,272 @@
+"""E2AP / E2SM-RC / E2SM-KPM / NR RRC codec: hand-built messages, byte-identical round trips,
+the fast PER walkers against pycrate."""
+
+import math
+import random
+
+import pytest
+
+from xapp.e2 import codec as C
+from xapp.e2 import fastper, units
+
+
+# ----------------------------------------------------------------------------- units (TS 38.133)
+
+def test_ts38133_reporting_ranges():
+    assert units.rsrp_to_index(-156) == 0 and units.index_to_rsrp(0) == -156
+    assert units.rsrp_to_index(-99) == 57 and units.index_to_rsrp(57) == -99
+    assert units.rsrp_to_index(-200) == 0 and units.rsrp_to_index(0) == 127  # clamped
+    assert units.rsrq_to_index(-43) == 0 and units.index_to_rsrq(126) == 20
+    assert units.rsrq_to_index(-15.5) == 55 and units.index_to_rsrq(55) == -15.5
+    assert units.sinr_to_index(-23) == 0 and units.index_to_sinr(127) == 40.5
+    assert units.sinr_to_index(6.0) == 58 and units.index_to_sinr(58) == 6.0
+    for x in range(-156, -30):
+        assert units.quantise_rsrp(float(x)) == x
+    for h in range(-86, 41):
+        assert units.quantise_rsrq(h / 2) == h / 2
+
+
+def test_lpp_position_and_velocity_resolution():
+    for lat, lon in [(51.935604, -8.388186), (-33.9, 151.2), (0.0, 0.0), (89.99, 179.99)]:
+        s, n = units.lat_to_lpp(lat)
+        assert abs(units.lpp_to_lat(s, n) - lat) < 0.6e-5
+        assert abs(units.lpp_to_lon(units.lon_to_lpp(lon)) - lon) < 1.1e-5
+    assert units.speed_to_kmh(36 / 3.6) == 36 and units.heading_to_bearing(359.7) == 0
+    with pytest.raises(ValueError):
+        units.lat_to_lpp(91)
+
+
+def test_plmn_tbcd():
+    assert C.plmn_to_bytes("00101") == bytes([0x00, 0xF1, 0x10])
+    assert C.plmn_to_bytes("310410") == bytes([0x13, 0x00, 0x14])
+    for p in ("00101", "27201", "310410", "999999"):
+        assert C.plmn_from_bytes(C.plmn_to_bytes(p)) == p
+    with pytest.raises(C.E2DecodeError):
+        C.plmn_from_bytes(b"\xff\xff\xff")
+
+
+# ----------------------------------------------------------------------------- hand-built messages
+
+def test_hand_built_e2ap_indication_with_rc_message_copy_decodes():
+    """Every layer built by hand from the specifications' field names, then decoded by Pallas."""
+    from pycrate_asn1dir import E2AP, RRCNR
+    ul = RRCNR.NR_RRC_Definitions.UL_DCCH_Message
+    ul.set_val({"message": ("c1", ("measurementReport", {"criticalExtensions": ("measurementReport", {
+        "measResults": {
+            "measId": 2,
+            "measResultServingMOList": [{"servCellId": 0, "measResultServingCell": {
+                "physCellId": 101, "measResult": {"cellResults": {"resultsSSB-Cell": {"rsrp": 60, "rsrq": 70, "sinr": 80}}}}}],
+            "measResultNeighCells": ("measResultListNR", [
+                {"physCellId": 102, "measResult": {"cellResults": {"resultsSSB-Cell": {"rsrp": 55, "rsrq": 66}}}},
+                {"physCellId": 103, "measResult": {"cellResults": {"resultsSSB-Cell": {"rsrp": 50}}}}]),
+        }})}))})
+    rrc_bytes = ul.to_uper()
+    s = C.e2sm_spec()
+    ueid = s.encode("UEID", ("gNB-UEID", {
+        "amf-UE-NGAP-ID": 4242, "guami": {"pLMNIdentity": b"\x72\xf2\x10", "aMFRegionID": (b"\x80", 8),
+                                          "aMFSetID": (b"\x00\x40", 10), "aMFPointer": (b"\x04", 6)},
+        "ran-UEID": b"\x00\x00\x00\x00\x00\x00\x00\x09"}))
+    cgi = s.encode("CGI", ("nR-CGI", {"pLMNIdentity": b"\x72\xf2\x10", "nRCellIdentity": (b"\x00\xa8\x1b\x0c\x10", 36)}))
+    header = s.encode("E2SM-RC-IndicationHeader", {"ric-indicationHeader-formats": (
+        "indicationHeader-Format1", {"ric-eventTriggerCondition-ID": 5})})
+    message = s.encode("E2SM-RC-IndicationMessage", {"ric-indicationMessage-formats": ("indicationMessage-Format1", {
+        "ranP-Reported-List": [
+            {"ranParameter-ID": 3, "ranParameter-valueType": ("ranP-Choice-ElementTrue", {"ranParameter-value": ("valueOctS", rrc_bytes)})},
+            {"ranParameter-ID": 4, "ranParameter-valueType": ("ranP-Choice-ElementTrue", {"ranParameter-value": ("valueOctS", ueid)})},
+            {"ranParameter-ID": 6, "ranParameter-valueType": ("ranP-Choice-ElementTrue", {"ranParameter-value": ("valueOctS", cgi)})},
+        ]})})
+    pdu = E2AP.E2AP_PDU_Descriptions.E2AP_PDU
+    pdu.set_val(("initiatingMessage", {"procedureCode": 5, "criticality": "ignore", "value": ("RICindication", {"protocolIEs": [
+        {"id": 29, "criticality": "reject", "value": ("RICrequestID", {"ricRequestorID": 123, "ricInstanceID": 9})},
+        {"id": 5, "criticality": "reject", "value": ("RANfunctionID", 3)},
+        {"id": 15, "criticality": "reject", "value": ("RICactionID", 1)},
+        {"id": 27, "criticality": "reject", "value": ("RICindicationSN", 77)},
+        {"id": 28, "criticality": "reject", "value": ("RICindicationType", "report")},
+        {"id": 25, "criticality": "reject", "value": ("RICindicationHeader", header)},
+        {"id": 26, "criticality": "reject", "value": ("RICindicationMessage", message)},
+    ]})}))
+    ind = C.decode_ric_indication(pdu.to_aper())
+    assert (ind.ric_requestor_id, ind.ric_instance_id, ind.ran_function_id, ind.action_id, ind.sn) == (123, 9, 3, 1, 77)
+    copy = C.decode_rc_message_copy(ind.header, ind.message)
+    assert copy.condition_id == 5
+    assert copy.ue.key == "4242" and copy.ue.guami == C.Guami("27201", 128, 1, 1)
+    assert copy.ue.ran_ue_id == b"\x00" * 7 + b"\x09"
+    assert copy.cell == C.Cgi("27201", 0xA81B0C1, "nr")
+    r = C.decode_rrc_meas_report(copy.rrc)
+    assert r.meas_id == 2
+    pc = r.serving[0].cell
+    assert (pc.pci, pc.rsrp_dbm, pc.rsrq_db, pc.sinr_db) == (101, -96.0, -8.0, 17.0)
+    assert [(n.pci, n.rsrp_dbm) for n in r.neighbours] == [(102, -101.0), (103, -106.0)]
+    assert r.neighbours[0].rsrq_db == -10.0 and math.isnan(r.neighbours[1].rsrq_db)
+    assert math.isnan(r.lat) and math.isnan(r.speed_mps)
+
+
+def test_hand_built_kpm_format3_decodes():
+    s = C.e2sm_spec()
+    u = ("gNB-UEID", {"amf-UE-NGAP-ID": 5, "guami": {"pLMNIdentity": b"\x00\xf1\x10", "aMFRegionID": (b"\x01", 8),
+                                                      "aMFSetID": (b"\x00\x40", 10), "aMFPointer": (b"\x00", 6)}})
+    header = s.encode("E2SM-KPM-IndicationHeader", {"indicationHeader-formats": ("indicationHeader-Format1", {
+        "colletStartTime": C.time_to_ntp(1_700_000_000.25), "senderName": "gnb-7"})})
+    message = s.encode("E2SM-KPM-IndicationMessage", {"indicationMessage-formats": ("indicationMessage-Format3", {
+        "ueMeasReportList": [{"ueID": u, "measReport": {
+            "measData": [{"measRecord": [("real", -97.5), ("integer", 12), ("noValue", None)]}],
+            "measInfoList": [{"measType": ("measName", n), "labelInfoList": [{"measLabel": {"noLabel": "true"}}]}
+                             for n in ("L1M.SS-RSRP", "L1M.SS-SINR", "L1M.SS-RSRQ")],
+            "granulPeriod": 1000}}]})})
+    k = C.decode_kpm_indication(header, message)
+    assert k.collect_start == 1_700_000_000.25 and k.sender_name == "gnb-7"
+    (r,) = k.ue_reports
+    assert r.ue.key == "5" and r.granularity_ms == 1000
+    assert r.values == (("L1M.SS-RSRP", -97.5), ("L1M.SS-SINR", 12), ("L1M.SS-RSRQ", None))
+
+
+def test_subscription_payloads_decode_to_the_spec_fields():
+    s = C.e2sm_spec()
+    et = s.decode("E2SM-RC-EventTrigger", C.rc_event_trigger_message_copy(4))
+    item = et["ric-eventTrigger-formats"][1]["message-List"][0]
+    assert item["ric-eventTriggerCondition-ID"] == 4
+    assert item["messageType"] == ("messageType-Choice-RRC", {"rRC-Message": {"rrcType": ("nR", "uL-DCCH"), "messageID": 0}})
+    ad = s.decode("E2SM-RC-ActionDefinition", C.rc_action_definition_message_copy())
+    assert ad["ric-Style-Type"] == 1
+    assert [p["ranParameter-ID"] for p in ad["ric-actionDefinition-formats"][1]["ranP-ToBeReported-List"]] == [3, 4, 6]
+    kt = s.decode("E2SM-KPM-EventTriggerDefinition", C.kpm_event_trigger(500))
+    assert kt["eventDefinition-formats"] == ("eventDefinition-Format1", {"reportingPeriod": 500})
+    ka = s.decode("E2SM-KPM-ActionDefinition", C.kpm_action_definition_ue_level(["A", "B"], 100, C.Cgi("00101", 5)))
+    assert ka["ric-Style-Type"] == 4
+    f4 = ka["actionDefinition-formats"][1]
+    assert [m["measType"][1] for m in f4["subscriptionInfo"]["measInfoList"]] == ["A", "B"]
+    assert f4["matchingUeCondList"][0]["testCondInfo"]["testType"] == ("rSRP", "true")
+
+
+# ----------------------------------------------------------------------------- round trips
+
+UES = [
+    C.UeId(kind="gNB", amf_ue_ngap_id=1, guami=C.Guami()),
+    C.UeId(kind="gNB", amf_ue_ngap_id=(1 << 40) - 1, guami=C.Guami("310410", 255, 1023, 63), f1ap_ids=(1, 2),
+           e1ap_ids=(3,), ran_ue_id=b"12345678", xnap_id=99, global_gnb=C.GlobalGnbId("00101", 0xA81B, 22)),
+    C.UeId(kind="gNB-DU", f1ap_ids=(4294967295,), ran_ue_id=b"abcdefgh"),
+    C.UeId(kind="gNB-CU-UP", e1ap_ids=(0,)),
+]
+
+
+@pytest.mark.parametrize("u", UES, ids=lambda u: u.kind)
+def test_ueid_round_trip_byte_identical(u):
+    s = C.e2sm_spec()
+    b = s.encode("UEID", C.ueid_to_asn(u))
+    back = C.decode_ueid(b)
+    assert back == u
+    assert s.encode("UEID", C.ueid_to_asn(back)) == b
+
+
+@pytest.mark.parametrize("c", [C.Cgi("00101", (1 << 36) - 1, "nr"), C.Cgi("27201", 0xA81B0C, "eutra")])
+def test_cgi_round_trip_byte_identical(c):
+    s = C.e2sm_spec()
+    b = s.encode("CGI", C.cgi_to_asn(c))
+    assert C.decode_cgi(b) == c and s.encode("CGI", C.cgi_to_asn(C.decode_cgi(b))) == b
+
+
+def test_rrc_round_trip_byte_identical(e2):
+    rng = random.Random(3)
+    for _ in range(200):
+        r = e2.random_rrc(rng)
+        b = C.encode_rrc_meas_report(r)
+        back = C.decode_rrc_meas_report(b)
+        assert C.encode_rrc_meas_report(back) == b
+        assert back.serving[0].cell.rsrp_dbm == units.quantise_rsrp(r.serving[0].cell.rsrp_dbm) or (
+            math.isnan(r.serving[0].cell.rsrp_dbm))
+
+
+def test_rc_message_copy_round_trip_byte_identical(e2):
+    for u in UES:
+        for cell in (None, C.Cgi("00101", 123456789)):
+            m = C.RcMessageCopy(C.encode_rrc_meas_report(e2.rrc()), u, cell, condition_id=9)
+            h, msg = C.encode_rc_message_copy(m)
+            back = C.decode_rc_message_copy(h, msg)
+            assert back == m
+            assert C.encode_rc_message_copy(back) == (h, msg)
+
+
+def test_kpm_round_trip_byte_identical(e2):
+    k = C.KpmIndication(1_700_000_123.5, (
+        C.KpmUeReport(UES[0], (("L1M.SS-RSRP", -97.5), ("L1M.SS-SINR", 12), ("x", None)), 1000),
+        C.KpmUeReport(UES[2], (("L1M.SS-RSRQ", -10.0),))), sender_name="n")
+    h, m = C.encode_kpm_indication(k)
+    back = C.decode_kpm_indication(h, m)
+    assert back == k
+    assert C.encode_kpm_indication(back) == (h, m)
+
+
+def test_ric_indication_round_trip_byte_identical_and_pycrate_agrees():
+    rng = random.Random(5)
+    for _ in range(200):
+        ind = C.RicIndication(rng.randrange(65536), rng.randrange(65536), rng.randrange(4096), rng.randrange(256),
+                              bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40))),
+                              bytes(rng.randrange(256) for _ in range(rng.choice([0, 5, 127, 128, 300, 16000]))),
+                              rng.choice([None, rng.randrange(65536)]), rng.choice(["report", "insert"]),
+                              rng.choice([None, b"", b"\x01\x02"]))
+        b = C.encode_ric_indication(ind)
+        assert b == C.encode_ric_indication_pycrate(ind)
+        assert C.decode_ric_indication(b) == ind == C.decode_e2ap_pycrate(b)
+        assert C.encode_ric_indication(C.decode_ric_indication(b)) == b
+
+
+def test_subscription_payloads_round_trip_byte_identical():
+    s = C.e2sm_spec()
+    for t, b in [("E2SM-RC-EventTrigger", C.rc_event_trigger_message_copy()),
+                 ("E2SM-RC-ActionDefinition", C.rc_action_definition_message_copy()),
+                 ("E2SM-KPM-EventTriggerDefinition", C.kpm_event_trigger(1000)),
+                 ("E2SM-KPM-ActionDefinition", C.kpm_action_definition_ue_level(["L1M.SS-RSRP"], 1000))]:
+        assert s.encode(t, s.decode(t, b)) == b
+
+
+# ----------------------------------------------------------------------------- fast paths == pycrate
+
+def test_fast_rrc_encoder_and_decoder_match_pycrate(e2):
+    rng = random.Random(11)
+    for _ in range(400):
+        r = e2.random_rrc(rng)
+        b = C.encode_rrc_meas_report(r)
+        assert b == C.encode_rrc_meas_report_pycrate(r)
+        assert repr(C.decode_rrc_meas_report(b)) == repr(C.decode_rrc_meas_report_pycrate(b))
+
+
+def test_rrc_shapes_outside_the_fast_walker_fall_back_to_pycrate():
+    from pycrate_asn1dir import RRCNR
+    ul = RRCNR.NR_RRC_Definitions.UL_DCCH_Message
+    ul.set_val({"message": ("c1", ("measurementReport", {"criticalExtensions": ("measurementReport", {
+        "measResults": {"measId": 1, "measResultServingMOList": [{"servCellId": 0, "measResultServingCell": {
+            "physCellId": 1, "measResult": {"cellResults": {"resultsSSB-Cell": {"rsrp": 70}},
+                                            "rsIndexResults": {"resultsSSB-Indexes": [{"ssb-Index": 3}]}}}}]}})}))})
+    b = ul.to_uper()
+    with pytest.raises(fastper.Unsupported):
+        fastper.decode_meas_report(b)
+    assert C.decode_rrc_meas_report(b).serving[0].cell.rsrp_dbm == -86.0
+
+
+def test_fast_rc_params_match_asn1tools(e2):
+    s = C.e2sm_spec()
+    for u in UES:
+        for n in (0, 1, 127, 128, 5000):
+            items = [(3, b"\x01" * n), (4, C.encode_ueid(u)), (6, C.encode_cgi(C.Cgi("00101", 1))), (70000, b"x")]
+            msg = fastper.encode_rc_octs_params(items)
+            assert msg == s.encode("E2SM-RC-IndicationMessage", {"ric-indicationMessage-formats": (
+                "indicationMessage-Format1", {"ranP-Reported-List": [C._elem_octs(p, b) for p, b in items]})})
+            assert fastper.decode_rc_octs_params(msg) == C._rc_params_asn1tools(msg) == dict(items)
+
+
+def test_non_indication_e2ap_is_rejected_with_reason():
+    from pycrate_asn1dir import E2AP
+    pdu = E2AP.E2AP_PDU_Descriptions.E2AP_PDU
+    pdu.set_val(("initiatingMessage", {"procedureCode": 8, "criticality": "ignore", "value": (
+        "RICserviceQuery", {"protocolIEs": [{"id": 49, "criticality": "reject", "value": ("TransactionID", 1)}]})}))
+    with pytest.raises(C.E2DecodeError, match="not a RICindication"):
+        C.decode_ric_indication(pdu.to_aper())
+
+
+def test_truncated_pdus_raise_e2decodeerror_only(e2):
+    b = e2.rc_indication(e2.ue(), e2.rrc(lat=51.9, lon=-8.4, speed=10.0, heading=90.0))
+    for n in range(len(b)):
+        with pytest.raises(C.E2DecodeError):
+            ind = C.decode_ric_indication(b[:n])
+            c = C.decode_rc_message_copy(ind.header, ind.message)
+            C.decode_rrc_meas_report(c.rrc)

@@ -1,0 +1,156 @@
+"""E2 subscriptions through the OSC subscription manager's REST API (submgr).
+
+The xApp builds the ``SubscriptionParams`` JSON itself with the API's PascalCase names
+(ric-plt-xapp-frame-py ``api/xapp_rest_api.yaml``) and POSTs it to
+``<submgr>/ric/v1/subscriptions``. ricxappframe 3.2.2's ``NewSubscriber.Subscribe`` posts to
+the wrong path (without ``/subscriptions``) and with snake_case keys, so it is not used.
+
+Body of ``POST /ric/v1/subscriptions``::
+
+    {"SubscriptionId": "" (optional),
+     "ClientEndpoint": {"Host": str, "HTTPPort": int, "RMRPort": int},
+     "Meid": <E2 node name>, "RANFunctionID": 0..4095,
+     "E2SubscriptionDirectives": {"E2TimeoutTimerValue": s, "E2RetryCount": n,
+                                  "RMRRoutingNeeded": bool} (optional),
+     "SubscriptionDetails": [{"XappEventInstanceId": int, "EventTriggers": [octet values],
+        "ActionToBeSetupList": [{"ActionID": 0..255, "ActionType": "report"|"insert"|"policy",
+            "ActionDefinition": [octet values],
+            "SubsequentAction": {"SubsequentActionType": "continue"|"wait",
+                                 "TimeToWait": "zero"|"w1ms"|...} (optional)}]}]}
+
+The response (201) is ``{"SubscriptionId": str, "SubscriptionInstances": [...]}``; submgr
+then POSTs the E2 outcome to the xApp's ``/ric/v1/subscriptions/response`` and the
+indications arrive over RMR (12050) with the RMR sub id = the E2 instance id.
+
+The E2SM payloads come from :mod:`xapp.e2.codec`: E2SM-RC REPORT Style 1 on NR UL-DCCH
+MeasurementReport (:func:`rc_message_copy_details`) and E2SM-KPM REPORT Style 4 UE-level
+measurements (:func:`kpm_ue_details`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import structlog
+
+from . import codec
+
+log = structlog.get_logger("xapp.e2.subscription")
+
+SUBMGR_URL = "http://service-ricplt-submgr-http.ricplt:8088/ric/v1"
+TIME_TO_WAIT = ("zero", "w1ms", "w2ms", "w5ms", "w10ms", "w20ms", "w30ms", "w40ms", "w50ms",
+                "w100ms", "w200ms", "w500ms", "w1s", "w2s", "w5s", "w10s", "w20s", "w60s")
+
+
+class SubscriptionError(RuntimeError):
+    """submgr refused or could not be reached; ``status`` is the HTTP status (0 if none)."""
+
+    def __init__(self, msg: str, status: int = 0) -> None:
+        super().__init__(msg)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Action:
+    """One RIC action to set up: id 0..255, type, E2SM action definition octets, and an optional
+    subsequent action (type 'continue'|'wait', time to wait one of :data:`TIME_TO_WAIT`)."""
+
+    action_id: int
+    definition: bytes
+    action_type: str = "report"
+    subsequent_type: str | None = None
+    time_to_wait: str = "zero"
+
+    def to_json(self) -> dict:
+        if not 0 <= self.action_id <= 255:
+            raise ValueError("ActionID must be 0..255")
+        if self.action_type not in ("report", "insert", "policy"):
+            raise ValueError(f"ActionType {self.action_type!r}")
+        d: dict[str, Any] = {"ActionID": self.action_id, "ActionType": self.action_type,
+                             "ActionDefinition": list(self.definition)}
+        if self.subsequent_type is not None:
+            if self.subsequent_type not in ("continue", "wait") or self.time_to_wait not in TIME_TO_WAIT:
+                raise ValueError("SubsequentAction type/time to wait")
+            d["SubsequentAction"] = {"SubsequentActionType": self.subsequent_type,
+                                     "TimeToWait": self.time_to_wait}
+        return d
+
+
+def subscription_params(*, host: str, http_port: int, rmr_port: int, meid: str, ran_function_id: int,
+                        event_trigger: bytes, actions: Sequence[Action], xapp_event_instance_id: int = 1,
+                        subscription_id: str | None = None, e2_timeout_s: int | None = None,
+                        e2_retry_count: int | None = None, rmr_routing_needed: bool | None = None) -> dict:
+    """The ``SubscriptionParams`` JSON object (PascalCase, as submgr's API names them)."""
+    if not 0 <= ran_function_id <= 4095:
+        raise ValueError("RANFunctionID must be 0..4095")
+    if not actions:
+        raise ValueError("at least one action")
+    p: dict[str, Any] = {
+        "ClientEndpoint": {"Host": host, "HTTPPort": http_port, "RMRPort": rmr_port},
+        "Meid": meid,
+        "RANFunctionID": ran_function_id,
+        "SubscriptionDetails": [{
+            "XappEventInstanceId": xapp_event_instance_id,
+            "EventTriggers": list(event_trigger),
+            "ActionToBeSetupList": [a.to_json() for a in actions],
+        }],
+    }
+    if subscription_id is not None:
+        p["SubscriptionId"] = subscription_id
+    directives = {k: v for k, v in (("E2TimeoutTimerValue", e2_timeout_s), ("E2RetryCount", e2_retry_count),
+                                    ("RMRRoutingNeeded", rmr_routing_needed)) if v is not None}
+    if directives:
+        p["E2SubscriptionDirectives"] = directives
+    return p
+
+
+def rc_message_copy_details(action_id: int = 1, condition_id: int = 1) -> tuple[bytes, list[Action]]:
+    """(event trigger, actions) for E2SM-RC REPORT Style 1 on NR UL-DCCH MeasurementReport."""
+    return (codec.rc_event_trigger_message_copy(condition_id),
+            [Action(action_id, codec.rc_action_definition_message_copy())])
+
+
+def kpm_ue_details(names: Sequence[str], period_ms: int = 1000, action_id: int = 1,
+                   cell: codec.Cgi | None = None) -> tuple[bytes, list[Action]]:
+    """(event trigger, actions) for E2SM-KPM REPORT Style 4: ``names`` per UE every ``period_ms``."""
+    return (codec.kpm_event_trigger(period_ms),
+            [Action(action_id, codec.kpm_action_definition_ue_level(names, period_ms, cell))])
+
+
+class SubmgrClient:
+    """A small client for submgr's REST API (``requests``; ``session`` injectable for tests)."""
+
+    def __init__(self, base_url: str = SUBMGR_URL, timeout_s: float = 5.0, session: Any = None) -> None:
+        import requests
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.session = session or requests.Session()
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        import requests
+        url = f"{self.base_url}{path}"
+        try:
+            r = self.session.request(method, url, timeout=self.timeout_s, **kw)
+        except requests.RequestException as e:
+            raise SubscriptionError(f"{method} {url}: {e}") from None
+        if r.status_code >= 300:
+            raise SubscriptionError(f"{method} {url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
+        return r.json() if r.content else None
+
+    def subscribe(self, params: dict) -> dict:
+        """POST /subscriptions; returns the response ``{"SubscriptionId", "SubscriptionInstances"}``."""
+        out = self._call("POST", "/subscriptions", json=params)
+        if not isinstance(out, dict) or "SubscriptionId" not in out:
+            raise SubscriptionError(f"unexpected submgr response {out!r}")
+        log.info("e2_subscribed", meid=params.get("Meid"), ran_function=params.get("RANFunctionID"),
+                 subscription_id=out["SubscriptionId"])
+        return out
+
+    def unsubscribe(self, subscription_id: str) -> None:
+        """DELETE /subscriptions/{id}."""
+        self._call("DELETE", f"/subscriptions/{subscription_id}")
+
+    def list(self) -> Any:
+        """GET /subscriptions."""
+        return self._call("GET", "/subscriptions")

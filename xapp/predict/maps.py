@@ -1,0 +1,442 @@
+"""What the predictors learn from association history: cell areas, successors, neighbour relations.
+
+- ``AssociationMap``: square tiles (metres, on a local equirectangular frame around a fixed
+  origin) -> how often each cell served there. The cell areas of the CVH predictor.
+- ``TransitionModel``: handover counts A -> B and (C, A) -> B (C the cell served before A);
+  gives P(target | serving, previous serving) with back-off, the "most frequent successor"
+  and the ping-pong return (C -> A -> C).
+- ``NeighbourRelations``: the neighbour relation table (NRT) (serving cell, neighbour PCI) ->
+  neighbour cell id. A MeasurementReport names neighbours by PCI only (TS 38.331 MeasResultNR
+  carries physCellId); the global identity needs an NRT, as the gNB keeps one (TS 38.300
+  §15.3 ANR). Learned from (a) reports whose neighbours already carry a cell id (E2 node
+  resolved them), (b) handovers: after A -> B the first report on B gives B's PCI, so
+  (A, pci_B) -> B; (c) any report's serving (PCI, cell) pair, as a PCI -> cell fallback when
+  PCIs are unique in the area. It can also be given whole (``NeighbourRelations.from_table``,
+  e.g. ``xapp.sim.radio.Network.neighbour_relations()`` or an operator's configuration).
+
+- ``HandoverPlaces``: where each cell's handovers happened (position, heading, target).
+
+``Knowledge`` bundles them, learns offline from whole drives (positions interpolated
+between GPS fixes, which is fine offline) and online from each new report (causal: only the
+newest fix is used). Counts add and subtract, so leave-one-drive-out folds are cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from xapp.drivetest import EARTH_RADIUS_M, Drive
+from xapp.tracks import MeasurementReport
+
+_K = math.pi / 180.0 * EARTH_RADIUS_M
+
+
+class LocalFrame:
+    """Equirectangular metres east/north of a fixed origin (good to <1% over tens of km)."""
+
+    __slots__ = ("lat0", "lon0", "kx", "ky")
+
+    def __init__(self, lat0: float, lon0: float) -> None:
+        self.lat0, self.lon0 = lat0, lon0
+        self.kx = _K * math.cos(math.radians(lat0))
+        self.ky = _K
+
+    def xy(self, lat, lon):
+        """(lat, lon) degrees -> (x, y) metres; scalars or arrays."""
+        return (np.asarray(lon) - self.lon0) * self.kx, (np.asarray(lat) - self.lat0) * self.ky
+
+
+class AssociationMap:
+    """Tile -> serving-cell counts. ``tile_m`` square tiles on ``frame`` (set on first use).
+
+    ``lookup(x, y)`` gives (majority cell, its count, purity = its share) of the tile at a point;
+    (-1, 0, 0) for an unknown tile. Counts can be added (``add``) and removed (``remove``).
+    """
+
+    def __init__(self, tile_m: float = 35.0, frame: LocalFrame | None = None) -> None:
+        self.tile_m = tile_m
+        self.frame = frame
+        self.tiles: dict[tuple[int, int], Counter] = {}
+        self._maj: dict[tuple[int, int], tuple[int, int, int]] = {}
+
+    def _key(self, x: float, y: float) -> tuple[int, int]:
+        return (int(math.floor(x / self.tile_m)), int(math.floor(y / self.tile_m)))
+
+    def ensure_frame(self, lat: float, lon: float) -> LocalFrame:
+        if self.frame is None:
+            self.frame = LocalFrame(lat, lon)
+        return self.frame
+
+    def add_xy(self, x: float, y: float, cell: int, n: int = 1) -> None:
+        k = self._key(x, y)
+        c = self.tiles.get(k)
+        if c is None:
+            c = self.tiles[k] = Counter()
+        c[cell] += n
+        m = self._maj.get(k)
+        tot = (m[2] if m else 0) + n
+        if m is None or m[0] == cell or c[cell] > m[1]:
+            self._maj[k] = (cell, c[cell], tot)
+        else:
+            self._maj[k] = (m[0], m[1], tot)
+
+    def add_latlon(self, lat: float, lon: float, cell: int, n: int = 1) -> None:
+        f = self.ensure_frame(lat, lon)
+        x, y = f.xy(lat, lon)
+        self.add_xy(float(x), float(y), cell, n)
+
+    def merge(self, other: "AssociationMap", sign: int = 1) -> None:
+        """Add (sign=1) or remove (sign=-1) another map's counts (same tile size and frame)."""
+        if other.tile_m != self.tile_m:
+            raise ValueError("tile sizes differ")
+        if self.frame is None:
+            self.frame = other.frame
+        for k, cnt in other.tiles.items():
+            c = self.tiles.setdefault(k, Counter())
+            for cell, n in cnt.items():
+                c[cell] += sign * n
+                if c[cell] <= 0:
+                    del c[cell]
+            if not c:
+                del self.tiles[k]
+                self._maj.pop(k, None)
+            else:
+                best, bn = c.most_common(1)[0]
+                self._maj[k] = (best, bn, sum(c.values()))
+
+    def lookup(self, x: float, y: float) -> tuple[int, int, float]:
+        m = self._maj.get(self._key(x, y))
+        if m is None:
+            return -1, 0, 0.0
+        return m[0], m[1], m[1] / m[2]
+
+    def share(self, x: float, y: float, cell: int) -> float:
+        """Share of ``cell`` among the observations of the tile at (x, y); 0 if unknown."""
+        c = self.tiles.get(self._key(x, y))
+        if not c:
+            return 0.0
+        return c.get(cell, 0) / max(1, sum(c.values()))
+
+    def copy(self) -> "AssociationMap":
+        m = AssociationMap(self.tile_m, self.frame)
+        m.tiles = {k: Counter(v) for k, v in self.tiles.items()}
+        m._maj = dict(self._maj)
+        return m
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+
+class TransitionModel:
+    """Handover counts: first order A -> B and second order (C, A) -> B.
+
+    ``probs(serving, previous)`` returns {B: P(B | A=serving, C=previous)}, the second-order
+    estimate smoothed towards the first-order one: P = (n2(C,A,B) + beta * P1(B|A)) / (N2 + beta),
+    P1 = (n1(A,B) + s) / (N1(A) + s |B seen from A|).
+    """
+
+    def __init__(self, smoothing: float = 0.5, backoff_weight: float = 1.0) -> None:
+        self.s = smoothing
+        self.beta = backoff_weight
+        self.n1: dict[int, Counter] = defaultdict(Counter)
+        self.n2: dict[tuple[int, int], Counter] = defaultdict(Counter)
+
+    def add(self, prev: int, src: int, dst: int, n: int = 1) -> None:
+        self.n1[src][dst] += n
+        if prev >= 0:
+            self.n2[(prev, src)][dst] += n
+
+    def merge(self, other: "TransitionModel", sign: int = 1) -> None:
+        for a, c in other.n1.items():
+            for b, n in c.items():
+                self.n1[a][b] += sign * n
+        for k, c in other.n2.items():
+            for b, n in c.items():
+                self.n2[k][b] += sign * n
+
+    def probs(self, serving: int, previous: int = -1) -> dict[int, float]:
+        c1 = self.n1.get(serving)
+        cands = {b: n for b, n in c1.items() if n > 0} if c1 else {}
+        c2 = self.n2.get((previous, serving)) if previous >= 0 else None
+        if c2:
+            for b, n in c2.items():
+                if n > 0:
+                    cands.setdefault(b, 0)
+        if not cands:
+            return {}
+        n1tot = sum(cands.values())
+        k = len(cands)
+        p1 = {b: (n + self.s) / (n1tot + self.s * k) for b, n in cands.items()}
+        if not c2:
+            return p1
+        n2tot = sum(max(n, 0) for n in c2.values())
+        return {b: (max(c2.get(b, 0), 0) + self.beta * p1[b]) / (n2tot + self.beta) for b in cands}
+
+    def copy(self) -> "TransitionModel":
+        t = TransitionModel(self.s, self.beta)
+        for a, c in self.n1.items():
+            t.n1[a] = Counter(c)
+        for k, c in self.n2.items():
+            t.n2[k] = Counter(c)
+        return t
+
+
+class HandoverPlaces:
+    """Where handovers happened: per source cell, the positions (metres on the map's frame),
+    headings (degrees) and targets of observed handovers (the "HO-event map").
+
+    ``ahead(source, x, y, heading, ...)`` finds the handovers of the serving cell that lie
+    ahead on the straight (constant heading) path: within ``lateral_m`` of it, driven in a
+    heading within ``max_dheading`` degrees. It returns the along-path distance to the nearest
+    such place (median over the events within ``cluster_m`` of it), the majority target there
+    and its vote share and count.
+    """
+
+    def __init__(self) -> None:
+        self.events: dict[int, Counter] = defaultdict(Counter)   # source -> {(x, y, hd, target): n}
+        self._arr: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def add(self, source: int, target: int, x: float, y: float, heading: float, n: int = 1) -> None:
+        if not (x == x and y == y and heading == heading):
+            return
+        self.events[source][(round(x, 1), round(y, 1), round(heading, 1), target)] += n
+        self._arr.pop(source, None)
+
+    def merge(self, other: "HandoverPlaces", sign: int = 1) -> None:
+        for src, c in other.events.items():
+            mine = self.events[src]
+            for k, n in c.items():
+                mine[k] += sign * n
+                if mine[k] <= 0:
+                    del mine[k]
+            self._arr.pop(src, None)
+
+    def _arrays(self, source: int):
+        a = self._arr.get(source)
+        if a is None:
+            ev = [(k, n) for k, n in self.events.get(source, {}).items() if n > 0]
+            if ev:
+                xs = np.array([k[0] for k, n in ev for _ in range(n)])
+                ys = np.array([k[1] for k, n in ev for _ in range(n)])
+                hs = np.array([k[2] for k, n in ev for _ in range(n)])
+                ts = np.array([k[3] for k, n in ev for _ in range(n)], dtype=np.int64)
+            else:
+                xs = ys = hs = np.zeros(0)
+                ts = np.zeros(0, dtype=np.int64)
+            a = self._arr[source] = (xs, ys, hs, ts)
+        return a
+
+    def ahead(self, source: int, x: float, y: float, heading: float, lateral_m: float = 20.0,
+              max_dheading: float = 45.0, behind_m: float = 10.0, reach_m: float = 300.0,
+              cluster_m: float = 30.0) -> tuple[float, int, float, int] | None:
+        """(distance ahead in m, target, vote share, events) of the nearest handover place ahead."""
+        xs, ys, hs, ts = self._arrays(source)
+        if xs.size == 0:
+            return None
+        ux, uy = math.sin(math.radians(heading)), math.cos(math.radians(heading))
+        dx, dy = xs - x, ys - y
+        along = dx * ux + dy * uy
+        lat = np.abs(dx * uy - dy * ux)
+        dh = np.abs((hs - heading + 180.0) % 360.0 - 180.0)
+        ok = (lat <= lateral_m) & (dh <= max_dheading) & (along >= -behind_m) & (along <= reach_m)
+        if not ok.any():
+            return None
+        al = along[ok]
+        tg = ts[ok]
+        near = al <= al.min() + cluster_m
+        cnt = Counter(tg[near].tolist())
+        target, votes = cnt.most_common(1)[0]
+        d = float(np.median(al[near & (tg == target)]))
+        return max(d, 0.0), int(target), votes / int(near.sum()), int(near.sum())
+
+    def copy(self) -> "HandoverPlaces":
+        p = HandoverPlaces()
+        for k, c in self.events.items():
+            p.events[k] = Counter(c)
+        return p
+
+
+class NeighbourRelations:
+    """The neighbour relation table: (serving cell, PCI) -> neighbour cell id, with a
+    PCI -> cell fallback for PCIs seen with one cell only. See the module doc for how it is
+    learned."""
+
+    def __init__(self) -> None:
+        self.pair: dict[tuple[int, int], Counter] = defaultdict(Counter)
+        self.by_pci: dict[int, Counter] = defaultdict(Counter)
+
+    @classmethod
+    def from_table(cls, table: dict[tuple[int, int], int]) -> "NeighbourRelations":
+        """A given NRT: {(serving cell, neighbour PCI): neighbour cell}."""
+        n = cls()
+        for (s, p), c in table.items():
+            n.pair[(s, p)][c] += 1000
+        return n
+
+    def add(self, serving: int, pci: int, cell: int, n: int = 1) -> None:
+        if pci < 0 or cell < 0:
+            return
+        if serving >= 0:
+            self.pair[(serving, pci)][cell] += n
+        self.by_pci[pci][cell] += n
+
+    def add_serving(self, pci: int, cell: int) -> None:
+        if pci >= 0 and cell >= 0:
+            self.by_pci[pci][cell] += 1
+
+    def resolve(self, serving: int, pci: int) -> int:
+        """The neighbour cell id, or -1 when unknown or ambiguous."""
+        if pci < 0:
+            return -1
+        c = self.pair.get((serving, pci))
+        if c:
+            return c.most_common(1)[0][0]
+        c = self.by_pci.get(pci)
+        if c and len(c) == 1:
+            return next(iter(c))
+        return -1
+
+    def merge(self, other: "NeighbourRelations", sign: int = 1) -> None:
+        for k, c in other.pair.items():
+            for b, n in c.items():
+                self.pair[k][b] += sign * n
+                if self.pair[k][b] <= 0:
+                    del self.pair[k][b]
+        for k, c in other.by_pci.items():
+            for b, n in c.items():
+                self.by_pci[k][b] += sign * n
+                if self.by_pci[k][b] <= 0:
+                    del self.by_pci[k][b]
+
+    def copy(self) -> "NeighbourRelations":
+        n = NeighbourRelations()
+        for k, c in self.pair.items():
+            n.pair[k] = Counter(c)
+        for k, c in self.by_pci.items():
+            n.by_pci[k] = Counter(c)
+        return n
+
+
+@dataclass
+class Knowledge:
+    """Association map, transition model and NRT together; learn offline and online."""
+
+    assoc: AssociationMap = field(default_factory=AssociationMap)
+    trans: TransitionModel = field(default_factory=TransitionModel)
+    nrt: NeighbourRelations = field(default_factory=NeighbourRelations)
+    places: HandoverPlaces = field(default_factory=HandoverPlaces)
+    max_dr_m: float = 200.0
+    # online state per UE: (previous report, cell before the current serving, last fix)
+    _ue: dict[str, tuple[MeasurementReport, int, tuple | None]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def create(cls, tile_m: float = 35.0, smoothing: float = 0.5, backoff_weight: float = 1.0) -> "Knowledge":
+        return cls(AssociationMap(tile_m), TransitionModel(smoothing, backoff_weight), NeighbourRelations(),
+                   HandoverPlaces())
+
+    def learn_drive(self, drive: Drive) -> None:
+        """Learn from a whole recorded drive (offline: positions interpolated between fixes)."""
+        reps = drive.reports
+        if not reps:
+            return
+        t = np.array([r.time for r in reps])
+        lat = np.array([r.lat for r in reps])
+        lon = np.array([r.lon for r in reps])
+        fixes = drive.fix_rows or list(np.nonzero(~np.isnan(lat))[0])
+        if len(fixes) >= 2:
+            fx = np.asarray(fixes)
+            # only interpolate rows between the first and last fix
+            sel = (t >= t[fx[0]]) & (t <= t[fx[-1]])
+            ilat = np.interp(t[sel], t[fx], lat[fx])
+            ilon = np.interp(t[sel], t[fx], lon[fx])
+            cells = [reps[i].serving_cell for i in np.nonzero(sel)[0]]
+            f = self.assoc.ensure_frame(float(ilat[0]), float(ilon[0]))
+            xs, ys = f.xy(ilat, ilon)
+            for x, y, c in zip(xs.tolist(), ys.tolist(), cells):
+                self.assoc.add_xy(x, y, c)
+            # handover places: position interpolated at the HO time, heading of the fix before it
+            hd = np.array([r.heading_deg for r in reps])
+            for h in drive.handovers:
+                th = 0.5 * (h.time + h.prev_time)
+                if not (t[fx[0]] <= th <= t[fx[-1]]):
+                    continue
+                la = float(np.interp(th, t[fx], lat[fx]))
+                lo = float(np.interp(th, t[fx], lon[fx]))
+                k = int(np.searchsorted(t[fx], th, side="right"))
+                k = min(k, len(fx) - 1)
+                hk = hd[fx[k]] if hd[fx[k]] == hd[fx[k]] else hd[fx[max(k - 1, 0)]]
+                hx, hy = f.xy(la, lo)
+                self.places.add(h.source_cell, h.target_cell, float(hx), float(hy), float(hk))
+        prev_cell = -1
+        for h in drive.handovers:
+            self.trans.add(prev_cell, h.source_cell, h.target_cell)
+            prev_cell = h.source_cell
+        for i, r in enumerate(reps):
+            self._learn_ids(r, reps[i - 1] if i else None)
+
+    def _learn_ids(self, r: MeasurementReport, prev: MeasurementReport | None) -> None:
+        if r.serving_pci >= 0:
+            self.nrt.add_serving(r.serving_pci, r.serving_cell)
+            if prev is not None and prev.serving_cell != r.serving_cell:
+                self.nrt.add(prev.serving_cell, r.serving_pci, r.serving_cell)
+        for nb in r.neighbours:
+            if nb.cell_id >= 0 and nb.pci >= 0:
+                self.nrt.add(r.serving_cell, nb.pci, nb.cell_id)
+
+    def observe(self, r: MeasurementReport) -> None:
+        """Online learning from one new report of a UE (causal). Call for every report."""
+        st = self._ue.get(r.ue_id)
+        prev, before, fix = (st if st is not None else (None, -1, None))
+        if r.lat == r.lat and r.lon == r.lon and (fix is None or (r.lat, r.lon) != (fix[1], fix[2])):
+            self.assoc.add_latlon(r.lat, r.lon, r.serving_cell)
+            fix = (r.time, r.lat, r.lon, r.speed_mps, r.heading_deg)
+        if prev is not None and prev.serving_cell != r.serving_cell:
+            self.trans.add(before, prev.serving_cell, r.serving_cell)
+            before = prev.serving_cell
+            if fix is not None and self.assoc.frame is not None and fix[3] == fix[3] and fix[4] == fix[4]:
+                # dead-reckon from the last fix to the handover (causal)
+                x0, y0 = self.assoc.frame.xy(fix[1], fix[2])
+                d = min(fix[3] * max(0.0, 0.5 * (r.time + prev.time) - fix[0]), self.max_dr_m)
+                hr = math.radians(fix[4])
+                self.places.add(prev.serving_cell, r.serving_cell, float(x0) + d * math.sin(hr),
+                                float(y0) + d * math.cos(hr), float(fix[4]))
+        self._learn_ids(r, prev)
+        self._ue[r.ue_id] = (r, before, fix)
+
+    def previous_cell(self, ue_id: str) -> int:
+        """The cell that served ``ue_id`` before the current one, as seen online (-1 unknown)."""
+        st = self._ue.get(ue_id)
+        return st[1] if st else -1
+
+    def merge(self, other: "Knowledge", sign: int = 1) -> None:
+        self.assoc.merge(other.assoc, sign)
+        self.trans.merge(other.trans, sign)
+        self.nrt.merge(other.nrt, sign)
+        self.places.merge(other.places, sign)
+
+    def copy(self) -> "Knowledge":
+        return Knowledge(self.assoc.copy(), self.trans.copy(), self.nrt.copy(), self.places.copy(), self.max_dr_m)
+
+    @classmethod
+    def from_drives(cls, drives: Iterable[Drive], tile_m: float = 35.0, smoothing: float = 0.5,
+                    backoff_weight: float = 1.0) -> "Knowledge":
+        k = cls.create(tile_m, smoothing, backoff_weight)
+        for d in drives:
+            k.learn_drive(d)
+        return k
+
+
+def previous_cells(serving: Sequence[int]) -> np.ndarray:
+    """For each row of a serving-cell sequence, the cell served before the current run (-1 if none)."""
+    out = np.full(len(serving), -1, dtype=np.int64)
+    before = -1
+    for i in range(1, len(serving)):
+        if serving[i] != serving[i - 1]:
+            before = serving[i - 1]
+        out[i] = before
+    return out

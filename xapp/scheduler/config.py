@@ -1,0 +1,134 @@
+"""The Scheduler Engine's configuration: one typed, validated object.
+
+Field names are those of the descriptor's ``controls.scheduler`` section (``descriptors/
+schema.json``), so ``SchedulerConfig.from_dict(controls["scheduler"])`` is the whole loader.
+Units are SI inside; goodput is given in Mbit/s at this edge and converted once
+(:attr:`SchedulerConfig.default_goodput_bytes_per_s`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+from pallas_common.timing import DecisionParams, mbit_per_s
+
+__all__ = ["SchedulerConfigError", "SchedulerConfig"]
+
+
+class SchedulerConfigError(ValueError):
+    """A scheduler configuration value is missing, unknown, of the wrong type or out of range.
+
+    ``errors`` lists ``(field, message)`` pairs; ``str()`` names every one.
+    """
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        self.errors = list(errors)
+        super().__init__("invalid scheduler configuration: "
+                         + "; ".join(f"{k}: {m}" for k, m in self.errors))
+
+
+# (lower bound, lower inclusive, upper bound, upper inclusive) per field; None: unbounded.
+_RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
+    "alpha": (0.0, True, 1.0, True),
+    "dt_s": (0.0, False, 1.0, True),
+    "t_max_s": (0.0, False, 60.0, True),
+    "control_period_s": (0.0, False, 10.0, True),
+    "ewma_weight": (0.0, False, 1.0, True),
+    "stale_age_s": (0.0, False, None, False),
+    "default_prefill_rate_tps": (0.0, False, None, False),
+    "default_decode_rate_tps": (0.0, False, None, False),
+    "default_goodput_mbps": (0.0, False, None, False),
+    "kv_headroom_fraction": (0.0, True, 10.0, True),
+    "c_sync_s": (0.0, True, 10.0, True),
+    "rtt_s": (0.0, True, 10.0, True),
+    "tie_tol_s": (0.0, True, 1.0, True),
+}
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Parameters of the Scheduler Engine (paper §4.2; model.md sections 2-4).
+
+    - ``alpha``: Eq. 8's weight of T_SIT against T_early, [0, 1].
+    - ``dt_s``: window grid step ΔT, s (Eq. 9). ``t_max_s``: window cap T_max, s (Eq. 9).
+    - ``control_period_s``: time between decision cycles, s.
+    - ``ewma_weight``: weight of the newest sample in the EWMA of r_p, r_d and B (model.md §2).
+    - ``stale_age_s``: an estimate older than this falls back to its default, s.
+    - ``default_prefill_rate_tps`` (r_p), ``default_decode_rate_tps`` (r_d), tokens/s, and
+      ``default_goodput_mbps`` (B), Mbit/s: conservative values used without a fresh estimate.
+    - ``kv_headroom_fraction``: admission needs free KV memory >= S_kv(K_HO) (1 + this).
+    - ``c_sync_s``: commit cost c_sync of Eq. 6, s (one control round trip plus admission).
+    - ``rtt_s``: xApp-to-agent round trip, s. The trigger takes half of it to reach the source,
+      so the trigger rule looks ahead by ``control_period_s + rtt_s / 2`` (see
+      :meth:`decision_params`). Not in the descriptor schema; default 2 ms.
+    - ``tie_tol_s``: J values within this tie; ties go to the smaller window (Eq. 9).
+    """
+
+    alpha: float = 0.8
+    dt_s: float = 0.1
+    t_max_s: float = 5.0
+    control_period_s: float = 0.1
+    ewma_weight: float = 0.3
+    stale_age_s: float = 5.0
+    default_prefill_rate_tps: float = 1000.0
+    default_decode_rate_tps: float = 20.0
+    default_goodput_mbps: float = 100.0
+    kv_headroom_fraction: float = 0.1
+    c_sync_s: float = 0.05
+    rtt_s: float = 0.002
+    tie_tol_s: float = 1e-9
+
+    def __post_init__(self) -> None:
+        errors = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                errors.append((f.name, f"must be a number, got {value!r}"))
+                continue
+            if not math.isfinite(value):
+                errors.append((f.name, f"must be finite, got {value!r}"))
+                continue
+            lo, lo_inc, hi, hi_inc = _RANGES[f.name]
+            if lo is not None and (value < lo or (value == lo and not lo_inc)):
+                errors.append((f.name, f"must be {'>=' if lo_inc else '>'} {lo}, got {value!r}"))
+            if hi is not None and (value > hi or (value == hi and not hi_inc)):
+                errors.append((f.name, f"must be {'<=' if hi_inc else '<'} {hi}, got {value!r}"))
+            object.__setattr__(self, f.name, float(value))
+        if errors:
+            raise SchedulerConfigError(errors)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SchedulerConfig":
+        """Build from a mapping such as the descriptor's ``controls.scheduler``.
+
+        Missing keys take the defaults above; unknown keys, non-numbers and out-of-range
+        values raise :class:`SchedulerConfigError` naming every offending key.
+        """
+        if not isinstance(data, Mapping):
+            raise SchedulerConfigError([("<root>", f"must be a mapping, got {type(data).__name__}")])
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SchedulerConfigError([(k, "unknown key") for k in unknown])
+        return cls(**dict(data))
+
+    def to_dict(self) -> dict[str, float]:
+        """The configuration as a plain dict (the inverse of :meth:`from_dict`)."""
+        return asdict(self)
+
+    @property
+    def default_goodput_bytes_per_s(self) -> float:
+        """``default_goodput_mbps`` in bytes/s."""
+        return mbit_per_s(self.default_goodput_mbps)
+
+    @property
+    def trigger_lookahead_s(self) -> float:
+        """How far ahead the trigger rule looks: one control period plus the one-way delay."""
+        return self.control_period_s + 0.5 * self.rtt_s
+
+    def decision_params(self) -> DecisionParams:
+        """The parameters of :func:`pallas_common.timing.decide` (Eq. 9 and the trigger rule)."""
+        return DecisionParams(alpha=self.alpha, dt=self.dt_s, t_max=self.t_max_s,
+                              trigger_lookahead=self.trigger_lookahead_s, tie_tol=self.tie_tol_s)

@@ -1,0 +1,453 @@
+"""The Scheduler Engine: one control cycle over every session, vectorised (paper §4.2, Alg. 1).
+
+Inputs: per-UE handover predictions (target agent, t_HO, confidence), per-session and
+per-agent telemetry (:class:`~xapp.scheduler.telemetry.TelemetryStore`), handovers seen on E2,
+and the agents' replies. Output: actions (:mod:`xapp.scheduler.state`) for the composition
+root to send. No I/O and no clock: every call takes ``now`` (s, the same clock as t_HO).
+
+Per cycle (:meth:`SchedulerEngine.cycle`):
+
+1. Sessions in PLANNED whose predicted HO is within T_max + the trigger lookahead are
+   gathered into arrays. The rest cannot trigger this cycle (T_w* <= T_max), so their
+   evaluation is skipped; so are sessions that will finish generating before the HO.
+2. K_curr is extrapolated from the last report at the session's r_d; r_p (target), r_d
+   (session) and B (source -> target) are the EWMA estimates, or the conservative defaults
+   where stale (model.md section 2).
+3. :func:`pallas_common.timing.decide` evaluates the 0..T_max grid for all of them at once
+   (Eqs. 4-9) and applies the trigger rule.
+4. For each session whose trigger fires, admission (model and KV memory, with the memory
+   already promised to this cycle's and earlier unreported triggers at that target
+   subtracted) decides between a TriggerAction and deferring.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Iterable, Sequence
+
+import numpy as np
+import structlog
+from prometheus_client import Counter, Histogram
+
+from pallas_common.timing import WindowInputs, decide
+from pallas_proto import pallas_pb2
+
+from .admission import ModelKey, admit
+from .config import SchedulerConfig
+from .state import (PROACTIVE_SCHEMES, Action, CancelAction, CommitAction, MigrationState,
+                    SessionMigration, TriggerAction)
+from .telemetry import TelemetryStore
+
+__all__ = ["SchedulerEngine"]
+
+log = structlog.get_logger(__name__)
+
+ACTIONS = Counter("pallas_scheduler_actions_total", "Actions emitted by the Scheduler Engine",
+                  ["kind", "scheme"])
+CYCLE_SECONDS = Histogram("pallas_scheduler_cycle_seconds", "Time of one Scheduler Engine cycle",
+                          buckets=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.3, 1.0))
+ADMISSION_REFUSED = Counter("pallas_scheduler_admission_refused_total",
+                            "Triggers deferred because admission at the target failed")
+
+
+class SchedulerEngine:
+    """Every session's migration state, and the vectorised decision over them.
+
+    ``cfg``: :class:`SchedulerConfig`; ``telemetry``: a store to share (a new one if None);
+    ``scheme``: the descriptor's scheme as a ``pallas_pb2.Scheme`` (Pallas or an ablation
+    prepares ahead; a reactive baseline never triggers, every HO takes ``fallback``);
+    ``fallback``: the reactive scheme for an unprepared target that can serve the model
+    (Detour where it cannot); ``min_confidence``: predictions below it count as none.
+    """
+
+    def __init__(self, cfg: SchedulerConfig, telemetry: TelemetryStore | None = None, *,
+                 scheme: int = pallas_pb2.SCHEME_PALLAS, fallback: int = pallas_pb2.SCHEME_CTHO,
+                 min_confidence: float = 0.0, capacity: int = 1024) -> None:
+        self.cfg = cfg
+        self.telemetry = telemetry if telemetry is not None else TelemetryStore(cfg)
+        self.scheme, self.fallback = scheme, fallback
+        self.proactive = scheme in PROACTIVE_SCHEMES
+        # The scheme a handover without preparation uses where the target can serve.
+        self._reactive = fallback if self.proactive else scheme
+        self.min_confidence = float(min_confidence)
+        self._params = cfg.decision_params()
+        self._horizon = cfg.t_max_s + self._params.trigger_lookahead
+        # Sessions: a slot each; arrays indexed by slot.
+        self._slot: dict[str, int] = {}
+        self._free: list[int] = []
+        self._sm: list[SessionMigration | None] = []
+        self._model: list[ModelKey | None] = []
+        self._ue_slots: dict[str, list[int]] = {}
+        self._ue_first: dict[str, int] = {}           # the UE's first session's slot
+        self._ue_multi: dict[str, list[int]] = {}     # its other sessions' slots, if any
+        self._n = 0
+        cap = max(1, capacity)
+        self._alive = np.zeros(cap, bool)
+        self._planned = np.zeros(cap, bool)           # state is PLANNED
+        self._preparing = np.zeros(cap, bool)         # state is PREPARING
+        self._allowed = np.ones(cap, bool)            # proactive migration allowed (A1 rules)
+        self._tokens = np.zeros(cap)                  # K at the last report
+        self._tokens_time = np.zeros(cap)
+        self._remaining = np.full(cap, np.inf)        # tokens still to generate then
+        self._s_kv = np.ones(cap)
+        self._block = np.full(cap, 16.0)
+        self._decode_slot = np.full(cap, -1, np.int64)
+        self._source = np.full(cap, -1, np.int64)     # agent index
+        self._target = np.full(cap, -1, np.int64)     # the state machine's target, -1 none
+        self._t_ho = np.full(cap, np.nan)
+        self.last_window = np.full(cap, np.nan)       # T_w* of the last decision, s
+        # Agents: an index each; r_p slot per agent, B slot per (source, target) pair.
+        self._agent_idx: dict[str, int] = {}
+        self._agents: list[str] = []
+        self._prefill_slot = np.zeros(0, np.int64)
+        self._pair_slot = np.zeros((0, 0), np.int64)
+        self._reserved: dict[str, int] = {}   # target -> bytes promised since its last report
+
+    # -- registries ---------------------------------------------------------------------------
+    def _agent(self, agent_id: str) -> int:
+        i = self._agent_idx.get(agent_id)
+        if i is not None:
+            return i
+        i = len(self._agents)
+        self._agents.append(agent_id)
+        self._agent_idx[agent_id] = i
+        self._prefill_slot = np.append(self._prefill_slot, self.telemetry.prefill.slot(agent_id))
+        pair = np.full((i + 1, i + 1), -1, np.int64)
+        pair[:i, :i] = self._pair_slot
+        for j, other in enumerate(self._agents):
+            pair[j, i] = self.telemetry.goodput.slot((other, agent_id))
+            pair[i, j] = self.telemetry.goodput.slot((agent_id, other))
+        self._pair_slot = pair
+        return i
+
+    def _index_ue(self, ue_id: str) -> None:
+        slots = self._ue_slots.get(ue_id)
+        self._ue_first.pop(ue_id, None)
+        self._ue_multi.pop(ue_id, None)
+        if slots:
+            self._ue_first[ue_id] = slots[0]
+            if len(slots) > 1:
+                self._ue_multi[ue_id] = slots[1:]
+
+    def _grow(self) -> None:
+        cap = self._alive.size
+        for name in ("_alive", "_planned", "_preparing", "_allowed", "_tokens", "_tokens_time", "_remaining",
+                     "_s_kv", "_block", "_decode_slot", "_source", "_target", "_t_ho",
+                     "last_window"):
+            a = getattr(self, name)
+            setattr(self, name, np.concatenate([a, np.empty(cap, a.dtype)]))
+
+    def _on_transition(self, sm: SessionMigration, old: MigrationState) -> None:
+        slot = self._slot.get(sm.session_id)
+        if slot is None:
+            return
+        self._planned[slot] = sm.state is MigrationState.PLANNED
+        self._preparing[slot] = sm.state is MigrationState.PREPARING
+        self._target[slot] = -1 if sm.target is None else self._agent(sm.target)
+        self._source[slot] = self._agent(sm.source)
+        if sm.state is not MigrationState.PLANNED and sm.state is not MigrationState.PREPARING:
+            self._t_ho[slot] = np.nan
+
+    # -- sessions -----------------------------------------------------------------------------
+    def add_session(self, session_id: str, source: str, *, s_kv: int, block_size: int,
+                    now: float, ue_id: str = "", tokens: int = 0,
+                    remaining_tokens: int | None = None, model: ModelKey | None = None) -> None:
+        """Start tracking ``session_id``, served by agent ``source``.
+
+        ``s_kv``: KV bytes per token (Eq. 1); ``block_size``: P, tokens; ``tokens``: K at
+        ``now``; ``remaining_tokens``: still to generate (None: unknown); ``model``: the
+        source's model identity, for admission. Re-adding a known session updates it.
+        Raises ValueError for a non-positive ``s_kv`` or ``block_size``.
+        """
+        if s_kv <= 0 or block_size <= 0:
+            raise ValueError(f"session {session_id}: s_kv and block_size must be > 0")
+        slot = self._slot.get(session_id)
+        if slot is None:
+            if self._free:
+                slot = self._free.pop()
+            else:
+                slot = self._n
+                self._n += 1
+                if slot >= self._alive.size:
+                    self._grow()
+                self._sm.append(None)
+                self._model.append(None)
+            self._slot[session_id] = slot
+            sm = SessionMigration(session_id, source, ue_id=ue_id,
+                                  scheme=self.scheme if self.proactive else pallas_pb2.SCHEME_PALLAS,
+                                  fallback=self._reactive, on_transition=self._on_transition)
+            self._sm[slot] = sm
+            self._ue_slots.setdefault(ue_id, []).append(slot)
+            self._index_ue(ue_id)
+            self._alive[slot], self._allowed[slot] = True, True
+            self._planned[slot] = self._preparing[slot] = False
+            self._target[slot], self._t_ho[slot], self.last_window[slot] = -1, np.nan, np.nan
+            self._decode_slot[slot] = self.telemetry.decode.slot(session_id)
+            self._source[slot] = self._agent(source)
+        self._s_kv[slot], self._block[slot] = float(s_kv), float(block_size)
+        if model is not None:
+            self._model[slot] = model
+        self.update_session(session_id, tokens, now, remaining_tokens)
+
+    def update_session(self, session_id: str, tokens: int, now: float,
+                       remaining_tokens: int | None = None) -> None:
+        """New token count K (and tokens still to generate) of a known session at ``now``."""
+        slot = self._slot[session_id]
+        self._tokens[slot], self._tokens_time[slot] = float(tokens), float(now)
+        self._remaining[slot] = np.inf if remaining_tokens is None else float(remaining_tokens)
+
+    def remove_session(self, session_id: str, reason: str = "session ended") -> list[Action]:
+        """Stop tracking a session (finished or gone); cancels a running attempt."""
+        slot = self._slot.get(session_id)
+        if slot is None:
+            return []
+        sm = self._sm[slot]
+        actions = sm.end(reason) if sm is not None else []
+        del self._slot[session_id]
+        if sm is not None:
+            slots = self._ue_slots.get(sm.ue_id, [])
+            if slot in slots:
+                slots.remove(slot)
+            if not slots:
+                self._ue_slots.pop(sm.ue_id, None)
+            self._index_ue(sm.ue_id)
+        self._sm[slot], self._model[slot] = None, None
+        self._alive[slot] = self._planned[slot] = self._preparing[slot] = False
+        self._decode_slot[slot] = -1
+        self._free.append(slot)
+        self.telemetry.forget_session(session_id)
+        self._count(actions)
+        return actions
+
+    def session(self, session_id: str) -> SessionMigration:
+        """The state machine of ``session_id`` (KeyError if unknown)."""
+        return self._sm[self._slot[session_id]]  # type: ignore[return-value]
+
+    def sessions_of(self, ue_id: str) -> list[SessionMigration]:
+        """The state machines of ``ue_id``'s sessions."""
+        return [self._sm[s] for s in self._ue_slots.get(ue_id, ())]  # type: ignore[misc]
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def ingest_telemetry(self, report, now: float | None = None) -> list[Action]:
+        """Fold in a ``pallas_pb2.TelemetryReport`` from an agent.
+
+        Rates and server state go to the store. Sessions the report's agent serves update
+        their K; unknown ones are registered if the agent's model (s_kv, block size) is
+        known; sessions their serving agent reports ``finished`` are removed (cancelling a
+        running attempt).
+        Reports about sessions the agent does not serve (say, the target of a preparation)
+        only feed rates. A fresh server report clears that agent's memory reservations.
+        """
+        samples = self.telemetry.ingest(report, now)
+        agent = report.agent_id
+        if report.HasField("server"):
+            self._reserved.pop(agent, None)
+        model = self.telemetry.model_of(agent)
+        actions: list[Action] = []
+        for s in samples:
+            slot = self._slot.get(s.session_id)
+            if s.state == "finished":
+                # Only the agent serving the session ends it: after a commit the old source
+                # reports its stopped copy as finished while the new one decodes on.
+                if slot is not None and self._sm[slot].source == agent:  # type: ignore[union-attr]
+                    actions += self.remove_session(s.session_id, "session finished")
+                continue
+            if slot is None:
+                if model is None or model.kv_bytes_per_token <= 0 or model.block_size <= 0:
+                    log.info("session_not_tracked", session=s.session_id, agent=agent,
+                             reason="agent's model (s_kv, block size) unknown")
+                    continue
+                self.add_session(s.session_id, agent, ue_id=s.ue_id, s_kv=model.kv_bytes_per_token,
+                                 block_size=model.block_size, now=s.time, tokens=s.tokens,
+                                 remaining_tokens=s.remaining_tokens, model=model)
+            elif self._sm[slot].source == agent:  # type: ignore[union-attr]
+                self.update_session(s.session_id, s.tokens, s.time, s.remaining_tokens)
+                if model is not None and self._model[slot] is None:
+                    self._model[slot] = model
+        return actions
+
+    # -- predictions --------------------------------------------------------------------------
+    def set_prediction(self, ue_id: str, target: str | None, t_ho: float | None,
+                       confidence: float = 1.0, proactive: bool = True) -> list[Action]:
+        """The predictor's latest (target agent, t_HO, confidence) for ``ue_id``.
+
+        ``target`` None (or a confidence below ``min_confidence``) withdraws it;
+        ``proactive`` False (the A1 / descriptor rules forbid it for this source, target or
+        slice) keeps the plan but never triggers, so the HO takes the fallback. Returns the
+        actions a target change causes at once (cancelling a running attempt).
+        """
+        return self.set_predictions([ue_id], [target], [np.nan if t_ho is None else t_ho],
+                                    [confidence], [proactive])
+
+    def set_predictions(self, ue_ids: Sequence[str], targets: Sequence[str | None],
+                        t_ho: Sequence[float] | np.ndarray, confidence: Sequence[float] | np.ndarray | None = None,
+                        proactive: Sequence[bool] | np.ndarray | None = None) -> list[Action]:
+        """Batch form of :meth:`set_prediction`: equal-length sequences, one entry per UE.
+
+        Unknown UEs are ignored. Only sessions whose target changes go through their state
+        machine; the others get their t_HO updated in place.
+        """
+        n = len(ue_ids)
+        t_ho = np.asarray(t_ho, dtype=np.float64)
+        conf = np.ones(n) if confidence is None else np.asarray(confidence, dtype=np.float64)
+        allow = np.ones(n, bool) if proactive is None else np.asarray(proactive, dtype=bool)
+        if not (len(targets) == t_ho.size == conf.size == allow.size == n):
+            raise ValueError("set_predictions: sequences of different lengths")
+        usable = (conf >= self.min_confidence) & np.isfinite(t_ho)
+        actions: list[Action] = []
+        agent_idx = self._agent_idx
+        for tgt in set(targets) - agent_idx.keys():          # first sight of an agent
+            if tgt is not None:
+                self._agent(tgt)
+        first = self._ue_first
+        slots = np.array([first.get(u, -1) for u in ue_ids], dtype=np.int64)
+        tidx = np.array([agent_idx.get(t, -1) for t in targets], dtype=np.int64)  # None -> -1
+        tidx[~usable] = -1
+        if self._ue_multi:                                   # UEs with several sessions
+            extra = [(i, s) for i, u in enumerate(ue_ids) for s in self._ue_multi.get(u, ())]
+            if extra:
+                rows = np.array([e[0] for e in extra])
+                slots = np.concatenate([slots, [e[1] for e in extra]])
+                tidx = np.concatenate([tidx, tidx[rows]])
+                t_ho = np.concatenate([t_ho, t_ho[rows]])
+                allow = np.concatenate([allow, allow[rows]])
+        known = slots >= 0
+        slots, tidx, t_ho, allow = slots[known], tidx[known], t_ho[known], allow[known]
+        self._allowed[slots] = allow
+        tidx[tidx == self._source[slots]] = -1               # intra-agent HO: nothing to move
+        diff = tidx != self._target[slots]                   # the machine's target changes
+        keep = ~diff & (tidx >= 0)
+        self._t_ho[slots[keep]] = t_ho[keep]
+        for k in np.flatnonzero(keep & self._preparing[slots]):   # few: HO within ~T_max
+            self._sm[int(slots[k])].predict(self._agents[tidx[k]], float(t_ho[k]))  # type: ignore[union-attr]
+        for k in np.flatnonzero(diff):
+            slot = int(slots[k])
+            sm = self._sm[slot]
+            target = None if tidx[k] < 0 else self._agents[tidx[k]]
+            acts = sm.predict(target, None if target is None else float(t_ho[k]))  # type: ignore[union-attr]
+            if sm.target is not None:                                               # type: ignore[union-attr]
+                self._t_ho[slot] = t_ho[k]
+            actions += acts
+        self._count(actions)
+        return actions
+
+    # -- the cycle ----------------------------------------------------------------------------
+    def cycle(self, now: float) -> list[Action]:
+        """One control cycle at ``now``: decide for every PLANNED session; trigger where due.
+
+        Returns the TriggerActions (in slot order). Cost: Python work only for sessions that
+        trigger; everything else is array arithmetic (module docstring).
+        """
+        t0 = time.perf_counter()
+        actions: list[Action] = []
+        if self.proactive and self._n:
+            n = self._n
+            cand = np.flatnonzero(self._planned[:n] & self._allowed[:n]
+                                  & (self._t_ho[:n] - now <= self._horizon))
+            if cand.size:
+                actions = self._decide(cand, now)
+        CYCLE_SECONDS.observe(time.perf_counter() - t0)
+        self._count(actions)
+        return actions
+
+    def _decide(self, cand: np.ndarray, now: float) -> list[Action]:
+        r_d = self.telemetry.decode.read(self._decode_slot[cand], now)
+        age = np.maximum(now - self._tokens_time[cand], 0.0)
+        grown = np.minimum(r_d * age, self._remaining[cand])
+        k_curr = self._tokens[cand] + grown
+        left = self._remaining[cand] - grown                  # tokens still to generate now
+        t_remain = self._t_ho[cand] - now
+        alive_at_ho = left > r_d * np.maximum(t_remain, 0.0)  # still generating at the HO
+        if not alive_at_ho.all():
+            cand, r_d, k_curr, t_remain = (cand[alive_at_ho], r_d[alive_at_ho],
+                                           k_curr[alive_at_ho], t_remain[alive_at_ho])
+            if cand.size == 0:
+                return []
+        src, tgt = self._source[cand], self._target[cand]
+        inputs = WindowInputs(
+            k_curr=k_curr, t_remain=t_remain, block_size=self._block[cand],
+            r_p=self.telemetry.prefill.read(self._prefill_slot[tgt], now), r_d=r_d,
+            bandwidth=self.telemetry.goodput.read(self._pair_slot[src, tgt], now),
+            s_kv=self._s_kv[cand], c_sync=self.cfg.c_sync_s)
+        d = decide(inputs, self._params)
+        self.last_window[cand] = d.window
+        actions: list[Action] = []
+        for i in np.flatnonzero(d.trigger):
+            slot = int(cand[i])
+            sm = self._sm[slot]
+            assert sm is not None and sm.target is not None
+            server = self.telemetry.server(sm.target, now)
+            reserved = self._reserved.get(sm.target, 0)
+            res = admit(self._model[slot], server, float(d.k_ho[i]), int(self._s_kv[slot]),
+                        self.cfg.kv_headroom_fraction, reserved)
+            if not res.admitted:
+                ADMISSION_REFUSED.inc()
+                if sm.last_reason != res.reason:
+                    sm.last_reason = res.reason
+                    log.info("trigger_deferred", session=sm.session_id, target=sm.target,
+                             reason=res.reason)
+                continue
+            self._reserved[sm.target] = reserved + res.need_bytes
+            sm.t_ho = float(self._t_ho[slot])
+            actions.append(sm.trigger(now, float(d.window[i]), int(d.l_hist[i]),
+                                      predicted_sit_s=float(d.t_sit[i]),
+                                      predicted_early_s=float(d.t_early[i])))
+        return actions
+
+    # -- handovers and replies ----------------------------------------------------------------
+    def on_handover(self, ue_id: str, actual_target: str, now: float) -> list[Action]:
+        """E2 shows ``ue_id`` now served by a cell of agent ``actual_target``.
+
+        Each of the UE's sessions commits (prepared there) or falls back: the configured
+        fallback if ``actual_target`` passes admission (model and memory), else Detour.
+        """
+        actions: list[Action] = []
+        for slot in list(self._ue_slots.get(ue_id, ())):
+            sm = self._sm[slot]
+            if sm is None:
+                continue
+            k_now = self._tokens[slot] + min(
+                self.telemetry.decode.read(self._decode_slot[slot:slot + 1], now)[0]
+                * max(now - self._tokens_time[slot], 0.0), self._remaining[slot])
+            can_serve = admit(self._model[slot], self.telemetry.server(actual_target, now), k_now,
+                              int(self._s_kv[slot]), self.cfg.kv_headroom_fraction,
+                              self._reserved.get(actual_target, 0)).admitted
+            actions += sm.handover(actual_target, now, can_serve)
+        self._count(actions)
+        return actions
+
+    def on_reply(self, action: Action, reply) -> list[Action]:
+        """An agent's ``pallas_pb2.ControlReply`` to ``action``.
+
+        A refused or failed trigger cancels that attempt (the HO then falls back); a stale
+        epoch reply is ignored. Replies to cancels and commits are logged only: the agents
+        keep serving from the source whatever happens to a migration.
+        """
+        ok = reply.status in (pallas_pb2.STATUS_OK, pallas_pb2.STATUS_STALE_EPOCH)
+        if isinstance(action, TriggerAction) and not ok:
+            slot = self._slot.get(action.session_id)
+            if slot is None:
+                return []
+            acts = self._sm[slot].refused(action.epoch, reply.message or  # type: ignore[union-attr]
+                                          pallas_pb2.Status.Name(reply.status))
+            self._count(acts)
+            return acts
+        if not ok:
+            log.warning("control_call_failed", kind=type(action).__name__,
+                        session=action.session_id, epoch=action.epoch,
+                        status=pallas_pb2.Status.Name(reply.status), message=reply.message)
+        return []
+
+    # -- metrics ------------------------------------------------------------------------------
+    @staticmethod
+    def _count(actions: Iterable[Action]) -> None:
+        for a in actions:
+            if isinstance(a, TriggerAction):
+                ACTIONS.labels("trigger", pallas_pb2.Scheme.Name(a.scheme)).inc()
+            elif isinstance(a, CancelAction):
+                ACTIONS.labels("cancel", "").inc()
+            elif isinstance(a, CommitAction):
+                ACTIONS.labels("commit", pallas_pb2.Scheme.Name(a.scheme)).inc()

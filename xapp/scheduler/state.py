@@ -1,0 +1,309 @@
+"""The per-session migration state machine (paper §4.2-§4.4; model.md section 5).
+
+One :class:`SessionMigration` per LLM session. It does no I/O: each event returns the actions
+(:class:`TriggerAction`, :class:`CancelAction`, :class:`CommitAction`) that the xApp's
+composition root turns into Control calls (``to_proto``) on the agents.
+
+States (:class:`MigrationState`):
+
+- ``IDLE``: no handover predicted for the session (or the prediction was withdrawn).
+- ``PLANNED``: a target agent and t_HO are predicted; the engine re-decides every cycle and
+  the session defers until the trigger rule fires (Eq. 9).
+- ``PREPARING``: triggered at migration epoch ``epoch``; the target prefills the prefix and
+  receives the suffix stream.
+- ``COMMITTED``: the handover went to the prepared target and the commit was sent; the target
+  agent is now the session's source, so a later handover chains from it.
+- ``CANCELLED``: a triggered attempt was cancelled (prediction withdrawn, trigger refused,
+  session ended) and no new plan exists.
+- ``FALLBACK``: the handover found no usable preparation (none made, target mispredicted or
+  infeasible); the actual target recovers reactively (``fallback`` scheme, ctHO by default)
+  if it can serve the model, else Detour (the source keeps decoding, the new agent relays).
+
+Epochs: ``epoch`` is the epoch of the attempt being planned or prepared. Every cancel carries
+the cancelled attempt's epoch and moves the session to the next one, so an agent that has
+seen epoch n+1 drops every later message of epoch n (model.md section 5). Commits carry the
+prepared epoch (or, for a fallback, a fresh one).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable, Union
+
+import structlog
+from pallas_proto import pallas_pb2
+
+__all__ = [
+    "MigrationState",
+    "TriggerAction",
+    "CancelAction",
+    "CommitAction",
+    "Action",
+    "InvalidTransition",
+    "SessionMigration",
+    "PROACTIVE_SCHEMES",
+]
+
+log = structlog.get_logger(__name__)
+
+#: Schemes that prepare before the handover (Pallas and its two ablations).
+PROACTIVE_SCHEMES = frozenset({pallas_pb2.SCHEME_PALLAS, pallas_pb2.SCHEME_NO_RC,
+                               pallas_pb2.SCHEME_NO_SM})
+
+
+class MigrationState(str, enum.Enum):
+    """A session's migration state (module docstring)."""
+
+    IDLE = "idle"
+    PLANNED = "planned"
+    PREPARING = "preparing"
+    COMMITTED = "committed"
+    CANCELLED = "cancelled"
+    FALLBACK = "fallback"
+
+
+@dataclass(frozen=True)
+class TriggerAction:
+    """Start preparing ``session_id`` at ``target`` (send to the source agent's Control.Trigger).
+
+    ``split_tokens`` 0 lets the source record its own block-aligned split at the trigger
+    (paper §4.2); ``predicted_split_tokens`` is the L_hist the decision expected (Eq. 4), for
+    logs. ``window_s`` is T_w*; ``predicted_handover_time`` t_HO_hat (s, Unix time).
+    ``predicted_sit_s`` / ``predicted_early_s``: the model's T_SIT and T_early at T_w*
+    (Eqs. 6-7) when the engine decided, for metrics; None if not given.
+    """
+
+    session_id: str
+    epoch: int
+    source: str
+    target: str
+    predicted_handover_time: float
+    window_s: float
+    predicted_split_tokens: int
+    scheme: int = pallas_pb2.SCHEME_PALLAS
+    split_tokens: int = 0
+    predicted_sit_s: float | None = None
+    predicted_early_s: float | None = None
+
+    def to_proto(self, target_peer_address: str) -> pallas_pb2.TriggerRequest:
+        """The TriggerRequest; ``target_peer_address`` is the target's PeerTransfer host:port."""
+        return pallas_pb2.TriggerRequest(
+            session_id=self.session_id, epoch=self.epoch,
+            target=pallas_pb2.PeerEndpoint(agent_id=self.target, address=target_peer_address),
+            split_tokens=self.split_tokens, predicted_handover_time=self.predicted_handover_time,
+            scheme=self.scheme, window_s=self.window_s)
+
+
+@dataclass(frozen=True)
+class CancelAction:
+    """Cancel attempt ``epoch`` of ``session_id`` at ``target``.
+
+    Send to the source agent's Control.Cancel (it stops the stream and has the target release
+    what it holds); sending it to the target's Control.Cancel as well is harmless (idempotent)
+    and releases the target even if the source is unreachable. The source never stops serving.
+    """
+
+    session_id: str
+    epoch: int
+    source: str
+    target: str
+    reason: str
+
+    def to_proto(self) -> pallas_pb2.CancelRequest:
+        """The CancelRequest."""
+        return pallas_pb2.CancelRequest(session_id=self.session_id, epoch=self.epoch,
+                                        reason=self.reason)
+
+
+@dataclass(frozen=True)
+class CommitAction:
+    """The handover happened: finish (or reactively run) the migration of ``session_id``.
+
+    Send to ``source``'s Control.Commit. ``prepared_target`` is the agent prepared under
+    ``epoch`` (None for a fallback without preparation); ``scheme`` how ``actual_target``
+    recovers (the proactive scheme when it was prepared, else the fallback or Detour).
+    """
+
+    session_id: str
+    epoch: int
+    source: str
+    actual_target: str
+    prepared_target: str | None
+    scheme: int
+    handover_time: float
+
+    def to_proto(self, actual_target_peer_address: str) -> pallas_pb2.CommitRequest:
+        """The CommitRequest; the address is the actual target's PeerTransfer host:port."""
+        return pallas_pb2.CommitRequest(
+            session_id=self.session_id, epoch=self.epoch,
+            actual_target=pallas_pb2.PeerEndpoint(agent_id=self.actual_target,
+                                                  address=actual_target_peer_address),
+            scheme=self.scheme, handover_time=self.handover_time)
+
+
+Action = Union[TriggerAction, CancelAction, CommitAction]
+
+
+class InvalidTransition(RuntimeError):
+    """An event that the current state does not allow (a bug in the caller)."""
+
+
+class SessionMigration:
+    """The migration state machine of one session (module docstring).
+
+    ``source``: the agent serving the session now. ``scheme``: the proactive scheme
+    (Pallas or an ablation); ``fallback``: the reactive scheme for an unprepared target that
+    can serve the model (ctHO by default; model.md section 6).
+    """
+
+    def __init__(self, session_id: str, source: str, *, ue_id: str = "",
+                 scheme: int = pallas_pb2.SCHEME_PALLAS,
+                 fallback: int = pallas_pb2.SCHEME_CTHO,
+                 on_transition: Callable[["SessionMigration", MigrationState], None] | None = None) -> None:
+        if scheme not in PROACTIVE_SCHEMES:
+            raise ValueError(f"scheme {scheme} does not prepare before the handover")
+        self.session_id, self.ue_id, self.source = session_id, ue_id, source
+        self.scheme, self.fallback = scheme, fallback
+        self.state = MigrationState.IDLE
+        self.epoch = 1
+        self.target: str | None = None          # planned or prepared target agent
+        self.t_ho: float | None = None           # predicted handover time, s
+        self.window_s: float | None = None       # T_w* at the trigger
+        self.trigger_time: float | None = None
+        self.relay_hops = 0                      # Detour hops between the source and the UE
+        self.last_reason = ""
+        self._on_transition = on_transition
+
+    def __repr__(self) -> str:
+        return (f"SessionMigration({self.session_id!r}, state={self.state.value}, "
+                f"epoch={self.epoch}, source={self.source!r}, target={self.target!r})")
+
+    def _to(self, state: MigrationState, reason: str) -> None:
+        old = self.state
+        self.state, self.last_reason = state, reason
+        log.debug("migration_transition", session=self.session_id, old=old.value,
+                  new=state.value, epoch=self.epoch, source=self.source, target=self.target,
+                  reason=reason)
+        if self._on_transition is not None:
+            self._on_transition(self, old)
+
+    def _cancel(self, reason: str) -> CancelAction:
+        assert self.target is not None
+        act = CancelAction(self.session_id, self.epoch, self.source, self.target, reason)
+        self.epoch += 1
+        return act
+
+    # -- events -------------------------------------------------------------------------------
+    def predict(self, target: str | None, t_ho: float | None) -> list[Action]:
+        """A new (target agent, t_HO) prediction; ``target`` None withdraws it.
+
+        Before the trigger this only replans. After it, the same target just updates t_HO
+        (earlier: unfinished work lands in the SIT; later: the source keeps streaming), while
+        a different target cancels the attempt (epoch + 1) and replans for the new one; a
+        withdrawn prediction cancels it. A target equal to the source (a handover between
+        cells of the same agent) needs no migration and counts as no prediction.
+        """
+        if target == self.source:
+            target = None
+        if self.state is MigrationState.PREPARING:
+            if target == self.target:
+                self.t_ho = t_ho
+                return []
+            reason = "target changed" if target is not None else "prediction withdrawn"
+            act = self._cancel(reason)
+            if target is None:
+                self.target, self.t_ho = None, None
+                self._to(MigrationState.CANCELLED, reason)
+            else:
+                self.target, self.t_ho = target, t_ho
+                self._to(MigrationState.PLANNED, reason)
+            return [act]
+        if target is None:
+            if self.state is MigrationState.PLANNED:
+                self.target, self.t_ho = None, None
+                self._to(MigrationState.IDLE, "prediction withdrawn")
+            return []
+        changed = self.state is not MigrationState.PLANNED or self.target != target
+        self.target, self.t_ho = target, t_ho
+        if changed:
+            self._to(MigrationState.PLANNED, "new prediction")
+        return []
+
+    def trigger(self, now: float, window_s: float, predicted_split_tokens: int, *,
+                predicted_sit_s: float | None = None,
+                predicted_early_s: float | None = None) -> TriggerAction:
+        """The trigger rule fired and admission passed: start preparing (PLANNED -> PREPARING)."""
+        if self.state is not MigrationState.PLANNED or self.target is None or self.t_ho is None:
+            raise InvalidTransition(f"trigger in state {self.state.value}")
+        self.window_s, self.trigger_time = window_s, now
+        act = TriggerAction(self.session_id, self.epoch, self.source, self.target, self.t_ho,
+                            window_s, int(predicted_split_tokens), self.scheme,
+                            predicted_sit_s=predicted_sit_s, predicted_early_s=predicted_early_s)
+        self._to(MigrationState.PREPARING, "trigger")
+        return act
+
+    def refused(self, epoch: int, reason: str) -> list[Action]:
+        """The agents refused or failed trigger ``epoch`` (a ControlReply other than OK).
+
+        A stale epoch is ignored. Otherwise the attempt is cancelled (releasing whatever was
+        set up) and the session waits in CANCELLED; the handover then takes the fallback
+        unless a new prediction replans.
+        """
+        if self.state is not MigrationState.PREPARING or epoch != self.epoch:
+            return []
+        act = self._cancel(f"trigger refused: {reason}")
+        self._to(MigrationState.CANCELLED, act.reason)
+        return [act]
+
+    def handover(self, actual_target: str, now: float, target_can_serve: bool) -> list[Action]:
+        """E2 shows the UE served by ``actual_target``'s cell: commit or fall back.
+
+        Prepared at ``actual_target``: commit with the proactive scheme (COMMITTED). Prepared
+        elsewhere: cancel that attempt, then commit a fallback at the actual target. Not
+        prepared: commit a fallback. The fallback is ``self.fallback`` if
+        ``target_can_serve`` (compatible model and memory), else Detour (FALLBACK). After a
+        migration the actual target is the new source; after Detour the source stays and one
+        relay hop is added. A handover to the source agent itself needs nothing (and ends a
+        Detour relay).
+        """
+        if actual_target == self.source:
+            self.relay_hops = 0                  # back at the agent that decodes: no relay
+            return []
+        actions: list[Action] = []
+        if self.state is MigrationState.PREPARING and actual_target == self.target:
+            actions.append(CommitAction(self.session_id, self.epoch, self.source, actual_target,
+                                        actual_target, self.scheme, now))
+            self.epoch += 1
+            self._rebind(actual_target, detour=False)
+            self._to(MigrationState.COMMITTED, "handover to the prepared target")
+            return actions
+        if self.state is MigrationState.PREPARING:
+            actions.append(self._cancel("mispredicted target"))
+            reason = f"mispredicted target (prepared {self.target})"
+        else:
+            reason = f"handover in state {self.state.value}"
+        scheme = self.fallback if target_can_serve else pallas_pb2.SCHEME_DETOUR
+        actions.append(CommitAction(self.session_id, self.epoch, self.source, actual_target,
+                                    None, scheme, now))
+        self.epoch += 1
+        self._rebind(actual_target, detour=scheme == pallas_pb2.SCHEME_DETOUR)
+        self._to(MigrationState.FALLBACK, reason)
+        return actions
+
+    def end(self, reason: str = "session ended") -> list[Action]:
+        """The session finished or left: cancel a running attempt; the machine goes IDLE."""
+        actions: list[Action] = []
+        if self.state is MigrationState.PREPARING:
+            actions.append(self._cancel(reason))
+        self.target, self.t_ho = None, None
+        if self.state is not MigrationState.IDLE:
+            self._to(MigrationState.IDLE, reason)
+        return actions
+
+    def _rebind(self, actual_target: str, detour: bool) -> None:
+        if detour:
+            self.relay_hops += 1
+        else:
+            self.source, self.relay_hops = actual_target, 0
+        self.target, self.t_ho, self.window_s, self.trigger_time = None, None, None, None
