@@ -167,7 +167,8 @@ def test_supervisor_also_stops_a_grandchild_in_its_own_session(tmp_path):
     sup = Supervisor(tmp_path, grace_s=1.0)
     c = sup.start("parent", [sys.executable, "-c", code])
     deadline = time.time() + 10
-    while not descendants(c.popen.pid) and time.time() < deadline:
+    # Wait until the grandchild runs in its own session (its process group is not the child's).
+    while not any(pg != c.pgid for pg in descendants(c.popen.pid).values()) and time.time() < deadline:
         time.sleep(0.1)
     sup.refresh()
     assert c.extra_pgids, "the grandchild's own process group was not found"
