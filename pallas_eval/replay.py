@@ -300,8 +300,9 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     outcomes = asyncio.run(main())
     if progress:
         progress.update(task, completed=total)
-    # The xApp ends by itself after the trace (+ linger); stop it if it has not.
-    deadline = time.time() + 15
+    # The xApp ends by itself after the trace (+ linger) once its policy calls are answered
+    # (a Full-Copy commit can take long); stop it if it has not within a minute.
+    deadline = time.time() + 60
     while child.alive() and time.time() < deadline:
         time.sleep(0.2)
     sup.stop(child)
@@ -362,11 +363,20 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
     rows, sits = [], []
     names = {s.index: s.agent_id for s in servers}
     hos = sorted(plan["handovers"], key=lambda h: h[1])
+    seen_gaps: set[tuple[str, float]] = set()
     for k, (ue, t, a, b) in enumerate(hos):
         nxt = min([h[1] for h in hos[k + 1:] if h[0] == ue] or [float("inf")])
         ho = Handover(ue, float(t) + run.offset, int(a), int(b))
         new_agent = names.get(mapping.get(int(b), -1))
         sit = sit_for_handover(ho, run.sessions, new_agent=new_agent, next_handover=nxt + run.offset)
+        # One interruption spanning several handovers (no token in between) counts once, at the
+        # first of them; the later ones record no SIT of their own.
+        gap_key = (sit.session_id, sit.last_before)
+        shared = math.isfinite(sit.sit) and gap_key in seen_gaps
+        if math.isfinite(sit.sit):
+            seen_gaps.add(gap_key)
+        if shared:
+            sit = HandoverSIT(ho, sit.session_id, tokens_at_ho=sit.tokens_at_ho)
         sits.append(sit)
         commit = next((e for e in run.events if e.get("kind") == "commit" and e.get("ue") == ue
                        and abs(float(e.get("trace_t", -1e18)) - float(t)) < 1e-6), None)
@@ -376,7 +386,9 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
                           and e.get("session") == commit.get("session") and e.get("epoch") == commit.get("epoch")), None)
         skipped = next((e for e in run.events if e.get("kind") == "commit_skipped" and e.get("ue") == ue
                         and abs(float(e.get("trace_t", -1e18)) - float(t)) < 1e-6), None)
-        if not math.isfinite(sit.sit):
+        if shared:
+            outcome = "in the previous interruption"
+        elif not math.isfinite(sit.sit):
             outcome = "no-session"
         elif commit is None:
             outcome = f"no-commit ({skipped.get('reason')})" if skipped else "no-commit"
