@@ -66,7 +66,7 @@ class ReplayOptions:
     max_model_len: int = 2048
     max_output: int = 512
     peer_rate_mbps: float = 0.0
-    start_delay_s: float = 8.0
+    start_delay_s: float = 10.0
     verify: bool = True
     simulate: bool = True
     simulate_only: bool = False
@@ -494,15 +494,17 @@ def agent_counters(servers: Sequence[Server]) -> dict[str, float]:
 
 
 def measured_rates(runs: Sequence[SchemeRun]) -> dict[str, float]:
-    """r_p, r_d, B, c_sync as the xApp saw them at its triggers (medians), and the decode rate
-    from the UEs' own inter-token gaps; None where nothing was measured."""
-    trig = [e for r in runs for e in r.events if e.get("kind") == "trigger"]
+    """r_p, r_d, B, c_sync as the xApp saw them at its triggers and commits (medians), and the
+    decode rate the UEs saw (median over sessions of tokens per second from first to last
+    token); None where nothing was measured."""
+    trig = [e for r in runs for e in r.events if e.get("kind") in ("trigger", "commit")]
     def med(key):
         v = [float(e[key]) for e in trig if e.get(key) is not None]
         return float(np.median(v)) if v else None
-    itl = np.concatenate([s.itls() for r in runs for s in r.sessions] or [np.zeros(0)])
+    rates = [(len(s.times) - 1) / (s.times[-1] - s.times[0]) for r in runs for s in r.sessions
+             if len(s.times) > 8 and s.times[-1] > s.times[0]]
     lat = [float(e["latency_s"]) for r in runs for e in r.events if e.get("kind") == "reply" and e.get("latency_s")]
     return {"r_p": med("r_p"), "r_d_xapp": med("r_d"), "bandwidth": med("bandwidth"), "s_kv": med("s_kv"),
             "block_size": med("block_size"),
-            "r_d_ue": float(1.0 / np.median(itl)) if itl.size else None,
+            "r_d_ue": float(np.median(rates)) if rates else None,
             "c_sync": float(np.median(lat)) if lat else None}

@@ -360,11 +360,17 @@ class PallasXapp:
                     trig = self._actions.get(("Trigger", a.session_id, a.epoch))
                     k = self.tokens.get(a.session_id, (None, 0))[0]
                     ue, f, t, t_ho = ho if ho else ("", -1, -1, a.handover_time - self.offset)
+                    tel = self.engine.telemetry
+                    ident = tel.model_of(a.source)
                     self.events.write("commit", ue=ue, session=a.session_id, epoch=a.epoch, trace_t=t_ho,
                                       source_agent=a.source, target_agent=a.actual_target, from_cell=f, to_cell=t,
                                       prepared=a.prepared_target is not None, scheme=scheme_name(a.scheme),
                                       window_s=trig[0].window_s if trig and a.prepared_target else None,
-                                      t_early_s=trig[1] if trig and a.prepared_target else None, k_curr=k)
+                                      t_early_s=trig[1] if trig and a.prepared_target else None, k_curr=k,
+                                      r_p=tel.prefill_rate(a.actual_target, now), r_d=tel.decode_rate(a.session_id, now),
+                                      bandwidth=tel.goodput_bytes_per_s(a.source, a.actual_target, now),
+                                      s_kv=ident.kv_bytes_per_token if ident else None,
+                                      block_size=ident.block_size if ident else None)
                     self._actions[("Commit", a.session_id, a.epoch)] = (a, None)
                     self.policy.commit(a.source, a.session_id, a.epoch, a.actual_target, scheme=scheme_name(a.scheme),
                                        handover_time=a.handover_time)
