@@ -112,7 +112,13 @@ class PallasXapp:
 
     Clocks: the predictor and the tracks run on the trace clock, the Scheduler Engine on the
     wall clock (the agents' telemetry carries wall-clock times); t_HO is moved by ``offset``.
+
+    A handover of a UE whose session the telemetry has not shown yet (opened less than a
+    telemetry period before it) is held for ``PENDING_HO_S`` and committed (by the fallback)
+    as soon as the session appears at its old agent.
     """
+
+    PENDING_HO_S = 3.0
 
     def __init__(self, config: XappConfig, transport: Any, *, policy: PolicyClient | None = None,
                  telemetry: TelemetryConsumer | None | bool = None, predictor: Any = None, engine: Any = None,
@@ -140,6 +146,9 @@ class PallasXapp:
         self.ues: dict[str, UEState] = {}
         self.tokens: dict[str, tuple[int, float]] = {}       # session -> (K, wall time) from telemetry
         self._actions: dict[tuple[str, str, int], Any] = {}  # (kind, session, epoch) -> action
+        # Handovers of UEs whose session the telemetry has not shown yet (opened just before the
+        # handover): ue -> (from cell, to cell, trace time); committed when the session appears.
+        self._pending_ho: dict[str, tuple[int, int, float]] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._cycle_thread: threading.Thread | None = None
@@ -252,7 +261,16 @@ class PallasXapp:
             for s in rep.sessions:
                 self.tokens[s.session_id] = (int(s.tokens), float(rep.time or time.time()))
             actions = self.engine.ingest_telemetry(rep, time.time())
+            late = [(ue, ho) for ue, ho in self._pending_ho.items() if self.engine.sessions_of(ue)]
+            for ue, _ in late:
+                del self._pending_ho[ue]
+            stale = [ue for ue, ho in self._pending_ho.items() if self.now() - ho[2] > self.PENDING_HO_S]
+            for ue in stale:
+                del self._pending_ho[ue]
         self._send(actions)
+        for ue, (f, t, t_ho) in late:
+            self.events.write("late_session", ue=ue, trace_t=self.now(), handover_t=t_ho)
+            self.on_handover(ue, f, t, t_ho)
 
     # ------------------------------------------------------------------ the control cycle
     def control_cycle(self) -> int:
@@ -300,6 +318,9 @@ class PallasXapp:
             if tgt is None or not sessions:
                 self.events.write("commit_skipped", ue=ue_id, trace_t=t, from_cell=from_cell, to_cell=to_cell,
                                   reason="no agent at the new cell" if tgt is None else "no session in flight")
+                if tgt is not None:
+                    prev = self._pending_ho.get(ue_id)
+                    self._pending_ho[ue_id] = (prev[0] if prev else from_cell, to_cell, t)
                 return
             actions = self.engine.on_handover(ue_id, tgt.agent_id, t + self.offset)
         if not actions:
