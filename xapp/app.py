@@ -242,6 +242,16 @@ class PallasXapp:
         self.events.write("handover", ue=r.ue_id, trace_t=r.time, from_cell=old, to_cell=r.serving_cell)
         self.on_handover(r.ue_id, old, r.serving_cell, r.time)
 
+    def warm_up(self, payload: bytes, e2_node: str = "") -> None:
+        """Decode one indication without keeping it, so that the E2SM and NR RRC codecs are
+        compiled and loaded before the first real message (their first use takes seconds on a
+        busy machine, which would delay the first handovers' commits). Never raises."""
+        from xapp.e2.ingest import decode_indication
+        try:
+            decode_indication(payload, e2_node, 0.0, self.ingest.config)
+        except Exception as e:
+            log.info("warm-up decode failed (harmless)", error=repr(e))
+
     # ------------------------------------------------------------------ telemetry
     def _on_telemetry(self, agent_id: str, rep: pb.TelemetryReport) -> None:
         """An agent's TelemetryReport: rates, server state and the sessions it serves go to the
