@@ -51,7 +51,7 @@ test-xapp: $(XAPP)/.ok
 	$(XAPP)/bin/python -m pytest -q tests/xapp tests/common
 
 test-agent: $(AGENT)/.ok
-	$(AGENT)/bin/python -m pytest -q tests/agent tests/common tests/e2e
+	$(AGENT)/bin/python -m pytest -q tests/agent tests/common tests/eval tests/e2e
 
 test: proto-check test-xapp test-agent
 

@@ -66,7 +66,7 @@ class ReplayOptions:
     max_model_len: int = 2048
     max_output: int = 512
     peer_rate_mbps: float = 0.0
-    start_delay_s: float = 8.0
+    start_delay_s: float = 10.0
     verify: bool = True
     simulate: bool = True
     simulate_only: bool = False
@@ -300,8 +300,9 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     outcomes = asyncio.run(main())
     if progress:
         progress.update(task, completed=total)
-    # The xApp ends by itself after the trace (+ linger); stop it if it has not.
-    deadline = time.time() + 15
+    # The xApp ends by itself after the trace (+ linger) once its policy calls are answered
+    # (a Full-Copy commit can take long); stop it if it has not within a minute.
+    deadline = time.time() + 60
     while child.alive() and time.time() < deadline:
         time.sleep(0.2)
     sup.stop(child)
@@ -362,11 +363,20 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
     rows, sits = [], []
     names = {s.index: s.agent_id for s in servers}
     hos = sorted(plan["handovers"], key=lambda h: h[1])
+    seen_gaps: set[tuple[str, float]] = set()
     for k, (ue, t, a, b) in enumerate(hos):
         nxt = min([h[1] for h in hos[k + 1:] if h[0] == ue] or [float("inf")])
         ho = Handover(ue, float(t) + run.offset, int(a), int(b))
         new_agent = names.get(mapping.get(int(b), -1))
         sit = sit_for_handover(ho, run.sessions, new_agent=new_agent, next_handover=nxt + run.offset)
+        # One interruption spanning several handovers (no token in between) counts once, at the
+        # first of them; the later ones record no SIT of their own.
+        gap_key = (sit.session_id, sit.last_before)
+        shared = math.isfinite(sit.sit) and gap_key in seen_gaps
+        if math.isfinite(sit.sit):
+            seen_gaps.add(gap_key)
+        if shared:
+            sit = HandoverSIT(ho, sit.session_id, tokens_at_ho=sit.tokens_at_ho)
         sits.append(sit)
         commit = next((e for e in run.events if e.get("kind") == "commit" and e.get("ue") == ue
                        and abs(float(e.get("trace_t", -1e18)) - float(t)) < 1e-6), None)
@@ -376,7 +386,9 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
                           and e.get("session") == commit.get("session") and e.get("epoch") == commit.get("epoch")), None)
         skipped = next((e for e in run.events if e.get("kind") == "commit_skipped" and e.get("ue") == ue
                         and abs(float(e.get("trace_t", -1e18)) - float(t)) < 1e-6), None)
-        if not math.isfinite(sit.sit):
+        if shared:
+            outcome = "in the previous interruption"
+        elif not math.isfinite(sit.sit):
             outcome = "no-session"
         elif commit is None:
             outcome = f"no-commit ({skipped.get('reason')})" if skipped else "no-commit"
@@ -482,15 +494,17 @@ def agent_counters(servers: Sequence[Server]) -> dict[str, float]:
 
 
 def measured_rates(runs: Sequence[SchemeRun]) -> dict[str, float]:
-    """r_p, r_d, B, c_sync as the xApp saw them at its triggers (medians), and the decode rate
-    from the UEs' own inter-token gaps; None where nothing was measured."""
-    trig = [e for r in runs for e in r.events if e.get("kind") == "trigger"]
+    """r_p, r_d, B, c_sync as the xApp saw them at its triggers and commits (medians), and the
+    decode rate the UEs saw (median over sessions of tokens per second from first to last
+    token); None where nothing was measured."""
+    trig = [e for r in runs for e in r.events if e.get("kind") in ("trigger", "commit")]
     def med(key):
         v = [float(e[key]) for e in trig if e.get(key) is not None]
         return float(np.median(v)) if v else None
-    itl = np.concatenate([s.itls() for r in runs for s in r.sessions] or [np.zeros(0)])
+    rates = [(len(s.times) - 1) / (s.times[-1] - s.times[0]) for r in runs for s in r.sessions
+             if len(s.times) > 8 and s.times[-1] > s.times[0]]
     lat = [float(e["latency_s"]) for r in runs for e in r.events if e.get("kind") == "reply" and e.get("latency_s")]
     return {"r_p": med("r_p"), "r_d_xapp": med("r_d"), "bandwidth": med("bandwidth"), "s_kv": med("s_kv"),
             "block_size": med("block_size"),
-            "r_d_ue": float(1.0 / np.median(itl)) if itl.size else None,
+            "r_d_ue": float(np.median(rates)) if rates else None,
             "c_sync": float(np.median(lat)) if lat else None}

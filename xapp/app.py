@@ -112,7 +112,13 @@ class PallasXapp:
 
     Clocks: the predictor and the tracks run on the trace clock, the Scheduler Engine on the
     wall clock (the agents' telemetry carries wall-clock times); t_HO is moved by ``offset``.
+
+    A handover of a UE whose session the telemetry has not shown yet (opened less than a
+    telemetry period before it) is held for ``PENDING_HO_S`` and committed (by the fallback)
+    as soon as the session appears at its old agent.
     """
+
+    PENDING_HO_S = 3.0
 
     def __init__(self, config: XappConfig, transport: Any, *, policy: PolicyClient | None = None,
                  telemetry: TelemetryConsumer | None | bool = None, predictor: Any = None, engine: Any = None,
@@ -140,6 +146,9 @@ class PallasXapp:
         self.ues: dict[str, UEState] = {}
         self.tokens: dict[str, tuple[int, float]] = {}       # session -> (K, wall time) from telemetry
         self._actions: dict[tuple[str, str, int], Any] = {}  # (kind, session, epoch) -> action
+        # Handovers of UEs whose session the telemetry has not shown yet (opened just before the
+        # handover): ue -> (from cell, to cell, trace time); committed when the session appears.
+        self._pending_ho: dict[str, tuple[int, int, float]] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._cycle_thread: threading.Thread | None = None
@@ -233,6 +242,16 @@ class PallasXapp:
         self.events.write("handover", ue=r.ue_id, trace_t=r.time, from_cell=old, to_cell=r.serving_cell)
         self.on_handover(r.ue_id, old, r.serving_cell, r.time)
 
+    def warm_up(self, payload: bytes, e2_node: str = "") -> None:
+        """Decode one indication without keeping it, so that the E2SM and NR RRC codecs are
+        compiled and loaded before the first real message (their first use takes seconds on a
+        busy machine, which would delay the first handovers' commits). Never raises."""
+        from xapp.e2.ingest import decode_indication
+        try:
+            decode_indication(payload, e2_node, 0.0, self.ingest.config)
+        except Exception as e:
+            log.info("warm-up decode failed (harmless)", error=repr(e))
+
     # ------------------------------------------------------------------ telemetry
     def _on_telemetry(self, agent_id: str, rep: pb.TelemetryReport) -> None:
         """An agent's TelemetryReport: rates, server state and the sessions it serves go to the
@@ -252,7 +271,16 @@ class PallasXapp:
             for s in rep.sessions:
                 self.tokens[s.session_id] = (int(s.tokens), float(rep.time or time.time()))
             actions = self.engine.ingest_telemetry(rep, time.time())
+            late = [(ue, ho) for ue, ho in self._pending_ho.items() if self.engine.sessions_of(ue)]
+            for ue, _ in late:
+                del self._pending_ho[ue]
+            stale = [ue for ue, ho in self._pending_ho.items() if self.now() - ho[2] > self.PENDING_HO_S]
+            for ue in stale:
+                del self._pending_ho[ue]
         self._send(actions)
+        for ue, (f, t, t_ho) in late:
+            self.events.write("late_session", ue=ue, trace_t=self.now(), handover_t=t_ho)
+            self.on_handover(ue, f, t, t_ho)
 
     # ------------------------------------------------------------------ the control cycle
     def control_cycle(self) -> int:
@@ -300,6 +328,9 @@ class PallasXapp:
             if tgt is None or not sessions:
                 self.events.write("commit_skipped", ue=ue_id, trace_t=t, from_cell=from_cell, to_cell=to_cell,
                                   reason="no agent at the new cell" if tgt is None else "no session in flight")
+                if tgt is not None:
+                    prev = self._pending_ho.get(ue_id)
+                    self._pending_ho[ue_id] = (prev[0] if prev else from_cell, to_cell, t)
                 return
             actions = self.engine.on_handover(ue_id, tgt.agent_id, t + self.offset)
         if not actions:
@@ -360,11 +391,17 @@ class PallasXapp:
                     trig = self._actions.get(("Trigger", a.session_id, a.epoch))
                     k = self.tokens.get(a.session_id, (None, 0))[0]
                     ue, f, t, t_ho = ho if ho else ("", -1, -1, a.handover_time - self.offset)
+                    tel = self.engine.telemetry
+                    ident = tel.model_of(a.source)
                     self.events.write("commit", ue=ue, session=a.session_id, epoch=a.epoch, trace_t=t_ho,
                                       source_agent=a.source, target_agent=a.actual_target, from_cell=f, to_cell=t,
                                       prepared=a.prepared_target is not None, scheme=scheme_name(a.scheme),
                                       window_s=trig[0].window_s if trig and a.prepared_target else None,
-                                      t_early_s=trig[1] if trig and a.prepared_target else None, k_curr=k)
+                                      t_early_s=trig[1] if trig and a.prepared_target else None, k_curr=k,
+                                      r_p=tel.prefill_rate(a.actual_target, now), r_d=tel.decode_rate(a.session_id, now),
+                                      bandwidth=tel.goodput_bytes_per_s(a.source, a.actual_target, now),
+                                      s_kv=ident.kv_bytes_per_token if ident else None,
+                                      block_size=ident.block_size if ident else None)
                     self._actions[("Commit", a.session_id, a.epoch)] = (a, None)
                     self.policy.commit(a.source, a.session_id, a.epoch, a.actual_target, scheme=scheme_name(a.scheme),
                                        handover_time=a.handover_time)

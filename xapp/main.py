@@ -119,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    clock=anchored_clock if a.speed else time.monotonic)
         app = PallasXapp(cfg, transport, nrt=nrt, events=events, offset=offset)
         events.write("start", mode="test", scheme=cfg.scheme, trace=a.trace, start_at=start_at, offset=offset)
-        # Telemetry flows while waiting for the start time; then the replay starts.
+        # Codecs loaded and telemetry flowing while waiting for the start time; then the replay.
+        app.warm_up(first.payload, first.e2_node)
         app.start_telemetry()
         late = time.time() - start_at
         if late > 0:

@@ -167,7 +167,8 @@ def test_supervisor_also_stops_a_grandchild_in_its_own_session(tmp_path):
     sup = Supervisor(tmp_path, grace_s=1.0)
     c = sup.start("parent", [sys.executable, "-c", code])
     deadline = time.time() + 10
-    while not descendants(c.popen.pid) and time.time() < deadline:
+    # Wait until the grandchild runs in its own session (its process group is not the child's).
+    while not any(pg != c.pgid for pg in descendants(c.popen.pid).values()) and time.time() < deadline:
         time.sleep(0.1)
     sup.refresh()
     assert c.extra_pgids, "the grandchild's own process group was not found"
@@ -212,3 +213,16 @@ def test_migration_figures_from_the_agents_logs(tmp_path):
     assert (rows[0].bytes_moved, rows[0].prefill_tokens) == (3 * 65536, 384 + 10)
     assert (rows[1].bytes_moved, rows[1].prefill_tokens) == (0, 99)
     assert (rows[2].bytes_moved, rows[2].prefill_tokens) == (0, 0)
+
+
+def test_prediction_lead_is_the_time_the_right_target_was_held_before_the_handover():
+    from pallas_eval.replay import _lead
+    ev = [{"kind": "prediction", "ue": "u", "trace_t": 1.0, "target_cell": 5},
+          {"kind": "prediction", "ue": "v", "trace_t": 1.5, "target_cell": 7},
+          {"kind": "prediction", "ue": "u", "trace_t": 2.0, "target_cell": 7},
+          {"kind": "prediction", "ue": "u", "trace_t": 3.0, "target_cell": -1},
+          {"kind": "prediction", "ue": "u", "trace_t": 4.0, "target_cell": 7},
+          {"kind": "prediction", "ue": "u", "trace_t": 9.0, "target_cell": 8}]
+    assert _lead(ev, "u", 6.0, 7) == pytest.approx(2.0)     # held 7 since t=4 (withdrawn at 3)
+    assert math.isnan(_lead(ev, "u", 6.0, 5))               # 5 was not named at the handover
+    assert math.isnan(_lead(ev, "u", 0.5, 5))               # nothing before the handover

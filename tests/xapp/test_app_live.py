@@ -246,3 +246,58 @@ def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
     commit_ev = next(e for e in ev if e["kind"] == "commit")
     assert commit_ev["prepared"] is True and commit_ev["from_cell"] == CELL_A and commit_ev["to_cell"] == CELL_B
     assert app.ingest.stats["reports"] == k
+
+
+class _RecordingPolicy:
+    """Stands in for xapp.policy.PolicyClient: records the orders instead of sending them."""
+
+    def __init__(self) -> None:
+        self.agents: dict = {}
+        self.on_reply = None
+        self.calls: list = []
+
+    def trigger(self, source, session, epoch, target, **kw):
+        self.calls.append(("Trigger", source, session, epoch, target))
+
+    def cancel(self, source, session, epoch, reason=""):
+        self.calls.append(("Cancel", source, session, epoch, None))
+
+    def commit(self, source, session, epoch, target, **kw):
+        self.calls.append(("Commit", source, session, epoch, target))
+
+    def close(self) -> None:
+        pass
+
+
+def test_handover_before_the_session_shows_in_telemetry_is_committed_when_it_does(tmp_path):
+    """A UE opens a session just before its handover: the first telemetry report naming the
+    session arrives after the handover; the xApp commits it then (by the fallback)."""
+    from xapp.app import EventLog, PallasXapp
+    from xapp.config import load_controls
+
+    controls = copy.deepcopy(json.loads((REPO / "descriptors" / "config-file.json").read_text())["controls"])
+    controls["scheme"] = "pallas"
+    controls["agents"] = {
+        "edge-a": {"e2_node_id": "gnb_001_01_00a81b0c", "control_address": "127.0.0.1:1",
+                   "peer_address": "127.0.0.1:1001"},
+        "edge-b": {"e2_node_id": "gnb_001_01_00a81c0d", "control_address": "127.0.0.1:2",
+                   "peer_address": "127.0.0.1:1002"}}
+    controls["cells"] = {str(CELL_A): "edge-a", str(CELL_B): "edge-b"}
+    policy = _RecordingPolicy()
+    app = PallasXapp(load_controls(controls), transport=None, policy=policy, telemetry=False,
+                     events=EventLog(None), offset=time.time() - 1000.0)
+    app.on_indication(_indication(CELL_A, PCI_A, -80.0, PCI_B, -90.0, 0), "gnb_001_01_00a81b0c", 1000.0)
+    app.on_indication(_indication(CELL_B, PCI_B, -80.0, PCI_A, -90.0, 1), "gnb_001_01_00a81c0d", 1000.2)
+    assert policy.calls == []            # no session known yet: nothing to commit
+    rep = pb.TelemetryReport(agent_id="edge-a", time=time.time())
+    rep.server.model.CopyFrom(pb.ModelIdentity(model="tiny", block_size=32, kv_bytes_per_token=16384))
+    rep.server.prefill_rate, rep.server.free_kv_blocks = 5000.0, 10000
+    rep.sessions.add(session_id="sess-9", ue_id=str(UE), tokens=300, decode_rate=40.0, state="serving",
+                     remaining_tokens=100)
+    app._on_telemetry("edge-a", rep)
+    assert [(c[0], c[1], c[2], c[4]) for c in policy.calls] == [("Commit", "edge-a", "sess-9", "edge-b")]
+    kinds = [e["kind"] for e in app.events.events]
+    assert kinds.index("commit_skipped") < kinds.index("late_session") < kinds.index("commit")
+    # The same telemetry again commits nothing more.
+    app._on_telemetry("edge-a", rep)
+    assert len(policy.calls) == 1
