@@ -161,6 +161,11 @@ class A1PolicyHandler:
         return self._base.a1.policy_type_id
 
     @property
+    def base(self) -> XappConfig:
+        """The base configuration (the descriptor's), before any A1 instance."""
+        return self._base
+
+    @property
     def config(self) -> XappConfig:
         """The effective configuration: the base with every live instance applied."""
         return self._config

@@ -33,7 +33,7 @@ from typing import Sequence
 
 import structlog
 
-from xapp.config import ConfigError, load_config_file
+from xapp.config import ConfigError, load_config_file, load_controls
 
 log = structlog.get_logger("pallas.xapp.main")
 
@@ -64,12 +64,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _with_scheme(cfg, scheme: str | None):
+    """``cfg`` with its scheme overridden (``--scheme``). The override goes into ``controls``, so
+    it survives what rebuilds the configuration from them (A1 instances, descriptor reloads)."""
+    if not scheme:
+        return cfg
+    return load_controls({**cfg.controls, "scheme": scheme.replace("-", "_")})
+
+
 def _config(path: str | None, scheme: str | None):
-    cfg = load_config_file(path)
-    if scheme:
-        import dataclasses
-        cfg = dataclasses.replace(cfg, scheme=scheme.replace("-", "_"))
-    return cfg
+    return _with_scheme(load_config_file(path), scheme)
+
+
+def _reloaded(doc, app, scheme: str | None, a1=None):
+    """The configuration to run after the descriptor changed to ``doc``: the new base (or the
+    running one if ``doc`` is invalid, logged field by field), the ``--scheme`` override, then the
+    live A1 policy instances re-applied on top (``A1PolicyHandler.rebase``). None if nothing
+    changed."""
+    from xapp.config import reload_descriptor
+    current = app.config if a1 is None else a1.base
+    new = reload_descriptor(doc, current)
+    if new is current:
+        return None
+    new = _with_scheme(new, scheme)
+    return a1.rebase(new) if a1 is not None else new
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,11 +162,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     transport = RmrTransport(rmr_port=a.rmr_port, use_fake_sdl=bool(os.environ.get("USE_FAKE_SDL")))
     a1 = A1PolicyHandler(cfg, load_policy_type(default_policy_type_path(cfg.a1.policy_type_id)))
     app = PallasXapp(cfg, transport, nrt=nrt, events=events, a1=a1)
+    started = threading.Event()
+    try:
+        from xapp.httpd import serve_http
+        serve_http("0.0.0.0", cfg.e2.client_http_port, started.is_set)
+    except OSError as e:
+        log.error("http endpoints not served", port=cfg.e2.client_http_port, error=str(e))
     subscribe_all(cfg)
     app.start()
+    started.set()
     transport.send(A1_POLICY_QUERY, a1.query_message())   # A1 resends every live instance
     events.write("start", mode="live", scheme=cfg.scheme)
-    watcher = _watch_config(a.config, app, a.scheme, done)
+    watcher = _watch_config(a.config, app, a.scheme, done, a1)
     done.wait()
     app.stop()
     if watcher is not None:
@@ -156,14 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _watch_config(path: str | None, app, scheme: str | None, done: threading.Event) -> threading.Thread | None:
+def _watch_config(path: str | None, app, scheme: str | None, done: threading.Event,
+                  a1=None) -> threading.Thread | None:
     """Re-read the descriptor when CONFIG_FILE changes (mtime poll, 1 s), as OSC xApps do on
     inotify, through ``xapp.config.reload_descriptor``: an invalid new file is logged field by
     field and the running configuration kept."""
     if not path:
         return None
-    from xapp.config import reload_descriptor
-
     def run() -> None:
         last = os.stat(path).st_mtime if os.path.exists(path) else 0.0
         while not done.wait(1.0):
@@ -177,11 +201,12 @@ def _watch_config(path: str | None, app, scheme: str | None, done: threading.Eve
             except (OSError, ValueError) as e:
                 log.error("descriptor unreadable, keeping the running configuration", error=str(e))
                 continue
-            new = reload_descriptor(doc, app.config)
-            if new is not app.config:
-                if scheme:
-                    import dataclasses
-                    new = dataclasses.replace(new, scheme=scheme.replace("-", "_"))
+            try:
+                new = _reloaded(doc, app, scheme, a1)
+            except (ConfigError, ValueError) as e:
+                log.error("descriptor refused, keeping the running configuration", error=str(e))
+                continue
+            if new is not None:
                 app.reconfigure(new)
 
     th = threading.Thread(target=run, name="config-watch", daemon=True)

@@ -1,0 +1,57 @@
+"""The xApp's HTTP endpoints, as the OSC platform expects them of an xApp.
+
+- ``GET /ric/v1/health/alive``: 200 while the process runs (liveness).
+- ``GET /ric/v1/health/ready``: 200 once the xApp has started its transport and control loop,
+  503 before (readiness).
+- ``GET /ric/v1/metrics``: the Prometheus text exposition of the process's registry (the
+  descriptor's ``metrics.url``; E2 ingestion, scheduler and policy counters).
+
+Served from a daemon thread on the descriptor's http port (``controls.e2.client_endpoint.http_port``,
+8080 by default), so the RIC's probes and Prometheus reach the xApp the way they reach
+ric-app-hw-python and its siblings.
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+
+def serve_http(host: str, port: int, ready: Callable[[], bool],
+               registry: CollectorRegistry = REGISTRY) -> ThreadingHTTPServer:
+    """Start the endpoints on ``host:port`` (port 0 picks a free one) in a daemon thread.
+
+    ``ready()`` answers the readiness probe. Returns the server (``server_address`` holds the
+    bound port; ``shutdown()`` stops it). Raises OSError if the port cannot be bound.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if path == "/ric/v1/health/alive":
+                self._reply(200, b"OK\n", "text/plain")
+            elif path == "/ric/v1/health/ready":
+                ok = bool(ready())
+                self._reply(200 if ok else 503, b"OK\n" if ok else b"starting\n", "text/plain")
+            elif path == "/ric/v1/metrics":
+                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            else:
+                self._reply(404, b"not found\n", "text/plain")
+
+        def _reply(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args) -> None:  # probes every few seconds: no access log
+            return
+
+    srv = ThreadingHTTPServer((host, port), Handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, name="xapp-http", daemon=True).start()
+    return srv
