@@ -356,6 +356,11 @@ def test_evicted_prefix_is_recomputed(pair: Pair):
 
 
 # ------------------------------------------------------------------------------ cancel / kill
+# Output tokens of the cancel/kill sessions: long enough that a loaded machine (blocks reach B
+# late) cannot finish the session before the cancel or the kill happens.
+LONG = 2000
+
+
 def _max_gap(s: Session, start: int, end: int) -> float:
     t = s.token_times[start:end]
     return max(b - a for a, b in zip(t, t[1:]))
@@ -366,21 +371,22 @@ def _no_stall(s: Session, k: int, window: int = 40) -> None:
 
     Gaps are seen at the agent, where a loaded machine delivers tokens in bursts, so the
     bound is relative to the session's own largest gap elsewhere; what it must catch is the
-    source waiting on the target (timeouts of seconds).
+    source waiting on the target (the migration's waits and timeouts are 5 s and more; a
+    3 s floor keeps scheduling hiccups of a loaded 2-core machine from failing the test).
     """
     lo, hi = max(0, k - 2), min(len(s.token_times), k + window)
     around = _max_gap(s, lo, hi)
     rest = max(_max_gap(s, 0, lo + 1) if lo > 1 else 0.0,
                _max_gap(s, hi - 1, len(s.token_times)) if hi < len(s.token_times) - 1 else 0.0)
-    assert around < max(1.0, 2.0 * rest), (around, rest)
+    assert around < max(3.0, 2.0 * rest), (around, rest)
 
 
 def test_cancel_mid_stream_releases_everything(pair: Pair):
     async def run():
         base = await _held(pair)
         prompt = _prompt(300, 21)
-        ref = await _reference(pair.a, prompt, 1000)
-        s = await _start(pair.a, prompt, 1000)
+        ref = await _reference(pair.a, prompt, LONG)
+        s = await _start(pair.a, prompt, LONG)
         await _wait_outputs(s, 10)
         rep = await pair.a.migrator.trigger(s.session_id, 1, pair.b.endpoint)
         assert rep.status == 1
@@ -416,8 +422,8 @@ def test_peer_killed_mid_stream(pair: Pair):
     async def run():
         base = await _held(pair)
         prompt = _prompt(300, 31)
-        ref = await _reference(pair.a, prompt, 1000)
-        s = await _start(pair.a, prompt, 1000)
+        ref = await _reference(pair.a, prompt, LONG)
+        s = await _start(pair.a, prompt, LONG)
         await _wait_outputs(s, 10)
         assert (await pair.a.migrator.trigger(s.session_id, 1, pair.b.endpoint)).status == 1
         t_end = time.monotonic() + 60
