@@ -23,7 +23,7 @@ from agent.cluster import LocalAgent, start_agents
 
 pytestmark = pytest.mark.vllm
 
-MAX_TOKENS = 160
+MAX_TOKENS = 400   # long enough that the source does not finish before a plan's last step (a fast engine outruns the UE by 100+ tokens)
 
 
 @pytest.fixture(scope="module")
