@@ -37,6 +37,23 @@ def latest_fix(view: TrackView) -> tuple[int, float] | None:
     return i, float(view.time[j])
 
 
+def _motion(view: TrackView, assoc: AssociationMap, c: CVHConfig):
+    """(t_fix s, speed m/s, heading deg, x m, y m) of the newest GPS fix in the map's local frame,
+    or None without a frame, a fix, a speed and heading, or below ``c.min_speed_mps``."""
+    if assoc.frame is None or len(view.time) == 0:
+        return None
+    fx = latest_fix(view)
+    if fx is None:
+        return None
+    i, t_fix = fx
+    v = float(view.speed_mps[i])
+    hd = float(view.heading_deg[i])
+    if not (v == v) or not (hd == hd) or v < c.min_speed_mps:
+        return None
+    x0, y0 = assoc.frame.xy(float(view.lat[i]), float(view.lon[i]))
+    return t_fix, v, hd, float(x0), float(y0)
+
+
 class CVHPredictor:
     """See the module doc. Needs an ``AssociationMap`` with a frame (learned from drives)."""
 
@@ -50,18 +67,11 @@ class CVHPredictor:
     def crossing(self, view: TrackView, now: float) -> tuple[int, float, float] | None:
         """(target cell, t_HO, raw score) of the first area change ahead, or None."""
         c = self.cfg
-        if self.assoc.frame is None or len(view.time) == 0:
+        m = _motion(view, self.assoc, c)
+        if m is None:
             return None
-        fx = latest_fix(view)
-        if fx is None:
-            return None
-        i, t_fix = fx
-        v = float(view.speed_mps[i])
-        hd = float(view.heading_deg[i])
-        if not (v == v) or not (hd == hd) or v < c.min_speed_mps:
-            return None
+        t_fix, v, hd, x0, y0 = m
         sc = int(view.serving_cell[-1])
-        x0, y0 = self.assoc.frame.xy(float(view.lat[i]), float(view.lon[i]))
         ux, uy = math.sin(math.radians(hd)), math.cos(math.radians(hd))
         nsteps = int(c.horizon_s / c.step_s) + 1
         taus = now + np.arange(nsteps) * c.step_s
@@ -109,17 +119,10 @@ class PlacesPredictor:
     def crossing(self, view: TrackView, now: float) -> tuple[int, float, float] | None:
         """(target cell, t_HO, raw score) of the nearest handover place ahead, or None."""
         c = self.cfg
-        if self.assoc.frame is None or len(view.time) == 0:
+        m = _motion(view, self.assoc, c)
+        if m is None:
             return None
-        fx = latest_fix(view)
-        if fx is None:
-            return None
-        i, t_fix = fx
-        v = float(view.speed_mps[i])
-        hd = float(view.heading_deg[i])
-        if not (v == v) or not (hd == hd) or v < c.min_speed_mps:
-            return None
-        x0, y0 = self.assoc.frame.xy(float(view.lat[i]), float(view.lon[i]))
+        t_fix, v, hd, x0, y0 = m
         d = min(v * max(0.0, now - t_fix), c.max_dr_m)
         hr = math.radians(hd)
         x, y = float(x0) + d * math.sin(hr), float(y0) + d * math.cos(hr)
