@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,16 +22,11 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
+from agent.server import free_port, tail_lines
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 __all__ = ["LocalAgent", "start_agents", "free_port"]
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -141,10 +135,7 @@ class LocalAgent:
 
     def log_tail(self, n: int = 60) -> str:
         """The last ``n`` lines of the agent's log."""
-        try:
-            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return tail_lines(self.log_path, n)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM the agent (it stops its vLLM), then SIGKILL its process group if needed."""

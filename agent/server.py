@@ -25,6 +25,14 @@ import httpx
 from agent.models import REPO_ROOT
 
 
+def tail_lines(path, n: int) -> str:
+    """The last ``n`` lines of the text file at ``path`` ("" if it cannot be read)."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except (OSError, TypeError):
+        return ""
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
@@ -152,10 +160,7 @@ class VLLMServer:
 
     def log_tail(self, n: int = 40) -> str:
         """The last ``n`` lines of the server log."""
-        try:
-            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return tail_lines(self.log_path, n)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Terminate the whole process group (SIGTERM, then SIGKILL)."""
