@@ -70,6 +70,7 @@ class AgentConfig:
     max_model_len: int = 4096
     max_num_seqs: int = 8
     dtype: str = "float32"
+    min_step_ms: float = 0.0
     vllm_ready_timeout_s: float = 600.0
     peer_rate_mbps: float = 0.0
     scheme: str = "pallas"
@@ -148,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-model-len", type=int, default=int(_env("max_model_len", d.max_model_len)))
     v.add_argument("--max-num-seqs", type=int, default=int(_env("max_num_seqs", d.max_num_seqs)))
     v.add_argument("--dtype", default=_env("dtype", d.dtype))
+    v.add_argument("--min-step-ms", type=float, default=float(_env("min_step_ms", d.min_step_ms)),
+                   help="emulated minimum engine step of the launched vLLM (0 = off): paces a tiny "
+                        "test model like a real one (e.g. 28 ms: Qwen3-32B on one H200)")
     v.add_argument("--vllm-ready-timeout-s", type=float, default=float(_env("vllm_ready_timeout_s", d.vllm_ready_timeout_s)))
     v.add_argument("--tokenizer", default=_env("tokenizer", None),
                    help="tokenizer folder for text prompts/outputs (default: the model's, if it has one)")
@@ -185,12 +189,15 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         p.error("give --model or --model-preset (to launch vLLM), or --vllm-url")
     if a.peer_rate_mbps < 0:
         p.error("--peer-rate-mbps must be >= 0")
+    if a.min_step_ms < 0:
+        p.error("--min-step-ms must be >= 0")
     return AgentConfig(
         agent_id=a.agent_id, host=a.host, advertise_host=a.advertise_host, control_port=a.control_port,
         peer_port=a.peer_port, front_port=a.front_port, metrics_port=a.metrics_port, vllm_url=a.vllm_url,
         hub_address=a.hub_address, model=a.model, model_preset=a.model_preset, vllm_port=a.vllm_port,
         kv_cache_gib=a.kv_cache_gib, omp_bind=a.omp_bind, block_size=a.block_size,
         max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs, dtype=a.dtype,
+        min_step_ms=a.min_step_ms,
         vllm_ready_timeout_s=a.vllm_ready_timeout_s, peer_rate_mbps=a.peer_rate_mbps,
         scheme=a.scheme, peer_fronts=fronts, telemetry_period_ms=a.telemetry_period_ms,
         probe_prefill_tokens=a.probe_prefill_tokens, resume_wait_s=a.resume_wait_s,

@@ -605,15 +605,24 @@ class Migrator:
             task = out.session._task
             left = deadline - time.monotonic()
             if left <= 0:
-                log.warning("blocks_missing_at_commit", session=out.session.session_id,
-                            epoch=out.epoch)
+                self._missing(out, need_end, "deadline")
                 return
             ev = out.changed
             try:
                 await asyncio.wait_for(ev.wait(), min(left, 0.5))
             except asyncio.TimeoutError:
                 if task is not None and task.done():
-                    return  # the request ended here: nothing more will come
+                    # The request ended here: nothing more will come.
+                    self._missing(out, need_end, "request ended")
+                    return
+
+    @staticmethod
+    def _missing(out: Outbound, need_end: int, why: str) -> None:
+        """Log what the commit goes on without (the target recomputes it: still exact)."""
+        log.warning("blocks_missing_at_commit", session=out.session.session_id, epoch=out.epoch,
+                    why=why, need_end=need_end, first_block=out.first_block,
+                    have=sorted(out.full)[-4:], tail=None if out.tail is None else out.tail[:2],
+                    engine_tokens=out.session.num_tokens + len(out.session.held_token_ids))
 
     def _ctho_split(self, s: Session, target: pallas_pb2.PeerEndpoint) -> int:
         """ctHO's p for an unprepared target (model.md §6) from this agent's measured rates."""

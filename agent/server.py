@@ -54,6 +54,8 @@ class ServerConfig:
         block_size: tokens per KV block (a multiple of 32 on CPU).
         max_model_len, max_num_seqs: engine limits.
         dtype: activation dtype ("float32" for token-exact tests).
+        min_step_ms: emulated minimum engine step (the connector's ``min_step_ms``; 0 = off):
+            paces a tiny test model like a real one.
         extra_args: more CLI arguments.
         env: more environment variables.
         log_path: file for the server's stdout/stderr (default: a temp file under .cache).
@@ -68,6 +70,7 @@ class ServerConfig:
     max_model_len: int = 4096
     max_num_seqs: int = 8
     dtype: str = "float32"
+    min_step_ms: float = 0.0
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     log_path: str | None = None
@@ -112,6 +115,8 @@ class VLLMServer:
             cfg = {"kv_connector": "PallasConnector", "kv_connector_module_path": "agent.connector",
                    "kv_role": "kv_both",
                    "kv_connector_extra_config": {"agent_address": c.agent_address}}
+            if c.min_step_ms > 0:
+                cfg["kv_connector_extra_config"]["min_step_ms"] = float(c.min_step_ms)
             cmd += ["--kv-transfer-config", json.dumps(cfg)]
         return cmd + list(c.extra_args)
 

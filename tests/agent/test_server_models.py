@@ -25,6 +25,7 @@ def test_server_command_carries_the_connector_and_the_cpu_settings(tmp_path):
     assert kv["kv_connector"] == "PallasConnector"
     assert kv["kv_connector_module_path"] == "agent.connector"
     assert kv["kv_connector_extra_config"]["agent_address"] == "tcp://127.0.0.1:5"
+    assert "min_step_ms" not in kv["kv_connector_extra_config"]  # pacing is off by default
     env = srv.environment()
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     paths = env["PYTHONPATH"].split(":")
@@ -32,6 +33,27 @@ def test_server_command_carries_the_connector_and_the_cpu_settings(tmp_path):
     assert srv.base_url == "http://127.0.0.1:18123"
     assert "--kv-transfer-config" not in VLLMServer(ServerConfig(model="/m")).command()
     srv.stop()  # never started: a no-op
+
+
+def test_min_step_pacing_reaches_the_connector_and_spaces_steps(tmp_path):
+    srv = VLLMServer(ServerConfig(model="/m", agent_address="tcp://127.0.0.1:5", min_step_ms=28,
+                                  log_path=str(tmp_path / "x.log")))
+    cmd = srv.command()
+    kv = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector_extra_config"]["min_step_ms"] == 28.0
+
+    pytest.importorskip("vllm")
+    from agent.connector.vllm_connector import pace
+    now, slept = [10.0], []
+
+    def sleep(dt):
+        slept.append(dt)
+        now[0] += dt
+    # 10 ms after the last step: waits the other 18 ms; a late step is not delayed; 0 = off.
+    assert pace(9.99, 0.028, clock=lambda: now[0], sleep=sleep) == pytest.approx(10.018)
+    assert slept == [pytest.approx(0.018)]
+    assert pace(9.0, 0.028, clock=lambda: now[0], sleep=sleep) == now[0] and len(slept) == 1
+    assert pace(now[0], 0.0, clock=lambda: now[0], sleep=sleep) == now[0] and len(slept) == 1
 
 
 def _fake_safetensors(path, shapes):

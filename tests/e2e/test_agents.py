@@ -23,7 +23,7 @@ from agent.cluster import LocalAgent, start_agents
 
 pytestmark = pytest.mark.vllm
 
-MAX_TOKENS = 400   # long enough that the source does not finish before a plan's last step (a fast engine outruns the UE by 100+ tokens)
+MAX_TOKENS = 300   # with 15 ms steps the source is still decoding well past a plan's last step (110)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,11 @@ def agents():
     from agent.models import build_model
 
     model = str(build_model("tiny"))
-    a = LocalAgent("a", model, omp_bind="0", extra=["--probe-prefill-tokens", "128", "--resume-wait-s", "20"])
-    b = LocalAgent("b", model, omp_bind="1", extra=["--probe-prefill-tokens", "128", "--resume-wait-s", "20"])
+    # Engine steps at least 15 ms apart (the connector's min_step_ms): the tiny model decodes at
+    # about a real model's pace, so every plan step comes while the source is still decoding.
+    flags = ["--probe-prefill-tokens", "128", "--resume-wait-s", "20", "--min-step-ms", "15"]
+    a = LocalAgent("a", model, omp_bind="0", extra=flags)
+    b = LocalAgent("b", model, omp_bind="1", extra=flags)
     start_agents([a, b], timeout_s=600)
     try:
         yield {"a": a, "b": b}
