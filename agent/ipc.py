@@ -8,7 +8,7 @@ agent binds one ROUTER socket (:class:`BlockHub`); each connector side connects 
   a ``hello`` with KV-pool stats every ``HELLO_PERIOD_S``; the engine thread sends ``claim``
   reports on its own socket;
 - the *worker side* (in the Worker process, :class:`WorkerLink`): a background sender thread
-  ships the block slabs copied out in ``wait_for_save`` (CRC-32 computed there, off the engine
+  ships the block slabs copied out in ``wait_for_save`` (CRC-32C computed there, off the engine
   thread); the engine thread fetches received blocks synchronously in ``start_load_kv``.
 
 Every message is a multipart ZeroMQ message ``[header, *payload]``: ``header`` is a UTF-8 JSON
@@ -43,21 +43,26 @@ import os
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 import zmq.asyncio
+from crc32c import crc32c as _crc32c
 
 HELLO_PERIOD_S = 0.25
 FETCH_TIMEOUT_S = 10.0
 
 
-def crc32(data: bytes | memoryview) -> int:
-    """CRC-32 (zlib polynomial) of ``data`` as an unsigned 32-bit int (the KVBlock checksum)."""
-    return zlib.crc32(data) & 0xFFFFFFFF
+def block_crc(data: bytes | memoryview) -> int:
+    """CRC-32C (Castagnoli polynomial, RFC 3720 §B.4) of ``data``: the KVBlock checksum.
+
+    Unsigned 32-bit. Computed by the ``crc32c`` package with the CPU's CRC32 instruction
+    (SSE4.2 / ARMv8) where present, which is 2-3x faster than zlib's CRC-32 on a KV block, and
+    without holding the GIL on large buffers. Accepts any contiguous buffer (bytes, memoryview).
+    """
+    return _crc32c(data)
 
 
 def encode(header: dict[str, Any], *payload: bytes | memoryview) -> list[bytes | memoryview]:
@@ -97,7 +102,7 @@ class BlockStore:
     """Received KV blocks per session (target role), newest epoch only.
 
     Accounting (``num_blocks``, ``num_bytes``) is what the cancel/kill tests check returns to
-    zero. A block whose CRC-32 does not match its checksum is never stored (``bad``).
+    zero. A block whose CRC-32C does not match its checksum is never stored (``bad``).
     """
 
     def __init__(self) -> None:
@@ -113,7 +118,7 @@ class BlockStore:
             crc_ok: bool | None = None) -> str:
         """Store a block. Returns "ok", "stale" (older epoch: dropped) or "bad" (checksum).
 
-        ``crc_ok``: the caller already compared CRC-32(data) with ``crc`` (off the event
+        ``crc_ok``: the caller already compared CRC-32C(data) with ``crc`` (off the event
         loop); None makes the store compute it.
         """
         cur = self._by_sid.get(sid)
@@ -123,9 +128,9 @@ class BlockStore:
             self.drop(sid)
             cur = self._by_sid[sid] = _SessionBlocks(epoch)
         if not self.verify:
-            crc, crc_ok = crc32(data), True
+            crc, crc_ok = block_crc(data), True
         if crc_ok is None:
-            crc_ok = crc32(data) == crc
+            crc_ok = block_crc(data) == crc
         if not crc_ok:
             cur.bad.add(idx)
             return "bad"
@@ -466,7 +471,7 @@ class WorkerLink:
     """The worker-side connector's channel to the agent.
 
     :meth:`send_block` queues a copied-out slab for the background sender thread, which
-    computes its CRC-32 and sends it (the engine thread only pays for the copy).
+    computes its CRC-32C and sends it (the engine thread only pays for the copy).
     :meth:`fetch` is a synchronous request/response used by ``start_load_kv`` on the engine
     thread, on its own socket.
     """
@@ -521,7 +526,7 @@ class WorkerLink:
                     sock.send_multipart(encode(header), flags=zmq.NOBLOCK)
                     continue
                 buf = memoryview(slab.numpy()).cast("B")
-                header["crc"] = crc32(buf)
+                header["crc"] = block_crc(buf)
                 sock.send_multipart(encode(header, buf), flags=zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 pass  # agent gone: the block is dropped (the target will recompute)

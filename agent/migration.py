@@ -685,7 +685,7 @@ class Migrator:
     def on_block(self, blk: pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str:
         """Store one streamed block: "ok", "stale" (no attempt of that epoch) or "bad" (CRC).
 
-        ``crc_ok``: the transport already checked the block's CRC-32 (None: check here).
+        ``crc_ok``: the transport already checked the block's CRC-32C (None: check here).
         """
         inb = self.inbound.get(blk.session_id)
         if inb is None or blk.epoch != inb.epoch or inb.state == "released":

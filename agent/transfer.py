@@ -3,7 +3,7 @@
 - :class:`PeerTransferService`: the target side, a grpc.aio servicer that hands each call to a
   handler (the agent's :class:`agent.migration.Migrator`): Prepare (admission: ModelIdentity and
   free KV memory; starts the prefix warm-up), StreamBlocks (suffix KV blocks, each with its
-  CRC-32; blocks of an old epoch are dropped), Sync (token ids, tail block, remaining sampling
+  CRC-32C; blocks of an old epoch are dropped), Sync (token ids, tail block, remaining sampling
   parameters; the target resumes the request) and Release.
 - :class:`PeerClient`: the source side for one peer, with a per-peer token-bucket link-rate
   limit on the block stream (it emulates an inter-gNB backhaul in tests and caps migration
@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
-from agent.ipc import crc32
+from agent.ipc import block_crc
 
 log = structlog.get_logger("pallas.agent.transfer")
 
@@ -119,7 +119,7 @@ class PeerHandler(Protocol):
 class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
     """Target side of the peer data plane; every call is delegated to ``handler``.
 
-    Block checksums are computed in a thread pool (zlib releases the GIL), pipelined with the
+    Block checksums are computed in a thread pool (crc32c releases the GIL), pipelined with the
     reception of the next blocks; the handler gets each block in order with the verdict.
     A handler exception becomes STATUS_ERROR (logged); the service runs on.
     """
@@ -161,7 +161,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
 
         async for blk in request_iterator:
             sid, epoch = blk.session_id, blk.epoch
-            pending.append((blk, loop.run_in_executor(self._pool, crc32, blk.data)))
+            pending.append((blk, loop.run_in_executor(self._pool, block_crc, blk.data)))
             while pending and (pending[0][1].done() or len(pending) > self.MAX_IN_FLIGHT):
                 await settle_head()
         while pending:

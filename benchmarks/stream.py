@@ -1,6 +1,8 @@
 """Block-stream goodput and source ITL figures for issue 2.
 
 Prints:
+0. the gRPC ceiling of this host: the same StreamBlocks call through the bare generated stub,
+   nothing behind it (a reference for the figure below, which includes the agents' code).
 1. goodput of the PeerTransfer block stream on loopback, without a limit (target >= 1 GB/s)
    and with a 300 Mbit/s token-bucket limit (target >= 90 % of it). The receiver is a real
    PeerTransferService in its own process whose handler checks every block's CRC-32 and keeps
@@ -30,9 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "proto")]
 
-from pallas_proto import pallas_pb2  # noqa: E402
+from pallas_proto import pallas_pb2, pallas_pb2_grpc  # noqa: E402
 
-from agent.ipc import BlockStore, crc32  # noqa: E402
+from agent.ipc import BlockStore, block_crc  # noqa: E402
 from agent.transfer import PeerClient, serve_peer_transfer  # noqa: E402
 
 
@@ -59,6 +61,52 @@ class _SinkHandler:
         return pallas_pb2.ReleaseReply(status=pallas_pb2.STATUS_OK)
 
 
+class _BareSink(pallas_pb2_grpc.PeerTransferServicer):
+    """The PeerTransfer service with nothing behind it (counts bytes): the gRPC ceiling."""
+
+    async def StreamBlocks(self, request_iterator, context):  # noqa: N802 (gRPC names)
+        n = nbytes = 0
+        async for blk in request_iterator:
+            n += 1
+            nbytes += len(blk.data)
+        return pallas_pb2.StreamAck(blocks_received=n, bytes_received=nbytes)
+
+
+def _serve_bare(port_q) -> None:
+    import grpc
+
+    from agent.transfer import GRPC_OPTIONS
+
+    async def main():
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        pallas_pb2_grpc.add_PeerTransferServicer_to_server(_BareSink(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        port_q.put(f"127.0.0.1:{port}")
+        await server.wait_for_termination()
+    asyncio.run(main())
+
+
+async def bare_goodput(address: str, *, n_blocks: int, block_bytes: int) -> float:
+    """Bytes/s of one StreamBlocks call through the generated stub alone (no agent code)."""
+    import grpc
+
+    from agent.transfer import GRPC_OPTIONS
+
+    blk = pallas_pb2.KVBlock(session_id="bench", epoch=1, block_index=0, fill=32, checksum=0,
+                             data=os.urandom(block_bytes))
+
+    async def gen(k):
+        for _ in range(k):
+            yield blk
+    async with grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) as ch:
+        stub = pallas_pb2_grpc.PeerTransferStub(ch)
+        await stub.StreamBlocks(gen(4))
+        t0 = time.perf_counter()
+        ack = await stub.StreamBlocks(gen(n_blocks))
+        return ack.bytes_received / (time.perf_counter() - t0)
+
+
 def _serve(port_q) -> None:
     async def main():
         server, addr = await serve_peer_transfer(_SinkHandler(), "127.0.0.1:0")
@@ -72,7 +120,7 @@ async def goodput(address: str, *, n_blocks: int, block_bytes: int,
     """Send n_blocks through one StreamBlocks call; returns (goodput bytes/s, rejected)."""
     client = PeerClient(address, link_rate_mbps=rate_mbps)
     data = os.urandom(block_bytes)
-    crc = crc32(data)
+    crc = block_crc(data)
     blocks = [pallas_pb2.KVBlock(session_id="bench", epoch=1, block_index=i, fill=32,
                                  checksum=crc, data=data) for i in range(n_blocks)]
     # Warm the connection up.
@@ -92,6 +140,16 @@ async def goodput(address: str, *, n_blocks: int, block_bytes: int,
 
 def run_goodput(n_blocks: int, block_bytes: int) -> None:
     ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_serve_bare, args=(q,), daemon=True)
+    proc.start()
+    try:
+        gp = asyncio.run(bare_goodput(q.get(timeout=60), n_blocks=n_blocks, block_bytes=block_bytes))
+        print(f"gRPC ceiling          : {gp / 1e9:6.3f} GB/s  (the same stream through the bare "
+              f"generated stub, no agent code: what this host allows)")
+    finally:
+        proc.terminate()
+        proc.join(5)
     q = ctx.Queue()
     proc = ctx.Process(target=_serve, args=(q,), daemon=True)
     proc.start()

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from agent.ipc import WorkerLink, crc32
+from agent.ipc import WorkerLink, block_crc
 from agent.connector.policy import LoadOp, SaveOp
 
 log = logging.getLogger("vllm.pallas.mover")
@@ -96,7 +96,7 @@ class WorkerSide:
 
     Saves: ``wait_for_save`` copies each block (the only work on the engine thread) and hands
     it to :class:`agent.ipc.WorkerLink`'s sender thread, which checksums and sends it.
-    Loads: ``start_load_kv`` fetches the step's blocks from the agent, verifies each CRC-32
+    Loads: ``start_load_kv`` fetches the step's blocks from the agent, verifies each CRC-32C
     and size, and copies them in before the forward. A block that is missing or fails its
     check is not written; its block id is reported through
     ``get_block_ids_with_load_errors`` so vLLM recomputes it (never a wrong block).
@@ -140,7 +140,7 @@ class WorkerSide:
             ok = False
             if ent is not None:
                 fill, crc, data = ent
-                if fill >= need and crc32(data) == crc and len(data) == self.mover.block_bytes:
+                if fill >= need and block_crc(data) == crc and len(data) == self.mover.block_bytes:
                     self.mover.copy_in(block_id, data)
                     ok = True
             if ok:

@@ -9,7 +9,7 @@ import torch
 import zmq
 import zmq.asyncio
 
-from agent.ipc import BlockHub, SchedulerLink, WorkerLink, crc32, encode
+from agent.ipc import BlockHub, SchedulerLink, WorkerLink, block_crc, encode
 
 
 async def _until(pred, timeout=10.0):
@@ -45,16 +45,16 @@ def test_hub_and_links_round_trip():
                                "tail": False, "computed": 96}, slab)
             await _until(lambda: blocks)
             hdr, data = blocks[0]
-            assert data == slab.numpy().tobytes() and hdr["crc"] == crc32(data)
+            assert data == slab.numpy().tobytes() and hdr["crc"] == block_crc(data)
             # Agent store -> worker fetch (synchronous, from a thread like the engine's).
             good = b"\x05" * 64
-            assert hub.put_block("s", 3, 4, 32, crc32(good), good) == "ok"
+            assert hub.put_block("s", 3, 4, 32, block_crc(good), good) == "ok"
             await _until(lambda: any(c["t"] == "avail" and c["idx"] == 4 for c in commands))
-            assert hub.put_block("s", 3, 5, 32, crc32(good) ^ 7, good) == "bad"
+            assert hub.put_block("s", 3, 5, 32, block_crc(good) ^ 7, good) == "bad"
             await _until(lambda: any(c["t"] == "bad" and c["idx"] == 5 for c in commands))
             got = await asyncio.to_thread(worker.fetch, [["s", 3, 4, 32], ["s", 3, 5, 32],
                                                          ["s", 3, 4, 64]])
-            assert got[0] == (32, crc32(good), good) and got[1] is None and got[2] is None
+            assert got[0] == (32, block_crc(good), good) and got[1] is None and got[2] is None
             sched.report({"t": "claim", "sid": "s", "epoch": 3, "local": 96, "external": 5})
             await _until(lambda: claims)
             assert hub.drop("s") == 1 and hub.store.num_blocks == 0

@@ -6,7 +6,7 @@ import asyncio
 
 from pallas_proto import pallas_pb2 as pb
 
-from agent.ipc import BlockHub, crc32
+from agent.ipc import BlockHub, block_crc
 from agent.migration import MigrationConfig, Migrator
 from agent.session import SamplingSpec, Session, SessionState, SessionStore
 
@@ -49,7 +49,7 @@ def _prep(epoch=1, prefix=64, model=IDENT, expected=1000):
 
 def _blk(idx, epoch=1, data=b"\x01" * 16, crc=None):
     return pb.KVBlock(session_id="s", epoch=epoch, block_index=idx, fill=32,
-                      checksum=crc32(data) if crc is None else crc, data=data)
+                      checksum=block_crc(data) if crc is None else crc, data=data)
 
 
 def test_prepare_admission_and_epochs():

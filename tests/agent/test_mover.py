@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agent.connector.mover import BlockMover, WorkerSide, find_block_dim
-from agent.ipc import crc32
+from agent.ipc import block_crc
 
 
 def _caches(shape, n_layers=3, seed=0):
@@ -68,8 +68,8 @@ def test_worker_never_loads_a_block_that_fails_its_check():
     ws.mover = BlockMover(caches, 6)
     good = ws.mover.copy_out(1).numpy().tobytes()
     bad = bytes(len(good))
-    ws.link = FakeLink([(32, crc32(good), good), (32, crc32(good), bad), None,
-                        (10, crc32(good), good)])
+    ws.link = FakeLink([(32, block_crc(good), good), (32, block_crc(good), bad), None,
+                        (10, block_crc(good), good)])
     before = {k: v.clone() for k, v in caches.items()}
     ws.load([("s", 1, 3, 2, 32), ("s", 1, 4, 3, 32), ("s", 1, 5, 4, 32), ("s", 1, 6, 5, 20)])
     for k in caches:

@@ -7,7 +7,7 @@ import time
 
 from pallas_proto import pallas_pb2 as pb
 
-from agent.ipc import BlockStore, crc32
+from agent.ipc import BlockStore, block_crc
 from agent.transfer import PeerClient, serve_peer_transfer
 
 
@@ -35,7 +35,7 @@ class Handler:
 def _blk(i, epoch=1, size=4096, corrupt=False):
     data = bytes([i % 251]) * size
     return pb.KVBlock(session_id="s", epoch=epoch, block_index=i, fill=32,
-                      checksum=crc32(data) ^ (1 if corrupt else 0), data=data)
+                      checksum=block_crc(data) ^ (1 if corrupt else 0), data=data)
 
 
 def test_stream_checksums_epochs_errors_and_release():

@@ -8,7 +8,7 @@ import zlib
 import pytest
 from pallas_proto import pallas_pb2
 
-from agent.ipc import BlockStore, crc32
+from agent.ipc import BlockStore, block_crc
 from agent.session import SamplingSpec, Session, SessionState
 from agent.transfer import TokenBucket, identity_mismatch, mbit_to_bytes_per_s
 
@@ -46,28 +46,29 @@ def test_token_bucket_burst_then_rate():
     assert tb.reserve(400) == 0.0             # refilled (capped at the burst)
 
 
-def test_crc32_matches_zlib():
+def test_block_checksum_is_crc32c():
+    # CRC-32C's check value (RFC 3720 §B.4; "123456789" -> 0xE3069283), not zlib's CRC-32.
+    assert block_crc(b"123456789") == 0xE3069283 != zlib.crc32(b"123456789")
     data = bytes(range(256)) * 100
-    assert crc32(data) == zlib.crc32(data) & 0xFFFFFFFF
-    assert crc32(memoryview(data)) == crc32(data)
+    assert block_crc(memoryview(data)) == block_crc(data)
 
 
 def test_block_store_checksum_epochs_and_accounting():
     st = BlockStore()
     d = b"\x01" * 64
-    assert st.put("s", 1, 3, 32, crc32(d), d) == "ok"
-    assert st.put("s", 1, 4, 32, crc32(d) ^ 1, d) == "bad"
+    assert st.put("s", 1, 3, 32, block_crc(d), d) == "ok"
+    assert st.put("s", 1, 4, 32, block_crc(d) ^ 1, d) == "bad"
     assert st.bad("s") == {4} and st.get("s", 1, 4) is None
     assert (st.num_blocks, st.num_bytes) == (1, 64)
     # A fuller tail snapshot replaces a partial one; a smaller one does not.
-    assert st.put("s", 1, 5, 10, crc32(d), d) == "ok"
-    assert st.put("s", 1, 5, 20, crc32(d), d) == "ok" and st.get("s", 1, 5).fill == 20
-    assert st.put("s", 1, 5, 15, crc32(d), d) == "ok" and st.get("s", 1, 5).fill == 20
+    assert st.put("s", 1, 5, 10, block_crc(d), d) == "ok"
+    assert st.put("s", 1, 5, 20, block_crc(d), d) == "ok" and st.get("s", 1, 5).fill == 20
+    assert st.put("s", 1, 5, 15, block_crc(d), d) == "ok" and st.get("s", 1, 5).fill == 20
     assert st.num_blocks == 2
     # A newer epoch replaces everything; an older one is dropped.
-    assert st.put("s", 2, 3, 32, crc32(d), d) == "ok"
+    assert st.put("s", 2, 3, 32, block_crc(d), d) == "ok"
     assert st.num_blocks == 1 and st.get("s", 1, 3) is None
-    assert st.put("s", 1, 6, 32, crc32(d), d) == "stale"
+    assert st.put("s", 1, 6, 32, block_crc(d), d) == "stale"
     assert st.drop("s") == 1 and (st.num_blocks, st.num_bytes) == (0, 0)
     # Negative-control knob: unverified storage accepts corrupted data.
     st.verify = False
