@@ -357,7 +357,9 @@ class Migrator:
                 out.stream = out.client.open_stream(session_id, epoch)
                 self._watch_stream(out)
                 out.state = "streaming"
-                self.hub.export(session_id, epoch, out.first_block, stream=True, tail=True)
+                # Full blocks only: the partial tail block is copied out at the commit (one
+                # copy, not one every decode step of the source).
+                self.hub.export(session_id, epoch, out.first_block, stream=True, tail=False)
             if s.state in (SessionState.SERVING, SessionState.RESUMED):
                 s.set_state(SessionState.MIGRATING)
             blog.info("triggered", split=split, stream=stream_suffix)
@@ -513,6 +515,13 @@ class Migrator:
             out.state = "streaming"
         elif out.stream is not None and not ship:
             self.hub.stop_export(sid)
+        elif ship and ship_tail:
+            # A stream is running (full blocks): ask for the tail block now; the engine's next
+            # step copies it out. Blocks already here are not asked for again.
+            j = out.first_block
+            while j in out.full:
+                j += 1
+            self.hub.export(sid, epoch, j, stream=True, tail=True)
 
         # The commit point (frozen by the caller): n tokens; the target needs KV for
         # positions [0, n-1).

@@ -171,6 +171,28 @@ def run_goodput(n_blocks: int, block_bytes: int) -> None:
         proc.join(5)
 
 
+async def _vllm_itl_counters(base_url: str) -> tuple[float, float]:
+    """(sum seconds, count) of vLLM's own ``vllm:inter_token_latency_seconds`` histogram.
+
+    vLLM times every output token in its engine core, so this mean is the engine's ITL,
+    untouched by how fast the agent's event loop reads the stream.
+    """
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=10) as c:
+        text = (await c.get(f"{base_url}/metrics")).text
+    total = count = 0.0
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "vllm:inter_token_latency_seconds":
+            for smp in fam.samples:
+                if smp.name.endswith("_sum"):
+                    total += smp.value
+                elif smp.name.endswith("_count"):
+                    count += smp.value
+    return total, count
+
+
 async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3) -> None:
     from agent.models import build_model
     from agent.node import AgentConfig, AgentNode
@@ -188,14 +210,18 @@ async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3)
     try:
         await a.attach(sa.base_url)
         await b.attach(sb.base_url)
-        # Mean ITL per run = decode time / tokens after the trigger point (token arrival at
-        # the agent is bursty under load, so per-token gaps are not used); runs alternate.
+        # Mean ITL per run from vLLM's own ITL histogram at A (engine-core timestamps): the
+        # agents' event loop (both agents share this process) cannot blur it. Runs alternate.
         results: dict[str, list[float]] = {"alone": [], "streaming": []}
         for rnd in range(rounds):
-            for mode in ("alone", "streaming"):
-                prompt = [3 + (i * 7 + rnd) % 1900 for i in range(prompt_len)]
+            # The order alternates per round and every run has its own prompt (no prefix-cache
+            # hit from the previous run), so neither mode is favoured by position.
+            for mode in (("alone", "streaming") if rnd % 2 == 0 else ("streaming", "alone")):
+                salt = 2 * rnd + (mode == "streaming")
+                prompt = [3 + (i * 7 + 13 * salt) % 1900 for i in range(prompt_len)]
                 s = Session(uuid.uuid4().hex, "ue", prompt,
                             SamplingSpec(max_tokens=n_tokens, ignore_eos=True))
+                sum0, n0 = await _vllm_itl_counters(sa.base_url)
                 a.sessions.add(s)
                 a.engine.start(s)
                 await s.wait_tokens(4)
@@ -203,8 +229,11 @@ async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3)
                     rep = await a.migrator.trigger(s.session_id, 1, b.endpoint, split_tokens=32)
                     assert rep.status == pallas_pb2.STATUS_OK, rep
                 await s._task
-                t = s.token_times[10:]
-                results[mode].append((t[-1] - t[0]) / (len(t) - 1))
+                await asyncio.sleep(1.0)  # vLLM publishes its stats about once a second
+                sum1, n1 = await _vllm_itl_counters(sa.base_url)
+                if n1 - n0 < n_tokens // 2:
+                    raise RuntimeError(f"vLLM counted {n1 - n0} inter-token gaps for {n_tokens} tokens")
+                results[mode].append((sum1 - sum0) / (n1 - n0))
                 if mode == "streaming":
                     await a.migrator.cancel(s.session_id, 2)
         m0 = statistics.mean(results["alone"])

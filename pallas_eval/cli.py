@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model-preset", default="tiny", choices=["tiny", "m152"])
     r.add_argument("--max-model-len", type=int, default=2048)
     r.add_argument("--max-output", type=int, default=512, help="cap on a session's output tokens")
+    r.add_argument("--min-step-ms", type=float, default=25.0,
+                   help="emulated decode step of the engines (the connector's min_step_ms; 0: the tiny "
+                        "model's own speed). 25 ms is a 32B-class model's batch-1 step on one GPU; it "
+                        "also keeps the engines from saturating this machine's cores")
     r.add_argument("--peer-rate-mbps", type=float, default=0.0, help="agents' block-stream limit (0: none)")
     r.add_argument("--out", default="runs/replay-" + time.strftime("%Y%m%d-%H%M%S"), help="output folder")
     r.add_argument("--no-verify", action="store_true", help="skip the no-handover reference check")
@@ -137,7 +141,8 @@ def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
     return rp.ReplayOptions(out_dir=Path(a.out), trace=a.trace, segment=a.segment, min_handovers=a.min_handovers,
                             servers=a.servers, schemes=schemes, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
                             azure=a.azure, model_preset=a.model_preset, max_model_len=a.max_model_len,
-                            max_output=a.max_output, peer_rate_mbps=a.peer_rate_mbps, verify=not a.no_verify,
+                            max_output=a.max_output, peer_rate_mbps=a.peer_rate_mbps,
+                            min_step_ms=a.min_step_ms, verify=not a.no_verify,
                             simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python, lead_s=a.lead_s)
 
 

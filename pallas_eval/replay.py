@@ -66,6 +66,7 @@ class ReplayOptions:
     max_model_len: int = 2048
     max_output: int = 512
     peer_rate_mbps: float = 0.0
+    min_step_ms: float = 25.0
     start_delay_s: float = 10.0
     verify: bool = True
     simulate: bool = True
@@ -169,6 +170,8 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int) -> list[Server]:
                  "--scheme", "pallas"]
         if opts.peer_rate_mbps:
             extra += ["--peer-rate-mbps", str(opts.peer_rate_mbps)]
+        if opts.min_step_ms:
+            extra += ["--min-step-ms", str(opts.min_step_ms)]
         a = LocalAgent(f"edge-{i}", model, omp_bind=str(i % cores), extra=extra, log_dir=str(opts.out_dir / "logs"),
                        env={"VLLM_SERVER_DEV_MODE": "1"})
         agents.append((a, vport))

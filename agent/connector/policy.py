@@ -8,8 +8,9 @@ Source role (paper §4.3, steps 1 and 3): for a session under export (the agent'
 command: session id, epoch, first block), after a step in which a tracked request has KV for
 positions ``< computed`` (``computed = num_computed_tokens + num_scheduled_tokens``), every
 block ``j`` with ``(j + 1) * block_size <= computed`` not shipped yet is emitted once as a full
-block, and the partial last block (``computed % block_size`` valid entries) is snapshotted
-every step (the tail; vllm-notes.md pitfall 7). Block ids are read from the KV cache manager
+block, and, while the export asks for it (the agent does at the commit), the partial last
+block (``computed % block_size`` valid entries) is snapshotted every step (the tail;
+vllm-notes.md pitfall 7). Block ids are read from the KV cache manager
 at that step, so a preempted and resumed request (new block table) is handled; blocks already
 shipped stay valid because the KV of a position depends only on the tokens before it.
 

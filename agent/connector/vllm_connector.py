@@ -126,7 +126,7 @@ def _backend_name(vllm_config: "VllmConfig") -> str:
 class PallasConnector(KVConnectorBase_V1):
     """KV connector for proactive KV-cache migration (paper §4.3).
 
-    Source: copies out every completed suffix block (and the tail block every step) of a
+    Source: copies out every completed suffix block (and, at the commit, the tail block) of a
     session the agent exports. Target: claims received blocks for a resumed request on top of
     its local prefix-cache hit, defers admission while expected blocks are in flight (until a
     deadline), and lets vLLM recompute whatever is missing or failed its checksum.
