@@ -57,8 +57,12 @@ Event stream (each line ``data: <json>``, then a blank line)::
 ``index`` is the output index (0 = first generated token); ``time`` is when the token reached
 the serving agent (Unix seconds); ``text`` appears when the agent has a tokenizer;
 ``agent_id`` is the agent that served the token (the origin, when relayed) and ``relayed_by``
-the agent that relayed it. ``state`` ``"handed_over"`` with ``moved_to`` means the session
-continues at that agent: resume there from ``next_index``.
+the agent that relayed it. When the session is handed over from an agent while a UE streams it
+there, that agent's stream goes on by relaying the new holder (whose front it knows from its
+directory, ``--peer-front``): the UE keeps receiving in its old cell and moves when its own
+handover comes. A stream ends with ``state`` ``"handed_over"`` and ``moved_to`` (the new
+holder's agent id; ``moved_to_url`` when known) only where the new holder's front is unknown, or
+when the stream is itself relayed by another agent: resume there from ``next_index``.
 """
 
 from __future__ import annotations
@@ -224,12 +228,18 @@ class SessionFront:
             ev["relayed_by"] = relayed_by
         return ev
 
-    async def events(self, sid: str, start: int, origin: str | None, header: dict[str, Any] | None) -> AsyncIterator[bytes]:
+    async def events(self, sid: str, start: int, origin: str | None, header: dict[str, Any] | None,
+                     relay: str | None = None) -> AsyncIterator[bytes]:
         """The event stream of session ``sid`` from output index ``start`` (see module doc).
 
         Serves local tokens while this agent holds the session; relays ``origin`` while it
         does not; switches from relaying to local serving when the origin reports the session
-        handed over and it has arrived here.
+        handed over and it has arrived here. When the session is handed over from here while
+        a UE streams it (the UE is still in this cell, or came back before the commit ended),
+        the stream goes on by relaying the new holder, whose front URL comes from the
+        directory; the stream ends only where that is unknown. ``relay``: the id of the agent
+        this stream is for, if it relays it; such a stream ends at a handover (with
+        ``moved_to``/``moved_to_url``) and the relaying agent follows, so relays never chain.
         """
         i = start
         if header is not None:
@@ -248,8 +258,15 @@ class SessionFront:
                 if s.state == SessionState.HANDED_OVER:
                     moved = _moved_to(s)
                     end["moved_to"] = moved
-                    if moved and moved in self.directory:
-                        end["moved_to_url"] = self.directory[moved]
+                    nxt = self.directory.get(moved) if moved and moved != self.agent_id else None
+                    if nxt:
+                        end["moved_to_url"] = nxt
+                        if not relay:
+                            # The UE streams from here: relay the session's new holder.
+                            origin = nxt
+                            relayed_from.discard(nxt)
+                            allow_ho = False
+                            continue
                 yield sse(end)
                 break
             if origin and origin not in relayed_from:
@@ -474,7 +491,8 @@ class SessionFront:
                       "from_index": from_index, "scheme": None}
             if relay:
                 header = None  # a relaying agent sends its own header
-            return StreamingResponse(front.events(sid, from_index, origin, header), media_type="text/event-stream")
+            return StreamingResponse(front.events(sid, from_index, origin, header, relay),
+                                     media_type="text/event-stream")
 
         @app.exception_handler(HTTPException)
         async def http_error(request: Request, exc: HTTPException):

@@ -582,7 +582,8 @@ class Migrator:
         self.outbound.pop(sid, None)
         await self.engine.abort(s)
         s.held_token_ids.clear()
-        s.info["handover"] = {"target": target.address, "n_tokens": n, "t_commit": t0,
+        s.info["handover"] = {"target": target.address, "agent_id": target.agent_id,
+                              "n_tokens": n, "t_commit": t0,
                               "t_synced": time.time(), "streamed_blocks": streamed,
                               "tail": tail_msg is not None,
                               "reused_tokens": rep.reused_tokens if rep else None}

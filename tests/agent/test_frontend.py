@@ -211,6 +211,57 @@ def test_a_to_b_to_a_with_stale_record_at_a():
     assert ue.records[-1].agent_id == "a" and ue.records[-1].relayed_by is None
 
 
+def test_ue_left_at_the_source_is_served_through_a_relay_of_the_new_holder():
+    """The commit moves the session while the UE stays in the old cell: its stream goes on."""
+    a, b = Agent("a", step_s=0.01), Agent("b", step_s=0.01)
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
+            a.front.directory["b"], b.front.directory["a"] = sb.url, sa.url
+            ue = UESession(sa.url, ue_id="ue1")
+            await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+            async for rec in ue.tokens():
+                if rec.index == 14 and b.store.get(ue.session_id) is None:
+                    fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
+            await ue.close()
+            return ue
+
+    ue = run(go())
+    assert ue.token_ids == expected() and not ue.handovers
+    late = ue.records[-1]
+    assert late.agent_id == "b" and late.relayed_by == "a", late
+    assert ue.end["state"] == "finished"
+
+
+def test_ue_back_at_the_source_before_the_commit_lands_loses_nothing():
+    """A -> B -> A ping-pong while the commit A -> B is still in flight (seen in a replay)."""
+    a, b = Agent("a", step_s=0.01), Agent("b", step_s=0.01)
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
+            a.front.directory["b"], b.front.directory["a"] = sb.url, sa.url
+            ue = UESession(sa.url, ue_id="ue1")
+            await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+            commit = None
+            async for rec in ue.tokens():
+                if rec.index == 14 and not ue.handovers:
+                    await ue.handover(sb.url)  # B relays A: the commit has not landed
+
+                    async def late_commit():
+                        await asyncio.sleep(0.25)
+                        fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
+                    commit = asyncio.create_task(late_commit())
+                elif rec.index == 18 and len(ue.handovers) == 1:
+                    await ue.handover(sa.url)  # back before the commit lands
+            await commit
+            await ue.close()
+            return ue
+
+    ue = run(go())
+    assert ue.token_ids == expected()
+    assert ue.records[-1].agent_id == "b" and ue.records[-1].relayed_by == "a"
+
+
 def test_resume_of_unknown_session_without_origin_is_404():
     a = Agent("a")
     a.front.resume_wait_s = 0.1
