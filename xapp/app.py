@@ -150,6 +150,8 @@ class PallasXapp:
         # handover): ue -> (from cell, to cell, trace time); committed when the session appears.
         self._pending_ho: dict[str, tuple[int, int, float]] = {}
         self._lock = threading.RLock()
+        from xapp.scheduler.gate import CommitGate
+        self._gate: CommitGate = CommitGate()      # a session's calls wait for its commit in flight
         self._stop = threading.Event()
         self._cycle_thread: threading.Thread | None = None
         self._telemetry_started = False
@@ -177,7 +179,9 @@ class PallasXapp:
 
     @staticmethod
     def _build_predictor(config: XappConfig, nrt: Mapping[int, int] | None) -> Any:
-        from xapp.predict import HandoverPredictor, PredictorConfig
+        """The handover predictor of the configuration; with ``association_map.path`` it
+        starts from what it learns from those drive-test CSVs (ValueError if unusable)."""
+        from xapp.predict import HandoverPredictor, PredictorConfig, knowledge_from_drives_at
 
         cfg = config.predictor
         if isinstance(cfg, Mapping):
@@ -186,7 +190,13 @@ class PallasXapp:
             except ValueError as e:  # the descriptor's predictor section speaks another dialect
                 log.warning("predictor config not understood, using defaults", error=str(e))
                 cfg = PredictorConfig()
-        p = HandoverPredictor(cfg)
+        knowledge = None
+        if config.association_map_path:
+            knowledge = knowledge_from_drives_at(config.association_map_path, cfg.cvh.tile_m,
+                                                 cfg.history.smoothing, cfg.history.backoff_weight)
+            log.info("association map learned", path=config.association_map_path,
+                     tiles=len(knowledge.assoc))
+        p = HandoverPredictor(cfg, knowledge=knowledge)
         for pci, cell in (nrt or {}).items():
             p.knowledge.nrt.add_serving(int(pci), int(cell))
         return p
@@ -363,6 +373,13 @@ class PallasXapp:
 
         now = time.time()
         for a in actions:
+            with self._lock:
+                go = self._gate.admit(a, ho)
+            if not go:
+                self.events.write("held", call=type(a).__name__.replace("Action", "").lower(),
+                                  session=a.session_id, epoch=a.epoch,
+                                  behind_commit=self._gate.in_flight(a.session_id))
+                continue
             try:
                 if isinstance(a, TriggerAction):
                     t_sit, t_early = self._t_early(a, now)
@@ -419,9 +436,14 @@ class PallasXapp:
         if entry is None:
             return
         reply = r if r is not None else pb.ControlReply(status=pb.STATUS_ERROR, message=out.error)
+        released: list = []
         with self._lock:
             more = self.engine.on_reply(entry[0], reply)
+            if out.kind == "Commit":
+                released = self._gate.settle(entry[0], reply.status == pb.STATUS_OK)
         self._send(more)
+        for a, ho in released:
+            self._send([a], ho=ho)
 
     # ------------------------------------------------------------------ configuration
     def reconfigure(self, config: XappConfig) -> None:

@@ -423,8 +423,9 @@ class SchedulerEngine:
         """An agent's ``pallas_pb2.ControlReply`` to ``action``.
 
         A refused or failed trigger cancels that attempt (the HO then falls back); a stale
-        epoch reply is ignored. Replies to cancels and commits are logged only: the agents
-        keep serving from the source whatever happens to a migration.
+        epoch reply is ignored. Replies to cancels are logged only. A failed commit leaves the
+        session at the commit's source (the agents keep serving from the source whatever
+        happens to a migration), so the session is bound back to it.
         """
         ok = reply.status in (pallas_pb2.STATUS_OK, pallas_pb2.STATUS_STALE_EPOCH)
         if isinstance(action, TriggerAction) and not ok:
@@ -439,6 +440,12 @@ class SchedulerEngine:
             log.warning("control_call_failed", kind=type(action).__name__,
                         session=action.session_id, epoch=action.epoch,
                         status=pallas_pb2.Status.Name(reply.status), message=reply.message)
+        if isinstance(action, CommitAction) and reply.status != pallas_pb2.STATUS_OK:
+            # The session did not move: it is still served by the commit's source.
+            slot = self._slot.get(action.session_id)
+            sm = self._sm[slot] if slot is not None else None
+            if sm is not None and sm.source == action.actual_target:
+                sm.source, sm.relay_hops = action.source, 0
         return []
 
     # -- metrics ------------------------------------------------------------------------------
