@@ -188,7 +188,8 @@ class XappConfig:
     - ``scheduler``: :class:`xapp.scheduler.config.SchedulerConfig` (the Scheduler Engine's
       parameters; its ``default_goodput_bytes_per_s`` is the Mbit/s value converted once);
       ``predictor``: :class:`xapp.predict.config.PredictorConfig`; ``association_map_path``:
-      the file of an association map learned from earlier drives ("" = start empty).
+      drive-test CSVs (a file or a folder) the predictor learns its association map, handover
+      places and successors from at start ("" = start empty, learn online).
     - ``agents`` (agent id -> :class:`AgentEndpoint`), ``cells`` (cell id -> agent id).
     - ``e2``: :class:`E2SubscriptionConfig`; ``a1``: :class:`A1Config`.
     - ``controls``: a private deep copy of the validated ``controls`` mapping this object was

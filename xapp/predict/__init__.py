@@ -14,11 +14,12 @@ from xapp.predict.combined import CombinedPredictor, HandoverPredictor, HistoryP
 from xapp.predict.config import A3Config, CVHConfig, HistoryConfig, PredictorConfig, StabilityConfig
 from xapp.predict.batch import BatchA3, BatchForecast
 from xapp.predict.cvh import CVHPredictor, PlacesPredictor
-from xapp.predict.maps import AssociationMap, HandoverPlaces, Knowledge, NeighbourRelations, TransitionModel
+from xapp.predict.maps import (AssociationMap, HandoverPlaces, Knowledge, NeighbourRelations, TransitionModel,
+                               knowledge_from_drives_at)
 
 __all__ = [
     "A3Forecaster", "Calibrator", "Prediction", "Predictor", "Stabiliser", "reliability", "theil_sen",
     "CombinedPredictor", "HandoverPredictor", "HistoryPredictor", "A3Config", "CVHConfig", "HistoryConfig",
     "PredictorConfig", "StabilityConfig", "CVHPredictor", "AssociationMap", "Knowledge", "NeighbourRelations",
-    "TransitionModel", "BatchA3", "BatchForecast", "PlacesPredictor", "HandoverPlaces",
+    "TransitionModel", "BatchA3", "BatchForecast", "PlacesPredictor", "HandoverPlaces", "knowledge_from_drives_at",
 ]

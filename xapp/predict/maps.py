@@ -26,11 +26,12 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from xapp.drivetest import EARTH_RADIUS_M, Drive
+from xapp.drivetest import EARTH_RADIUS_M, Drive, read_drive
 from xapp.tracks import MeasurementReport
 
 _K = math.pi / 180.0 * EARTH_RADIUS_M
@@ -430,3 +431,23 @@ class Knowledge:
             k.learn_drive(d)
         return k
 
+
+def knowledge_from_drives_at(path: str | Path, tile_m: float = 35.0, smoothing: float = 0.5,
+                             backoff_weight: float = 1.0) -> Knowledge:
+    """Learn a Knowledge (association map, handover places, successors, neighbour relations)
+    from the drive-test CSVs at ``path``: one G-NetTrack Pro CSV, or every ``*.csv`` under a
+    folder (recursively, in name order).
+
+    Raises:
+        ValueError: ``path`` does not exist, or holds no CSV, or a CSV is not a drive log.
+    """
+    p = Path(path)
+    if p.is_file():
+        files = [p]
+    elif p.is_dir():
+        files = sorted(p.rglob("*.csv"))
+    else:
+        raise ValueError(f"association map: {p} does not exist")
+    if not files:
+        raise ValueError(f"association map: no drive-test CSV under {p}")
+    return Knowledge.from_drives((read_drive(f) for f in files), tile_m, smoothing, backoff_weight)

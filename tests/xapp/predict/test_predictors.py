@@ -273,3 +273,27 @@ def test_batch_median_equals_nanmedian():
             warnings.simplefilter("ignore")
             ref = np.nanmedian(x, axis=-1)
         assert np.allclose(ref, _median_lastaxis_nan(x), equal_nan=True, atol=1e-6)
+
+
+def test_association_map_path_teaches_the_xapps_predictor(ucc_dir, tmp_path):
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from xapp.app import PallasXapp
+    from xapp.config import from_descriptor
+    from xapp.predict import knowledge_from_drives_at
+
+    folder = ucc_dir / "Download" / "Driving"
+    k = knowledge_from_drives_at(folder)
+    assert len(k.assoc) > 100 and sum(len(c) for c in k.places.events.values()) > 10
+    repo = Path(__file__).resolve().parents[3]
+    cfg = from_descriptor(json.loads((repo / "descriptors" / "config-file.json").read_text()))
+    assert cfg.association_map_path == ""
+    p = PallasXapp._build_predictor(dataclasses.replace(cfg, association_map_path=str(folder)), None)
+    assert len(p.knowledge.assoc) == len(k.assoc)
+    assert len(PallasXapp._build_predictor(cfg, None).knowledge.assoc) == 0
+    with pytest.raises(ValueError, match="does not exist"):
+        knowledge_from_drives_at(tmp_path / "nope")
+    with pytest.raises(ValueError, match="no drive-test CSV"):
+        knowledge_from_drives_at(tmp_path)
