@@ -193,6 +193,33 @@ async def _vllm_itl_counters(base_url: str) -> tuple[float, float]:
     return total, count
 
 
+def _isolate_source(sa, sb) -> None:
+    """Give the source server's processes CPU 0 and everything else (target server, both
+    agents, this harness) the other CPUs, as on a deployment where source and target are
+    different machines and the agent has its own cores: what the source's ITL then shows is
+    what the stream costs the source, not what the target and the harness take from it."""
+    import psutil
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        print("one CPU: the source is not isolated")
+        return
+    src, rest = cpus[:1], cpus[1:]
+
+    def pin(pid: int, which: list[int]) -> None:
+        p = psutil.Process(pid)
+        for q in [p, *p.children(recursive=True)]:
+            try:
+                for t in q.threads():
+                    os.sched_setaffinity(t.id, which)
+            except (psutil.Error, OSError):
+                pass
+    pin(sa.proc.pid, src)
+    pin(sb.proc.pid, rest)
+    pin(os.getpid(), rest)
+    print(f"source vLLM on CPU {src}, target vLLM, agents and harness on CPUs {rest}")
+
+
 async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3) -> None:
     from agent.models import build_model
     from agent.node import AgentConfig, AgentNode
@@ -210,6 +237,7 @@ async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3)
     try:
         await a.attach(sa.base_url)
         await b.attach(sb.base_url)
+        _isolate_source(sa, sb)
         # Mean ITL per run from vLLM's own ITL histogram at A (engine-core timestamps): the
         # agents' event loop (both agents share this process) cannot blur it. Runs alternate.
         results: dict[str, list[float]] = {"alone": [], "streaming": []}
