@@ -9,9 +9,10 @@ Prints:
    it in a BlockStore (the target agent's data path); the sender is a PeerClient in this
    process. Blocks are the 152M model's whole KV blocks (12 layers x 2 x 4 KV heads x 32
    tokens x 64 dims x fp32 = 786,432 B) unless --block-bytes says otherwise.
-2. (--itl) the source's inter-token latency with and without an active suffix stream: two vLLM
-   CPU servers with the Pallas connector, one session decoding at A, once alone and once
-   while A streams every completed block (and the tail each step) to B.
+2. (--itl) the source's inter-token latency (vLLM's own histogram) with and without an active
+   suffix stream: two vLLM CPU servers with the Pallas connector, the source's on a CPU of its
+   own, one session decoding at A alone, with A's connector copying out every completed block
+   (no target), with a real Trigger and stream to B, and a control with B's prefill only.
 
 Usage:
     .venv/agent/bin/python benchmarks/stream.py [--blocks 400] [--itl] [--model tiny]
@@ -240,13 +241,19 @@ async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3)
         _isolate_source(sa, sb)
         # Mean ITL per run from vLLM's own ITL histogram at A (engine-core timestamps): the
         # agents' event loop (both agents share this process) cannot blur it. Runs alternate.
-        results: dict[str, list[float]] = {"alone": [], "streaming": []}
+        # Four modes, rotated per round, each run with its own prompt (no prefix-cache hit):
+        #   alone     the session decodes at A, nothing else;
+        #   export    A's connector copies out every completed block of it (the source's whole
+        #             share of a suffix stream: copy, CRC-32C, local channel), no target;
+        #   streaming the real thing: Trigger to B (B prefills the prefix), blocks streamed;
+        #   target    control: B runs the same prefix prefill with no migration at all.
+        # On a deployment source and target are different machines; here they share one VM,
+        # so "target" shows what the target's engine alone takes from the source.
+        modes = ["alone", "export", "streaming", "target"]
+        results: dict[str, list[float]] = {m: [] for m in modes}
         for rnd in range(rounds):
-            # The order alternates per round and every run has its own prompt (no prefix-cache
-            # hit from the previous run), so neither mode is favoured by position.
-            for mode in (("alone", "streaming") if rnd % 2 == 0 else ("streaming", "alone")):
-                salt = 2 * rnd + (mode == "streaming")
-                prompt = [3 + (i * 7 + 13 * salt) % 1900 for i in range(prompt_len)]
+            for k, mode in enumerate(modes[rnd % 4:] + modes[:rnd % 4]):
+                prompt = [3 + (i * 7 + 13 * (10 * rnd + k)) % 1900 for i in range(prompt_len)]
                 s = Session(uuid.uuid4().hex, "ue", prompt,
                             SamplingSpec(max_tokens=n_tokens, ignore_eos=True))
                 sum0, n0 = await _vllm_itl_counters(sa.base_url)
@@ -256,6 +263,10 @@ async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3)
                 if mode == "streaming":
                     rep = await a.migrator.trigger(s.session_id, 1, b.endpoint, split_tokens=32)
                     assert rep.status == pallas_pb2.STATUS_OK, rep
+                elif mode == "export":
+                    a.hub.export(s.session_id, 1, 1, stream=True, tail=False)
+                elif mode == "target":
+                    await b.engine.prefill(prompt[:32])
                 await s._task
                 await asyncio.sleep(1.0)  # vLLM publishes its stats about once a second
                 sum1, n1 = await _vllm_itl_counters(sa.base_url)
@@ -264,13 +275,17 @@ async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3)
                 results[mode].append((sum1 - sum0) / (n1 - n0))
                 if mode == "streaming":
                     await a.migrator.cancel(s.session_id, 2)
+                elif mode == "export":
+                    a.hub.stop_export(s.session_id)
         m0 = statistics.mean(results["alone"])
-        m1 = statistics.mean(results["streaming"])
         print(f"source ITL ({model_name}, {prompt_len}-token prompt, {n_tokens} tokens, "
-              f"{rounds} alternating runs each):")
-        print(f"  alone     : mean {1e3 * m0:7.2f} ms  runs {[round(1e3 * x, 2) for x in results['alone']]}")
-        print(f"  streaming : mean {1e3 * m1:7.2f} ms  runs {[round(1e3 * x, 2) for x in results['streaming']]}"
-              f"  ({100 * (m1 / m0 - 1):+5.1f} %; target <= +5 %)")
+              f"{rounds} rotated runs each; vLLM's own inter-token latency at A):")
+        for m in modes:
+            mean = statistics.mean(results[m])
+            note = {"export": "  <- the source's cost of streaming; target <= +5 %",
+                    "target": "  <- control: the target's prefill alone, no migration"}.get(m, "")
+            print(f"  {m:9s} : mean {1e3 * mean:7.2f} ms  ({100 * (mean / m0 - 1):+5.1f} %)  "
+                  f"runs {[round(1e3 * x, 2) for x in results[m]]}{note}")
         print(f"  blocks copied out at A: {a.hub.blocks_in}, bytes {a.hub.bytes_in}")
     finally:
         await a.stop()
@@ -287,7 +302,7 @@ def main() -> None:
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--itl-tokens", type=int, default=400)
     ap.add_argument("--prompt", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--no-goodput", action="store_true")
     args = ap.parse_args()
     if not args.no_goodput:
