@@ -721,6 +721,7 @@ class Migrator:
         if req.prompt_tokens > len(req.token_ids) or not req.token_ids:
             return pallas_pb2.SyncReply(status=S.STATUS_INVALID, message="bad token counts")
         bs = self.block_size
+        t_in = time.time()
         if req.HasField("tail") and req.tail.data:
             self.on_block(req.tail)
         if inb.warmup is not None:
@@ -744,6 +745,7 @@ class Migrator:
                                 stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
                                 seed=sp.seed if sp.has_seed else None)
         now = time.time()
+        warm_s = now - t_in
         session = Session(session_id=sid, ue_id=req.ue_id or inb.ue_id,
                           prompt_token_ids=tokens[:n_prompt], sampling=sampling,
                           output_token_ids=outputs, token_times=[now] * len(outputs),
@@ -776,8 +778,11 @@ class Migrator:
             log.warning("no_claim_report", session=sid, epoch=epoch)
         finally:
             self._claims.pop((sid, epoch), None)
+        claim_info = session.info.get("claim") or {}
         log.info("resumed", session=sid, epoch=epoch, n_tokens=n, reused=reused,
-                 blocks_in=inb.blocks_in, rejected=inb.blocks_rejected)
+                 blocks_in=inb.blocks_in, rejected=inb.blocks_rejected,
+                 warmup_wait_s=round(warm_s, 4), claim_s=round(time.time() - now, 4),
+                 blocks_wait_s=claim_info.get("waited_s"))
         return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=reused)
 
     async def _release_after_first_token(self, inb: Inbound, session: Session) -> None:

@@ -66,7 +66,7 @@ class ReplayOptions:
     max_model_len: int = 2048
     max_output: int = 512
     peer_rate_mbps: float = 0.0
-    min_step_ms: float = 25.0
+    min_step_ms: float = 0.0
     start_delay_s: float = 10.0
     verify: bool = True
     simulate: bool = True
