@@ -52,8 +52,8 @@ test-xapp: $(XAPP)/.ok
 
 test-agent: $(AGENT)/.ok
 	$(AGENT)/bin/python -m pytest -q tests/agent tests/common tests/eval
-	# The e2e tests race real engines against UE clients on a 2-core machine: a failure is
-	# retried twice (pytest-rerunfailures) before it counts.
+	# The e2e tests start real vLLM servers, paced at 15 ms/step so a session is still decoding
+	# when a test acts on it; as a last guard a failure is retried twice before it counts.
 	$(AGENT)/bin/python -m pytest -q --reruns 2 tests/e2e
 
 test: proto-check test-xapp test-agent
