@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -211,20 +212,29 @@ def test_a_to_b_to_a_with_stale_record_at_a():
     assert ue.records[-1].agent_id == "a" and ue.records[-1].relayed_by is None
 
 
+@contextlib.asynccontextmanager
+async def _peered(a, b):
+    """A's and B's fronts served and in each other's directory; a UE streaming at A."""
+    async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
+        a.front.directory["b"], b.front.directory["a"] = sb.url, sa.url
+        ue = UESession(sa.url, ue_id="ue1")
+        await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+        try:
+            yield sa, sb, ue
+        finally:
+            await ue.close()
+
+
 def test_ue_left_at_the_source_is_served_through_a_relay_of_the_new_holder():
     """The commit moves the session while the UE stays in the old cell: its stream goes on."""
     a, b = Agent("a", step_s=0.01), Agent("b", step_s=0.01)
 
     async def go():
-        async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
-            a.front.directory["b"], b.front.directory["a"] = sb.url, sa.url
-            ue = UESession(sa.url, ue_id="ue1")
-            await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+        async with _peered(a, b) as (_, _, ue):
             async for rec in ue.tokens():
                 if rec.index == 14 and b.store.get(ue.session_id) is None:
                     fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
-            await ue.close()
-            return ue
+        return ue
 
     ue = run(go())
     assert ue.token_ids == expected() and not ue.handovers
@@ -238,10 +248,7 @@ def test_ue_back_at_the_source_before_the_commit_lands_loses_nothing():
     a, b = Agent("a", step_s=0.01), Agent("b", step_s=0.01)
 
     async def go():
-        async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
-            a.front.directory["b"], b.front.directory["a"] = sb.url, sa.url
-            ue = UESession(sa.url, ue_id="ue1")
-            await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+        async with _peered(a, b) as (sa, sb, ue):
             commit = None
             async for rec in ue.tokens():
                 if rec.index == 14 and not ue.handovers:
@@ -254,8 +261,7 @@ def test_ue_back_at_the_source_before_the_commit_lands_loses_nothing():
                 elif rec.index == 18 and len(ue.handovers) == 1:
                     await ue.handover(sa.url)  # back before the commit lands
             await commit
-            await ue.close()
-            return ue
+        return ue
 
     ue = run(go())
     assert ue.token_ids == expected()
