@@ -114,6 +114,14 @@ class Outbound:
         self.changed.set()
         self.changed = asyncio.Event()
 
+    def run_end(self, limit: int | None = None) -> int:
+        """The first block index from ``first_block`` on not yet copied out (at most ``limit``):
+        blocks ``first_block .. run_end() - 1`` are all here, in one run."""
+        j = self.first_block
+        while j in self.full and (limit is None or j < limit):
+            j += 1
+        return j
+
 
 @dataclasses.dataclass(eq=False)
 class Inbound:
@@ -518,10 +526,7 @@ class Migrator:
         elif ship and ship_tail:
             # A stream is running (full blocks): ask for the tail block now; the engine's next
             # step copies it out. Blocks already here are not asked for again.
-            j = out.first_block
-            while j in out.full:
-                j += 1
-            self.hub.export(sid, epoch, j, stream=True, tail=True)
+            self.hub.export(sid, epoch, out.run_end(), stream=True, tail=True)
 
         # The commit point (frozen by the caller): n tokens; the target needs KV for
         # positions [0, n-1).
@@ -546,10 +551,7 @@ class Migrator:
         if out.stream is not None:
             # Blocks past the commit point are useless to the target: only count the run
             # from the first block that the engine has emitted.
-            j = out.first_block
-            while j in out.full and j < (need_end + bs - 1) // bs:
-                j += 1
-            streamed = j - out.first_block
+            streamed = out.run_end((need_end + bs - 1) // bs) - out.first_block
             ack_task = self._spawn(out.stream.finish(self.cfg.rpc_timeout_s), f"ack-{sid}")
         # A request that ended here with the UE holding every token has nothing left to do.
         remaining = 0 if finished_here and not s.held_token_ids else s.remaining_tokens

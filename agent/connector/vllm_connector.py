@@ -13,7 +13,8 @@ process (workers are spawned).
 ``min_step_ms`` (extra config, default 0 = off) is an emulation knob for small test models: the
 scheduler side spaces the engine's steps at least that far apart, so a tiny model on a CPU
 decodes at a real model's pace (for example 28 ms: Qwen3-32B's batch-1 decode step at 1K
-tokens on one H200, benchmarks/results/README.md) and a handover story plays out on the paper's time scale.
+tokens on one H200, benchmarks/results/README.md) and a handover plays out on the paper's time
+scale.
 Only steps that schedule tokens are paced; a step that is already slower is not delayed.
 """
 
