@@ -88,7 +88,7 @@ class StoredBlock:
 
     fill: int
     crc: int
-    data: bytes
+    data: bytes | memoryview  # a memoryview of the received gRPC message (agent.wire)
 
 
 @dataclass
@@ -140,7 +140,7 @@ class BlockStore:
                 return "ok"  # keep the fuller snapshot
             self.num_bytes -= len(old.data)
             self.num_blocks -= 1
-        cur.blocks[idx] = StoredBlock(fill, crc, bytes(data))
+        cur.blocks[idx] = StoredBlock(fill, crc, data)
         cur.bad.discard(idx)
         self.num_blocks += 1
         self.num_bytes += len(data)

@@ -39,6 +39,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.obs import BYTES_MOVED, KV_BLOCKS_HELD, configure_logging, get_logger, observe_resumed
 from agent.schemes import Rates, SchemeRunner, scheme_name, scheme_value
+from agent.wire import tune_malloc_for_blocks
 
 __all__ = ["AgentConfig", "parse_args", "AgentApp", "main"]
 
@@ -403,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``pallas-agent``; returns the exit status."""
     cfg = parse_args(argv)
     configure_logging(cfg.log_level, json=cfg.log_format == "json")
+    # Block-sized buffers stay in the heap (halves the sender's CPU per block, agent/wire.py).
+    get_logger("pallas.agent.main").info("malloc_tuned", ok=tune_malloc_for_blocks())
     try:
         asyncio.run(AgentApp(cfg).run())
     except KeyboardInterrupt:

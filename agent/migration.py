@@ -55,6 +55,7 @@ from pallas_proto import pallas_pb2
 from agent.ipc import BlockHub
 from agent.session import Engine, SamplingSpec, Session, SessionState, SessionStore
 from agent.transfer import PeerClient, PeerPool, BlockStream, identity_mismatch
+from agent.wire import Block
 
 log = structlog.get_logger("pallas.agent.migration")
 
@@ -235,9 +236,8 @@ class Migrator:
             if (out.session.session_id, idx) in self.corrupt_blocks:
                 data = bytes(len(data))
             if out.stream is not None:
-                out.stream.send(pallas_pb2.KVBlock(
-                    session_id=out.session.session_id, epoch=out.epoch, block_index=idx,
-                    fill=fill, checksum=int(hdr["crc"]), data=data))
+                out.stream.send(Block(out.session.session_id, out.epoch, idx, fill,
+                                      int(hdr["crc"]), data))
         out.note()
 
     def _watch_stream(self, out: Outbound) -> None:
@@ -694,7 +694,7 @@ class Migrator:
                  prefix=len(prefix))
         return pallas_pb2.PrepareReply(status=S.STATUS_OK, model=mine, free_kv_bytes=free_bytes)
 
-    def on_block(self, blk: pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str:
+    def on_block(self, blk: Block | pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str:
         """Store one streamed block: "ok", "stale" (no attempt of that epoch) or "bad" (CRC).
 
         ``crc_ok``: the transport already checked the block's CRC-32C (None: check here).

@@ -1,14 +1,18 @@
 """Block-stream goodput and source ITL figures for issue 2.
 
 Prints:
-0. the gRPC ceiling of this host: the same StreamBlocks call through the bare generated stub,
-   nothing behind it (a reference for the figure below, which includes the agents' code).
+0. two references with no agent code: gRPC's ceiling on this host (prebuilt KVBlock bytes
+   through grpc.aio on both sides, nothing behind) and the same stream through the generated
+   protobuf classes, which copy the payload in and out of the message (what the agents used
+   before agent/wire.py).
 1. goodput of the PeerTransfer block stream on loopback, without a limit (target >= 1 GB/s)
    and with a 300 Mbit/s token-bucket limit (target >= 90 % of it). The receiver is a real
-   PeerTransferService in its own process whose handler checks every block's CRC-32 and keeps
+   PeerTransferService in its own process whose handler checks every block's CRC-32C and keeps
    it in a BlockStore (the target agent's data path); the sender is a PeerClient in this
    process. Blocks are the 152M model's whole KV blocks (12 layers x 2 x 4 KV heads x 32
-   tokens x 64 dims x fp32 = 786,432 B) unless --block-bytes says otherwise.
+   tokens x 64 dims x fp32 = 786,432 B) unless --block-bytes says otherwise. Each line also
+   gives the CPU time (user + system, all threads) per block of the sending and the receiving
+   process: on a host where both ends share few CPUs their sum, not the network, sets the rate.
 2. (--itl) the source's inter-token latency (vLLM's own histogram) with and without an active
    suffix stream: two vLLM CPU servers with the Pallas connector, the source's on a CPU of its
    own, one session decoding at A alone, with A's connector copying out every completed block
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import multiprocessing as mp
 import os
 import statistics
@@ -37,6 +42,10 @@ from pallas_proto import pallas_pb2, pallas_pb2_grpc  # noqa: E402
 
 from agent.ipc import BlockStore, block_crc  # noqa: E402
 from agent.transfer import PeerClient, serve_peer_transfer  # noqa: E402
+from agent.wire import Block, tune_malloc_for_blocks  # noqa: E402
+
+
+WARMUP_BLOCKS = 32  # blocks sent on a connection before it is measured
 
 
 class _SinkHandler:
@@ -63,24 +72,39 @@ class _SinkHandler:
 
 
 class _BareSink(pallas_pb2_grpc.PeerTransferServicer):
-    """The PeerTransfer service with nothing behind it (counts bytes): the gRPC ceiling."""
+    """StreamBlocks with nothing behind it (counts bytes): the reference for the agents' figure."""
 
     async def StreamBlocks(self, request_iterator, context):  # noqa: N802 (gRPC names)
         n = nbytes = 0
         async for blk in request_iterator:
             n += 1
-            nbytes += len(blk.data)
+            nbytes += len(blk) if isinstance(blk, bytes) else len(blk.data)
         return pallas_pb2.StreamAck(blocks_received=n, bytes_received=nbytes)
 
 
-def _serve_bare(port_q) -> None:
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+def _serve_bare(port_q, raw: bool) -> None:
+    """A bare StreamBlocks server: messages as raw bytes (raw) or parsed by the generated class."""
     import grpc
 
-    from agent.transfer import GRPC_OPTIONS
+    from agent.transfer import GRPC_OPTIONS, STREAM_BLOCKS_METHOD
+
+    tune_malloc_for_blocks()
 
     async def main():
         server = grpc.aio.server(options=GRPC_OPTIONS)
-        pallas_pb2_grpc.add_PeerTransferServicer_to_server(_BareSink(), server)
+        if raw:
+            h = grpc.stream_unary_rpc_method_handler(
+                _BareSink().StreamBlocks, request_deserializer=_identity,
+                response_serializer=pallas_pb2.StreamAck.SerializeToString)
+            service = STREAM_BLOCKS_METHOD.split("/")[1]
+            server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(service, {"StreamBlocks": h}),))
+        else:
+            pallas_pb2_grpc.add_PeerTransferServicer_to_server(_BareSink(), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         port_q.put(f"127.0.0.1:{port}")
@@ -88,27 +112,42 @@ def _serve_bare(port_q) -> None:
     asyncio.run(main())
 
 
-async def bare_goodput(address: str, *, n_blocks: int, block_bytes: int) -> float:
-    """Bytes/s of one StreamBlocks call through the generated stub alone (no agent code)."""
+async def bare_goodput(address: str, *, n_blocks: int, block_bytes: int, raw: bool,
+                       rounds: int) -> list[float]:
+    """Bytes/s of ``rounds`` StreamBlocks calls (after a warm-up call) with no agent code.
+
+    raw: the message is a prebuilt bytes object on both sides (gRPC's own cost only);
+    otherwise the generated protobuf class serialises and parses it.
+    """
     import grpc
 
-    from agent.transfer import GRPC_OPTIONS
+    from agent.transfer import GRPC_OPTIONS, STREAM_BLOCKS_METHOD
 
     blk = pallas_pb2.KVBlock(session_id="bench", epoch=1, block_index=0, fill=32, checksum=0,
                              data=os.urandom(block_bytes))
+    item = blk.SerializeToString() if raw else blk
 
     async def gen(k):
         for _ in range(k):
-            yield blk
+            yield item
     async with grpc.aio.insecure_channel(address, options=GRPC_OPTIONS) as ch:
-        stub = pallas_pb2_grpc.PeerTransferStub(ch)
-        await stub.StreamBlocks(gen(4))
-        t0 = time.perf_counter()
-        ack = await stub.StreamBlocks(gen(n_blocks))
-        return ack.bytes_received / (time.perf_counter() - t0)
+        if raw:
+            call = ch.stream_unary(STREAM_BLOCKS_METHOD, request_serializer=_identity,
+                                   response_deserializer=pallas_pb2.StreamAck.FromString)
+        else:
+            call = pallas_pb2_grpc.PeerTransferStub(ch).StreamBlocks
+        await call(gen(WARMUP_BLOCKS))
+        rates = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            ack = await call(gen(n_blocks))
+            rates.append(ack.bytes_received / (time.perf_counter() - t0))
+        return rates
 
 
 def _serve(port_q) -> None:
+    tune_malloc_for_blocks()  # as pallas-agent does at start
+
     async def main():
         server, addr = await serve_peer_transfer(_SinkHandler(), "127.0.0.1:0")
         port_q.put(addr)
@@ -117,59 +156,96 @@ def _serve(port_q) -> None:
 
 
 async def goodput(address: str, *, n_blocks: int, block_bytes: int,
-                  rate_mbps: float | None) -> tuple[float, int]:
-    """Send n_blocks through one StreamBlocks call; returns (goodput bytes/s, rejected)."""
+                  rate_mbps: float | None, rounds: int = 1) -> tuple[list[float], int]:
+    """``rounds`` streams of n_blocks through one PeerClient after a warm-up stream.
+
+    Returns (goodput of each round, bytes/s; blocks rejected in all).
+    """
     client = PeerClient(address, link_rate_mbps=rate_mbps)
     data = os.urandom(block_bytes)
     crc = block_crc(data)
-    blocks = [pallas_pb2.KVBlock(session_id="bench", epoch=1, block_index=i, fill=32,
-                                 checksum=crc, data=data) for i in range(n_blocks)]
-    # Warm the connection up.
+    blocks = [Block("bench", 1, i, 32, crc, data) for i in range(n_blocks)]
+    # Warm the connection up (gRPC grows its flow-control windows as it measures the link).
     warm = client.open_stream("warm", 1)
-    warm.send(blocks[0])
+    for b in blocks[:WARMUP_BLOCKS if rate_mbps is None else 1]:
+        warm.send(b)
     await warm.finish()
-    stream = client.open_stream("bench", 1)
-    t0 = time.perf_counter()
-    for b in blocks:
-        stream.send(b)
-    ack = await stream.finish()
-    dt = time.perf_counter() - t0
+    rates, rejected = [], 0
+    for r in range(rounds):
+        stream = client.open_stream("bench", r + 1)
+        t0 = time.perf_counter()
+        for b in blocks:
+            stream.send(b)
+        ack = await stream.finish()
+        dt = time.perf_counter() - t0
+        assert ack is not None and ack.blocks_received + ack.blocks_rejected == n_blocks, ack
+        rates.append(ack.bytes_received / dt)
+        rejected += ack.blocks_rejected
     await client.close()
-    assert ack is not None and ack.blocks_received + ack.blocks_rejected == n_blocks, ack
-    return ack.bytes_received / dt, ack.blocks_rejected
+    return rates, rejected
 
 
-def run_goodput(n_blocks: int, block_bytes: int) -> None:
+def _in_server(target, run):
+    """Run ``run(address)`` against a server process started with ``target(port_q)``.
+
+    Returns (run's result, sender CPU s, receiver CPU s): CPU time (user + system, all threads)
+    of this process and of the server process over the run.
+    """
+    import psutil
+
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=_serve_bare, args=(q,), daemon=True)
-    proc.start()
-    try:
-        gp = asyncio.run(bare_goodput(q.get(timeout=60), n_blocks=n_blocks, block_bytes=block_bytes))
-        print(f"gRPC ceiling          : {gp / 1e9:6.3f} GB/s  (the same stream through the bare "
-              f"generated stub, no agent code: what this host allows)")
-    finally:
-        proc.terminate()
-        proc.join(5)
-    q = ctx.Queue()
-    proc = ctx.Process(target=_serve, args=(q,), daemon=True)
+    proc = ctx.Process(target=target, args=(q,), daemon=True)
     proc.start()
     try:
         addr = q.get(timeout=60)
-        gp, rej = asyncio.run(goodput(addr, n_blocks=n_blocks, block_bytes=block_bytes,
-                                      rate_mbps=None))
-        print(f"goodput, no limit     : {gp / 1e9:6.3f} GB/s  ({n_blocks} blocks of "
-              f"{block_bytes} B, rejected {rej})  target >= 1 GB/s")
-        limit = 300.0
-        n_lim = max(20, int(limit * 1e6 / 8 * 4 / block_bytes))  # about 4 s of traffic
-        gp, rej = asyncio.run(goodput(addr, n_blocks=n_lim, block_bytes=block_bytes,
-                                      rate_mbps=limit))
-        print(f"goodput, {limit:.0f} Mbit/s : {gp * 8 / 1e6:6.1f} Mbit/s = "
-              f"{100 * gp * 8 / 1e6 / limit:5.1f} % of the limit ({n_lim} blocks)  "
-              f"target >= 90 %")
+        me, peer = psutil.Process(), psutil.Process(proc.pid)
+        c0, s0 = sum(me.cpu_times()[:2]), sum(peer.cpu_times()[:2])
+        out = run(addr)
+        c1, s1 = sum(me.cpu_times()[:2]), sum(peer.cpu_times()[:2])
+        return out, c1 - c0, s1 - s0
     finally:
         proc.terminate()
         proc.join(5)
+
+
+def _spread(rates: list[float], scale: float) -> str:
+    return (f"{statistics.median(rates) * scale:6.3f}"
+            + (f" (range {min(rates) * scale:.3f}-{max(rates) * scale:.3f})" if len(rates) > 1 else ""))
+
+
+def run_goodput(n_blocks: int, block_bytes: int, rounds: int) -> None:
+    """Print the references, the agents' goodput without a limit and under 300 Mbit/s.
+
+    Unlimited figures are the median of ``rounds`` streams on one warmed-up connection.
+    """
+    tune_malloc_for_blocks()  # as pallas-agent does at start
+    sent = WARMUP_BLOCKS + rounds * n_blocks
+    for raw, what in ((True, "gRPC ceiling, raw     "), (False, "generated stub        ")):
+        rates, cs, cr = _in_server(
+            functools.partial(_serve_bare, raw=raw),
+            lambda a: asyncio.run(bare_goodput(a, n_blocks=n_blocks, block_bytes=block_bytes,
+                                               raw=raw, rounds=rounds)))
+        note = ("prebuilt message bytes through grpc.aio, nothing behind: what this host allows"
+                if raw else "the same through the generated protobuf classes, which copy the payload")
+        print(f"{what}: {_spread(rates, 1e-9)} GB/s  CPU/block sender {1e6 * cs / sent:4.0f} us, "
+              f"receiver {1e6 * cr / sent:4.0f} us  ({note})")
+    (rates, rej), cs, cr = _in_server(
+        _serve, lambda a: asyncio.run(goodput(a, n_blocks=n_blocks, block_bytes=block_bytes,
+                                              rate_mbps=None, rounds=rounds)))
+    print(f"goodput, no limit     : {_spread(rates, 1e-9)} GB/s  CPU/block sender "
+          f"{1e6 * cs / sent:4.0f} us, receiver {1e6 * cr / sent:4.0f} us  ({rounds} x "
+          f"{n_blocks} blocks of {block_bytes} B, rejected {rej}; both ends share this host's "
+          f"{os.cpu_count()} CPUs)  target >= 1 GB/s")
+    limit = 300.0
+    n_lim = max(20, int(limit * 1e6 / 8 * 4 / block_bytes))  # about 4 s of traffic
+    (rates, rej), _, _ = _in_server(
+        _serve, lambda a: asyncio.run(goodput(a, n_blocks=n_lim, block_bytes=block_bytes,
+                                              rate_mbps=limit)))
+    gp = rates[0]
+    print(f"goodput, {limit:.0f} Mbit/s : {gp * 8 / 1e6:6.1f} Mbit/s = "
+          f"{100 * gp * 8 / 1e6 / limit:5.1f} % of the limit ({n_lim} blocks)  "
+          f"target >= 90 %")
 
 
 async def _vllm_itl_counters(base_url: str) -> tuple[float, float]:
@@ -304,9 +380,11 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--no-goodput", action="store_true")
+    ap.add_argument("--goodput-rounds", type=int, default=3,
+                    help="measured streams per unlimited goodput figure (median printed)")
     args = ap.parse_args()
     if not args.no_goodput:
-        run_goodput(args.blocks, args.block_bytes)
+        run_goodput(args.blocks, args.block_bytes, args.goodput_rounds)
     if args.itl:
         asyncio.run(_itl(args.model, args.itl_tokens, args.prompt, args.rounds))
 
