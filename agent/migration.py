@@ -61,6 +61,9 @@ log = structlog.get_logger("pallas.agent.migration")
 
 ShipBlocks = str  # "suffix" | "all" | "none"
 S = pallas_pb2
+# After the source's request ended, how long a commit still waits for a block copy in flight
+# on the local channel (the worker sends a step's copies before vLLM streams that step's token).
+BLOCK_FLUSH_GRACE_S = 0.05
 
 
 @dataclasses.dataclass
@@ -598,7 +601,17 @@ class Migrator:
                       scheme=scheme, message=msg)
 
     async def _wait_blocks(self, out: Outbound, need_end: int, ship_tail: bool) -> None:
-        """Wait (bounded) until the engine has copied out what covers positions < need_end."""
+        """Wait (bounded) until the engine has copied out what covers positions < need_end.
+
+        Event-driven: wakes on every block the engine copies out (``out.changed``) and on the
+        end of the session's request (its task), so it never sleeps past the moment the blocks
+        are there or nothing more can come (a finished request takes no more engine steps; what
+        is missing then is recomputed by the target, never guessed). Copies from the request's
+        last steps may still be on the local channel when it ends: after the end it waits for
+        them until ``BLOCK_FLUSH_GRACE_S`` passes with none arriving. Returns at the latest
+        after ``cfg.block_wait_s``; a return without everything is logged
+        (``blocks_missing_at_commit``).
+        """
         bs = self.block_size
         deadline = time.monotonic() + self.cfg.block_wait_s
         last_full = need_end // bs
@@ -615,18 +628,26 @@ class Migrator:
             if out.state == "failed":
                 return
             task = out.session._task
+            ended = task is not None and task.done()
             left = deadline - time.monotonic()
             if left <= 0:
                 self._missing(out, need_end, "deadline")
                 return
-            ev = out.changed
+            changed = asyncio.ensure_future(out.changed.wait())
+            waiters: list[asyncio.Future] = [changed]
+            if task is not None and not ended:
+                waiters.append(task)  # asyncio.wait never cancels it; its end wakes this loop
             try:
-                await asyncio.wait_for(ev.wait(), min(left, 0.5))
-            except asyncio.TimeoutError:
-                if task is not None and task.done():
-                    # The request ended here: nothing more will come.
-                    self._missing(out, need_end, "request ended")
-                    return
+                done, _ = await asyncio.wait(
+                    waiters, timeout=min(left, BLOCK_FLUSH_GRACE_S) if ended else left,
+                    return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not changed.done():
+                    changed.cancel()
+            if ended and not done:
+                # The request ended here and no copy came within the grace: nothing more will.
+                self._missing(out, need_end, "request ended")
+                return
 
     @staticmethod
     def _missing(out: Outbound, need_end: int, why: str) -> None:

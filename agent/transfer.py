@@ -269,6 +269,15 @@ class BlockStream:
             log.warning("stream_failed", session=self.session_id, epoch=self.epoch,
                         peer=self.client.address, error=repr(exc))
             return None
+        finally:
+            # End the request generator too (dropping what a failed call can no longer send):
+            # gRPC's task that drains it would otherwise wait on the queue until the event loop
+            # closes ("Task was destroyed but it is pending").
+            self._closed = True
+            if self.ack is None:
+                while not self._q.empty():
+                    self._q.get_nowait()
+            self._q.put_nowait(None)
 
     def send(self, blk: Block | pallas_pb2.KVBlock) -> bool:
         """Queue a block; False if the stream is closed or failed.
@@ -300,6 +309,7 @@ class BlockStream:
         self._closed = True
         while not self._q.empty():
             self._q.get_nowait()
+        self._q.put_nowait(None)
         if not self.task.done():
             self._call.cancel()
             self.task.cancel()

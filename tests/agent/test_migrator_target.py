@@ -151,3 +151,64 @@ def test_failed_commit_leaves_the_source_serving_with_no_token_lost():
         assert m.held()["outbound"] == 0
         await m.peers.close()
     asyncio.run(run())
+
+
+def _exporting(request_s: float):
+    """A source session whose request runs ``request_s`` more seconds, with block 1 streamed
+    (first block 1) and the tail of block 2 not copied out yet."""
+    from agent.migration import Outbound
+    s = Session("s", "ue", list(range(40)), SamplingSpec(max_tokens=50))
+    s._task = asyncio.ensure_future(asyncio.sleep(request_s))
+    out = Outbound(session=s, epoch=1, target=pb.PeerEndpoint(agent_id="b", address="x:1"),
+                   client=None, split=32, first_block=1, scheme=pb.SCHEME_PALLAS,
+                   proactive=True, stream_suffix=True)
+    out.full.add(1)
+    return s, out
+
+
+def test_commit_block_wait_ends_with_the_request_not_at_a_poll_timeout():
+    """A request that ended here copies out nothing more: the commit must not sleep on."""
+    async def run():
+        m, hub, eng = _migrator()
+        m.cfg.block_wait_s = 10.0
+        s, out = _exporting(0.02)           # the tail of block 2 never comes
+        t0 = asyncio.get_running_loop().time()
+        await asyncio.wait_for(m._wait_blocks(out, need_end=70, ship_tail=True), 5.0)
+        took = asyncio.get_running_loop().time() - t0
+        assert took < 0.3, took             # the old 0.5 s poll slept past the request's end
+        assert out.tail is None             # nothing invented: the target recomputes the tail
+    asyncio.run(run())
+
+
+def test_commit_block_wait_still_takes_a_copy_in_flight_after_the_request_ended():
+    async def run():
+        m, hub, eng = _migrator()
+        s, out = _exporting(0)
+        await asyncio.sleep(0.01)
+        assert s._task.done()
+
+        def tail_arrives():
+            out.tail = (2, 7, 0, b"t", 71)   # block 2, 7 entries >= 70 % 32 = 6
+            out.note()
+        asyncio.get_running_loop().call_later(0.01, tail_arrives)
+        await asyncio.wait_for(m._wait_blocks(out, need_end=70, ship_tail=True), 5.0)
+        assert out.tail is not None and out.tail[0] == 2
+    asyncio.run(run())
+
+
+def test_commit_block_wait_returns_as_soon_as_the_tail_is_there():
+    async def run():
+        m, hub, eng = _migrator()
+        m.cfg.block_wait_s = 10.0
+        s, out = _exporting(30)
+        t0 = asyncio.get_running_loop().time()
+
+        def tail_arrives():
+            out.tail = (2, 6, 0, b"t", 70)
+            out.note()
+        asyncio.get_running_loop().call_later(0.02, tail_arrives)
+        await asyncio.wait_for(m._wait_blocks(out, need_end=70, ship_tail=True), 5.0)
+        assert asyncio.get_running_loop().time() - t0 < 0.3
+        assert not s._task.done()           # the wait never cancels the session's request
+        s._task.cancel()
+    asyncio.run(run())

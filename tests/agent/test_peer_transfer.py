@@ -96,4 +96,34 @@ def test_rate_limit_and_dead_peer():
         assert st.error is not None and st.ack is None
         assert not st.send(_blk(1))
         await client.close()
+        # Nothing of the failed stream is left running (gRPC's request-draining task included).
+        for _ in range(50):
+            left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if not left:
+                break
+            await asyncio.sleep(0.1)
+        assert not left, left
+    asyncio.run(run())
+
+
+def test_stream_to_a_peer_that_went_away_leaves_no_task_behind():
+    """Idle stream, peer stops: the call fails and gRPC's task draining the request generator
+    ends with it (it used to wait on the empty queue until the event loop closed)."""
+    async def run():
+        server, addr = await serve_peer_transfer(Handler(), "127.0.0.1:0")
+        client = PeerClient(addr)
+        st = client.open_stream("s", 1)
+        for i in range(5):
+            st.send(_blk(i))
+        await asyncio.sleep(0.2)
+        await server.stop(0)
+        await asyncio.wait_for(st.task, 10)
+        assert st.error is not None
+        await client.close()
+        for _ in range(20):
+            left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if not left:
+                break
+            await asyncio.sleep(0.05)
+        assert not left, left
     asyncio.run(run())
