@@ -33,6 +33,16 @@ class Handler:
         return pb.ReleaseReply(status=pb.STATUS_OK, blocks_released=self.store.drop(req.session_id))
 
 
+async def _no_task_left(within_s: float = 5.0) -> None:
+    """Assert that no task but the caller's is left within ``within_s``."""
+    for _ in range(int(within_s / 0.05)):
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if not left:
+            return
+        await asyncio.sleep(0.05)
+    assert not left, left
+
+
 def _blk(i, epoch=1, size=4096, corrupt=False):
     data = bytes([i % 251]) * size
     return pb.KVBlock(session_id="s", epoch=epoch, block_index=i, fill=32,
@@ -97,12 +107,7 @@ def test_rate_limit_and_dead_peer():
         assert not st.send(_blk(1))
         await client.close()
         # Nothing of the failed stream is left running (gRPC's request-draining task included).
-        for _ in range(50):
-            left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            if not left:
-                break
-            await asyncio.sleep(0.1)
-        assert not left, left
+        await _no_task_left()
     asyncio.run(run())
 
 
@@ -120,10 +125,5 @@ def test_stream_to_a_peer_that_went_away_leaves_no_task_behind():
         await asyncio.wait_for(st.task, 10)
         assert st.error is not None
         await client.close()
-        for _ in range(20):
-            left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            if not left:
-                break
-            await asyncio.sleep(0.05)
-        assert not left, left
+        await _no_task_left()
     asyncio.run(run())
