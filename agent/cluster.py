@@ -70,14 +70,21 @@ class LocalAgent:
 
     @property
     def log_path(self) -> str:
+        """The agent's own log (JSON lines)."""
         return os.path.join(self.log_dir, f"agent-{self.agent_id}-{self.front_port}.log")
+
+    @property
+    def vllm_log_path(self) -> str:
+        """The log of the vLLM server the agent launches (beside the agent's)."""
+        return os.path.join(self.log_dir, f"vllm-{self.agent_id}-{self.front_port}.log")
 
     def command(self, peer_fronts: dict[str, str] | None = None) -> list[str]:
         """The agent's command line."""
         cmd = [sys.executable, "-m", "agent.main", "--agent-id", self.agent_id, "--model", self.model,
                "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
                "--control-port", str(self.control_port), "--peer-port", str(self.peer_port),
-               "--front-port", str(self.front_port), "--omp-bind", self.omp_bind]
+               "--front-port", str(self.front_port), "--omp-bind", self.omp_bind,
+               "--vllm-log", self.vllm_log_path]
         for k, v in (peer_fronts or {}).items():
             cmd += ["--peer-front", f"{k}={v}"]
         return cmd + list(self.extra)

@@ -73,6 +73,7 @@ class AgentConfig:
     dtype: str = "float32"
     min_step_ms: float = 0.0
     vllm_ready_timeout_s: float = 600.0
+    vllm_log: str | None = None
     peer_rate_mbps: float = 0.0
     scheme: str = "pallas"
     peer_fronts: dict[str, str] = field(default_factory=dict)
@@ -154,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="emulated minimum engine step of the launched vLLM (0 = off): paces a tiny "
                         "test model like a real one (e.g. 28 ms: Qwen3-32B on one H200)")
     v.add_argument("--vllm-ready-timeout-s", type=float, default=float(_env("vllm_ready_timeout_s", d.vllm_ready_timeout_s)))
+    v.add_argument("--vllm-log", default=_env("vllm_log", None),
+                   help="file for the launched vLLM's stdout/stderr (default: .cache/logs/vllm-PORT.log)")
     v.add_argument("--tokenizer", default=_env("tokenizer", None),
                    help="tokenizer folder for text prompts/outputs (default: the model's, if it has one)")
     m = p.add_argument_group("migration")
@@ -199,7 +202,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         kv_cache_gib=a.kv_cache_gib, omp_bind=a.omp_bind, block_size=a.block_size,
         max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs, dtype=a.dtype,
         min_step_ms=a.min_step_ms,
-        vllm_ready_timeout_s=a.vllm_ready_timeout_s, peer_rate_mbps=a.peer_rate_mbps,
+        vllm_ready_timeout_s=a.vllm_ready_timeout_s, vllm_log=a.vllm_log, peer_rate_mbps=a.peer_rate_mbps,
         scheme=a.scheme, peer_fronts=fronts, telemetry_period_ms=a.telemetry_period_ms,
         probe_prefill_tokens=a.probe_prefill_tokens, resume_wait_s=a.resume_wait_s,
         session_ttl_s=a.session_ttl_s, tokenizer=a.tokenizer, log_level=a.log_level,

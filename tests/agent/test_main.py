@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 
 import grpc
@@ -37,6 +38,8 @@ def test_flags_env_and_errors(monkeypatch, capsys):
     assert cfg.front_port == 9000 and cfg.front_url.endswith(":9000")
     cfg2 = parse_args(["--model-preset", "tiny", "--agent-id", "x"])
     assert cfg2.agent_id == "x"  # the flag wins over the environment
+    assert cfg.vllm_log is None and parse_args(
+        ["--model-preset", "tiny", "--vllm-log", "/r/logs/v.log"]).vllm_log == "/r/logs/v.log"
     for bad in (["--model-preset", "tiny", "--scheme", "warp"], [],
                 ["--model-preset", "tiny", "--peer-front", "nonsense"],
                 ["--model-preset", "tiny", "--peer-rate-mbps", "-1"]):
@@ -123,3 +126,12 @@ def test_agent_serves_control_health_front_metrics(monkeypatch, capsys):
     lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
     commits = [x for x in lines if x.get("event") == "control_reply" and x.get("method") == "commit"]
     assert commits and commits[0]["epoch"] == 1 and commits[0]["session"]
+
+
+def test_local_agent_keeps_the_vllm_log_beside_its_own():
+    from agent.cluster import LocalAgent
+    a = LocalAgent("edge-1", "m", log_dir="/run/logs")
+    cmd = a.command()
+    assert cmd[cmd.index("--vllm-log") + 1] == a.vllm_log_path
+    assert os.path.dirname(a.vllm_log_path) == os.path.dirname(a.log_path) == "/run/logs"
+    assert parse_args(cmd[3:]).vllm_log == a.vllm_log_path
