@@ -410,7 +410,9 @@ class Migrator:
                      actual_target: pallas_pb2.PeerEndpoint, *,
                      split_tokens: int | None = None, ship_blocks: ShipBlocks = "suffix",
                      ship_tail: bool = True, ue_tokens: int | None = None,
-                     scheme: int = pallas_pb2.SCHEME_UNSPECIFIED) -> pallas_pb2.ControlReply:
+                     scheme: int = pallas_pb2.SCHEME_UNSPECIFIED,
+                     session_scheme: int = pallas_pb2.SCHEME_UNSPECIFIED
+                     ) -> pallas_pb2.ControlReply:
         """Hand ``session_id`` over to ``actual_target`` at the HO (paper §4.3, step 3).
 
         The source freezes the session at its current output length (tokens decoded past it
@@ -428,7 +430,9 @@ class Migrator:
         target :func:`agent.schemes.ctho_split` with the measured rates). If ``actual_target``
         differs from the prepared target, the prepared one is released and the actual one
         recovers as ctHO. ``ue_tokens``: output tokens the UE has received (the commit point;
-        default: every token so far). Idempotent for a repeated (session_id, epoch). On any
+        default: every token so far). ``scheme``: the scheme this commit runs (Sync.scheme);
+        ``session_scheme``: the scheme pinned for the session, carried to the target so the pin
+        outlives the handover (0: none). Idempotent for a repeated (session_id, epoch). On any
         failure the source goes on serving the session itself, with no token lost (status
         ERROR).
         """
@@ -567,7 +571,7 @@ class Migrator:
                 temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
                 min_tokens=s.remaining_min_tokens, stop_token_ids=sp.stop_token_ids,
                 ignore_eos=sp.ignore_eos, seed=sp.seed or 0, has_seed=sp.seed is not None),
-            scheme=scheme, split_tokens=out.split, ue_id=s.ue_id)
+            scheme=scheme, split_tokens=out.split, ue_id=s.ue_id, session_scheme=session_scheme)
         try:
             rep = await out.client.sync(sync)
             ok = rep.status == S.STATUS_OK
@@ -773,6 +777,8 @@ class Migrator:
                           prompt_token_ids=tokens[:n_prompt], sampling=sampling,
                           output_token_ids=outputs, token_times=[now] * len(outputs),
                           epoch=epoch, state=SessionState.RESUMED, resumed_from=len(outputs))
+        if req.session_scheme:
+            session.info["scheme"] = int(req.session_scheme)  # the UE's pin goes on with it
         old = self.sessions.get(sid)
         if old is not None and old._task is not None and not old._task.done():
             await self.engine.abort(old)

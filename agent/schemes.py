@@ -185,7 +185,7 @@ class MigratorLike(Protocol):
 
     async def commit(self, session_id: str, epoch: int, actual_target: Any, *,
                      split_tokens: int | None = None, ship_blocks: str = "suffix",
-                     scheme: int = 0) -> Any: ...
+                     scheme: int = 0, session_scheme: int = 0) -> Any: ...
 
 
 @dataclass
@@ -314,6 +314,11 @@ class SchemeRunner:
         the session from the agent it came from), else the agent default."""
         if requested not in (None, 0, ""):
             return scheme_value(requested)
+        return self.pinned_scheme(session_id) or self.default_scheme
+
+    def pinned_scheme(self, session_id: str) -> int:
+        """The scheme pinned for the session (here, or carried from the agent it came from);
+        0 (SCHEME_UNSPECIFIED) when none is: what the commit carries to the next agent."""
         if session_id in self.session_schemes:
             return self.session_schemes[session_id]
         if self.carried_scheme is not None:
@@ -323,7 +328,7 @@ class SchemeRunner:
                     return scheme_value(carried)
             except (ValueError, LookupError):
                 pass
-        return self.default_scheme
+        return S.SCHEME_UNSPECIFIED
 
     def prepared(self, session_id: str) -> _Prepared | None:
         """The active preparation of a session, if any."""
@@ -438,7 +443,8 @@ class SchemeRunner:
         ship = use.commit_ship
         try:
             reply = await self.migrator.commit(session_id, epoch, actual_target, split_tokens=split,
-                                               ship_blocks=ship, scheme=use.value)
+                                               ship_blocks=ship, scheme=use.value,
+                                               session_scheme=self.pinned_scheme(session_id))
         except Exception as e:  # noqa: BLE001 - the source keeps serving; detour
             log.error("commit_failed", error=repr(e), scheme=use.name)
             MIGRATIONS.labels("source", use.name, "error").inc()

@@ -285,7 +285,7 @@ class StreamAck(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., blocks_received: _Optional[int] = ..., bytes_received: _Optional[int] = ..., blocks_rejected: _Optional[int] = ...) -> None: ...
 
 class SyncRequest(_message.Message):
-    __slots__ = ("session_id", "epoch", "token_ids", "prompt_tokens", "tail", "streamed_blocks", "sampling", "scheme", "split_tokens", "ue_id")
+    __slots__ = ("session_id", "epoch", "token_ids", "prompt_tokens", "tail", "streamed_blocks", "sampling", "scheme", "split_tokens", "ue_id", "session_scheme")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +296,7 @@ class SyncRequest(_message.Message):
     SCHEME_FIELD_NUMBER: _ClassVar[int]
     SPLIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     UE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SCHEME_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     epoch: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -306,7 +307,8 @@ class SyncRequest(_message.Message):
     scheme: Scheme
     split_tokens: int
     ue_id: str
-    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., tail: _Optional[_Union[KVBlock, _Mapping]] = ..., streamed_blocks: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., split_tokens: _Optional[int] = ..., ue_id: _Optional[str] = ...) -> None: ...
+    session_scheme: Scheme
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., tail: _Optional[_Union[KVBlock, _Mapping]] = ..., streamed_blocks: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., split_tokens: _Optional[int] = ..., ue_id: _Optional[str] = ..., session_scheme: _Optional[_Union[Scheme, str]] = ...) -> None: ...
 
 class SyncReply(_message.Message):
     __slots__ = ("status", "message", "reused_tokens")

@@ -89,9 +89,9 @@ class FakeMigrator:
         return reply(session_id=session_id, epoch=epoch, state="serving")
 
     async def commit(self, session_id, epoch, actual_target, *, split_tokens=None, ship_blocks="suffix",
-                     ship_tail=True, scheme=0):
+                     ship_tail=True, scheme=0, session_scheme=0):
         self.calls.append(("commit", session_id, epoch, actual_target.agent_id, split_tokens,
-                           dict(ship_blocks=ship_blocks, scheme=scheme)))
+                           dict(ship_blocks=ship_blocks, scheme=scheme, session_scheme=session_scheme)))
         if actual_target.agent_id in self.reject_targets:
             return reply(pallas_pb2.STATUS_REJECTED, message="target cannot serve the model",
                          session_id=session_id, epoch=epoch, state="serving")

@@ -283,3 +283,21 @@ def test_scheme_carried_with_a_resumed_session_is_used():
     assert runner.scheme_for("other") == pb.SCHEME_PALLAS
     runner.set_session_scheme("s9", "ctho")
     assert runner.scheme_for("s9") == pb.SCHEME_CTHO and runner.scheme_for("s9", "detour") == pb.SCHEME_DETOUR
+
+
+def test_commit_carries_the_sessions_pinned_scheme_to_the_next_agent():
+    async def run():
+        mig = fk.FakeMigrator()
+        carried = {"c": pb.SCHEME_FULL_COPY}
+        runner = SchemeRunner(mig, default_scheme="pallas", carried_scheme=carried.get)
+        runner.set_session_scheme("p", "recomputation")
+        tgt = pb.PeerEndpoint(agent_id="b", address="b:1")
+        for sid in ("p", "c", "plain"):
+            await runner.commit(sid, 1, tgt)
+        sent = {c[1]: c[5]["session_scheme"] for c in mig.calls if c[0] == "commit"}
+        # A per-call scheme is not a pin; the agent default is not carried either.
+        await runner.commit("q", 1, tgt, scheme="recomputation")
+        sent["q"] = [c for c in mig.calls if c[0] == "commit"][-1][5]["session_scheme"]
+        assert sent == {"p": pb.SCHEME_RECOMPUTATION, "c": pb.SCHEME_FULL_COPY,
+                        "plain": pb.SCHEME_UNSPECIFIED, "q": pb.SCHEME_UNSPECIFIED}
+    asyncio.run(run())

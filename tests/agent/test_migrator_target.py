@@ -94,11 +94,12 @@ def test_sync_resumes_with_reduced_sampling_and_load_params():
         tail.fill = 3
         rep = await m.on_sync(pb.SyncRequest(
             session_id="s", epoch=1, token_ids=tokens, prompt_tokens=70, tail=tail,
-            streamed_blocks=1, split_tokens=64, ue_id="ue",
+            streamed_blocks=1, split_tokens=64, ue_id="ue", session_scheme=pb.SCHEME_CTHO,
             sampling=pb.SamplingParams(max_tokens=20, ignore_eos=True)))
         assert rep.status == pb.STATUS_OK
         s, params = eng.started[0]
         assert s.state == SessionState.RESUMED and s.resumed_from == 30
+        assert s.info["scheme"] == pb.SCHEME_CTHO   # the UE's pin goes on with the session
         assert s.remaining_tokens == 20 and s.all_token_ids == tokens
         load = params["pallas"]["load"]
         assert (load["first_block"], load["last_block"], load["prefix_len"]) == (2, 3, 64)
