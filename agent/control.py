@@ -82,6 +82,10 @@ class EpochLedger:
         self._by_session.pop(session_id, None)
 
 
+# ControlReply fields a Commit copies from the migration core's reply.
+MOVED_FIELDS = ("blocks_moved", "kv_bytes_moved", "reused_tokens", "recomputed_tokens")
+
+
 def _reply(status: int, message: str, session_id: str, epoch: int, *, state: str = "",
            split_tokens: int = 0, scheme: int = 0) -> pallas_pb2.ControlReply:
     return S.ControlReply(status=status, message=message, session_id=session_id, epoch=epoch,
@@ -260,8 +264,12 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
             COMMIT_SECONDS.labels(scheme_name(out.scheme)).observe(time.perf_counter() - t0)
             if out.status == S.STATUS_OK:
                 led.closed[epoch] = "committed"
-            return _reply(out.status, out.message, sid, epoch, state=out.state,
-                          split_tokens=out.split_tokens, scheme=out.scheme)
+            rep = _reply(out.status, out.message, sid, epoch, state=out.state,
+                         split_tokens=out.split_tokens, scheme=out.scheme)
+            if out.status == S.STATUS_OK and isinstance(out.reply, S.ControlReply):
+                for f in MOVED_FIELDS:  # what the migration core says the handover moved
+                    setattr(rep, f, getattr(out.reply, f))
+            return rep
 
         return self._done("commit", await self._once("commit", sid, epoch, work), context)
 

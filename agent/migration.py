@@ -141,14 +141,24 @@ class Inbound:
     claim: asyncio.Future | None = None
     loaded: dict[str, Any] = dataclasses.field(default_factory=dict)
     blocks_in: int = 0
+    bytes_in: int = 0
     blocks_rejected: int = 0
     state: str = "preparing"  # preparing, resumed, released
 
 
 def _reply(status: int, session_id: str, epoch: int, *, message: str = "", state: str = "",
-           split: int = 0, scheme: int = 0) -> pallas_pb2.ControlReply:
-    return pallas_pb2.ControlReply(status=status, message=message, session_id=session_id,
-                                   epoch=epoch, state=state, split_tokens=split, scheme=scheme)
+           split: int = 0, scheme: int = 0, moved: pallas_pb2.SyncReply | None = None,
+           n_tokens: int = 0) -> pallas_pb2.ControlReply:
+    """A ControlReply; with ``moved`` (the target's SyncReply for ``n_tokens`` tokens) it also
+    says what the handover moved: blocks and bytes accepted, tokens reused and recomputed."""
+    r = pallas_pb2.ControlReply(status=status, message=message, session_id=session_id,
+                                epoch=epoch, state=state, split_tokens=split, scheme=scheme)
+    if moved is not None:
+        r.blocks_moved = moved.blocks_received
+        r.kv_bytes_moved = moved.bytes_received
+        r.reused_tokens = moved.reused_tokens
+        r.recomputed_tokens = max(0, n_tokens - moved.reused_tokens)
+    return r
 
 
 class Migrator:
@@ -602,7 +612,7 @@ class Migrator:
         if ack_task is not None:
             ack_task.add_done_callback(lambda t: None)
         return _reply(S.STATUS_OK, sid, epoch, state=s.state.value, split=out.split,
-                      scheme=scheme, message=msg)
+                      scheme=scheme, message=msg, moved=rep, n_tokens=n)
 
     async def _wait_blocks(self, out: Outbound, need_end: int, ship_tail: bool) -> None:
         """Wait (bounded) until the engine has copied out what covers positions < need_end.
@@ -731,6 +741,7 @@ class Migrator:
                                      blk.checksum, blk.data, crc_ok)
         if verdict == "ok":
             inb.blocks_in += 1
+            inb.bytes_in += len(blk.data)
         else:
             inb.blocks_rejected += 1
             log.warning("block_rejected", session=blk.session_id, epoch=blk.epoch,
@@ -787,7 +798,8 @@ class Migrator:
         if session.remaining_tokens <= 0:
             session.set_state(SessionState.FINISHED, finish_reason="length")
             await self._drop_inbound(inb, "finished at the source")
-            return pallas_pb2.SyncReply(status=S.STATUS_OK, message="finished", reused_tokens=0)
+            return pallas_pb2.SyncReply(status=S.STATUS_OK, message="finished", reused_tokens=0,
+                                        blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
         params = {"pallas": {"sid": sid, "load": {
             "epoch": epoch, "prefix_len": inb.prefix_len, "first_block": first,
             "last_block": last, "deadline": now + self.cfg.resume_deadline_s}}}
@@ -812,7 +824,8 @@ class Migrator:
                  blocks_in=inb.blocks_in, rejected=inb.blocks_rejected,
                  warmup_wait_s=round(warm_s, 4), claim_s=round(time.time() - now, 4),
                  blocks_wait_s=claim_info.get("waited_s"))
-        return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=reused)
+        return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=reused,
+                                    blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
 
     async def _release_after_first_token(self, inb: Inbound, session: Session) -> None:
         """Buffered blocks are loaded before the first token: release them then."""

@@ -240,8 +240,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
         from pallas_common.timing import kv_bytes_per_token
         measured["s_kv"] = float(kv_bytes_per_token(model_config(build_model(opts.model_preset))))
         measured["block_size"] = measured.get("block_size") or 32.0
-    rp.fill_migration_figures(rows_all, runs, rp.migration_log(opts.out_dir / "logs"),
-                              measured["s_kv"] * measured["block_size"])
+    rp.fill_migration_figures(rows_all, runs, rp.migration_figures(runs))
     rates = _pick_rates(opts.rates, measured, s_kv=measured["s_kv"])
     for r in runs:
         rp.save_sessions(opts.out_dir / r.scheme / "sessions.jsonl", r)

@@ -419,37 +419,28 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
     return rows, sits
 
 
-def migration_log(log_dir: Path) -> dict[tuple[str, int], dict]:
-    """What the agents logged about each migration, by (session, epoch): the target's prefix
-    prefill at preparation (``prefix`` tokens), and at the resume the tokens of the session
-    (``n_tokens``), those whose KV was reused (``reused``) and the KV blocks received
-    (``blocks_in``). Read from the agents' JSON-line logs (events "prepared" and "resumed")."""
+def migration_figures(runs: Sequence[SchemeRun]) -> dict[tuple[str, int], dict]:
+    """What each handover moved, by (session, epoch), from the source agents' Commit replies in
+    the xApp's event log: the prefix the target prefilled (``split_tokens``), the tokens it
+    recomputed at the resume (``recomputed_tokens``) and the KV bytes it accepted
+    (``kv_bytes_moved``). Only successful commits; a Detour commit moves nothing (zeros)."""
     out: dict[tuple[str, int], dict] = {}
-    for f in sorted(log_dir.glob("agent-*.log")):
-        for line in f.read_text(errors="replace").splitlines():
-            if not line.startswith("{") or '"event": "' not in line:
+    for r in runs:
+        for e in r.events:
+            if (e.get("kind") != "reply" or e.get("call") != "commit" or e.get("status") != "STATUS_OK"
+                    or "session" not in e or "epoch" not in e):
                 continue
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            kind = ev.get("event")
-            if kind not in ("prepared", "resumed") or "session" not in ev or "epoch" not in ev:
-                continue
-            d = out.setdefault((ev["session"], int(ev["epoch"])), {})
-            if kind == "prepared":
-                d["prefix"] = int(ev.get("prefix") or 0)
-            else:
-                d.update(n_tokens=int(ev.get("n_tokens") or 0), reused=int(ev.get("reused") or 0),
-                         blocks_in=int(ev.get("blocks_in") or 0))
+            out[(e["session"], int(e["epoch"]))] = {
+                "prefix": int(e.get("split_tokens") or 0),
+                "recomputed": int(e.get("recomputed_tokens") or 0),
+                "bytes": int(e.get("kv_bytes_moved") or 0)}
     return out
 
 
-def fill_migration_figures(rows: Sequence[HandoverRow], runs: Sequence[SchemeRun], migrations: dict,
-                           block_bytes: float) -> None:
-    """Bytes moved and prefill tokens per handover from the agents' migration log: bytes =
-    KV blocks received x block bytes; prefill = prefix prefilled at the trigger + the tokens
-    recomputed at the resume (session tokens - reused)."""
+def fill_migration_figures(rows: Sequence[HandoverRow], runs: Sequence[SchemeRun], migrations: dict) -> None:
+    """Bytes moved and prefill tokens per handover (``migrations``: :func:`migration_figures`):
+    bytes = KV bytes the target accepted; prefill = the prefix the target prefilled + the tokens
+    it recomputed at the resume."""
     commits = {}
     for r in runs:
         for e in r.events:
@@ -466,8 +457,8 @@ def fill_migration_figures(rows: Sequence[HandoverRow], runs: Sequence[SchemeRun
         m = migrations.get((e.get("session"), int(e.get("epoch") or 0)))
         if not m:
             continue
-        row.bytes_moved = int(m.get("blocks_in", 0) * block_bytes)
-        row.prefill_tokens = int(m.get("prefix", 0) + max(0, m.get("n_tokens", 0) - m.get("reused", 0)))
+        row.bytes_moved = int(m["bytes"])
+        row.prefill_tokens = int(m["prefix"] + m["recomputed"])
 
 
 def save_sessions(path: Path, run: SchemeRun) -> None:

@@ -47,6 +47,9 @@ from xapp.tracks import MeasurementReport, TrackStore
 
 log = structlog.get_logger("pallas.xapp.app")
 
+# ControlReply fields of a Commit that say what the handover moved (pallas.proto).
+_MOVED_FIELDS = ("blocks_moved", "kv_bytes_moved", "reused_tokens", "recomputed_tokens")
+
 RIC_INDICATION = 12050
 A1_POLICY_REQ = 20010
 A1_POLICY_RESP = 20011
@@ -427,11 +430,14 @@ class PallasXapp:
 
     def _on_reply(self, out: CallOutcome) -> None:
         r = out.reply
+        # A commit's reply also says what the handover moved (blocks, bytes, reused/recomputed).
+        moved = ({f: int(getattr(r, f)) for f in _MOVED_FIELDS}
+                 if r is not None and out.kind == "Commit" else {})
         self.events.write("reply", call=out.kind.lower(), agent=out.agent_id, session=out.session_id,
                           epoch=out.epoch, ok=out.ok, status=pb.Status.Name(r.status) if r else None,
                           state=r.state if r else None, scheme=scheme_name(r.scheme) if r else None,
                           split_tokens=int(r.split_tokens) if r else None, message=r.message if r else out.error,
-                          latency_s=out.latency_s, attempts=out.attempts)
+                          latency_s=out.latency_s, attempts=out.attempts, **moved)
         entry = self._actions.get((out.kind, out.session_id, out.epoch))
         if entry is None:
             return

@@ -14,17 +14,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pallas_proto/pallas.proto\x12\tpallas.v1\"\xc7\x01\n\rModelIdentity\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0eweights_digest\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\x04 \x01(\t\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x1a\n\x12kv_bytes_per_token\x18\x07 \x01(\x04\x12\x12\n\nnum_layers\x18\x08 \x01(\r\x12\x13\n\x0b\x62lock_bytes\x18\t \x01(\x04\"1\n\x0cPeerEndpoint\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\xc8\x01\n\x0eTriggerRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\'\n\x06target\x18\x03 \x01(\x0b\x32\x17.pallas.v1.PeerEndpoint\x12\x14\n\x0csplit_tokens\x18\x04 \x01(\r\x12\x1f\n\x17predicted_handover_time\x18\x05 \x01(\x01\x12!\n\x06scheme\x18\x06 \x01(\x0e\x32\x11.pallas.v1.Scheme\x12\x10\n\x08window_s\x18\x07 \x01(\x01\"B\n\rCancelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x9c\x01\n\rCommitRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12.\n\ractual_target\x18\x03 \x01(\x0b\x32\x17.pallas.v1.PeerEndpoint\x12!\n\x06scheme\x18\x04 \x01(\x0e\x32\x11.pallas.v1.Scheme\x12\x15\n\rhandover_time\x18\x05 \x01(\x01\"\xad\x01\n\x0c\x43ontrolReply\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.pallas.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\r\n\x05state\x18\x05 \x01(\t\x12\x14\n\x0csplit_tokens\x18\x06 \x01(\r\x12!\n\x06scheme\x18\x07 \x01(\x0e\x32\x11.pallas.v1.Scheme\"%\n\x10TelemetryRequest\x12\x11\n\tperiod_ms\x18\x01 \x01(\r\"\xbd\x01\n\x10SessionTelemetry\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05ue_id\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12\x13\n\x0b\x64\x65\x63ode_rate\x18\x04 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\r\n\x05state\x18\x07 \x01(\t\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\x12\x18\n\x10remaining_tokens\x18\t \x01(\r\"a\n\rPeerTelemetry\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1b\n\x13goodput_bytes_per_s\x18\x02 \x01(\x01\x12\x12\n\nbytes_sent\x18\x03 \x01(\x04\x12\r\n\x05rtt_s\x18\x04 \x01(\x01\"\x96\x01\n\x0fServerTelemetry\x12\'\n\x05model\x18\x01 \x01(\x0b\x32\x18.pallas.v1.ModelIdentity\x12\x14\n\x0cprefill_rate\x18\x02 \x01(\x01\x12\x16\n\x0e\x66ree_kv_blocks\x18\x03 \x01(\x04\x12\x17\n\x0ftotal_kv_blocks\x18\x04 \x01(\x04\x12\x13\n\x0b\x64\x65\x63ode_rate\x18\x05 \x01(\x01\"\xb5\x01\n\x0fTelemetryReport\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12*\n\x06server\x18\x03 \x01(\x0b\x32\x1a.pallas.v1.ServerTelemetry\x12-\n\x08sessions\x18\x04 \x03(\x0b\x32\x1b.pallas.v1.SessionTelemetry\x12\'\n\x05peers\x18\x05 \x03(\x0b\x32\x18.pallas.v1.PeerTelemetry\"\xb7\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x12\n\nmin_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x12\x10\n\x08has_seed\x18\t \x01(\x08\"\xec\x01\n\x0ePrepareRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\'\n\x06source\x18\x03 \x01(\x0b\x32\x17.pallas.v1.PeerEndpoint\x12\'\n\x05model\x18\x04 \x01(\x0b\x32\x18.pallas.v1.ModelIdentity\x12\x18\n\x10prefix_token_ids\x18\x05 \x03(\r\x12\x19\n\x11\x65xpected_kv_bytes\x18\x06 \x01(\x04\x12!\n\x06scheme\x18\x07 \x01(\x0e\x32\x11.pallas.v1.Scheme\x12\r\n\x05ue_id\x18\x08 \x01(\t\"\x82\x01\n\x0cPrepareReply\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.pallas.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\'\n\x05model\x18\x03 \x01(\x0b\x32\x18.pallas.v1.ModelIdentity\x12\x15\n\rfree_kv_bytes\x18\x04 \x01(\x04\"o\n\x07KVBlock\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x13\n\x0b\x62lock_index\x18\x03 \x01(\r\x12\x0c\n\x04\x66ill\x18\x04 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"x\n\tStreamAck\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x17\n\x0f\x62locks_received\x18\x03 \x01(\r\x12\x16\n\x0e\x62ytes_received\x18\x04 \x01(\x04\x12\x17\n\x0f\x62locks_rejected\x18\x05 \x01(\r\"\xb5\x02\n\x0bSyncRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12 \n\x04tail\x18\x05 \x01(\x0b\x32\x12.pallas.v1.KVBlock\x12\x17\n\x0fstreamed_blocks\x18\x06 \x01(\r\x12+\n\x08sampling\x18\x07 \x01(\x0b\x32\x19.pallas.v1.SamplingParams\x12!\n\x06scheme\x18\x08 \x01(\x0e\x32\x11.pallas.v1.Scheme\x12\x14\n\x0csplit_tokens\x18\t \x01(\r\x12\r\n\x05ue_id\x18\n \x01(\t\x12)\n\x0esession_scheme\x18\x0b \x01(\x0e\x32\x11.pallas.v1.Scheme\"V\n\tSyncReply\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.pallas.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x15\n\rreused_tokens\x18\x03 \x01(\r\"C\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\"[\n\x0cReleaseReply\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.pallas.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x17\n\x0f\x62locks_released\x18\x03 \x01(\r*\xab\x01\n\x06Scheme\x12\x16\n\x12SCHEME_UNSPECIFIED\x10\x00\x12\x11\n\rSCHEME_PALLAS\x10\x01\x12\x14\n\x10SCHEME_FULL_COPY\x10\x02\x12\x18\n\x14SCHEME_RECOMPUTATION\x10\x03\x12\x0f\n\x0bSCHEME_CTHO\x10\x04\x12\x11\n\rSCHEME_DETOUR\x10\x05\x12\x10\n\x0cSCHEME_NO_RC\x10\x06\x12\x10\n\x0cSCHEME_NO_SM\x10\x07*\x9e\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x16\n\x12STATUS_STALE_EPOCH\x10\x02\x12\x1a\n\x16STATUS_UNKNOWN_SESSION\x10\x03\x12\x13\n\x0fSTATUS_REJECTED\x10\x04\x12\x12\n\x0eSTATUS_INVALID\x10\x05\x12\x10\n\x0cSTATUS_ERROR\x10\x06\x32\x8a\x02\n\x07\x43ontrol\x12=\n\x07Trigger\x12\x19.pallas.v1.TriggerRequest\x1a\x17.pallas.v1.ControlReply\x12;\n\x06\x43\x61ncel\x12\x18.pallas.v1.CancelRequest\x1a\x17.pallas.v1.ControlReply\x12;\n\x06\x43ommit\x12\x18.pallas.v1.CommitRequest\x1a\x17.pallas.v1.ControlReply\x12\x46\n\tTelemetry\x12\x1b.pallas.v1.TelemetryRequest\x1a\x1a.pallas.v1.TelemetryReport0\x01\x32\xfe\x01\n\x0cPeerTransfer\x12=\n\x07Prepare\x12\x19.pallas.v1.PrepareRequest\x1a\x17.pallas.v1.PrepareReply\x12:\n\x0cStreamBlocks\x12\x12.pallas.v1.KVBlock\x1a\x14.pallas.v1.StreamAck(\x01\x12\x34\n\x04Sync\x12\x16.pallas.v1.SyncRequest\x1a\x14.pallas.v1.SyncReply\x12=\n\x07Release\x12\x19.pallas.v1.ReleaseRequest\x1a\x17.pallas.v1.ReleaseReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pallas_proto/pallas.proto\x12\tpallas.v1\"\xc7\x01\n\rModelIdentity\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0eweights_digest\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\x04 \x01(\t\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x1a\n\x12kv_bytes_per_token\x18\x07 \x01(\x04\x12\x12\n\nnum_layers\x18\x08 \x01(\r\x12\x13\n\x0b\x62lock_bytes\x18\t \x01(\x04\"1\n\x0cPeerEndpoint\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\xc8\x01\n\x0eTriggerRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\'\n\x06target\x18\x03 \x01(\x0b\x32\x17.pallas.v1.PeerEndpoint\x12\x14\n\x0csplit_tokens\x18\x04 \x01(\r\x12\x1f\n\x17predicted_handover_time\x18\x05 \x01(\x01\x12!\n\x06scheme\x18\x06 \x01(\x0e\x32\x11.pallas.v1.Scheme\x12\x10\n\x08window_s\x18\x07 \x01(\x01\"B\n\rCancelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x9c\x01\n\rCommitRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12.\n\ractual_target\x18\x03 \x01(\x0b\x32\x17.pallas.v1.PeerEndpoint\x12!\n\x06scheme\x18\x04 \x01(\x0e\x32\x11.pallas.v1.Scheme\x12\x15\n\rhandover_time\x18\x05 \x01(\x01\"\x8d\x02\n\x0c\x43ontrolReply\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.pallas.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\r\n\x05state\x18\x05 \x01(\t\x12\x14\n\x0csplit_tokens\x18\x06 \x01(\r\x12!\n\x06scheme\x18\x07 \x01(\x0e\x32\x11.pallas.v1.Scheme\x12\x14\n\x0c\x62locks_moved\x18\x08 \x01(\r\x12\x16\n\x0ekv_bytes_moved\x18\t \x01(\x04\x12\x15\n\rreused_tokens\x18\n \x01(\r\x12\x19\n\x11recomputed_tokens\x18\x0b \x01(\r\"%\n\x10TelemetryRequest\x12\x11\n\tperiod_ms\x18\x01 \x01(\r\"\xbd\x01\n\x10SessionTelemetry\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05ue_id\x18\x02 \x01(\t\x12\x0e\n\x06tokens\x18\x03 \x01(\r\x12\x13\n\x0b\x64\x65\x63ode_rate\x18\x04 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x12\n\nmax_tokens\x18\x06 \x01(\r\x12\r\n\x05state\x18\x07 \x01(\t\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\x12\x18\n\x10remaining_tokens\x18\t \x01(\r\"a\n\rPeerTelemetry\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1b\n\x13goodput_bytes_per_s\x18\x02 \x01(\x01\x12\x12\n\nbytes_sent\x18\x03 \x01(\x04\x12\r\n\x05rtt_s\x18\x04 \x01(\x01\"\x96\x01\n\x0fServerTelemetry\x12\'\n\x05model\x18\x01 \x01(\x0b\x32\x18.pallas.v1.ModelIdentity\x12\x14\n\x0cprefill_rate\x18\x02 \x01(\x01\x12\x16\n\x0e\x66ree_kv_blocks\x18\x03 \x01(\x04\x12\x17\n\x0ftotal_kv_blocks\x18\x04 \x01(\x04\x12\x13\n\x0b\x64\x65\x63ode_rate\x18\x05 \x01(\x01\"\xb5\x01\n\x0fTelemetryReport\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12*\n\x06server\x18\x03 \x01(\x0b\x32\x1a.pallas.v1.ServerTelemetry\x12-\n\x08sessions\x18\x04 \x03(\x0b\x32\x1b.pallas.v1.SessionTelemetry\x12\'\n\x05peers\x18\x05 \x03(\x0b\x32\x18.pallas.v1.PeerTelemetry\"\xb7\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x12\n\nmin_tokens\x18\x05 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x12\x10\n\x08has_seed\x18\t \x01(\x08\"\xec\x01\n\x0ePrepareRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\'\n\x06source\x18\x03 \x01(\x0b\x32\x17.pallas.v1.PeerEndpoint\x12\'\n\x05model\x18\x04 \x01(\x0b\x32\x18.pallas.v1.ModelIdentity\x12\x18\n\x10prefix_token_ids\x18\x05 \x03(\r\x12\x19\n\x11\x65xpected_kv_bytes\x18\x06 \x01(\x04\x12!\n\x06scheme\x18\x07 \x01(\x0e\x32\x11.pallas.v1.Scheme\x12\r\n\x05ue_id\x18\x08 \x01(\t\"\x82\x01\n\x0cPrepareReply\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.pallas.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\'\n\x05model\x18\x03 \x01(\x0b\x32\x18.pallas.v1.ModelIdentity\x12\x15\n\rfree_kv_bytes\x18\x04 \x01(\x04\"o\n\x07KVBlock\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x13\n\x0b\x62lock_index\x18\x03 \x01(\r\x12\x0c\n\x04\x66ill\x18\x04 \x01(\r\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"x\n\tStreamAck\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x17\n\x0f\x62locks_received\x18\x03 \x01(\r\x12\x16\n\x0e\x62ytes_received\x18\x04 \x01(\x04\x12\x17\n\x0f\x62locks_rejected\x18\x05 \x01(\r\"\xb5\x02\n\x0bSyncRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12 \n\x04tail\x18\x05 \x01(\x0b\x32\x12.pallas.v1.KVBlock\x12\x17\n\x0fstreamed_blocks\x18\x06 \x01(\r\x12+\n\x08sampling\x18\x07 \x01(\x0b\x32\x19.pallas.v1.SamplingParams\x12!\n\x06scheme\x18\x08 \x01(\x0e\x32\x11.pallas.v1.Scheme\x12\x14\n\x0csplit_tokens\x18\t \x01(\r\x12\r\n\x05ue_id\x18\n \x01(\t\x12)\n\x0esession_scheme\x18\x0b \x01(\x0e\x32\x11.pallas.v1.Scheme\"\x87\x01\n\tSyncReply\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.pallas.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x15\n\rreused_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x62locks_received\x18\x04 \x01(\r\x12\x16\n\x0e\x62ytes_received\x18\x05 \x01(\x04\"C\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\"[\n\x0cReleaseReply\x12!\n\x06status\x18\x01 \x01(\x0e\x32\x11.pallas.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x17\n\x0f\x62locks_released\x18\x03 \x01(\r*\xab\x01\n\x06Scheme\x12\x16\n\x12SCHEME_UNSPECIFIED\x10\x00\x12\x11\n\rSCHEME_PALLAS\x10\x01\x12\x14\n\x10SCHEME_FULL_COPY\x10\x02\x12\x18\n\x14SCHEME_RECOMPUTATION\x10\x03\x12\x0f\n\x0bSCHEME_CTHO\x10\x04\x12\x11\n\rSCHEME_DETOUR\x10\x05\x12\x10\n\x0cSCHEME_NO_RC\x10\x06\x12\x10\n\x0cSCHEME_NO_SM\x10\x07*\x9e\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x16\n\x12STATUS_STALE_EPOCH\x10\x02\x12\x1a\n\x16STATUS_UNKNOWN_SESSION\x10\x03\x12\x13\n\x0fSTATUS_REJECTED\x10\x04\x12\x12\n\x0eSTATUS_INVALID\x10\x05\x12\x10\n\x0cSTATUS_ERROR\x10\x06\x32\x8a\x02\n\x07\x43ontrol\x12=\n\x07Trigger\x12\x19.pallas.v1.TriggerRequest\x1a\x17.pallas.v1.ControlReply\x12;\n\x06\x43\x61ncel\x12\x18.pallas.v1.CancelRequest\x1a\x17.pallas.v1.ControlReply\x12;\n\x06\x43ommit\x12\x18.pallas.v1.CommitRequest\x1a\x17.pallas.v1.ControlReply\x12\x46\n\tTelemetry\x12\x1b.pallas.v1.TelemetryRequest\x1a\x1a.pallas.v1.TelemetryReport0\x01\x32\xfe\x01\n\x0cPeerTransfer\x12=\n\x07Prepare\x12\x19.pallas.v1.PrepareRequest\x1a\x17.pallas.v1.PrepareReply\x12:\n\x0cStreamBlocks\x12\x12.pallas.v1.KVBlock\x1a\x14.pallas.v1.StreamAck(\x01\x12\x34\n\x04Sync\x12\x16.pallas.v1.SyncRequest\x1a\x14.pallas.v1.SyncReply\x12=\n\x07Release\x12\x19.pallas.v1.ReleaseRequest\x1a\x17.pallas.v1.ReleaseReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pallas_proto.pallas_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_SCHEME']._serialized_start=2922
-  _globals['_SCHEME']._serialized_end=3093
-  _globals['_STATUS']._serialized_start=3096
-  _globals['_STATUS']._serialized_end=3254
+  _globals['_SCHEME']._serialized_start=3068
+  _globals['_SCHEME']._serialized_end=3239
+  _globals['_STATUS']._serialized_start=3242
+  _globals['_STATUS']._serialized_end=3400
   _globals['_MODELIDENTITY']._serialized_start=41
   _globals['_MODELIDENTITY']._serialized_end=240
   _globals['_PEERENDPOINT']._serialized_start=242
@@ -36,37 +36,37 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_COMMITREQUEST']._serialized_start=565
   _globals['_COMMITREQUEST']._serialized_end=721
   _globals['_CONTROLREPLY']._serialized_start=724
-  _globals['_CONTROLREPLY']._serialized_end=897
-  _globals['_TELEMETRYREQUEST']._serialized_start=899
-  _globals['_TELEMETRYREQUEST']._serialized_end=936
-  _globals['_SESSIONTELEMETRY']._serialized_start=939
-  _globals['_SESSIONTELEMETRY']._serialized_end=1128
-  _globals['_PEERTELEMETRY']._serialized_start=1130
-  _globals['_PEERTELEMETRY']._serialized_end=1227
-  _globals['_SERVERTELEMETRY']._serialized_start=1230
-  _globals['_SERVERTELEMETRY']._serialized_end=1380
-  _globals['_TELEMETRYREPORT']._serialized_start=1383
-  _globals['_TELEMETRYREPORT']._serialized_end=1564
-  _globals['_SAMPLINGPARAMS']._serialized_start=1567
-  _globals['_SAMPLINGPARAMS']._serialized_end=1750
-  _globals['_PREPAREREQUEST']._serialized_start=1753
-  _globals['_PREPAREREQUEST']._serialized_end=1989
-  _globals['_PREPAREREPLY']._serialized_start=1992
-  _globals['_PREPAREREPLY']._serialized_end=2122
-  _globals['_KVBLOCK']._serialized_start=2124
-  _globals['_KVBLOCK']._serialized_end=2235
-  _globals['_STREAMACK']._serialized_start=2237
-  _globals['_STREAMACK']._serialized_end=2357
-  _globals['_SYNCREQUEST']._serialized_start=2360
-  _globals['_SYNCREQUEST']._serialized_end=2669
-  _globals['_SYNCREPLY']._serialized_start=2671
-  _globals['_SYNCREPLY']._serialized_end=2757
-  _globals['_RELEASEREQUEST']._serialized_start=2759
-  _globals['_RELEASEREQUEST']._serialized_end=2826
-  _globals['_RELEASEREPLY']._serialized_start=2828
-  _globals['_RELEASEREPLY']._serialized_end=2919
-  _globals['_CONTROL']._serialized_start=3257
-  _globals['_CONTROL']._serialized_end=3523
-  _globals['_PEERTRANSFER']._serialized_start=3526
-  _globals['_PEERTRANSFER']._serialized_end=3780
+  _globals['_CONTROLREPLY']._serialized_end=993
+  _globals['_TELEMETRYREQUEST']._serialized_start=995
+  _globals['_TELEMETRYREQUEST']._serialized_end=1032
+  _globals['_SESSIONTELEMETRY']._serialized_start=1035
+  _globals['_SESSIONTELEMETRY']._serialized_end=1224
+  _globals['_PEERTELEMETRY']._serialized_start=1226
+  _globals['_PEERTELEMETRY']._serialized_end=1323
+  _globals['_SERVERTELEMETRY']._serialized_start=1326
+  _globals['_SERVERTELEMETRY']._serialized_end=1476
+  _globals['_TELEMETRYREPORT']._serialized_start=1479
+  _globals['_TELEMETRYREPORT']._serialized_end=1660
+  _globals['_SAMPLINGPARAMS']._serialized_start=1663
+  _globals['_SAMPLINGPARAMS']._serialized_end=1846
+  _globals['_PREPAREREQUEST']._serialized_start=1849
+  _globals['_PREPAREREQUEST']._serialized_end=2085
+  _globals['_PREPAREREPLY']._serialized_start=2088
+  _globals['_PREPAREREPLY']._serialized_end=2218
+  _globals['_KVBLOCK']._serialized_start=2220
+  _globals['_KVBLOCK']._serialized_end=2331
+  _globals['_STREAMACK']._serialized_start=2333
+  _globals['_STREAMACK']._serialized_end=2453
+  _globals['_SYNCREQUEST']._serialized_start=2456
+  _globals['_SYNCREQUEST']._serialized_end=2765
+  _globals['_SYNCREPLY']._serialized_start=2768
+  _globals['_SYNCREPLY']._serialized_end=2903
+  _globals['_RELEASEREQUEST']._serialized_start=2905
+  _globals['_RELEASEREQUEST']._serialized_end=2972
+  _globals['_RELEASEREPLY']._serialized_start=2974
+  _globals['_RELEASEREPLY']._serialized_end=3065
+  _globals['_CONTROL']._serialized_start=3403
+  _globals['_CONTROL']._serialized_end=3669
+  _globals['_PEERTRANSFER']._serialized_start=3672
+  _globals['_PEERTRANSFER']._serialized_end=3926
 # @@protoc_insertion_point(module_scope)

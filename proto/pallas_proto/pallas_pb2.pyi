@@ -115,7 +115,7 @@ class CommitRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., actual_target: _Optional[_Union[PeerEndpoint, _Mapping]] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., handover_time: _Optional[float] = ...) -> None: ...
 
 class ControlReply(_message.Message):
-    __slots__ = ("status", "message", "session_id", "epoch", "state", "split_tokens", "scheme")
+    __slots__ = ("status", "message", "session_id", "epoch", "state", "split_tokens", "scheme", "blocks_moved", "kv_bytes_moved", "reused_tokens", "recomputed_tokens")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +123,10 @@ class ControlReply(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     SPLIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SCHEME_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_MOVED_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     status: Status
     message: str
     session_id: str
@@ -130,7 +134,11 @@ class ControlReply(_message.Message):
     state: str
     split_tokens: int
     scheme: Scheme
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., split_tokens: _Optional[int] = ..., scheme: _Optional[_Union[Scheme, str]] = ...) -> None: ...
+    blocks_moved: int
+    kv_bytes_moved: int
+    reused_tokens: int
+    recomputed_tokens: int
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., split_tokens: _Optional[int] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., blocks_moved: _Optional[int] = ..., kv_bytes_moved: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., recomputed_tokens: _Optional[int] = ...) -> None: ...
 
 class TelemetryRequest(_message.Message):
     __slots__ = ("period_ms",)
@@ -311,14 +319,18 @@ class SyncRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., tail: _Optional[_Union[KVBlock, _Mapping]] = ..., streamed_blocks: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., split_tokens: _Optional[int] = ..., ue_id: _Optional[str] = ..., session_scheme: _Optional[_Union[Scheme, str]] = ...) -> None: ...
 
 class SyncReply(_message.Message):
-    __slots__ = ("status", "message", "reused_tokens")
+    __slots__ = ("status", "message", "reused_tokens", "blocks_received", "bytes_received")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     status: Status
     message: str
     reused_tokens: int
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., reused_tokens: _Optional[int] = ...) -> None: ...
+    blocks_received: int
+    bytes_received: int
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., reused_tokens: _Optional[int] = ..., blocks_received: _Optional[int] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id", "epoch", "reason")

@@ -67,6 +67,8 @@ class FakeMigrator:
                  *, commit_delay_s: float = 0.0, reject_targets: set[str] | None = None,
                  agent_id: str = "a") -> None:
         self.store = store
+        # What a successful commit says it moved (ControlReply's handover figures).
+        self.moved = dict(blocks_moved=3, kv_bytes_moved=3 * 4096, reused_tokens=96, recomputed_tokens=1)
         self.peers = peers or {}
         self.commit_delay_s = commit_delay_s
         self.reject_targets = reject_targets or set()
@@ -98,7 +100,8 @@ class FakeMigrator:
         if self.store is not None and actual_target.agent_id in self.peers:
             await asyncio.sleep(self.commit_delay_s)
             handover(self.store, session_id, actual_target.agent_id, *self.peers[actual_target.agent_id])
-        return reply(session_id=session_id, epoch=epoch, state="handed_over", split_tokens=split_tokens or 0)
+        return reply(session_id=session_id, epoch=epoch, state="handed_over", split_tokens=split_tokens or 0,
+                     **self.moved)
 
     def ops(self) -> list[str]:
         return [c[0] for c in self.calls]

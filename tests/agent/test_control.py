@@ -80,6 +80,8 @@ def test_trigger_then_commit_is_idempotent_and_uses_prepared_path():
     r1, r2, c1, c2 = run(go())
     assert r1.status == pb.STATUS_OK and r1 == r2 and r1.split_tokens == 64 and r1.scheme == pb.SCHEME_PALLAS
     assert c1.status == pb.STATUS_OK and c1 == c2 and c1.scheme == pb.SCHEME_PALLAS
+    # The commit's reply says what the handover moved, as the migration core reported it.
+    assert (c1.blocks_moved, c1.kv_bytes_moved, c1.reused_tokens, c1.recomputed_tokens) == (3, 12288, 96, 1)
     assert mig.ops() == ["trigger", "commit"]  # retries did no work
     commit = mig.calls[1]
     assert commit[4] is None and commit[5]["ship_blocks"] == "suffix"  # prepared split kept

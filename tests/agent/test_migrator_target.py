@@ -100,6 +100,8 @@ def test_sync_resumes_with_reduced_sampling_and_load_params():
         s, params = eng.started[0]
         assert s.state == SessionState.RESUMED and s.resumed_from == 30
         assert s.info["scheme"] == pb.SCHEME_CTHO   # the UE's pin goes on with the session
+        # What the target accepted for this epoch: the streamed block and the tail.
+        assert (rep.blocks_received, rep.bytes_received) == (2, len(_blk(2).data) + len(tail.data))
         assert s.remaining_tokens == 20 and s.all_token_ids == tokens
         load = params["pallas"]["load"]
         assert (load["first_block"], load["last_block"], load["prefix_len"]) == (2, 3, 64)

@@ -193,23 +193,24 @@ def test_sit_counts_the_stall_when_the_new_agent_takes_over_from_a_relay():
     assert sit_for_handover(Handover("u1", 1.2, 7, 8), [s], new_agent="B").sit == pytest.approx(0.15)
 
 
-def test_migration_figures_from_the_agents_logs(tmp_path):
-    from pallas_eval.replay import SchemeRun, fill_migration_figures, migration_log
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    (logs / "agent-edge-1.log").write_text("\n".join([
-        'not json',
-        '{"session": "s1", "epoch": 2, "prefix": 384, "event": "prepared", "level": "info"}',
-        '{"session": "s1", "epoch": 2, "n_tokens": 410, "reused": 400, "blocks_in": 3, "event": "resumed"}',
-        '{"session": "s2", "epoch": 1, "n_tokens": 99, "reused": 0, "blocks_in": 0, "event": "resumed"}']))
-    m = migration_log(logs)
-    assert m[("s1", 2)] == {"prefix": 384, "n_tokens": 410, "reused": 400, "blocks_in": 3}
+def test_migration_figures_from_the_commit_replies():
+    from pallas_eval.replay import SchemeRun, fill_migration_figures, migration_figures
     run = SchemeRun("pallas", start_at=110.0, sessions=[], specs={}, errors=[], offset=10.0, events=[
         {"kind": "commit", "ue": "u", "trace_t": 105.5, "session": "s1", "epoch": 2},
-        {"kind": "commit", "ue": "u", "trace_t": 107.0, "session": "s2", "epoch": 1}])
+        {"kind": "commit", "ue": "u", "trace_t": 107.0, "session": "s2", "epoch": 1},
+        {"kind": "reply", "call": "trigger", "session": "s1", "epoch": 2, "status": "STATUS_OK",
+         "split_tokens": 384},
+        {"kind": "reply", "call": "commit", "session": "s1", "epoch": 2, "status": "STATUS_OK",
+         "split_tokens": 384, "recomputed_tokens": 10, "kv_bytes_moved": 3 * 65536},
+        {"kind": "reply", "call": "commit", "session": "s2", "epoch": 1, "status": "STATUS_OK",
+         "split_tokens": 0, "recomputed_tokens": 99, "kv_bytes_moved": 0},
+        {"kind": "reply", "call": "commit", "session": "s3", "epoch": 1, "status": "STATUS_ERROR"}])
+    m = migration_figures([run])
+    assert m == {("s1", 2): {"prefix": 384, "recomputed": 10, "bytes": 3 * 65536},
+                 ("s2", 1): {"prefix": 0, "recomputed": 99, "bytes": 0}}
     rows = [HandoverRow("pallas", "u", 5.5, 1, 2), HandoverRow("pallas", "u", 7.0, 2, 1),
             HandoverRow("pallas", "u", 9.0, 1, 2)]
-    fill_migration_figures(rows, [run], m, block_bytes=65536)
+    fill_migration_figures(rows, [run], m)
     assert (rows[0].bytes_moved, rows[0].prefill_tokens) == (3 * 65536, 384 + 10)
     assert (rows[1].bytes_moved, rows[1].prefill_tokens) == (0, 99)
     assert (rows[2].bytes_moved, rows[2].prefill_tokens) == (0, 0)

@@ -78,7 +78,9 @@ class FakeAgent(pbg.ControlServicer):
 
     def Commit(self, request, context):
         self.calls.put(("Commit", request))
-        return self._reply(request, "handed_over")
+        rep = self._reply(request, "handed_over")
+        rep.blocks_moved, rep.kv_bytes_moved, rep.reused_tokens, rep.recomputed_tokens = 4, 65536, 470, 10
+        return rep
 
     def Telemetry(self, request, context):
         while context.is_active():
@@ -221,6 +223,9 @@ def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
                 calls.append(a.calls.get(timeout=0.2))
             except queue.Empty:
                 pass
+        while time.time() < deadline and not any(e["kind"] == "reply" and e["call"] == "commit"
+                                                 for e in list(events.events)):
+            time.sleep(0.05)
     finally:
         app.stop()
         sa.stop(0)
@@ -245,6 +250,10 @@ def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
     assert any(e["kind"] == "prediction" and e["target_cell"] == CELL_B for e in ev)
     commit_ev = next(e for e in ev if e["kind"] == "commit")
     assert commit_ev["prepared"] is True and commit_ev["from_cell"] == CELL_A and commit_ev["to_cell"] == CELL_B
+    # The commit's reply, with what the handover moved, is in the event log for the evaluation.
+    rep_ev = next(e for e in ev if e["kind"] == "reply" and e["call"] == "commit")
+    assert (rep_ev["blocks_moved"], rep_ev["kv_bytes_moved"], rep_ev["reused_tokens"],
+            rep_ev["recomputed_tokens"]) == (4, 65536, 470, 10)
     assert app.ingest.stats["reports"] == k
 
 
