@@ -468,7 +468,7 @@ class Migrator:
             s.freeze(ue_tokens)
             try:
                 reply = await self._commit_locked(s, epoch, actual_target, split_tokens,
-                                                  ship_blocks, ship_tail, scheme)
+                                                  ship_blocks, ship_tail, scheme, session_scheme)
             except Exception as exc:  # never leave the source frozen
                 log.exception("commit_error", session=session_id, epoch=epoch)
                 reply = _reply(S.STATUS_ERROR, session_id, epoch, message=repr(exc))
@@ -486,7 +486,7 @@ class Migrator:
 
     async def _commit_locked(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
                              split_tokens: int | None, ship_blocks: str, ship_tail: bool,
-                             scheme: int) -> pallas_pb2.ControlReply:
+                             scheme: int, session_scheme: int) -> pallas_pb2.ControlReply:
         sid = s.session_id
         bs = self.block_size
         blog = log.bind(session=sid, epoch=epoch, peer=target.address)

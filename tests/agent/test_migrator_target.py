@@ -215,3 +215,54 @@ def test_commit_block_wait_returns_as_soon_as_the_tail_is_there():
         assert not s._task.done()           # the wait never cancels the session's request
         s._task.cancel()
     asyncio.run(run())
+
+
+class _RecordingTarget:
+    """A PeerTransfer handler that admits everything and records the Sync it gets."""
+
+    def __init__(self):
+        self.syncs: list = []
+
+    async def on_prepare(self, req):
+        return pb.PrepareReply(status=pb.STATUS_OK, model=IDENT, free_kv_bytes=1 << 30)
+
+    def on_block(self, blk, crc_ok=None):
+        return "ok"
+
+    async def on_sync(self, req):
+        self.syncs.append(req)
+        return pb.SyncReply(status=pb.STATUS_OK, reused_tokens=40, blocks_received=1,
+                            bytes_received=65536)
+
+    async def on_release(self, req):
+        return pb.ReleaseReply(status=pb.STATUS_OK)
+
+
+def test_commit_sends_the_sync_the_target_needs_and_reports_what_moved():
+    """Source side over real gRPC to a recording target: the Sync carries the tokens, the reduced
+    max_tokens and the session's pinned scheme; the reply carries the target's counts."""
+    from agent.transfer import serve_peer_transfer
+
+    async def run():
+        m, hub, eng = _migrator()
+        target = _RecordingTarget()
+        server, addr = await serve_peer_transfer(target, "127.0.0.1:0")
+        s = Session("s", "ue", list(range(40)), SamplingSpec(max_tokens=50))
+        s.set_state(SessionState.SERVING)
+        s.append_tokens([5, 6, 7])
+        m.sessions.add(s)
+        try:
+            r = await m.commit("s", 1, pb.PeerEndpoint(agent_id="t", address=addr), split_tokens=0,
+                               ship_blocks="none", scheme=pb.SCHEME_RECOMPUTATION,
+                               session_scheme=pb.SCHEME_CTHO)
+        finally:
+            await server.stop(0)
+            await m.peers.close()
+        assert r.status == pb.STATUS_OK, r
+        (sync,) = target.syncs
+        assert list(sync.token_ids) == list(range(40)) + [5, 6, 7] and sync.prompt_tokens == 40
+        assert sync.sampling.max_tokens == 47 and sync.scheme == pb.SCHEME_RECOMPUTATION
+        assert sync.session_scheme == pb.SCHEME_CTHO
+        assert (r.blocks_moved, r.kv_bytes_moved, r.reused_tokens, r.recomputed_tokens) == (1, 65536, 40, 3)
+        assert s.state == SessionState.HANDED_OVER
+    asyncio.run(run())
