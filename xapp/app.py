@@ -510,10 +510,12 @@ class PallasXapp:
         self.events.close()
 
 
-def subscribe_all(config: XappConfig, client: Any = None) -> list[dict]:
+def subscribe_all(config: XappConfig, client: Any = None, ledger: Any = None) -> list[dict]:
     """Create the E2 subscriptions (E2SM-RC REPORT Style 1 message copy of UL-DCCH
     MeasurementReports) at every E2 node of the configured agents through submgr's REST API.
-    Returns submgr's answers; a failed node is logged and skipped (the xApp runs on)."""
+    Returns submgr's answers (also recorded in ``ledger``, an
+    :class:`xapp.e2.subscription.SubscriptionLedger`, for submgr's later notification); a
+    failed node is logged and skipped (the xApp runs on)."""
     from xapp.e2 import subscription as sub
 
     e2 = config.e2
@@ -527,7 +529,10 @@ def subscribe_all(config: XappConfig, client: Any = None) -> list[dict]:
                                              rmr_port=e2.client_rmr_port, meid=node, ran_function_id=int(rf),
                                              event_trigger=trigger, actions=actions)
             try:
-                out.append(client.subscribe(params))
+                answer = client.subscribe(params)
+                out.append(answer)
+                if ledger is not None:
+                    ledger.requested(answer, node, int(rf))
                 log.info("subscribed", e2_node=node, ran_function=rf)
             except Exception as e:
                 log.error("subscription failed", e2_node=node, ran_function=rf, error=repr(e))

@@ -163,12 +163,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     a1 = A1PolicyHandler(cfg, load_policy_type(default_policy_type_path(cfg.a1.policy_type_id)))
     app = PallasXapp(cfg, transport, nrt=nrt, events=events, a1=a1)
     started = threading.Event()
+    from xapp.e2.subscription import SubscriptionLedger
+    ledger = SubscriptionLedger()
     try:
         from xapp.httpd import serve_http
-        serve_http("0.0.0.0", cfg.e2.client_http_port, started.is_set)
+        serve_http("0.0.0.0", cfg.e2.client_http_port, started.is_set,
+                   on_subscription_response=ledger.notify)
     except OSError as e:
         log.error("http endpoints not served", port=cfg.e2.client_http_port, error=str(e))
-    subscribe_all(cfg)
+    subscribe_all(cfg, ledger=ledger)
     app.start()
     started.set()
     transport.send(A1_POLICY_QUERY, a1.query_message())   # A1 resends every live instance

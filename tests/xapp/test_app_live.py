@@ -199,7 +199,9 @@ def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
     app = PallasXapp(cfg, RmrTransport(rmr_port=4599, use_fake_sdl=True, wait_for_ready=False),
                      nrt={PCI_A: CELL_A, PCI_B: CELL_B}, events=events)
     try:
-        subs = subscribe_all(cfg)
+        from xapp.e2.subscription import SubscriptionLedger
+        ledger = SubscriptionLedger()
+        subs = subscribe_all(cfg, ledger=ledger)
         app.start()
         # The UE drives from A towards B: serving RSRP falls, B's rises (8 dB/s closing), one
         # report every 200 ms, delivered through RMR; then the first report from cell B.
@@ -236,6 +238,8 @@ def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
     assert {body["Meid"] for _, body in FakeSubmgr.posts} == {"gnb_001_01_00a81b0c", "gnb_001_01_00a81c0d"}
     assert all(body["RANFunctionID"] == 3 and body["ClientEndpoint"]["RMRPort"] == 4560 for _, body in FakeSubmgr.posts)
     assert len(subs) == 2
+    assert {v["meid"] for v in ledger.subscriptions.values()} == {"gnb_001_01_00a81b0c", "gnb_001_01_00a81c0d"}
+    assert set(ledger.subscriptions) == {a["SubscriptionId"] for a in subs}
     kinds = [c[0] for c in calls]
     assert "Trigger" in kinds and kinds[-1] == "Commit", kinds
     trig = next(r for k_, r in calls if k_ == "Trigger")

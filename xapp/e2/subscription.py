@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import structlog
+from prometheus_client import Counter
 
 from . import codec
 
@@ -157,3 +158,103 @@ class SubmgrClient:
     def list(self) -> Any:
         """GET /subscriptions."""
         return self._call("GET", "/subscriptions")
+
+
+# --------------------------------------------------------------------------------------------
+# submgr's notification (POST <xApp>/ric/v1/subscriptions/response)
+
+SUBSCRIPTION_OUTCOMES = Counter("pallas_e2_subscription_instances",
+                                "E2 event instances reported by submgr, by outcome", ["outcome"])
+_INSTANCE_FIELDS = {"XappEventInstanceId": int, "E2EventInstanceId": int, "ErrorCause": str,
+                    "ErrorSource": str, "TimeoutType": str}
+
+
+def parse_subscription_response(body: Any) -> Any:
+    """submgr's ``SubscriptionResponse`` JSON -> ricxappframe's model (validated).
+
+    ``{"SubscriptionId": str, "SubscriptionInstances": [{"XappEventInstanceId": 0..65535,
+    "E2EventInstanceId": 0..65535, "ErrorCause"?: str, "ErrorSource"?: SUBMGR|RTMGR|DBAAS|ASN1|
+    E2Node, "TimeoutType"?: E2-Timeout|RTMGR-Timeout|DBAAS-Timeout}]}`` (ric-plt-xapp-frame-py
+    ``api/xapp_rest_api.yaml``). Ranges and enumerations are checked by the framework's own
+    swagger models. Raises ValueError for anything else.
+    """
+    from ricxappframe.subsclient.models import SubscriptionInstance, SubscriptionResponse
+
+    if not isinstance(body, dict) or not isinstance(body.get("SubscriptionId"), str):
+        raise ValueError("SubscriptionId (string) missing")
+    items = body.get("SubscriptionInstances")
+    if not isinstance(items, list):
+        raise ValueError("SubscriptionInstances (list) missing")
+    instances = []
+    for k, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"SubscriptionInstances[{k}] is not an object")
+        for name, typ in _INSTANCE_FIELDS.items():
+            v = item.get(name)
+            if v is not None and (not isinstance(v, typ) or isinstance(v, bool)):
+                raise ValueError(f"SubscriptionInstances[{k}].{name}: {typ.__name__} expected")
+        instances.append(SubscriptionInstance(
+            xapp_event_instance_id=item.get("XappEventInstanceId"),
+            e2_event_instance_id=item.get("E2EventInstanceId"),
+            error_cause=item.get("ErrorCause"), error_source=item.get("ErrorSource"),
+            timeout_type=item.get("TimeoutType")))  # ValueError on a range or enum breach
+    return SubscriptionResponse(subscription_id=body["SubscriptionId"],
+                                subscription_instances=instances)
+
+
+class SubscriptionLedger:
+    """The xApp's E2 subscriptions: what it asked submgr for and what submgr reported back.
+
+    :meth:`requested` records submgr's answer to a POST (SubscriptionId -> E2 node, RAN
+    function); :meth:`notify` takes submgr's later notification and records, per E2 event
+    instance, whether the E2 node set it up (the E2 instance id is the RMR sub id of the
+    indications that follow) or why not (ErrorCause / ErrorSource / TimeoutType, logged as an
+    error). Thread-safe: notifications arrive on the HTTP server's threads.
+    """
+
+    def __init__(self) -> None:
+        import threading
+        self._lock = threading.Lock()
+        self.subscriptions: dict[str, dict] = {}
+        self.active: dict[int, str] = {}      # E2 event instance id -> SubscriptionId
+        self.failed: list[dict] = []
+
+    def requested(self, answer: dict, meid: str, ran_function_id: int) -> None:
+        """Record submgr's answer to the subscription of ``meid`` / ``ran_function_id``."""
+        with self._lock:
+            self.subscriptions[str(answer.get("SubscriptionId"))] = {
+                "meid": meid, "ran_function": int(ran_function_id), "instances": []}
+
+    def notify(self, body: Any) -> int:
+        """Record submgr's notification; returns how many instances it reported.
+
+        Raises ValueError for a malformed body (nothing recorded). An unknown SubscriptionId is
+        recorded too (a restarted xApp can be told about subscriptions it made before) and
+        logged as a warning.
+        """
+        resp = parse_subscription_response(body)
+        sid = resp.subscription_id
+        with self._lock:
+            sub = self.subscriptions.get(sid)
+            if sub is None:
+                log.warning("e2_subscription_notification_for_unknown_id", subscription_id=sid)
+                sub = self.subscriptions[sid] = {"meid": None, "ran_function": None, "instances": []}
+            for inst in resp.subscription_instances:
+                rec = {"xapp_event_instance_id": inst.xapp_event_instance_id,
+                       "e2_event_instance_id": inst.e2_event_instance_id,
+                       "error_cause": inst.error_cause, "error_source": inst.error_source,
+                       "timeout_type": inst.timeout_type}
+                sub["instances"].append(rec)
+                if inst.error_cause or inst.error_source or inst.timeout_type:
+                    self.failed.append({"subscription_id": sid, **rec})
+                    SUBSCRIPTION_OUTCOMES.labels("failed").inc()
+                    log.error("e2_subscription_failed", subscription_id=sid, e2_node=sub["meid"],
+                              ran_function=sub["ran_function"], cause=inst.error_cause,
+                              source=inst.error_source, timeout=inst.timeout_type)
+                else:
+                    self.active[inst.e2_event_instance_id] = sid
+                    SUBSCRIPTION_OUTCOMES.labels("active").inc()
+                    log.info("e2_subscription_active", subscription_id=sid, e2_node=sub["meid"],
+                             ran_function=sub["ran_function"],
+                             e2_instance=inst.e2_event_instance_id)
+        return len(resp.subscription_instances)
