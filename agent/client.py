@@ -31,6 +31,8 @@ from typing import Any
 
 import httpx
 
+from pallas_common.aio import cancel_and_wait
+
 __all__ = ["TokenRecord", "HandoverRecord", "UESession", "SessionError"]
 
 
@@ -216,12 +218,7 @@ class UESession:
 
     async def _stop_reader(self) -> None:
         task, self._reader = self._reader, None
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(task)
 
     async def _read(self, method: str, url: str, body: dict | None, params: dict | None,
                     first: asyncio.Future | None) -> None:

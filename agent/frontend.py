@@ -81,6 +81,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from agent.obs import RELAYED_TOKENS, SESSIONS, get_logger
 from agent.schemes import scheme_name, scheme_value
 from agent.session import SamplingSpec, Session, SessionState, new_session_id
+from pallas_common.aio import cancel_and_wait
 
 __all__ = ["SessionFront", "sse", "SAMPLING_FIELDS"]
 
@@ -337,13 +338,7 @@ class SessionFront:
                 if kind in ("end", "local"):
                     return
         finally:
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                try:
-                    await t
-                except (asyncio.CancelledError, Exception):
-                    pass
+            await cancel_and_wait(*tasks)
 
     async def _relay(self, sid: str, start: int, origin: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Read ``origin``'s event stream of ``sid`` from ``start``; yield ("token"|"end", event)."""

@@ -51,6 +51,8 @@ import zmq
 import zmq.asyncio
 from crc32c import crc32c as _crc32c
 
+from pallas_common.aio import cancel_and_wait
+
 HELLO_PERIOD_S = 0.25
 FETCH_TIMEOUT_S = 10.0
 
@@ -232,12 +234,7 @@ class BlockHub:
 
     async def close(self) -> None:
         """Stop serving and close the socket (connectors reconnect to the next hub)."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._task)
         if self._sock is not None:
             self._sock.close(linger=0)
         self._ctx.term()

@@ -56,6 +56,7 @@ from agent.ipc import BlockHub
 from agent.session import Engine, SamplingSpec, Session, SessionState, SessionStore
 from agent.transfer import PeerClient, PeerPool, BlockStream, identity_mismatch
 from agent.wire import Block
+from pallas_common.aio import cancel_and_wait
 
 log = structlog.get_logger("pallas.agent.migration")
 
@@ -850,12 +851,7 @@ class Migrator:
     async def _drop_inbound(self, inb: Inbound, reason: str) -> int:
         if self.inbound.get(inb.session_id) is inb:
             self.inbound.pop(inb.session_id, None)
-        if inb.warmup is not None and not inb.warmup.done():
-            inb.warmup.cancel()
-            try:
-                await inb.warmup
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(inb.warmup)
         inb.state = "released"
         n = self.hub.drop(inb.session_id) if self.hub.store.epoch(inb.session_id) is not None \
             and self.hub.store.epoch(inb.session_id) <= inb.epoch else 0

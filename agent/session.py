@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 import structlog
 
+from pallas_common.aio import cancel_and_wait
+
 log = structlog.get_logger("pallas.agent.session")
 
 
@@ -444,13 +446,7 @@ class Engine:
 
     async def abort(self, session: Session) -> None:
         """Stop the session's running request here (closes its stream; vLLM aborts it)."""
-        task = session._task
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(session._task)
 
     async def prefill(self, token_ids: list[int], *,
                       kv_transfer_params: dict[str, Any] | None = None) -> dict[str, Any]:

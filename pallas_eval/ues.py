@@ -21,6 +21,7 @@ import structlog
 
 from pallas_eval.lengths import SessionSpec
 from pallas_eval.metrics import SessionRecord
+from pallas_common.aio import cancel_and_wait
 
 log = structlog.get_logger("pallas.eval.ues")
 
@@ -128,11 +129,7 @@ async def run_ue(plan: UEPlan, front_of_cell: Callable[[int], str], sessions: It
     try:
         await run_sessions()
     finally:
-        cells_task.cancel()
-        try:
-            await cells_task
-        except (asyncio.CancelledError, Exception):
-            pass
+        await cancel_and_wait(cells_task)
     return out
 
 
