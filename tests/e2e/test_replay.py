@@ -44,6 +44,11 @@ def test_replay_short_generated_drive_two_servers(tmp_path):
     # The proactive path ran at least once: predicted, triggered, committed to the prepared target.
     assert any(r.scheme == "pallas" and r.outcome == "commit" for r in in_flight), \
         [(r.scheme, r.outcome) for r in rows]
+    # What each migration moved comes from the commit's reply (ControlReply): the target
+    # recomputes at least the session's last token, and a KV byte count is never negative.
+    for r in in_flight:
+        if r.outcome in ("commit", "recovered", "fallback:ctho"):
+            assert r.prefill_tokens >= 1 and r.bytes_moved >= 0, (r.scheme, r.outcome, r.prefill_tokens)
 
     checked = 0
     for run in res["runs"]:
