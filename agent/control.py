@@ -32,6 +32,7 @@ from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
 from agent.obs import COMMIT_SECONDS, CONTROL_CALLS, get_logger
 from agent.schemes import SchemeRunner, scheme_name
+from pallas_common.contract import COMMIT_MOVED_FIELDS
 
 __all__ = ["ControlService", "EpochLedger", "add_control_service"]
 
@@ -80,10 +81,6 @@ class EpochLedger:
     def forget(self, session_id: str) -> None:
         """Drop a session's ledger (after it finished)."""
         self._by_session.pop(session_id, None)
-
-
-# ControlReply fields a Commit copies from the migration core's reply.
-MOVED_FIELDS = ("blocks_moved", "kv_bytes_moved", "reused_tokens", "recomputed_tokens")
 
 
 def _reply(status: int, message: str, session_id: str, epoch: int, *, state: str = "",
@@ -267,7 +264,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
             rep = _reply(out.status, out.message, sid, epoch, state=out.state,
                          split_tokens=out.split_tokens, scheme=out.scheme)
             if out.status == S.STATUS_OK and isinstance(out.reply, S.ControlReply):
-                for f in MOVED_FIELDS:  # what the migration core says the handover moved
+                for f in COMMIT_MOVED_FIELDS:  # what the migration core says the handover moved
                     setattr(rep, f, getattr(out.reply, f))
             return rep
 

@@ -40,15 +40,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import structlog
 
+from pallas_common.contract import COMMIT_MOVED_FIELDS
 from pallas_proto import pallas_pb2 as pb
 from xapp.config import XappConfig
 from xapp.policy import AgentEndpoint, CallOutcome, PolicyClient, TelemetryConsumer, scheme_name, scheme_value
 from xapp.tracks import MeasurementReport, TrackStore
 
 log = structlog.get_logger("pallas.xapp.app")
-
-# ControlReply fields of a Commit that say what the handover moved (pallas.proto).
-_MOVED_FIELDS = ("blocks_moved", "kv_bytes_moved", "reused_tokens", "recomputed_tokens")
 
 RIC_INDICATION = 12050
 A1_POLICY_REQ = 20010
@@ -431,7 +429,7 @@ class PallasXapp:
     def _on_reply(self, out: CallOutcome) -> None:
         r = out.reply
         # A commit's reply also says what the handover moved (blocks, bytes, reused/recomputed).
-        moved = ({f: int(getattr(r, f)) for f in _MOVED_FIELDS}
+        moved = ({f: int(getattr(r, f)) for f in COMMIT_MOVED_FIELDS}
                  if r is not None and out.kind == "Commit" else {})
         self.events.write("reply", call=out.kind.lower(), agent=out.agent_id, session=out.session_id,
                           epoch=out.epoch, ok=out.ok, status=pb.Status.Name(r.status) if r else None,

@@ -9,16 +9,18 @@ import pytest
 from pallas_common.aio import cancel_and_wait
 
 
+async def _slow_to_end(name: str, ended: list[str], end_s: float) -> None:
+    """Sleeps until cancelled, then takes ``end_s`` to end (shielded) and records ``name``."""
+    try:
+        await asyncio.sleep(30)
+    finally:
+        await asyncio.shield(asyncio.sleep(end_s))
+        ended.append(name)
+
+
 def test_cancels_running_tasks_waits_for_them_and_drops_their_errors():
     async def run():
         ended = []
-
-        async def sleeper(name):
-            try:
-                await asyncio.sleep(30)
-            finally:
-                await asyncio.sleep(0.01)   # takes a moment to end: must be waited for
-                ended.append(name)
 
         async def raises_on_cancel():
             try:
@@ -28,7 +30,7 @@ def test_cancels_running_tasks_waits_for_them_and_drops_their_errors():
 
         done = asyncio.ensure_future(asyncio.sleep(0))
         await done
-        a, b = asyncio.create_task(sleeper("a")), asyncio.create_task(raises_on_cancel())
+        a, b = asyncio.create_task(_slow_to_end("a", ended, 0.01)), asyncio.create_task(raises_on_cancel())
         await asyncio.sleep(0)
         await cancel_and_wait(a, None, b, done)
         assert ended == ["a"] and a.cancelled() and isinstance(b.exception(), RuntimeError)
@@ -39,15 +41,7 @@ def test_cancels_running_tasks_waits_for_them_and_drops_their_errors():
 def test_a_caller_cancelled_while_it_waits_is_cancelled_and_the_tasks_still_end():
     async def run():
         ended = []
-
-        async def slow_to_end(name):
-            try:
-                await asyncio.sleep(30)
-            finally:
-                await asyncio.shield(asyncio.sleep(0.05))
-                ended.append(name)
-
-        tasks = [asyncio.create_task(slow_to_end(n)) for n in "xy"]
+        tasks = [asyncio.create_task(_slow_to_end(n, ended, 0.05)) for n in "xy"]
         await asyncio.sleep(0)
         caller = asyncio.create_task(cancel_and_wait(*tasks))
         await asyncio.sleep(0.01)

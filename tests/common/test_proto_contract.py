@@ -14,3 +14,10 @@ def test_stubs_roundtrip_under_this_protobuf():
     assert pallas_pb2.TriggerRequest.FromString(trig.SerializeToString()).target.agent_id == "b"
     assert hasattr(pallas_pb2_grpc, "ControlStub") and hasattr(pallas_pb2_grpc, "PeerTransferServicer")
     assert google.protobuf.__version__
+
+
+def test_commit_moved_fields_are_control_reply_fields():
+    from pallas_common.contract import COMMIT_MOVED_FIELDS
+
+    names = set(pallas_pb2.ControlReply.DESCRIPTOR.fields_by_name)
+    assert set(COMMIT_MOVED_FIELDS) <= names, set(COMMIT_MOVED_FIELDS) - names
