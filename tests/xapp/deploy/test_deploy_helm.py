@@ -111,3 +111,51 @@ def test_the_kv_connector_class_is_where_the_chart_says():
     assert cls in exported
     sources = [init] + (sorted(path.glob("*.py")) if path.is_dir() else [])
     assert any(re.search(rf"^class {cls}\(", f.read_text(), re.M) for f in sources)
+
+
+# --- the chart as a subchart (field case ../shared/cases/helm/: an operator's umbrella chart) ----
+UMBRELLA = REPO.parent / "shared" / "cases" / "helm"
+
+
+def _umbrella(tmp_path, values_text: str | None = None):
+    """The umbrella of the field case (its Chart.yaml and values.yaml as the operator wrote them)
+    with this chart vendored under charts/ (what `helm dependency build` leaves there) and one
+    template, so that lint renders the whole tree and checks the subchart's values schema."""
+    root = tmp_path / "edge-stack"
+    (root / "charts").mkdir(parents=True)
+    (root / "templates").mkdir()
+    (root / "templates" / "NOTES.txt").write_text("edge stack\n")
+    shutil.copy(UMBRELLA / "umbrella-Chart.yaml", root / "Chart.yaml")
+    text = (UMBRELLA / "umbrella-values.yaml").read_text()
+    (root / "values.yaml").write_text(text if values_text is None else values_text(text))
+    shutil.copytree(CHART, root / "charts" / "pallas-agent")
+    return root
+
+
+def test_the_field_umbrella_with_a_condition_lints_clean(tmp_path):
+    """Family: the chart composed as a conditional dependency (`condition: <name>.enabled`),
+    which puts `enabled` (and Helm puts `global`) into the subchart's values. Before the fix the
+    schema refused `enabled` and the umbrella failed to render (severity 3 on templates/)."""
+    msgs = helm_lint(_umbrella(tmp_path))
+    assert msgs == [(INFO, "Chart.yaml")], msgs
+
+
+def test_the_umbrella_with_the_chart_switched_off_lints_clean(tmp_path):
+    root = _umbrella(tmp_path, lambda t: t.replace("enabled: true", "enabled: false"))
+    assert helm_lint(root) == [(INFO, "Chart.yaml")]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda t: t.replace("enabled: true", "enabeld: true"),      # a typo of the switch
+    lambda t: t.replace("enabled: true", 'enabled: "yes"'),     # not a boolean
+    lambda t: t + "  agentID: edge-b\n",                         # a typo of a chart value
+])
+def test_the_schema_still_refuses_typos_through_the_umbrella(tmp_path, edit):
+    assert (3, "templates/") in helm_lint(_umbrella(tmp_path, edit))
+
+
+def test_the_values_schema_names_enabled_and_global_and_stays_closed():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    props = schema["properties"]
+    assert props["enabled"]["type"] == "boolean" and props["global"]["type"] == "object"
+    assert schema["additionalProperties"] is False
