@@ -10,6 +10,16 @@ response schema admits no other field, so the reason of an ERROR goes to the log
 :class:`A1Outcome`, not into the response). A1_POLICY_QUERY (20012) ``{policy_type_id}`` asks
 A1 to send every existing instance again as CREATE, which the xApp does at start.
 
+Two request forms are taken, since the published contract and the mediator's code differ: the
+contract's (``policy_type_id`` a JSON integer, ``payload`` an object) and what the Go mediator
+(ric-plt-a1 ``pkg/rmr/messages.go``) actually puts on RMR: every field a JSON string, so
+``policy_type_id`` is ``"26001"``, ``payload`` the instance's JSON text inside a string, and a
+DELETE carries ``""``. The answer is what that mediator parses (``pkg/rmr/rmr.go``, case
+A1_POLICY_RESP): ``policy_type_id`` a JSON number, ``policy_instance_id``, ``handler_id`` and
+``status`` strings (a string type id there would stop its handler). Anything else is answered
+ERROR with the reason logged, and nothing changes. A body over :data:`MAX_REQUEST_BYTES` is
+refused unparsed.
+
 The policy type (``descriptors/policytype-<id>.json``, created by the operator through A1's
 ``PUT /A1-P/v2/policytypes/{id}``) carries the operator's knobs. Each live instance is an
 overlay on the base configuration (the descriptor's ``controls``): the effective ``controls``
@@ -27,6 +37,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +65,10 @@ A1_POLICY_QUERY = 20012
 
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "READ")
 _MAX_TYPE_ID = 2147483647
+#: Largest A1_POLICY_REQ body taken, and largest payload string in it (bytes / characters); an
+#: instance of the Pallas type is a few hundred. Larger ones are answered ERROR unparsed.
+MAX_REQUEST_BYTES = 64 * 1024
+MAX_PAYLOAD_CHARS = MAX_REQUEST_BYTES
 
 log = structlog.get_logger("xapp.a1")
 
@@ -106,6 +121,52 @@ def apply_instance(controls: Mapping[str, Any], payload: Mapping[str, Any]) -> d
         if k in pro:
             out["proactive"][k].update(pro[k])
     return out
+
+
+_DECIMAL = re.compile(r"(0|[1-9][0-9]{0,9})")
+
+
+def _type_id(value: Any) -> tuple[int | None, str]:
+    """A request's ``policy_type_id``: a JSON integer (the published contract) or the decimal
+    digits of one in a JSON string (what the OSC A1 mediator sends: ric-plt-a1
+    ``pkg/rmr/messages.go`` marshals every field as a string). Returns (id, "") or
+    (None, reason)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, ""
+    if isinstance(value, str) and _DECIMAL.fullmatch(value):
+        return int(value), ""
+    return None, f"policy_type_id must be an integer or its decimal digits in a string, got {value!r}"
+
+
+def _payload(value: Any, *, required: bool) -> tuple[dict, str]:
+    """A request's ``payload``: a JSON object (the published contract) or a JSON string holding
+    one (what the mediator sends; the HTTP body as it came). A DELETE or READ carries none: the
+    mediator sends ``""``; an absent or null one, or any object, is accepted and ignored there.
+    Returns (object, "") or ({}, reason). ``required``: CREATE and UPDATE need an object."""
+    if isinstance(value, str):
+        if value.strip() == "":
+            return ({}, "payload must be a JSON object (or a JSON string holding one), got an empty string"
+                    ) if required else ({}, "")
+        if len(value) > MAX_PAYLOAD_CHARS:
+            return {}, f"payload is {len(value)} characters, more than {MAX_PAYLOAD_CHARS}"
+        try:
+            value = json.loads(value, parse_constant=_no_constant)
+        except ValueError as e:
+            return {}, f"payload string is not JSON: {e}"
+        except RecursionError:  # json's C decoder recurses per nesting level
+            return {}, "payload string is not JSON: nested too deeply"
+        if isinstance(value, str):  # a string inside a string: not what either form sends
+            return {}, "payload must be a JSON object (or a JSON string holding one), got a string in a string"
+    if value is None and not required:
+        return {}, ""
+    if not isinstance(value, dict):
+        what = "nothing" if value is None else type(value).__name__
+        return {}, f"payload must be a JSON object (or a JSON string holding one), got {what}"
+    return value, ""
+
+
+def _no_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not a JSON number")
 
 
 @dataclass(frozen=True)
@@ -204,6 +265,9 @@ class A1PolicyHandler:
     def process(self, message: bytes | str) -> A1Outcome:
         """Process one A1_POLICY_REQ body; see :class:`A1Outcome`. Never raises for bad input:
         a malformed request is answered ERROR (with whatever ids it carried) and logged."""
+        if len(message) > MAX_REQUEST_BYTES:
+            return self._answer("?", None, "", "ERROR",
+                                f"request is {len(message)} bytes, more than {MAX_REQUEST_BYTES}", False)
         try:
             req = json.loads(message)
         except (ValueError, UnicodeDecodeError) as e:
@@ -213,22 +277,23 @@ class A1PolicyHandler:
         if not isinstance(req, dict):
             return self._answer("?", None, "", "ERROR", "request is not a JSON object", False)
         op = req.get("operation")
-        tid = req.get("policy_type_id")
         iid = req.get("policy_instance_id")
-        tid_ok = isinstance(tid, int) and not isinstance(tid, bool)
+        tid, tid_why = _type_id(req.get("policy_type_id"))
         iid_s = iid if isinstance(iid, str) else ("" if iid is None else str(iid))
         if op not in _OPERATIONS:
-            return self._answer(str(op), tid if tid_ok else None, iid_s, "ERROR",
+            return self._answer(str(op), tid, iid_s, "ERROR",
                                 f"operation must be one of {', '.join(_OPERATIONS)}, got {op!r}", False)
-        if not tid_ok:
-            return self._answer(op, None, iid_s, "ERROR",
-                                f"policy_type_id must be an integer, got {tid!r}", False)
+        if tid is None:
+            return self._answer(op, None, iid_s, "ERROR", tid_why, False)
         if tid != self.policy_type_id:
             return self._answer(op, tid, iid_s, "ERROR",
                                 f"policy type {tid} is not served here (serving {self.policy_type_id})", False)
         if not isinstance(iid, str) or not iid:
             return self._answer(op, tid, iid_s, "ERROR",
                                 "policy_instance_id must be a non-empty string", False)
+        payload, why = _payload(req.get("payload"), required=op in ("CREATE", "UPDATE"))
+        if why:
+            return self._answer(op, tid, iid, "ERROR", why, False)
         if op == "DELETE":
             return self._delete(tid, iid)
         if op == "READ":
@@ -237,14 +302,11 @@ class A1PolicyHandler:
             return self._answer(op, tid, iid, "ERROR", f"no policy instance {iid!r}", False)
         # CREATE and UPDATE are both upserts: after an xApp restart A1 resends instances as
         # CREATE (A1_POLICY_QUERY), and an UPDATE may reach an xApp that missed the CREATE.
-        return self._put(op, tid, iid, req.get("payload"))
+        return self._put(op, tid, iid, payload)
 
     # -- internals -----------------------------------------------------------------------
 
-    def _put(self, op: str, tid: int, iid: str, payload: Any) -> A1Outcome:
-        if not isinstance(payload, dict):
-            return self._answer(op, tid, iid, "ERROR",
-                                f"payload must be a JSON object, got {type(payload).__name__}", False)
+    def _put(self, op: str, tid: int, iid: str, payload: dict) -> A1Outcome:
         errs = sorted(self._validator.iter_errors(payload), key=lambda e: list(map(str, e.absolute_path)))
         if errs:
             why = "; ".join(".".join(["payload", *map(str, e.absolute_path)]) + ": " + e.message for e in errs)

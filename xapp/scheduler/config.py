@@ -14,7 +14,14 @@ from typing import Any, Mapping
 
 from pallas_common.timing import DecisionParams, mbit_per_s
 
-__all__ = ["SchedulerConfigError", "SchedulerConfig"]
+__all__ = ["SchedulerConfigError", "SchedulerConfig", "MIN_DT_S", "MAX_WINDOW_STEPS"]
+
+#: The smallest window step dT, s, and the most steps T_max / dT of the candidate grid: every
+#: control cycle evaluates T_max / dT + 1 windows per candidate session (Eq. 9), so the grid is
+#: bounded here, in ``descriptors/schema.json`` (dt_s minimum, t_max_s maximum) and in the A1
+#: policy type alike (60 s / 10 ms = 6000).
+MIN_DT_S = 0.01
+MAX_WINDOW_STEPS = 6000
 
 
 class SchedulerConfigError(ValueError):
@@ -32,7 +39,7 @@ class SchedulerConfigError(ValueError):
 # (lower bound, lower inclusive, upper bound, upper inclusive) per field; None: unbounded.
 _RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "alpha": (0.0, True, 1.0, True),
-    "dt_s": (0.0, False, 1.0, True),
+    "dt_s": (MIN_DT_S, True, 1.0, True),
     "t_max_s": (0.0, False, 60.0, True),
     "control_period_s": (0.0, False, 10.0, True),
     "ewma_weight": (0.0, False, 1.0, True),
@@ -52,7 +59,8 @@ class SchedulerConfig:
     """Parameters of the Scheduler Engine (paper §4.2; model.md sections 2-4).
 
     - ``alpha``: Eq. 8's weight of T_SIT against T_early, [0, 1].
-    - ``dt_s``: window grid step ΔT, s (Eq. 9). ``t_max_s``: window cap T_max, s (Eq. 9).
+    - ``dt_s``: window grid step ΔT, s (Eq. 9), >= :data:`MIN_DT_S`. ``t_max_s``: window cap
+      T_max, s (Eq. 9); ``t_max_s / dt_s`` <= :data:`MAX_WINDOW_STEPS`.
     - ``control_period_s``: time between decision cycles, s.
     - ``ewma_weight``: weight of the newest sample in the EWMA of r_p, r_d and B (model.md §2).
     - ``stale_age_s``: an estimate older than this falls back to its default, s.
@@ -101,6 +109,9 @@ class SchedulerConfig:
             if hi is not None and (value > hi or (value == hi and not hi_inc)):
                 errors.append((f.name, f"must be {'<=' if hi_inc else '<'} {hi}, got {value!r}"))
             object.__setattr__(self, f.name, float(value))
+        if not errors and self.t_max_s / self.dt_s > MAX_WINDOW_STEPS * (1 + 1e-12):
+            errors.append(("t_max_s", f"t_max_s / dt_s must be <= {MAX_WINDOW_STEPS} windows, got "
+                                      f"{self.t_max_s!r} / {self.dt_s!r}"))
         if errors:
             raise SchedulerConfigError(errors)
 

@@ -84,7 +84,8 @@ def test_create_update_delete_change_and_revert_the_live_config(handler, base, c
     ({"fallback": "teleport"}, "payload.fallback: 'teleport' is not one of"),
     ({"alhpa": 0.5}, "'alhpa' was unexpected"),
     ({}, "should be non-empty"),
-    ("alpha=0.5", "payload must be a JSON object"),
+    ("alpha=0.5", "payload string is not JSON"),
+    (["alpha", 0.5], "payload must be a JSON object"),
 ])
 def test_a_bad_instance_is_answered_error_and_changes_nothing(handler, changes, op, payload, why):
     good = resp(handler.handle(req("CREATE", iid="kept", payload={"alpha": 0.6})))
@@ -103,11 +104,24 @@ def test_a_bad_instance_is_answered_error_and_changes_nothing(handler, changes, 
     (json.dumps({"operation": "PATCH", "policy_type_id": TYPE_ID, "policy_instance_id": "i",
                  "payload": {}}).encode(), "operation must be one of"),
     (req("CREATE", type_id=20008, payload={"alpha": 0.5}), "policy type 20008 is not served here"),
-    (json.dumps({"operation": "CREATE", "policy_type_id": "26001", "policy_instance_id": "i",
+    (json.dumps({"operation": "CREATE", "policy_type_id": "26001.0", "policy_instance_id": "i",
                  "payload": {"alpha": 0.5}}).encode(), "policy_type_id must be an integer"),
+    (json.dumps({"operation": "CREATE", "policy_type_id": " 26001", "policy_instance_id": "i",
+                 "payload": {"alpha": 0.5}}).encode(), "policy_type_id must be an integer"),
+    (json.dumps({"operation": "CREATE", "policy_type_id": True, "policy_instance_id": "i",
+                 "payload": {"alpha": 0.5}}).encode(), "policy_type_id must be an integer"),
+    (req("CREATE", payload=""), "got an empty string"),
+    (req("CREATE", payload="{\"alpha\": 0.5"), "payload string is not JSON"),
+    (req("CREATE", payload='"{\\"alpha\\": 0.5}"'), "a string in a string"),
+    (req("CREATE", payload="[0.5]"), "got list"),
+    (req("CREATE", payload='{"alpha": NaN}'), "NaN is not a JSON number"),
+    (req("UPDATE", payload=None) .replace(b'"payload": {}', b'"payload": null'), "got nothing"),
+    (req("DELETE", payload=7), "got int"),
     (req("CREATE", iid="", payload={"alpha": 0.5}), "policy_instance_id must be a non-empty string"),
-    (b"[" * 100_000, "nested too deeply"),
-    (b'{"a": ' * 50_000, "nested too deeply"),
+    (b"[" * 60_000, "nested too deeply"),
+    (b'{"a": ' * 10_000, "nested too deeply"),
+    (json.dumps({"operation": "CREATE", "policy_type_id": TYPE_ID, "policy_instance_id": "i",
+                 "payload": "[" * 60_000}).encode(), "nested too deeply"),
     (req("CREATE", type_id=10**40, payload={"alpha": 0.5}), "is not served here"),
     (req("CREATE", type_id=-5, payload={"alpha": 0.5}), "is not served here"),
 ])
@@ -185,16 +199,20 @@ _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
     max_leaves=12)
+_payloads = st.fixed_dictionaries({}, optional={
+    "alpha": _json | st.floats(), "t_max_s": _json | st.floats(), "dt_s": st.floats(),
+    "fallback": st.sampled_from(["ctho", "detour", "x"]),
+    "proactive": st.fixed_dictionaries({}, optional={
+        "enabled": _json, "cells": st.dictionaries(st.sampled_from(["1", "x", "01"]), _json),
+        "slices": _json})})
+# Both forms: the contract's (integer id, object payload) and the mediator's (the id's digits in a
+# string, the payload's JSON text in a string, "" on DELETE), and mixtures and mutations of both.
 _requests = st.fixed_dictionaries(
     {}, optional={"operation": st.sampled_from(["CREATE", "UPDATE", "DELETE", "READ", "PATCH"]) | _json,
-                  "policy_type_id": st.sampled_from([TYPE_ID, 0, -1, 2**31, 10**30]) | _json,
+                  "policy_type_id": st.sampled_from([TYPE_ID, str(TYPE_ID), "026001", 0, -1, 2**31, 10**30])
+                  | _json,
                   "policy_instance_id": st.sampled_from(["i", ""]) | _json,
-                  "payload": st.fixed_dictionaries({}, optional={
-                      "alpha": _json | st.floats(), "t_max_s": _json | st.floats(), "dt_s": st.floats(),
-                      "fallback": st.sampled_from(["ctho", "detour", "x"]),
-                      "proactive": st.fixed_dictionaries({}, optional={
-                          "enabled": _json, "cells": st.dictionaries(st.sampled_from(["1", "x", "01"]), _json),
-                          "slices": _json})}) | _json})
+                  "payload": _payloads | _payloads.map(json.dumps) | st.just("") | _json})
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -208,3 +226,90 @@ def test_fuzzed_requests_never_raise_and_answer_per_the_contract(handler, reques
     assert body["status"] == out.status and (out.status == "ERROR") == bool(out.reason)
     if out.status == "ERROR":
         assert handler.config is before and not out.changed
+
+
+# --- the OSC A1 mediator's own form (field case ../shared/cases/a1/) ----------------------------
+CASES = DESCRIPTORS.parent.parent / "shared" / "cases" / "a1"
+
+
+def mediator_mirror(raw: bytes) -> tuple[int, str, str, str]:
+    """What the Go A1 mediator does with an A1_POLICY_RESP (ric-plt-a1 pkg/rmr/rmr.go, case
+    A1_POLICY_RESP): type assertions policy_type_id -> float64 (a JSON number), the three others
+    -> string; any other JSON type makes its handler panic. Returns what it stores."""
+    body = json.loads(raw)
+    tid, iid, hid, status = (body["policy_type_id"], body["policy_instance_id"], body["handler_id"],
+                             body["status"])
+    assert isinstance(tid, (int, float)) and not isinstance(tid, bool), tid
+    assert isinstance(iid, str) and isinstance(hid, str) and isinstance(status, str)
+    return int(tid), iid, hid, status
+
+
+def test_the_mediators_create_and_delete_apply_and_revert(handler, base, changes):
+    """Family: A1_POLICY_REQ as the OSC A1 mediator marshals it (every field a JSON string: the
+    type id "26001", the instance's JSON inside the payload string, "" as a DELETE's payload).
+    Before the fix both were answered ERROR ('policy_type_id must be an integer') and nothing
+    was applied or reverted."""
+    create = (CASES / "mediator-create.json").read_bytes()
+    out = handler.process(create)
+    assert out.status == "OK" and out.changed, out.reason
+    assert mediator_mirror(out.response) == (TYPE_ID, "ops-1", "pallas", "OK")
+    cfg = handler.config
+    assert cfg.scheduler.alpha == 0.9 and cfg.fallback == "ctho"
+    assert cfg.proactive.cells[41959425] is False
+    assert handler.instances == {"ops-1": {"alpha": 0.9, "proactive": {"cells": {"41959425": False}},
+                                           "fallback": "ctho"}}
+    out = handler.process((CASES / "mediator-delete.json").read_bytes())
+    assert out.status == "DELETED" and out.changed, out.reason
+    assert mediator_mirror(out.response) == (TYPE_ID, "ops-1", "pallas", "DELETED")
+    assert handler.config is base and handler.instances == {}
+    assert changes[-1] is base and len(changes) == 2
+
+
+def test_both_forms_of_the_same_instance_give_the_same_configuration(base):
+    forms = []
+    for tid, payload in ((TYPE_ID, {"alpha": 0.4, "t_max_s": 2.0}),
+                         (str(TYPE_ID), json.dumps({"alpha": 0.4, "t_max_s": 2.0}))):
+        h = A1PolicyHandler(base, load_policy_type(default_policy_type_path(TYPE_ID)))
+        out = h.process(json.dumps({"operation": "CREATE", "policy_type_id": tid,
+                                    "policy_instance_id": "x", "payload": payload}).encode())
+        assert out.status == "OK", out.reason
+        forms.append(json.dumps(dict(h.config.controls), sort_keys=True))
+    assert forms[0] == forms[1]
+
+
+def test_a_mediator_create_with_a_bad_instance_is_refused_with_the_reason(handler, changes):
+    out = handler.process(json.dumps({"operation": "CREATE", "policy_type_id": "26001",
+                                      "policy_instance_id": "ops-2",
+                                      "payload": json.dumps({"alpha": 2})}).encode())
+    assert mediator_mirror(out.response) == (TYPE_ID, "ops-2", "pallas", "ERROR")
+    assert "payload.alpha: 2 is greater than the maximum of 1" in out.reason
+    assert handler.instances == {} and changes == []
+
+
+@pytest.mark.parametrize("extra, status", [(0, "OK"), (1, "ERROR")])
+def test_a_request_at_the_size_limit_is_read_and_one_byte_more_is_refused(handler, extra, status):
+    from xapp.a1 import MAX_REQUEST_BYTES
+    head = {"operation": "CREATE", "policy_type_id": TYPE_ID, "policy_instance_id": "big",
+            "payload": {"alpha": 0.5}}
+    raw = json.dumps(head).encode()
+    raw = raw[:-1] + b" " * (MAX_REQUEST_BYTES - len(raw)) + b"}"      # whitespace up to the limit
+    assert len(raw) == MAX_REQUEST_BYTES
+    out = handler.process(raw + b" " * extra)
+    assert out.status == status
+    if status == "ERROR":
+        assert f"more than {MAX_REQUEST_BYTES}" in out.reason and handler.instances == {}
+
+
+@pytest.mark.parametrize("payload, status", [
+    ({"dt_s": 0.01, "t_max_s": 60}, "OK"),          # the largest grid: 6000 steps
+    ({"dt_s": 0.0099, "t_max_s": 60}, "ERROR"),     # one step past it
+    ({"dt_s": 1e-9, "t_max_s": 60}, "ERROR"),       # issue 14: ~6e10 windows every cycle
+])
+def test_a1_caps_the_window_grid(handler, payload, status):
+    out = handler.process(req("CREATE", payload=payload))
+    assert out.status == status, out.reason
+    if status == "ERROR":
+        assert "payload.dt_s" in out.reason and handler.instances == {}
+        assert handler.config.scheduler.dt_s == 0.1
+    else:
+        assert (handler.config.scheduler.dt_s, handler.config.scheduler.t_max_s) == (0.01, 60.0)

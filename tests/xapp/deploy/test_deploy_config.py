@@ -83,7 +83,7 @@ def _drop(path):
 
 @pytest.mark.parametrize("mutate, field, words", [
     (_set(("scheduler", "alpha"), 1.2), "controls.scheduler.alpha", "maximum of 1"),
-    (_set(("scheduler", "dt_s"), 0), "controls.scheduler.dt_s", "less than or equal to the minimum"),
+    (_set(("scheduler", "dt_s"), 0), "controls.scheduler.dt_s", "less than the minimum of 0.01"),
     (_set(("scheduler", "t_max_s"), "5"), "controls.scheduler.t_max_s", "not of type 'number'"),
     (_drop(("scheduler", "c_sync_s")), "controls.scheduler", "'c_sync_s' is a required property"),
     (_set(("scheduler", "alfa"), 0.5), "controls.scheduler", "'alfa' was unexpected"),

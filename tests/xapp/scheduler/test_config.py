@@ -78,3 +78,48 @@ def test_the_descriptor_schema_has_the_same_fields_and_bounds():
         assert p["type"] == "number", name
         assert (p.get("minimum"), p.get("exclusiveMinimum")) == ((lo, None) if lo_inc else (None, lo)), name
         assert (p.get("maximum"), p.get("exclusiveMaximum")) == ((hi, None) if hi_inc else (None, hi)), name
+
+
+# --- the candidate-window grid is bounded (issue 14: {"dt_s": 1e-9, "t_max_s": 60} made ~6e10
+# windows per cycle; issue 16: window parameters capped, tested at the limit and one past it)
+def test_the_largest_grid_is_accepted():
+    from xapp.scheduler.config import MAX_WINDOW_STEPS, MIN_DT_S
+    c = SchedulerConfig.from_dict({"t_max_s": 60, "dt_s": MIN_DT_S})
+    assert round(c.t_max_s / c.dt_s) == MAX_WINDOW_STEPS == 6000
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"t_max_s": 60, "dt_s": 1e-9}, "dt_s"),                # the issue's case
+    ({"t_max_s": 60, "dt_s": 0.0099}, "dt_s"),              # just under the smallest step
+    ({"t_max_s": 60.001, "dt_s": 0.01}, "t_max_s"),         # just over the largest window
+])
+def test_one_step_past_the_grid_limit_is_refused(data, key):
+    with pytest.raises(SchedulerConfigError) as err:
+        SchedulerConfig.from_dict(data)
+    assert [k for k, _ in err.value.errors] == [key]
+
+
+def test_the_window_count_bound_holds_in_code_whatever_the_field_bounds():
+    """The ratio is checked on its own, so a later change of one field's range cannot reopen it."""
+    import xapp.scheduler.config as sc
+    saved = sc._RANGES["dt_s"]
+    try:
+        sc._RANGES["dt_s"] = (0.0, False, 1.0, True)
+        with pytest.raises(SchedulerConfigError, match="t_max_s / dt_s must be <= 6000"):
+            SchedulerConfig.from_dict({"t_max_s": 60, "dt_s": 60 / 6001})
+        assert SchedulerConfig.from_dict({"t_max_s": 60, "dt_s": 60 / 6000}).dt_s == 0.01
+    finally:
+        sc._RANGES["dt_s"] = saved
+
+
+def test_schema_policy_type_and_code_agree_on_the_grid_bounds():
+    import json
+    from pathlib import Path
+    from xapp.scheduler.config import _RANGES, MAX_WINDOW_STEPS, MIN_DT_S
+    d = Path(__file__).resolve().parents[3] / "descriptors"
+    sched = json.loads((d / "schema.json").read_text())["properties"]["scheduler"]["properties"]
+    ptype = json.loads((d / "policytype-26001.json").read_text())["create_schema"]["properties"]
+    for where in (sched, ptype):
+        assert where["dt_s"]["minimum"] == MIN_DT_S == _RANGES["dt_s"][0] and _RANGES["dt_s"][1]
+        assert where["t_max_s"]["maximum"] == _RANGES["t_max_s"][2]
+        assert where["t_max_s"]["maximum"] / where["dt_s"]["minimum"] == MAX_WINDOW_STEPS
