@@ -7,7 +7,7 @@ Live (what the container runs)::
 reads the descriptor's ``controls`` (xapp.config), subscribes to the E2 nodes of the configured
 agents through the subscription manager, receives RIC_INDICATION and A1_POLICY_REQ over RMR
 (librmr_si.so, as OSC images carry it) and sends trigger/cancel/commit policies to the agents.
-The descriptor is re-read when the file changes.
+The descriptor is re-read when the file's content changes (whatever its times).
 
 Test mode (what ``pallas replay`` runs)::
 
@@ -23,6 +23,7 @@ or on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -184,24 +185,60 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+class DescriptorWatch:
+    """Tells when the descriptor at ``path`` has new content (Kubernetes ConfigMap reload).
+
+    A mounted ConfigMap is updated by the kubelet swapping a ``..data`` symlink to a new
+    directory, and a copied file may keep its modification time, so times and inode numbers say
+    nothing reliable: the content decides. :meth:`changed` reads the file (through its
+    symlinks) and compares the SHA-256 of its bytes with the last one seen; it returns the new
+    bytes when they differ, else None. An unreadable file returns None and is retried next time
+    (the swap is atomic, but a half-written copy is not)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.digest = self._digest(self._read())
+
+    def _read(self) -> bytes | None:
+        try:
+            with open(self.path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            log.error("descriptor unreadable, keeping the running configuration", error=str(e))
+            return None
+
+    @staticmethod
+    def _digest(data: bytes | None) -> str | None:
+        return None if data is None else hashlib.sha256(data).hexdigest()
+
+    def changed(self) -> bytes | None:
+        """The file's bytes if its content differs from the last seen, else None."""
+        data = self._read()
+        digest = self._digest(data)
+        if data is None or digest == self.digest:
+            return None
+        self.digest = digest
+        return data
+
+
 def _watch_config(path: str | None, app, scheme: str | None, done: threading.Event,
-                  a1=None) -> threading.Thread | None:
-    """Re-read the descriptor when CONFIG_FILE changes (mtime poll, 1 s), as OSC xApps do on
-    inotify, through ``xapp.config.reload_descriptor``: an invalid new file is logged field by
-    field and the running configuration kept."""
+                  a1=None, period_s: float = 1.0) -> threading.Thread | None:
+    """Re-read the descriptor when CONFIG_FILE's content changes (polled every ``period_s``,
+    whatever the file's times: :class:`DescriptorWatch`), as OSC xApps do on inotify, through
+    ``xapp.config.reload_descriptor``: an invalid new file is logged field by field and the
+    running configuration kept."""
     if not path:
         return None
+    watch = DescriptorWatch(path)
+
     def run() -> None:
-        last = os.stat(path).st_mtime if os.path.exists(path) else 0.0
-        while not done.wait(1.0):
+        while not done.wait(period_s):
+            data = watch.changed()
+            if data is None:
+                continue
             try:
-                m = os.stat(path).st_mtime
-                if m == last:
-                    continue
-                last = m
-                with open(path, encoding="utf-8") as f:
-                    doc = json.load(f)
-            except (OSError, ValueError) as e:
+                doc = json.loads(data)
+            except (ValueError, RecursionError) as e:
                 log.error("descriptor unreadable, keeping the running configuration", error=str(e))
                 continue
             try:
