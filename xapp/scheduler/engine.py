@@ -102,7 +102,59 @@ class SchedulerEngine:
         self._agents: list[str] = []
         self._prefill_slot = np.zeros(0, np.int64)
         self._pair_slot = np.zeros((0, 0), np.int64)
-        self._reserved: dict[str, int] = {}   # target -> bytes promised since its last report
+        # KV memory promised at a target by a trigger: session -> (target, bytes, expiry time).
+        # Held until the commit's reply, a cancel or the expiry (t_HO + stale_age_s), whatever
+        # the target's reports say meanwhile (their free memory may not show it yet).
+        self._reservations: dict[str, tuple[str, int, float]] = {}
+
+    # -- run-time configuration ----------------------------------------------------------------
+    def reconfigure(self, cfg: SchedulerConfig | None = None, *, scheme: int | None = None,
+                    fallback: int | None = None) -> list[Action]:
+        """The one way to change the engine's knobs while it runs (A1 instance, descriptor reload).
+
+        ``cfg`` (alpha, dt_s, t_max_s, rates' defaults, ...) applies from the next
+        :meth:`cycle` on, the telemetry estimates' weight, staleness and defaults with it;
+        ``scheme`` and ``fallback`` (``pallas_pb2.Scheme`` values) apply to every session's next
+        decision: a session not yet triggered takes the new proactive scheme, and every
+        session's unprepared handover the new fallback. A switch to a reactive scheme (one that
+        never prepares) cancels the attempts in flight and returns those CancelActions (the
+        handovers then recover with that scheme); otherwise returns [].
+        """
+        if cfg is not None:
+            self.cfg = cfg
+            self._params = cfg.decision_params()
+            self._horizon = cfg.t_max_s + self._params.trigger_lookahead
+            self.telemetry.reconfigure(cfg)
+        if scheme is not None:
+            self.scheme, self.proactive = scheme, scheme in PROACTIVE_SCHEMES
+        if fallback is not None:
+            self.fallback = fallback
+        self._reactive = self.fallback if self.proactive else self.scheme
+        actions: list[Action] = []
+        for sm in self._sm:
+            if sm is None:
+                continue
+            sm.fallback = self._reactive
+            if sm.state is MigrationState.PREPARING:
+                if not self.proactive:
+                    actions += sm.withdraw("scheme changed to " + pallas_pb2.Scheme.Name(self.scheme))
+            elif self.proactive:
+                sm.scheme = self.scheme
+        self._count(actions)
+        return actions
+
+    # -- KV reservations at targets -----------------------------------------------------------
+    def reserved_at(self, target: str, now: float | None = None) -> int:
+        """KV bytes promised at ``target`` by triggers not yet committed, cancelled or expired."""
+        return sum(b for tgt, b, exp in self._reservations.values()
+                   if tgt == target and (now is None or exp >= now))
+
+    def _release(self, session_id: str) -> None:
+        self._reservations.pop(session_id, None)
+
+    def _expire_reservations(self, now: float) -> None:
+        for sid in [s for s, (_, _, exp) in self._reservations.items() if exp < now]:
+            del self._reservations[sid]
 
     # -- registries ---------------------------------------------------------------------------
     def _agent(self, agent_id: str) -> int:
@@ -213,6 +265,7 @@ class SchedulerEngine:
                 self._ue_slots.pop(sm.ue_id, None)
             self._index_ue(sm.ue_id)
         self._sm[slot], self._model[slot] = None, None
+        self._release(session_id)
         self._alive[slot] = self._planned[slot] = self._preparing[slot] = False
         self._decode_slot[slot] = -1
         self._free.append(slot)
@@ -239,12 +292,13 @@ class SchedulerEngine:
         known; sessions their serving agent reports ``finished`` are removed (cancelling a
         running attempt).
         Reports about sessions the agent does not serve (say, the target of a preparation)
-        only feed rates. A fresh server report clears that agent's memory reservations.
+        only feed rates. Memory reservations at the agent are kept (see :meth:`reserved_at`).
+        The agent's epoch of a session it serves moves the session's next attempt past it
+        (an agent that has seen epoch n answers any older one STALE_EPOCH: after an xApp
+        restart, or a session first seen mid-life).
         """
         samples = self.telemetry.ingest(report, now)
         agent = report.agent_id
-        if report.HasField("server"):
-            self._reserved.pop(agent, None)
         model = self.telemetry.model_of(agent)
         actions: list[Action] = []
         for s in samples:
@@ -267,6 +321,10 @@ class SchedulerEngine:
                 self.update_session(s.session_id, s.tokens, s.time, s.remaining_tokens)
                 if model is not None and self._model[slot] is None:
                     self._model[slot] = model
+            sm = self._sm[self._slot[s.session_id]]
+            if sm is not None and sm.source == agent and sm.state is not MigrationState.PREPARING \
+                    and s.epoch >= sm.epoch:
+                sm.epoch = s.epoch + 1
         return actions
 
     # -- predictions --------------------------------------------------------------------------
@@ -317,6 +375,9 @@ class SchedulerEngine:
         known = slots >= 0
         slots, tidx, t_ho, allow = slots[known], tidx[known], t_ho[known], allow[known]
         self._allowed[slots] = allow
+        for k in np.flatnonzero(~allow & self._preparing[slots]):   # a rule now forbids it
+            actions += self._sm[int(slots[k])].withdraw(  # type: ignore[union-attr]
+                "proactive migration not allowed (proactive rules)")
         tidx[tidx == self._source[slots]] = -1               # intra-agent HO: nothing to move
         diff = tidx != self._target[slots]                   # the machine's target changes
         keep = ~diff & (tidx >= 0)
@@ -343,6 +404,7 @@ class SchedulerEngine:
         """
         t0 = time.perf_counter()
         actions: list[Action] = []
+        self._expire_reservations(now)
         if self.proactive and self._n:
             n = self._n
             cand = np.flatnonzero(self._planned[:n] & self._allowed[:n]
@@ -380,7 +442,7 @@ class SchedulerEngine:
             sm = self._sm[slot]
             assert sm is not None and sm.target is not None
             server = self.telemetry.server(sm.target, now)
-            reserved = self._reserved.get(sm.target, 0)
+            reserved = self.reserved_at(sm.target, now)
             res = admit(self._model[slot], server, float(d.k_ho[i]), int(self._s_kv[slot]),
                         self.cfg.kv_headroom_fraction, reserved)
             if not res.admitted:
@@ -390,8 +452,9 @@ class SchedulerEngine:
                     log.info("trigger_deferred", session=sm.session_id, target=sm.target,
                              reason=res.reason)
                 continue
-            self._reserved[sm.target] = reserved + res.need_bytes
             sm.t_ho = float(self._t_ho[slot])
+            self._reservations[sm.session_id] = (sm.target, int(res.need_bytes),
+                                                 sm.t_ho + self.cfg.stale_age_s)
             actions.append(sm.trigger(now, float(d.window[i]), int(d.l_hist[i]),
                                       predicted_sit_s=float(d.t_sit[i]),
                                       predicted_early_s=float(d.t_early[i])))
@@ -414,20 +477,27 @@ class SchedulerEngine:
                 * max(now - self._tokens_time[slot], 0.0), self._remaining[slot])
             can_serve = admit(self._model[slot], self.telemetry.server(actual_target, now), k_now,
                               int(self._s_kv[slot]), self.cfg.kv_headroom_fraction,
-                              self._reserved.get(actual_target, 0)).admitted
+                              self.reserved_at(actual_target, now)
+                              - self._reserved_by(sm.session_id, actual_target)).admitted
             actions += sm.handover(actual_target, now, can_serve)
         self._count(actions)
         return actions
 
+    def _reserved_by(self, session_id: str, target: str) -> int:
+        r = self._reservations.get(session_id)
+        return r[1] if r is not None and r[0] == target else 0
+
     def on_reply(self, action: Action, reply) -> list[Action]:
         """An agent's ``pallas_pb2.ControlReply`` to ``action``.
 
-        A refused or failed trigger cancels that attempt (the HO then falls back); a stale
-        epoch reply is ignored. Replies to cancels are logged only. A failed commit leaves the
-        session at the commit's source (the agents keep serving from the source whatever
-        happens to a migration), so the session is bound back to it.
+        Only STATUS_OK is success. A refused or failed trigger (STALE_EPOCH included: the
+        agent has seen a newer attempt, so this one prepared nothing) cancels that attempt and
+        frees its reservation (the HO then falls back). Replies to cancels are logged only. A
+        commit's reply, whatever it says, frees the reservation at the target; a failed commit
+        leaves the session at the commit's source (the agents keep serving from the source
+        whatever happens to a migration), so the session is bound back to it.
         """
-        ok = reply.status in (pallas_pb2.STATUS_OK, pallas_pb2.STATUS_STALE_EPOCH)
+        ok = reply.status == pallas_pb2.STATUS_OK
         if isinstance(action, TriggerAction) and not ok:
             slot = self._slot.get(action.session_id)
             if slot is None:
@@ -440,7 +510,9 @@ class SchedulerEngine:
             log.warning("control_call_failed", kind=type(action).__name__,
                         session=action.session_id, epoch=action.epoch,
                         status=pallas_pb2.Status.Name(reply.status), message=reply.message)
-        if isinstance(action, CommitAction) and reply.status != pallas_pb2.STATUS_OK:
+        if isinstance(action, CommitAction):
+            self._release(action.session_id)
+        if isinstance(action, CommitAction) and not ok:
             # The session did not move: it is still served by the commit's source.
             slot = self._slot.get(action.session_id)
             sm = self._sm[slot] if slot is not None else None
@@ -449,12 +521,13 @@ class SchedulerEngine:
         return []
 
     # -- metrics ------------------------------------------------------------------------------
-    @staticmethod
-    def _count(actions: Iterable[Action]) -> None:
+    def _count(self, actions: Iterable[Action]) -> None:
+        """Count the actions emitted; a cancel frees its session's reservation."""
         for a in actions:
             if isinstance(a, TriggerAction):
                 ACTIONS.labels("trigger", pallas_pb2.Scheme.Name(a.scheme)).inc()
             elif isinstance(a, CancelAction):
+                self._release(a.session_id)
                 ACTIONS.labels("cancel", "").inc()
             elif isinstance(a, CommitAction):
                 ACTIONS.labels("commit", pallas_pb2.Scheme.Name(a.scheme)).inc()

@@ -291,6 +291,17 @@ class SessionMigration:
         self._to(MigrationState.FALLBACK, reason)
         return actions
 
+    def withdraw(self, reason: str) -> list[Action]:
+        """Abandon a running attempt because preparing is no longer wanted (an A1 or descriptor
+        rule now forbids it, or the scheme no longer prepares): PREPARING -> CANCELLED with a
+        cancel (epoch + 1); nothing in any other state. A later prediction replans."""
+        if self.state is not MigrationState.PREPARING:
+            return []
+        act = self._cancel(reason)
+        self.target, self.t_ho = None, None
+        self._to(MigrationState.CANCELLED, reason)
+        return [act]
+
     def end(self, reason: str = "session ended") -> list[Action]:
         """The session finished or left: cancel a running attempt; the machine goes IDLE."""
         actions: list[Action] = []

@@ -151,6 +151,15 @@ class TelemetryStore:
         self._servers: dict[str, ServerState] = {}
 
     # -- samples ------------------------------------------------------------------------------
+    def reconfigure(self, cfg: SchedulerConfig) -> None:
+        """Take new parameters (EWMA weight, staleness, conservative defaults); the estimates
+        themselves are kept."""
+        self.cfg = cfg
+        for table, default in ((self.prefill, cfg.default_prefill_rate_tps),
+                               (self.decode, cfg.default_decode_rate_tps),
+                               (self.goodput, cfg.default_goodput_bytes_per_s)):
+            table.weight, table.stale_age_s, table.default = cfg.ewma_weight, cfg.stale_age_s, default
+
     def observe_prefill_rate(self, agent_id: str, tokens_per_s: float, now: float) -> bool:
         """A prefill-rate sample r_p available to migrations at ``agent_id`` (tokens/s)."""
         return self.prefill.update(agent_id, tokens_per_s, now)

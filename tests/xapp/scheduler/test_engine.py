@@ -158,9 +158,19 @@ def test_admission_defers_until_memory_is_free_and_reserves_it(cfg):
     eng.ingest_telemetry(server_report("b", T0 + 0.1, free_blocks=250))
     acts = eng.cycle(T0 + 0.1)
     assert len(acts) == 1
-    assert eng.cycle(T0 + 0.2) == []                      # the reservation holds until b reports
-    eng.ingest_telemetry(server_report("b", T0 + 0.3, free_blocks=250))
-    assert len(eng.cycle(T0 + 0.3)) == 1
+    assert eng.cycle(T0 + 0.2) == []
+    # b's next reports do not show s1's memory yet: the reservation holds (issue 14: it was
+    # wiped by every server report, so two migrations could over-commit one target).
+    for k in range(3, 6):
+        eng.ingest_telemetry(server_report("b", T0 + k / 10, free_blocks=250))
+        assert eng.cycle(T0 + k / 10) == []
+    assert eng.reserved_at("b") > 0
+    # The handover commits s1 at b; its reply frees the reservation, and s2 may go.
+    commit = eng.on_handover(eng.session(acts[0].session_id).ue_id, "b", T0 + 0.6)
+    assert eng.cycle(T0 + 0.6) == []                      # the commit's reply is not in yet
+    eng.on_reply(commit[0], pallas_pb2.ControlReply(status=pallas_pb2.STATUS_OK))
+    assert eng.reserved_at("b") == 0
+    assert len(eng.cycle(T0 + 0.7)) == 1
 
 
 def test_incompatible_or_silent_target_never_triggers(cfg):
@@ -285,3 +295,119 @@ def test_vectorised_cycle_matches_per_session_decisions(cfg):
         assert (f"s{i}" in triggered) == bool(d.trigger[0])
         checked += 1
     assert checked > 50 and triggered
+
+
+# --- run-time knobs through SchedulerEngine.reconfigure (issue 14: A1 fallback and scheme
+# changes had no effect; reconfigure wrote private fields from outside) -------------------------
+def test_a_new_fallback_applies_to_the_next_unprepared_handover(cfg):
+    eng = make_engine(cfg)
+    add(eng)
+    assert eng.reconfigure(fallback=pallas_pb2.SCHEME_RECOMPUTATION) == []
+    acts = eng.on_handover("ue1", "b", T0 + 1.0)          # nothing prepared: the fallback
+    assert [type(a) for a in acts] == [CommitAction]
+    assert acts[0].scheme == pallas_pb2.SCHEME_RECOMPUTATION
+
+
+def test_a_switch_to_a_reactive_scheme_stops_triggering_and_cancels_attempts(cfg):
+    eng = make_engine(cfg)
+    add(eng, "s1", "ue1")
+    add(eng, "s2", "ue2")
+    eng.set_prediction("ue1", "b", T0 + 8.0)
+    run_until_trigger(eng, T0, T0 + 8.0)
+    assert eng.session("s1").state is S.PREPARING
+    eng.set_prediction("ue2", "b", T0 + 9.0)
+    cancels = eng.reconfigure(scheme=pallas_pb2.SCHEME_CTHO)
+    assert [(type(a), a.session_id) for a in cancels] == [(CancelAction, "s1")]
+    assert eng.reserved_at("b") == 0
+    t, acts = run_until_trigger(eng, T0 + 0.1, T0 + 9.0)
+    assert acts == []                                      # ctHO never prepares
+    commit = eng.on_handover("ue2", "b", T0 + 9.0)
+    assert commit[0].scheme == pallas_pb2.SCHEME_CTHO and commit[0].prepared_target is None
+
+
+def test_a_switch_between_proactive_schemes_applies_to_the_next_trigger(cfg):
+    eng = make_engine(cfg)
+    add(eng)
+    eng.reconfigure(scheme=pallas_pb2.SCHEME_NO_RC)
+    eng.set_prediction("ue1", "b", T0 + 8.0)
+    _, acts = run_until_trigger(eng, T0, T0 + 8.0)
+    assert acts[0].scheme == pallas_pb2.SCHEME_NO_RC
+
+
+@pytest.mark.parametrize("knob, value", [("alpha", 0.0), ("alpha", 0.3), ("t_max_s", 0.5), ("dt_s", 0.5)])
+def test_a_new_window_knob_changes_the_next_decision(cfg, knob, value):
+    """One knob changed by reconfigure: the next cycle's window is Eq. 9's under the new knob
+    (pallas_common.timing.decide on the same inputs), and differs from the old knob's."""
+    eng = make_engine(cfg)
+    add(eng)
+    eng.set_prediction("ue1", "b", T0 + 30.0)              # far: evaluated, not triggered
+    new = dataclasses.replace(cfg, **{knob: value})
+    t = T0 + 30.0 - min(cfg.t_max_s, new.t_max_s + 0.1)   # within both horizons
+    k_curr, t_remain = 2850 + 30.0 * (t - T0), T0 + 30.0 - t
+    old_w, new_w = expected_window(cfg, k_curr, t_remain), expected_window(new, k_curr, t_remain)
+    assert old_w != new_w                                  # the case discriminates
+    eng.reconfigure(new)
+    for agent in ("a", "b", "c"):
+        eng.ingest_telemetry(server_report(agent, t))
+    eng.telemetry.observe_decode_rate("s1", 30.0, t)
+    eng.cycle(t)                                           # last_window: the decision, trigger or not
+    assert float(eng.last_window[eng._slot["s1"]]) == pytest.approx(new_w)
+
+
+def test_stale_epoch_is_a_failure_and_the_next_attempt_passes_the_agents_epoch(cfg):
+    """Issue 14: STALE_EPOCH counted as success, so the xApp believed sessions prepared."""
+    eng = make_engine(cfg)
+    add(eng)
+    eng.set_prediction("ue1", "b", T0 + 8.0)
+    t, acts = run_until_trigger(eng, T0, T0 + 8.0)
+    trig = acts[0]
+    out = eng.on_reply(trig, pallas_pb2.ControlReply(status=pallas_pb2.STATUS_STALE_EPOCH,
+                                                     message="newest epoch is 7"))
+    assert [type(a) for a in out] == [CancelAction] and eng.session("s1").state is S.CANCELLED
+    assert eng.reserved_at("b") == 0
+    # The agent's telemetry says it has seen epoch 7: the next attempt starts past it.
+    eng.ingest_telemetry(server_report("a", t + 0.1, sessions=[pallas_pb2.SessionTelemetry(
+        session_id="s1", ue_id="ue1", tokens=2900, state="serving", epoch=7)]))
+    eng.set_prediction("ue1", "c", T0 + 8.0)              # a new plan (a refused target waits)
+    _, again = run_until_trigger(eng, t + 0.1, T0 + 8.0)
+    assert again and again[0].epoch == 8
+
+
+def test_a_failed_commit_frees_its_reservation_and_the_session_stays_at_the_source(cfg):
+    eng = make_engine(cfg)
+    add(eng)
+    eng.set_prediction("ue1", "b", T0 + 8.0)
+    run_until_trigger(eng, T0, T0 + 8.0)
+    assert eng.reserved_at("b") > 0
+    commit = eng.on_handover("ue1", "b", T0 + 8.0)[0]
+    assert eng.reserved_at("b") > 0                          # until the commit's reply
+    eng.on_reply(commit, pallas_pb2.ControlReply(status=pallas_pb2.STATUS_STALE_EPOCH))
+    assert eng.reserved_at("b") == 0 and eng.session("s1").source == "a"
+
+
+def test_a_reservation_lapses_after_its_expiry_and_a_cancel_frees_it(cfg):
+    eng = make_engine(cfg)
+    add(eng)
+    eng.set_prediction("ue1", "b", T0 + 8.0)
+    t, _ = run_until_trigger(eng, T0, T0 + 8.0)
+    held = eng.reserved_at("b")
+    assert held > 0 and eng.reserved_at("b", T0 + 8.0 + cfg.stale_age_s) == held
+    eng.cycle(T0 + 8.0 + cfg.stale_age_s + 0.01)
+    assert eng.reserved_at("b") == 0
+    eng2 = make_engine(cfg)
+    add(eng2)
+    eng2.set_prediction("ue1", "b", T0 + 8.0)
+    run_until_trigger(eng2, T0, T0 + 8.0)
+    eng2.set_prediction("ue1", "c", T0 + 8.0)              # target changed: the attempt is cancelled
+    assert eng2.reserved_at("b") == 0
+
+
+def test_a_rule_that_now_forbids_proactive_migration_cancels_a_prepared_attempt(cfg):
+    eng = make_engine(cfg)
+    add(eng)
+    eng.set_prediction("ue1", "b", T0 + 8.0)
+    run_until_trigger(eng, T0, T0 + 8.0)
+    acts = eng.set_prediction("ue1", "b", T0 + 8.0, proactive=False)
+    assert [type(a) for a in acts] == [CancelAction]
+    assert eng.session("s1").state is S.PLANNED and eng.reserved_at("b") == 0
+    assert eng.on_handover("ue1", "b", T0 + 8.0)[0].prepared_target is None
