@@ -4,11 +4,17 @@
   a deadline per attempt and retries with backoff on transient failures (UNAVAILABLE,
   DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED). Calls are idempotent by (kind, session, epoch): a call
   already answered is answered again from the cache and not sent twice (the agent is idempotent
-  too, proto header). Calls to one agent are sent in order on one worker thread, so a Commit
-  never overtakes the Trigger before it; the caller is never blocked (``submit`` returns a
-  Future, the ``on_reply`` hook gets every outcome).
+  too, proto header). Calls of one session are sent in order (a Commit never overtakes the
+  Trigger before it), calls of different sessions run at once on a shared pool, so a 60 s
+  Commit never delays another session's calls to the same agent; the caller is never blocked
+  (each order returns a Future, the ``on_reply`` hook gets every outcome). The reply cache is
+  bounded (least recently used out) and a session's entries go when it is forgotten.
 - :class:`TelemetryConsumer`: one thread per agent reading its Telemetry stream, reconnecting with
   backoff, handing each TelemetryReport to a callback (the scheduler's telemetry EWMAs).
+
+Both follow the descriptor's agents (:meth:`PolicyClient.set_agents`,
+:meth:`TelemetryConsumer.set_agents`): a new agent is dialled, a removed one closed, and one
+whose address changed is closed and dialled at its new address.
 
 The paper's §4.1 control loop: the xApp decides, the agents act. Times are seconds.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -98,34 +105,52 @@ class PolicyClient:
     the session, which under Full-Copy means the whole cache crossed the link); ``retries`` extra
     attempts follow transient errors after ``backoff_s * 2**i`` (a retry is safe: the agents
     answer a repeated (call, session, epoch) with the first call's reply). ``on_reply(outcome)``
-    is called on the agent's worker thread for every finished call. Unknown agent ids raise
+    is called on a pool thread for every finished call. ``workers``: calls in flight at once
+    (all agents together); ``cache_size``: answered calls remembered. Unknown agent ids raise
     KeyError.
     """
 
     def __init__(self, agents: Mapping[str, AgentEndpoint], *, deadline_s: float = 5.0,
                  commit_deadline_s: float = 60.0, retries: int = 3, backoff_s: float = 0.1,
-                 on_reply: Callable[[CallOutcome], None] | None = None) -> None:
+                 on_reply: Callable[[CallOutcome], None] | None = None, workers: int = 32,
+                 cache_size: int = 4096) -> None:
         self.agents = dict(agents)
         self.deadline_s = deadline_s
         self.commit_deadline_s = commit_deadline_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.on_reply = on_reply
-        self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[str, pbg.ControlStub] = {}
-        self._workers: dict[str, ThreadPoolExecutor] = {}
-        self._done: dict[tuple[str, str, int], CallOutcome] = {}
+        self.cache_size = cache_size
+        self._channels: dict[str, tuple[str, grpc.Channel, pbg.ControlStub]] = {}
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="policy")
+        self._tails: dict[str, Future] = {}       # session -> its last call's Future
+        self._done: OrderedDict[tuple[str, str, int], CallOutcome] = OrderedDict()
         self._lock = threading.Lock()
+
+    def set_agents(self, agents: Mapping[str, AgentEndpoint]) -> None:
+        """Follow a new agent map: channels of removed agents, and of agents whose Control
+        address changed, are closed (the next call dials the new address)."""
+        with self._lock:
+            self.agents = dict(agents)
+            for aid in list(self._channels):
+                ep = self.agents.get(aid)
+                if ep is None or ep.control_address != self._channels[aid][0]:
+                    self._channels.pop(aid)[1].close()
 
     def _stub(self, agent_id: str) -> pbg.ControlStub:
         with self._lock:
-            if agent_id not in self._stubs:
-                ep = self.agents[agent_id]
-                ch = grpc.insecure_channel(ep.control_address)
-                self._channels[agent_id] = ch
-                self._stubs[agent_id] = pbg.ControlStub(ch)
-                self._workers[agent_id] = ThreadPoolExecutor(1, thread_name_prefix=f"policy-{agent_id}")
-            return self._stubs[agent_id]
+            ep = self.agents[agent_id]
+            ch = self._channels.get(agent_id)
+            if ch is None:
+                channel = grpc.insecure_channel(ep.control_address)
+                ch = self._channels[agent_id] = (ep.control_address, channel, pbg.ControlStub(channel))
+            return ch[2]
+
+    def forget_session(self, session_id: str) -> None:
+        """Drop the cached replies of a session that ended."""
+        with self._lock:
+            for key in [k for k in self._done if k[1] == session_id]:
+                del self._done[key]
 
     def _call(self, kind: str, agent_id: str, request) -> CallOutcome:
         key = (kind, request.session_id, int(request.epoch))
@@ -134,17 +159,18 @@ class PolicyClient:
         if prev is not None and prev.reply is not None:
             out = CallOutcome(kind, agent_id, request.session_id, int(request.epoch), prev.reply, cached=True)
             return out
-        stub = self._stub(agent_id)
-        method = getattr(stub, kind)
         t0 = time.monotonic()
         err = ""
         for attempt in range(self.retries + 1):
             try:
+                method = getattr(self._stub(agent_id), kind)
                 reply = method(request, timeout=self.commit_deadline_s if kind == "Commit" else self.deadline_s)
                 out = CallOutcome(kind, agent_id, request.session_id, int(request.epoch), reply,
                                   attempts=attempt + 1, latency_s=time.monotonic() - t0)
                 with self._lock:
                     self._done[key] = out
+                    while len(self._done) > self.cache_size:
+                        self._done.popitem(last=False)
                 return out
             except grpc.RpcError as e:
                 code = e.code() if hasattr(e, "code") else None
@@ -152,15 +178,22 @@ class PolicyClient:
                 if code not in _TRANSIENT or attempt == self.retries:
                     break
                 time.sleep(self.backoff_s * (2 ** attempt))
+            except ValueError as e:  # a channel closed under the call by an address change
+                err = f"channel closed: {e}"
+                if attempt == self.retries:
+                    break
         log.warning("policy call failed", kind=kind, agent=agent_id, session=request.session_id,
                     epoch=int(request.epoch), error=err)
         return CallOutcome(kind, agent_id, request.session_id, int(request.epoch), None, err,
                            attempts=attempt + 1, latency_s=time.monotonic() - t0)
 
     def _submit(self, kind: str, agent_id: str, request) -> "Future[CallOutcome]":
-        self._stub(agent_id)
+        if agent_id not in self.agents:
+            raise KeyError(agent_id)
+        sid = request.session_id
+        done: Future = Future()
 
-        def run() -> CallOutcome:
+        def run() -> None:
             out = self._call(kind, agent_id, request)
             log.info("policy", kind=kind, agent=agent_id, session=out.session_id, epoch=out.epoch,
                      ok=out.ok, status=pb.Status.Name(out.reply.status) if out.reply else None,
@@ -170,9 +203,25 @@ class PolicyClient:
                     self.on_reply(out)
                 except Exception as e:  # a hook failure never stops the policy path
                     log.error("on_reply hook failed", error=repr(e))
-            return out
+            with self._lock:
+                if self._tails.get(sid) is done:
+                    del self._tails[sid]
+            done.set_result(out)
 
-        return self._workers[agent_id].submit(run)
+        def start(_: object = None) -> None:
+            try:
+                self._pool.submit(run)
+            except RuntimeError as e:   # the pool is shut down: the call is not made
+                done.set_result(CallOutcome(kind, agent_id, sid, int(request.epoch), None, str(e)))
+
+        with self._lock:
+            prev = self._tails.get(sid)
+            self._tails[sid] = done
+        if prev is None:
+            start()
+        else:
+            prev.add_done_callback(start)   # after the session's previous call, in order
+        return done
 
     # --- the three orders (all return a Future of CallOutcome) -----------------------------
     def trigger(self, source_agent: str, session_id: str, epoch: int, target_agent: str, *,
@@ -199,19 +248,25 @@ class PolicyClient:
 
     def close(self) -> None:
         """Finish queued calls, then close the channels."""
-        for w in list(self._workers.values()):
-            w.shutdown(wait=True)
-        for ch in list(self._channels.values()):
-            ch.close()
-        self._workers.clear()
-        self._channels.clear()
-        self._stubs.clear()
+        while True:
+            with self._lock:
+                tails = list(self._tails.values())
+            if not tails:
+                break
+            for f in tails:
+                f.result()
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            for _, ch, _ in self._channels.values():
+                ch.close()
+            self._channels.clear()
 
 
 class TelemetryConsumer:
     """Reads each agent's Telemetry stream on its own thread and hands every report to
-    ``on_report(agent_id, TelemetryReport)``; reconnects after ``retry_s`` on any error. ``stop``
-    cancels the streams and joins the threads."""
+    ``on_report(agent_id, TelemetryReport)``; reconnects after ``retry_s`` on any error.
+    :meth:`set_agents` follows a new agent map (streams started, stopped, or restarted at a new
+    address); ``stop`` cancels the streams and joins the threads."""
 
     def __init__(self, agents: Mapping[str, AgentEndpoint], on_report: Callable[[str, pb.TelemetryReport], None],
                  *, period_ms: int = 200, retry_s: float = 0.5) -> None:
@@ -220,26 +275,69 @@ class TelemetryConsumer:
         self.period_ms = period_ms
         self.retry_s = retry_s
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._calls: dict[str, object] = {}
+        self._started = False
+        self._lock = threading.Lock()
+        # agent -> (endpoint, its stop event, its thread, its call holder)
+        self._streams: dict[str, tuple[AgentEndpoint, threading.Event, threading.Thread, list]] = {}
         self.reports = 0
 
     def start(self) -> "TelemetryConsumer":
-        for aid in self.agents:
-            th = threading.Thread(target=self._run, args=(aid,), name=f"telemetry-{aid}", daemon=True)
-            th.start()
-            self._threads.append(th)
+        with self._lock:
+            self._started = True
+            for aid, ep in self.agents.items():
+                self._open(aid, ep)
         return self
 
-    def _run(self, agent_id: str) -> None:
-        ep = self.agents[agent_id]
-        while not self._stop.is_set():
+    def _open(self, agent_id: str, ep: AgentEndpoint) -> None:
+        stop, holder = threading.Event(), []
+        th = threading.Thread(target=self._run, args=(agent_id, ep, stop, holder),
+                              name=f"telemetry-{agent_id}", daemon=True)
+        self._streams[agent_id] = (ep, stop, th, holder)
+        th.start()
+
+    def _close(self, agent_id: str) -> threading.Thread:
+        _, stop, th, holder = self._streams.pop(agent_id)
+        stop.set()
+        for c in list(holder):
+            try:
+                c.cancel()
+            except Exception:
+                pass
+        return th
+
+    def set_agents(self, agents: Mapping[str, AgentEndpoint]) -> list[str]:
+        """Follow a new agent map; returns the agents whose stream was (re)started."""
+        opened, closing = [], []
+        with self._lock:
+            self.agents = dict(agents)
+            if not self._started:
+                return []
+            for aid in list(self._streams):
+                ep = self.agents.get(aid)
+                if ep is None or ep.control_address != self._streams[aid][0].control_address:
+                    closing.append(self._close(aid))
+            for aid, ep in self.agents.items():
+                if aid not in self._streams:
+                    self._open(aid, ep)
+                    opened.append(aid)
+        for th in closing:
+            th.join(timeout=2.0)
+        return opened
+
+    @property
+    def streams(self) -> dict[str, str]:
+        """agent id -> the Control address its stream reads."""
+        with self._lock:
+            return {aid: s[0].control_address for aid, s in self._streams.items()}
+
+    def _run(self, agent_id: str, ep: AgentEndpoint, stop: threading.Event, holder: list) -> None:
+        while not (stop.is_set() or self._stop.is_set()):
             ch = grpc.insecure_channel(ep.control_address)
             try:
                 call = pbg.ControlStub(ch).Telemetry(pb.TelemetryRequest(period_ms=self.period_ms))
-                self._calls[agent_id] = call
+                holder[:] = [call]
                 for rep in call:
-                    if self._stop.is_set():
+                    if stop.is_set() or self._stop.is_set():
                         break
                     self.reports += 1
                     try:
@@ -247,18 +345,15 @@ class TelemetryConsumer:
                     except Exception as e:
                         log.error("telemetry handler failed", agent=agent_id, error=repr(e))
             except grpc.RpcError as e:
-                if not self._stop.is_set():
+                if not (stop.is_set() or self._stop.is_set()):
                     log.debug("telemetry stream down", agent=agent_id, code=str(e.code()) if hasattr(e, "code") else "")
             finally:
                 ch.close()
-            self._stop.wait(self.retry_s)
+            stop.wait(self.retry_s)
 
     def stop(self) -> None:
         self._stop.set()
-        for c in list(self._calls.values()):
-            try:
-                c.cancel()  # type: ignore[attr-defined]
-            except Exception:
-                pass
-        for th in self._threads:
+        with self._lock:
+            threads = [self._close(aid) for aid in list(self._streams)]
+        for th in threads:
             th.join(timeout=2.0)

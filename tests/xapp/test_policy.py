@@ -1,0 +1,159 @@
+"""The xApp's gRPC client to the agents (xapp.policy): calls of different sessions never wait
+behind each other, calls of one session stay in order, the reply cache is bounded, and the
+clients follow the descriptor's agents (new, removed, moved)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from pallas_proto import pallas_pb2 as pb
+from pallas_proto import pallas_pb2_grpc as pbg
+from xapp.policy import AgentEndpoint, PolicyClient, TelemetryConsumer
+
+
+class SlowAgent(pbg.ControlServicer):
+    """Commit blocks until ``release`` is set (a Full-Copy commit moving a large cache);
+    every call is recorded in arrival order."""
+
+    def __init__(self, name: str = "edge-a") -> None:
+        self.name = name
+        self.release = threading.Event()
+        self.order: "queue.Queue[tuple[str, str, int]]" = queue.Queue()
+
+    def _ok(self, req):
+        return pb.ControlReply(status=pb.STATUS_OK, session_id=req.session_id, epoch=req.epoch)
+
+    def Trigger(self, request, context):
+        self.order.put(("Trigger", request.session_id, request.epoch))
+        return self._ok(request)
+
+    def Cancel(self, request, context):
+        self.order.put(("Cancel", request.session_id, request.epoch))
+        return self._ok(request)
+
+    def Commit(self, request, context):
+        self.order.put(("Commit", request.session_id, request.epoch))
+        self.release.wait(30)
+        return self._ok(request)
+
+    def Telemetry(self, request, context):
+        while context.is_active():
+            yield pb.TelemetryReport(agent_id=self.name, time=time.time())
+            time.sleep(0.02)
+
+
+@pytest.fixture
+def agent():
+    a = SlowAgent()
+    srv = grpc.server(futures.ThreadPoolExecutor(8))
+    pbg.add_ControlServicer_to_server(a, srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    a.address = f"127.0.0.1:{port}"
+    yield a
+    a.release.set()
+    srv.stop(0)
+
+
+def _client(agent, **kw):
+    eps = {"edge-a": AgentEndpoint("edge-a", agent.address, "127.0.0.1:1"),
+           "edge-b": AgentEndpoint("edge-b", "127.0.0.1:2", "127.0.0.1:2")}
+    return PolicyClient(eps, **kw)
+
+
+def test_a_slow_commit_does_not_hold_another_sessions_calls(agent):
+    """Issue 14: one worker thread per agent, so a 60 s Commit blocked every other session's
+    calls to that agent."""
+    c = _client(agent)
+    try:
+        slow = c.commit("edge-a", "s1", 1, "edge-b")
+        assert agent.order.get(timeout=5) == ("Commit", "s1", 1)
+        fast = c.trigger("edge-a", "s2", 1, "edge-b")
+        out = fast.result(timeout=3)            # answered while s1's commit still runs
+        assert out.ok and out.session_id == "s2" and not slow.done()
+    finally:
+        agent.release.set()
+        c.close()
+
+
+def test_calls_of_one_session_keep_their_order(agent):
+    c = _client(agent)
+    try:
+        c.commit("edge-a", "s1", 1, "edge-b")
+        later = c.cancel("edge-a", "s1", 2)    # must not overtake the commit before it
+        assert agent.order.get(timeout=5) == ("Commit", "s1", 1)
+        time.sleep(0.3)
+        assert agent.order.empty() and not later.done()
+        agent.release.set()
+        assert later.result(timeout=5).ok
+        assert agent.order.get(timeout=1) == ("Cancel", "s1", 2)
+    finally:
+        agent.release.set()
+        c.close()
+
+
+def test_the_reply_cache_is_bounded_and_forgets_a_session(agent):
+    c = _client(agent, cache_size=3)
+    agent.release.set()
+    try:
+        for i in range(5):
+            c.trigger("edge-a", f"s{i}", 1, "edge-b").result(timeout=5)
+        assert [k[1] for k in c._done] == ["s2", "s3", "s4"]
+        c.forget_session("s3")
+        assert [k[1] for k in c._done] == ["s2", "s4"]
+        assert not c._tails                      # no Future kept once answered
+    finally:
+        c.close()
+
+
+def test_an_agents_address_change_is_followed(agent):
+    c = _client(agent)
+    agent.release.set()
+    moved = SlowAgent()
+    moved.release.set()
+    srv = grpc.server(futures.ThreadPoolExecutor(4))
+    pbg.add_ControlServicer_to_server(moved, srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    try:
+        assert c.trigger("edge-a", "s1", 1, "edge-b").result(timeout=5).ok
+        c.set_agents({"edge-a": AgentEndpoint("edge-a", f"127.0.0.1:{port}", "127.0.0.1:1"),
+                      "edge-b": AgentEndpoint("edge-b", "127.0.0.1:2", "127.0.0.1:2")})
+        assert c.trigger("edge-a", "s2", 1, "edge-b").result(timeout=5).ok
+        assert moved.order.get(timeout=1) == ("Trigger", "s2", 1)
+        c.set_agents({"edge-b": AgentEndpoint("edge-b", "127.0.0.1:2", "127.0.0.1:2")})
+        with pytest.raises(KeyError):
+            c.trigger("edge-a", "s3", 1, "edge-b")
+    finally:
+        c.close()
+        srv.stop(0)
+
+
+def test_telemetry_streams_follow_the_agent_map(agent):
+    seen: "queue.Queue[str]" = queue.Queue()
+    tc = TelemetryConsumer({"edge-a": AgentEndpoint("edge-a", agent.address, "x")},
+                           lambda aid, rep: seen.put(aid), period_ms=20, retry_s=0.05)
+    other = SlowAgent("edge-c")
+    srv = grpc.server(futures.ThreadPoolExecutor(4))
+    pbg.add_ControlServicer_to_server(other, srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    try:
+        tc.start()
+        assert seen.get(timeout=5) == "edge-a"
+        opened = tc.set_agents({"edge-c": AgentEndpoint("edge-c", f"127.0.0.1:{port}", "x")})
+        assert opened == ["edge-c"] and tc.streams == {"edge-c": f"127.0.0.1:{port}"}
+        while seen.get(timeout=5) != "edge-c":
+            pass
+        # the address of edge-c moves to edge-a's server: the stream is reopened there
+        assert tc.set_agents({"edge-c": AgentEndpoint("edge-c", agent.address, "x")}) == ["edge-c"]
+        assert tc.streams == {"edge-c": agent.address}
+    finally:
+        tc.stop()
+        srv.stop(0)
