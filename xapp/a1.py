@@ -47,6 +47,7 @@ import structlog
 from jsonschema import Draft7Validator
 
 from xapp.config import ConfigError, XappConfig, load_controls
+from xapp.e2.transport import A1_POLICY_QUERY, A1_POLICY_REQ, A1_POLICY_RESP  # the RMR types, defined once
 
 __all__ = [
     "A1_POLICY_REQ",
@@ -59,9 +60,6 @@ __all__ = [
     "load_policy_type",
 ]
 
-A1_POLICY_REQ = 20010
-A1_POLICY_RESP = 20011
-A1_POLICY_QUERY = 20012
 
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "READ")
 _MAX_TYPE_ID = 2147483647

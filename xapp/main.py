@@ -5,7 +5,8 @@ Live (what the container runs)::
     CONFIG_FILE=/opt/ric/config/config-file.json pallas-xapp
 
 reads the descriptor's ``controls`` (xapp.config), subscribes to the E2 nodes of the configured
-agents through the subscription manager, receives RIC_INDICATION and A1_POLICY_REQ over RMR
+agents through the subscription manager (retried with backoff, kept in step with the descriptor,
+deleted on SIGTERM), receives RIC_INDICATION and A1_POLICY_REQ over RMR
 (librmr_si.so, as OSC images carry it) and sends trigger/cancel/commit policies to the agents.
 The descriptor is re-read when the file's content changes (whatever its times).
 
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
-    from xapp.app import EventLog, PallasXapp, subscribe_all
+    from xapp.app import EventLog, PallasXapp
     nrt = {int(k): int(v) for k, v in json.load(open(a.nrt)).items()} if a.nrt else None
     events = EventLog(a.events)
     done = threading.Event()
@@ -162,24 +163,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     from xapp.e2.transport import A1_POLICY_QUERY, RmrTransport
     transport = RmrTransport(rmr_port=a.rmr_port, use_fake_sdl=bool(os.environ.get("USE_FAKE_SDL")))
     a1 = A1PolicyHandler(cfg, load_policy_type(default_policy_type_path(cfg.a1.policy_type_id)))
-    app = PallasXapp(cfg, transport, nrt=nrt, events=events, a1=a1)
+    from xapp.e2.subscription import SubmgrClient, SubscriptionManager
+    subscriptions = SubscriptionManager(SubmgrClient(cfg.e2.submgr_url))
+    app = PallasXapp(cfg, transport, nrt=nrt, events=events, a1=a1, subscriptions=subscriptions)
     started = threading.Event()
-    from xapp.e2.subscription import SubscriptionLedger
-    ledger = SubscriptionLedger()
     try:
         from xapp.httpd import serve_http
         serve_http("0.0.0.0", cfg.e2.client_http_port, started.is_set,
-                   on_subscription_response=ledger.notify)
+                   on_subscription_response=app.on_subscription_response)
     except OSError as e:
         log.error("http endpoints not served", port=cfg.e2.client_http_port, error=str(e))
-    subscribe_all(cfg, ledger=ledger)
-    app.start()
+    app.start()          # subscribes (failed ones retried with backoff), telemetry, cycle, RMR
     started.set()
     transport.send(A1_POLICY_QUERY, a1.query_message())   # A1 resends every live instance
     events.write("start", mode="live", scheme=cfg.scheme)
     watcher = _watch_config(a.config, app, a.scheme, done, a1)
     done.wait()
-    app.stop()
+    app.stop()           # SIGTERM/SIGINT: the E2 subscriptions are deleted at submgr first
     if watcher is not None:
         watcher.join(1.0)
     return 0

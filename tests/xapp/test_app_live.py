@@ -108,6 +108,12 @@ class FakeSubmgr(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(out)
 
+    def do_DELETE(self):  # noqa: N802
+        FakeSubmgr.posts.append((self.path, None))
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def log_message(self, *a):
         pass
 
@@ -176,8 +182,9 @@ def rmr_stub(monkeypatch):
 
 
 def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
-    from xapp.app import EventLog, PallasXapp, subscribe_all
+    from xapp.app import EventLog, PallasXapp
     from xapp.config import load_controls
+    from xapp.e2.subscription import SubmgrClient, SubscriptionLedger, SubscriptionManager
     from xapp.e2.transport import RIC_INDICATION, RmrTransport
 
     a, b = FakeAgent("edge-a", True), FakeAgent("edge-b", False)
@@ -196,13 +203,14 @@ def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
     controls["e2"]["submgr_url"] = f"http://127.0.0.1:{http.server_port}/ric/v1"
     cfg = load_controls(controls)
     events = EventLog(tmp_path / "events.jsonl")
+    ledger = SubscriptionLedger()
+    subscriptions = SubscriptionManager(SubmgrClient(cfg.e2.submgr_url), ledger)
     app = PallasXapp(cfg, RmrTransport(rmr_port=4599, use_fake_sdl=True, wait_for_ready=False),
-                     nrt={PCI_A: CELL_A, PCI_B: CELL_B}, events=events)
+                     nrt={PCI_A: CELL_A, PCI_B: CELL_B}, events=events, subscriptions=subscriptions)
     try:
-        from xapp.e2.subscription import SubscriptionLedger
-        ledger = SubscriptionLedger()
-        subs = subscribe_all(cfg, ledger=ledger)
         app.start()
+        subs = list(subscriptions.answers)
+        held = dict(ledger.subscriptions)
         # The UE drives from A towards B: serving RSRP falls, B's rises (8 dB/s closing), one
         # report every 200 ms, delivered through RMR; then the first report from cell B.
         t0 = time.time()
@@ -233,13 +241,17 @@ def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
         sa.stop(0)
         sb.stop(0)
         http.shutdown()
-    # Subscribed at both E2 nodes, with submgr's PascalCase body, on the right path.
-    assert [p for p, _ in FakeSubmgr.posts] == ["/ric/v1/subscriptions"] * 2
-    assert {body["Meid"] for _, body in FakeSubmgr.posts} == {"gnb_001_01_00a81b0c", "gnb_001_01_00a81c0d"}
-    assert all(body["RANFunctionID"] == 3 and body["ClientEndpoint"]["RMRPort"] == 4560 for _, body in FakeSubmgr.posts)
+    # Subscribed at both E2 nodes, with submgr's PascalCase body, on the right path; both
+    # deleted at stop (what SIGTERM runs).
+    posts = [(p, body) for p, body in FakeSubmgr.posts if body is not None]
+    assert [p for p, _ in posts] == ["/ric/v1/subscriptions"] * 2
+    assert {body["Meid"] for _, body in posts} == {"gnb_001_01_00a81b0c", "gnb_001_01_00a81c0d"}
+    assert all(body["RANFunctionID"] == 3 and body["ClientEndpoint"]["RMRPort"] == 4560 for _, body in posts)
     assert len(subs) == 2
-    assert {v["meid"] for v in ledger.subscriptions.values()} == {"gnb_001_01_00a81b0c", "gnb_001_01_00a81c0d"}
-    assert set(ledger.subscriptions) == {a["SubscriptionId"] for a in subs}
+    assert {v["meid"] for v in held.values()} == {"gnb_001_01_00a81b0c", "gnb_001_01_00a81c0d"}
+    assert set(held) == {a["SubscriptionId"] for a in subs}
+    assert sorted(p for p, body in FakeSubmgr.posts if body is None) == \
+        sorted(f"/ric/v1/subscriptions/{a['SubscriptionId']}" for a in subs)
     kinds = [c[0] for c in calls]
     assert "Trigger" in kinds and kinds[-1] == "Commit", kinds
     trig = next(r for k_, r in calls if k_ == "Trigger")

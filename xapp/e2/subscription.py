@@ -22,6 +22,12 @@ The response (201) is ``{"SubscriptionId": str, "SubscriptionInstances": [...]}`
 then POSTs the E2 outcome to the xApp's ``/ric/v1/subscriptions/response`` and the
 indications arrive over RMR (12050) with the RMR sub id = the E2 instance id.
 
+The lifecycle (:class:`SubscriptionManager`): the subscriptions wanted are one per E2 node of
+the configured agents and E2SM-RC RAN function; :meth:`SubscriptionManager.sync` adds the new
+ones and deletes (``DELETE /ric/v1/subscriptions/{id}``) those no longer wanted after a reload;
+a failed one is retried with exponential backoff; :meth:`SubscriptionManager.delete_all`
+removes them all at shutdown (SIGTERM), so submgr and the E2 nodes stop sending.
+
 The E2SM payloads come from :mod:`xapp.e2.codec`: E2SM-RC REPORT Style 1 on NR UL-DCCH
 MeasurementReport (:func:`rc_message_copy_details`) and E2SM-KPM REPORT Style 4 UE-level
 measurements (:func:`kpm_ue_details`).
@@ -29,8 +35,10 @@ measurements (:func:`kpm_ue_details`).
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import structlog
 from prometheus_client import Counter
@@ -219,6 +227,13 @@ class SubscriptionLedger:
         self.active: dict[int, str] = {}      # E2 event instance id -> SubscriptionId
         self.failed: list[dict] = []
 
+    def forget(self, subscription_id: str) -> None:
+        """Drop a deleted subscription and its E2 instances."""
+        with self._lock:
+            self.subscriptions.pop(subscription_id, None)
+            for inst in [i for i, s in self.active.items() if s == subscription_id]:
+                del self.active[inst]
+
     def requested(self, answer: dict, meid: str, ran_function_id: int) -> None:
         """Record submgr's answer to the subscription of ``meid`` / ``ran_function_id``."""
         with self._lock:
@@ -258,3 +273,120 @@ class SubscriptionLedger:
                              ran_function=sub["ran_function"],
                              e2_instance=inst.e2_event_instance_id)
         return len(resp.subscription_instances)
+
+
+# --------------------------------------------------------------------------------------------
+# the lifecycle
+
+Key = tuple[str, int]
+"""A wanted subscription: (E2 node id, RAN function id)."""
+
+
+def wanted_subscriptions(config: Any) -> dict[Key, dict]:
+    """The ``SubscriptionParams`` the configuration wants, by (E2 node, RAN function): E2SM-RC
+    REPORT Style 1 message copy at every E2 node of the configured agents, for each RC RAN
+    function (``controls.e2.ran_functions``), with the xApp's client endpoint."""
+    e2 = config.e2
+    trigger, actions = rc_message_copy_details()
+    rc_ids = getattr(e2, "rc_ran_function_ids", None) or (getattr(e2, "rc_ran_function_id", 3),)
+    return {(node, int(rf)): subscription_params(
+                host=e2.client_host, http_port=e2.client_http_port, rmr_port=e2.client_rmr_port,
+                meid=node, ran_function_id=int(rf), event_trigger=trigger, actions=actions)
+            for node in config.e2_nodes for rf in rc_ids}
+
+
+class SubscriptionManager:
+    """Keeps the xApp's E2 subscriptions at submgr equal to what the configuration wants.
+
+    ``client``: a :class:`SubmgrClient` (or anything with ``subscribe(params) -> answer`` and
+    ``unsubscribe(id)``); ``ledger``: the :class:`SubscriptionLedger` the HTTP notification
+    path fills. A subscription that fails (submgr unreachable or refusing) is retried after
+    ``backoff_s``, doubling up to ``max_backoff_s``, by :meth:`retry_due` (called by the
+    thread of :meth:`start`, or by hand). Thread-safe.
+    """
+
+    def __init__(self, client: Any, ledger: SubscriptionLedger | None = None, *, backoff_s: float = 1.0,
+                 max_backoff_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.ledger = ledger if ledger is not None else SubscriptionLedger()
+        self.backoff_s, self.max_backoff_s, self.clock = backoff_s, max_backoff_s, clock
+        self._lock = threading.RLock()
+        self.active: dict[Key, tuple[str, dict]] = {}              # key -> (SubscriptionId, params)
+        self.pending: dict[Key, tuple[dict, float, float]] = {}    # key -> (params, next try, backoff)
+        self.answers: list[dict] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sync(self, config: Any) -> list[dict]:
+        """Make the subscriptions those of ``config``: delete the ones no longer wanted (or whose
+        parameters changed), subscribe the new ones now (a failure goes to the retry list).
+        Returns submgr's answers to the subscriptions made by this call."""
+        wanted = wanted_subscriptions(config)
+        with self._lock:
+            for key in [k for k, (_, p) in self.active.items() if wanted.get(k) != p]:
+                self._delete(key)
+            for key in [k for k, (p, _, _) in self.pending.items() if wanted.get(k) != p]:
+                del self.pending[key]
+            new = [(k, p) for k, p in wanted.items() if k not in self.active and k not in self.pending]
+        return [a for k, p in new if (a := self._subscribe(k, p, self.backoff_s)) is not None]
+
+    def _subscribe(self, key: Key, params: dict, backoff: float) -> dict | None:
+        node, rf = key
+        try:
+            answer = self.client.subscribe(params)
+        except Exception as e:  # submgr down or refusing: retried later, the xApp runs on
+            with self._lock:
+                self.pending[key] = (params, self.clock() + backoff, min(backoff * 2, self.max_backoff_s))
+            log.error("subscription failed, will retry", e2_node=node, ran_function=rf, retry_in_s=backoff,
+                      error=repr(e))
+            return None
+        sid = str(answer["SubscriptionId"])
+        with self._lock:
+            self.pending.pop(key, None)
+            self.active[key] = (sid, params)
+            self.answers.append(answer)
+        self.ledger.requested(answer, node, rf)
+        log.info("subscribed", e2_node=node, ran_function=rf, subscription_id=sid)
+        return answer
+
+    def retry_due(self) -> int:
+        """Retry the failed subscriptions whose time has come; returns how many now exist."""
+        now = self.clock()
+        with self._lock:
+            due = [(k, p, b) for k, (p, t, b) in self.pending.items() if t <= now]
+        return sum(self._subscribe(k, p, b) is not None for k, p, b in due)
+
+    def _delete(self, key: Key) -> bool:
+        sid, _ = self.active.pop(key)
+        try:
+            self.client.unsubscribe(sid)
+        except Exception as e:  # submgr down: it expires the subscription when the xApp is gone
+            log.error("subscription delete failed", e2_node=key[0], ran_function=key[1],
+                      subscription_id=sid, error=repr(e))
+            return False
+        finally:
+            self.ledger.forget(sid)
+        log.info("unsubscribed", e2_node=key[0], ran_function=key[1], subscription_id=sid)
+        return True
+
+    def delete_all(self) -> int:
+        """Delete every subscription at submgr (shutdown); stops the retry thread first.
+        Returns how many submgr confirmed."""
+        self.stop()
+        with self._lock:
+            self.pending.clear()
+            return sum(self._delete(k) for k in list(self.active))
+
+    def start(self, period_s: float = 0.5) -> "SubscriptionManager":
+        """Retry failed subscriptions from a daemon thread every ``period_s``."""
+        def run() -> None:
+            while not self._stop.wait(period_s):
+                self.retry_due()
+        self._thread = threading.Thread(target=run, name="e2-subscriptions", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2.0)

@@ -1,0 +1,155 @@
+"""The xApp's own per-UE and per-session state is freed when a UE leaves or goes silent and
+when a session ends, so memory stays flat under churn (issue 14: ``ues``, ``tokens``,
+``_actions``, ``PolicyClient._done`` and the in-memory event log grew forever). The tracks' and
+predictor's own state under churn is tested with them."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import structlog
+
+from pallas_proto import pallas_pb2 as pb
+from xapp.app import PallasXapp
+from xapp.config import load_controls
+from xapp.events import EventLog
+from xapp.predict.base import Prediction
+from xapp.tracks import MeasurementReport
+
+REPO = Path(__file__).resolve().parents[2]
+CELL_A, CELL_B = 0xA81B0C01, 0xA81C0D01
+
+
+@pytest.fixture(autouse=True)
+def quiet_logs():
+    """Warnings and errors only, as the xApp logs in production (a debug line per state
+    transition, captured by pytest in memory, would be the only thing growing)."""
+    import logging
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    yield
+    structlog.configure(**saved)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.on_reply = None
+        self.n = 0
+        self.forgotten = 0
+
+    def trigger(self, *a, **kw):
+        self.n += 1
+
+    cancel = commit = trigger
+
+    def forget_session(self, sid):
+        self.forgotten += 1
+
+    def close(self):
+        pass
+
+
+class Forgetful:
+    """A predictor that names CELL_B 0.3 s ahead and records what it is told to forget."""
+
+    def __init__(self) -> None:
+        self.forgotten = 0
+
+    def observe(self, r):
+        pass
+
+    def predict(self, track, now):
+        return Prediction(CELL_B, now + 0.3, 1.0, "test")
+
+    def forget(self, ue_id):
+        self.forgotten += 1
+
+
+def _app():
+    c = copy.deepcopy(json.loads((REPO / "descriptors" / "config-file.json").read_text())["controls"])
+    c["agents"] = {"edge-a": {"e2_node_id": "gnb_a", "control_address": "127.0.0.1:1", "peer_address": "a:1"},
+                   "edge-b": {"e2_node_id": "gnb_b", "control_address": "127.0.0.1:2", "peer_address": "b:1"}}
+    c["cells"] = {str(CELL_A): "edge-a", str(CELL_B): "edge-b"}
+    return PallasXapp(load_controls(c), None, policy=Recorder(), telemetry=False, predictor=Forgetful(),
+                      events=EventLog(None, keep=100))
+
+
+def _telemetry(agent, sessions, state="serving"):
+    rep = pb.TelemetryReport(agent_id=agent, time=time.time())
+    rep.server.model.CopyFrom(pb.ModelIdentity(model="tiny", block_size=32, kv_bytes_per_token=16384))
+    rep.server.prefill_rate, rep.server.free_kv_blocks = 5000.0, 10_000_000
+    for sid, ue in sessions:
+        rep.sessions.add(session_id=sid, ue_id=ue, tokens=20000, decode_rate=50.0, state=state,
+                         remaining_tokens=5000)
+    return rep
+
+
+def _churn(app, n: int, base: int) -> None:
+    """``n`` UEs appear with a session each, report, get triggered, then the sessions finish
+    and the UEs fall silent; the control cycles that follow free them."""
+    now = time.time()
+    ues = [(f"s{base + i}", str(base + i)) for i in range(n)]
+    for sid, ue in ues:
+        r = MeasurementReport(now, ue, CELL_A, -80.0)
+        app.tracks.add(r)
+        app.control.on_report(r)
+    app.on_telemetry("edge-b", _telemetry("edge-b", []))
+    app.on_telemetry("edge-a", _telemetry("edge-a", ues))
+    app.control_cycle()                                    # predictions, triggers
+    app.on_telemetry("edge-a", _telemetry("edge-a", ues, state="finished"))
+    app.control.ue_silent_s = 0.0
+    app.control.offset = -120.0                            # the trace clock moves past them
+    app.control_cycle()
+    app.control.offset = 0.0
+
+
+@pytest.mark.slow
+def test_ten_thousand_ues_leave_nothing_behind():
+    app = _app()
+    _churn(app, 10_000, 0)
+    assert app.policy.n >= 10_000                          # they were triggered (then cancelled)
+    assert len(app.ues) == 0 and len(app.tracks) == 0 and app.predictor.forgotten == 10_000
+    assert len(app.engine) == 0 and app.tokens == {} and app.dispatcher.pending == {}
+    assert app.control._pending_ho == {} and len(app.events.events) == 100
+    assert app.policy.forgotten == 10_000
+    assert app.engine._reservations == {}
+
+
+def test_memory_is_flat_over_rounds_of_churn():
+    app = _app()
+    tracemalloc.start()
+    _churn(app, 500, 0)                                    # warm: arrays and tables sized
+    gc.collect()
+    first, _ = tracemalloc.get_traced_memory()
+    for k in range(1, 4):
+        _churn(app, 500, k * 10_000)
+    gc.collect()
+    last, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert last - first < 64 * 1024, (first, last)        # 1,500 more UEs: no per-UE residue
+
+
+def test_the_ue_table_is_capped_least_recently_heard_first():
+    app = _app()
+    app.control.max_ues = 3
+    for i in range(5):
+        r = MeasurementReport(time.time(), str(i), CELL_A, -80.0)
+        app.tracks.add(r)
+        app.control.on_report(r)
+    assert list(app.ues) == ["2", "3", "4"] and app.tracks.get("0") is None
+
+
+def test_the_event_log_streams_to_its_file_and_keeps_a_bounded_tail(tmp_path):
+    log = EventLog(tmp_path / "e.jsonl", keep=10)
+    for i in range(1000):
+        log.write("x", i=i)
+    log.close()
+    lines = (tmp_path / "e.jsonl").read_text().splitlines()
+    assert len(lines) == 1000 and json.loads(lines[-1])["i"] == 999
+    assert [e["i"] for e in log.events] == list(range(990, 1000)) and log.written == 1000

@@ -1,0 +1,260 @@
+"""The control loop: what the xApp knows of each UE, the decision cycle, handovers, telemetry.
+
+    E2 reports --> tracks --> predictor (per UE) --> Scheduler Engine <-- agents' telemetry
+                                                         |
+                                                     actions --> ActionDispatcher
+
+Clocks: the predictor and the tracks run on the trace clock, the Scheduler Engine on the wall
+clock (the agents' telemetry carries wall-clock times); t_HO is moved by ``offset``.
+
+Memory is bounded by the UEs and sessions alive: a UE silent for ``ue_silent_s`` (trace clock)
+is forgotten with its track and predictor state, at most ``max_ues`` are kept (the least
+recently heard goes first), and a session's token count and pending replies go when the engine
+drops the session.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from pallas_proto import pallas_pb2 as pb
+from xapp.config import XappConfig
+from xapp.dispatch import ActionDispatcher
+from xapp.events import EventLog
+from xapp.tracks import MeasurementReport, TrackStore
+
+__all__ = ["ControlLoop", "UEState"]
+
+log = structlog.get_logger("pallas.xapp.control")
+
+# Session states (agent/session.py SessionState values) passed to the Scheduler Engine: those in
+# which the reporting agent serves the session, and its end.
+_PASS_STATES = {"new", "serving", "migrating", "committing", "resumed", "finished"}
+
+
+@dataclass
+class UEState:
+    """What the xApp knows of one UE: its serving cell and since when, when it was last heard
+    (trace clock), and its S-NSSAI (``"SST"`` or ``"SST-SD"``; None while unknown)."""
+
+    ue_id: str
+    serving_cell: int = -1
+    since: float = float("nan")
+    reported_target: int = -2
+    last_heard: float = float("nan")
+    snssai: str | None = None
+
+
+class ControlLoop:
+    """Per-UE state, the decision cycle and the handover path (module docstring).
+
+    ``config_of()`` returns the configuration in force (it changes under A1 and reloads);
+    ``dispatcher`` sends the actions; ``tokens`` (session -> (K, wall time), shared with the
+    dispatcher) is filled from telemetry. ``PENDING_HO_S``: how long a handover of a UE whose
+    session the telemetry has not shown yet is held (it is committed, by the fallback, as soon
+    as the session appears at its old agent).
+    """
+
+    PENDING_HO_S = 3.0
+
+    def __init__(self, config_of: Any, tracks: TrackStore, ingest: Any, predictor: Any, engine: Any,
+                 dispatcher: ActionDispatcher, events: EventLog, lock: threading.RLock,
+                 offset: float = 0.0, *, tokens: dict[str, tuple[int, float]] | None = None,
+                 ue_silent_s: float = 60.0, max_ues: int = 100_000) -> None:
+        self._config_of = config_of
+        self.tracks, self.ingest, self.predictor, self.engine = tracks, ingest, predictor, engine
+        self.dispatcher, self.events, self._lock, self.offset = dispatcher, events, lock, offset
+        self.ue_silent_s, self.max_ues = ue_silent_s, max_ues
+        self.ues: OrderedDict[str, UEState] = OrderedDict()      # least recently heard first
+        self.tokens: dict[str, tuple[int, float]] = {} if tokens is None else tokens  # session -> (K, wall t)
+        self._pending_ho: dict[str, tuple[int, int, float]] = {}
+        self.cycles = 0
+
+    @property
+    def config(self) -> XappConfig:
+        return self._config_of()
+
+    def now(self) -> float:
+        """The trace clock now (live: wall clock)."""
+        return time.time() - self.offset
+
+    # -- indications --------------------------------------------------------------------------
+    def on_indication(self, payload: bytes, e2_node: str = "", t: float | None = None, sub_id: int = -1) -> None:
+        """Ingest one RIC_INDICATION; a change of serving cell commits at once."""
+        for r in self.ingest.on_indication(payload, e2_node, t, sub_id):
+            try:
+                self.predictor.observe(r)
+            except Exception as e:
+                log.error("predictor observe failed", error=repr(e))
+            self.on_report(r)
+
+    def on_report(self, r: MeasurementReport) -> None:
+        """One UE's report: its state is refreshed; a new serving cell is the handover."""
+        snssai = getattr(r, "snssai", None)
+        with self._lock:
+            ue = self.ues.get(r.ue_id)
+            if ue is None:
+                self.ues[r.ue_id] = UEState(r.ue_id, r.serving_cell, r.time, last_heard=r.time, snssai=snssai)
+                self._bound()
+                return
+            self.ues.move_to_end(r.ue_id)
+            ue.last_heard = r.time
+            if snssai:
+                ue.snssai = snssai
+            if r.serving_cell < 0 or r.serving_cell == ue.serving_cell:
+                return
+            old, ue.serving_cell, ue.since = ue.serving_cell, r.serving_cell, r.time
+        self.events.write("handover", ue=r.ue_id, trace_t=r.time, from_cell=old, to_cell=r.serving_cell)
+        self.on_handover(r.ue_id, old, r.serving_cell, r.time)
+
+    def note_slice(self, ue_id: str, snssai: str | None) -> None:
+        """The UE's S-NSSAI (from whatever source knows it); per-slice proactive rules apply to
+        it from the next cycle. Unknown UEs are ignored."""
+        with self._lock:
+            ue = self.ues.get(ue_id)
+            if ue is not None:
+                ue.snssai = snssai
+
+    # -- forgetting ---------------------------------------------------------------------------
+    def _bound(self) -> None:
+        while len(self.ues) > self.max_ues:
+            self._forget_ue(next(iter(self.ues)))
+
+    def _forget_ue(self, ue_id: str) -> None:
+        self.ues.pop(ue_id, None)
+        self._pending_ho.pop(ue_id, None)
+        self.tracks.tracks.pop(ue_id, None)
+        forget = getattr(self.predictor, "forget", None)
+        if forget is not None:
+            forget(ue_id)
+
+    def forget_silent(self, now_trace: float) -> int:
+        """Forget UEs not heard for ``ue_silent_s`` and the token counts of sessions the engine
+        no longer tracks; returns how many UEs went."""
+        with self._lock:
+            gone = []
+            for ue_id, ue in self.ues.items():       # least recently heard first
+                if not now_trace - ue.last_heard > self.ue_silent_s:
+                    break
+                gone.append(ue_id)
+            for ue_id in gone:
+                self._forget_ue(ue_id)
+            ended = [s for s in self.tokens if not self._tracked(s)]
+            for s in ended:
+                del self.tokens[s]
+            ended += [s for s in self.dispatcher.pending if not self._tracked(s) and s not in ended]
+        for s in ended:
+            self.dispatcher.forget_session(s)
+        return len(gone)
+
+    def _tracked(self, session_id: str) -> bool:
+        try:
+            self.engine.session(session_id)
+            return True
+        except KeyError:
+            return False
+
+    # -- telemetry ----------------------------------------------------------------------------
+    def on_telemetry(self, agent_id: str, rep: pb.TelemetryReport) -> None:
+        """An agent's TelemetryReport: rates, server state and the sessions it serves go to the
+        Scheduler Engine (sessions the agent only prepares or handed over are left out)."""
+        keep = [s for s in rep.sessions if s.state in _PASS_STATES or s.state == "failed"]
+        if len(keep) != len(rep.sessions):
+            r2 = pb.TelemetryReport()
+            r2.CopyFrom(rep)
+            del r2.sessions[:]
+            for s in keep:
+                x = r2.sessions.add()
+                x.CopyFrom(s)
+                if s.state == "failed":
+                    x.state = "finished"
+            rep = r2
+        ended: list[str] = []
+        with self._lock:
+            for s in rep.sessions:
+                self.tokens[s.session_id] = (int(s.tokens), float(rep.time or time.time()))
+            actions = self.engine.ingest_telemetry(rep, time.time())
+            for s in rep.sessions:
+                if s.state == "finished" and not self._tracked(s.session_id):
+                    self.tokens.pop(s.session_id, None)
+                    ended.append(s.session_id)
+            late = [(ue, ho) for ue, ho in self._pending_ho.items() if self.engine.sessions_of(ue)]
+            for ue, _ in late:
+                del self._pending_ho[ue]
+            stale = [ue for ue, ho in self._pending_ho.items() if self.now() - ho[2] > self.PENDING_HO_S]
+            for ue in stale:
+                del self._pending_ho[ue]
+        self.dispatcher.send(actions)
+        for s in ended:
+            self.dispatcher.forget_session(s)
+        for ue, (f, t, t_ho) in late:
+            self.events.write("late_session", ue=ue, trace_t=self.now(), handover_t=t_ho)
+            self.on_handover(ue, f, t, t_ho)
+
+    # -- the cycle ----------------------------------------------------------------------------
+    def control_cycle(self) -> int:
+        """One decision cycle: predictions for every UE, then the engine's vectorised decision;
+        returns the number of actions sent. The proactive rules of the configuration in force
+        are consulted per UE, with its slice where known (``UEState.snssai``; an unknown slice
+        is judged by the cell rules and the default)."""
+        now_trace, now_wall = self.now(), time.time()
+        self.cycles += 1
+        self.forget_silent(now_trace)
+        cfg = self.config
+        ue_ids, targets, t_ho, conf, allow = [], [], [], [], []
+        with self._lock:
+            ues = list(self.ues.values())
+        for ue in ues:
+            track = self.tracks.get(ue.ue_id)
+            if track is None or not len(track):
+                continue
+            try:
+                pred = self.predictor.predict(track, now_trace)
+            except Exception as e:
+                log.error("prediction failed", ue=ue.ue_id, error=repr(e))
+                continue
+            tgt_cell = pred.target_cell if pred is not None else -1
+            if tgt_cell != ue.reported_target:
+                ue.reported_target = tgt_cell
+                self.events.write("prediction", ue=ue.ue_id, trace_t=now_trace, serving_cell=ue.serving_cell,
+                                  target_cell=tgt_cell, t_ho=pred.t_ho if pred else None,
+                                  confidence=pred.confidence if pred else None,
+                                  source=pred.source if pred else None)
+            ep = cfg.agent_for_cell(tgt_cell) if tgt_cell >= 0 else None
+            usable = ep is not None and pred is not None and math.isfinite(pred.t_ho)
+            ue_ids.append(ue.ue_id)
+            targets.append(ep.agent_id if usable else None)
+            t_ho.append(pred.t_ho + self.offset if usable else float("nan"))
+            conf.append(pred.confidence if pred is not None else 0.0)
+            allow.append(ep is not None and cfg.proactive.allows(ue.serving_cell, tgt_cell, ue.snssai))
+        with self._lock:
+            actions = self.engine.set_predictions(ue_ids, targets, t_ho, conf, allow) if ue_ids else []
+            actions += self.engine.cycle(now_wall)
+        self.dispatcher.send(actions)
+        return len(actions)
+
+    def on_handover(self, ue_id: str, from_cell: int, to_cell: int, t: float) -> None:
+        """The UE is on ``to_cell`` (first report from it, trace time ``t``): the engine commits
+        each of its sessions to that cell's agent, prepared or by the fallback."""
+        tgt = self.config.agent_for_cell(to_cell)
+        with self._lock:
+            sessions = self.engine.sessions_of(ue_id)
+            if tgt is None or not sessions:
+                self.events.write("commit_skipped", ue=ue_id, trace_t=t, from_cell=from_cell, to_cell=to_cell,
+                                  reason="no agent at the new cell" if tgt is None else "no session in flight")
+                if tgt is not None:
+                    prev = self._pending_ho.get(ue_id)
+                    self._pending_ho[ue_id] = (prev[0] if prev else from_cell, to_cell, t)
+                return
+            actions = self.engine.on_handover(ue_id, tgt.agent_id, t + self.offset)
+        if not actions:
+            self.events.write("commit_skipped", ue=ue_id, trace_t=t, from_cell=from_cell, to_cell=to_cell,
+                              reason="same server")
+        self.dispatcher.send(actions, ho=(ue_id, from_cell, to_cell, t))

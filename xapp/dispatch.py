@@ -1,0 +1,178 @@
+"""Actions of the Scheduler Engine -> Control calls to the agents, and their replies back.
+
+:class:`ActionDispatcher` is the one place an action becomes a policy call: each action type
+has its sender (a table, not a chain of type tests), each writes its event (with the model
+estimates the evaluation reads) and remembers the action until its reply, which goes back to
+the engine (:meth:`SchedulerEngine.on_reply`). A session's actions decided while one of its
+commits is in flight wait in the :class:`~xapp.scheduler.gate.CommitGate` until that reply.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import structlog
+
+from pallas_common.contract import COMMIT_MOVED_FIELDS
+from pallas_proto import pallas_pb2 as pb
+from xapp.events import EventLog
+from xapp.policy import CallOutcome, scheme_name
+from xapp.scheduler import CancelAction, CommitAction, TriggerAction
+from xapp.scheduler.gate import CommitGate
+
+__all__ = ["ActionDispatcher"]
+
+log = structlog.get_logger("pallas.xapp.dispatch")
+
+Handover = tuple[str, int, int, float]
+"""The handover an action belongs to: (UE, from cell, to cell, trace time)."""
+
+
+class ActionDispatcher:
+    """Sends the engine's actions through ``policy`` (a :class:`xapp.policy.PolicyClient`).
+
+    ``engine``: the SchedulerEngine; ``events``: the event log; ``lock``: the lock that guards
+    the engine (shared with the control loop); ``offset()``: wall clock minus trace clock, s;
+    ``tokens``: session -> (K, wall time) from telemetry (read only). Entries of
+    :attr:`pending` (actions waiting for their reply) go when the reply is handled, or with
+    their session (:meth:`forget_session`), so they are bounded by the live sessions.
+    """
+
+    def __init__(self, engine: Any, policy: Any, events: EventLog, lock: threading.RLock,
+                 offset: Callable[[], float], tokens: dict[str, tuple[int, float]]) -> None:
+        self.engine, self.policy, self.events, self._lock = engine, policy, events, lock
+        self._offset, self._tokens = offset, tokens
+        self.gate: CommitGate = CommitGate()
+        # session -> {(kind, epoch): (action, T_early of a trigger)}
+        self.pending: dict[str, dict[tuple[str, int], tuple[Any, float | None]]] = {}
+        self._senders: dict[type, Callable[[Any, float, Handover | None], None]] = {
+            TriggerAction: self._trigger, CancelAction: self._cancel, CommitAction: self._commit}
+
+    # -- out ----------------------------------------------------------------------------------
+    def send(self, actions: list, ho: Handover | None = None) -> None:
+        """Send each action (or hold it behind its session's commit in flight). Never raises
+        for an action naming an agent no longer configured (logged and dropped)."""
+        now = time.time()
+        for a in actions:
+            with self._lock:
+                go = self.gate.admit(a, ho)
+            if not go:
+                self.events.write("held", call=type(a).__name__.replace("Action", "").lower(),
+                                  session=a.session_id, epoch=a.epoch,
+                                  behind_commit=self.gate.in_flight(a.session_id))
+                continue
+            try:
+                self._senders[type(a)](a, now, ho)
+            except KeyError as e:
+                log.error("action for an unknown agent dropped", action=repr(a), error=repr(e))
+
+    def _remember(self, kind: str, a: Any, extra: float | None = None) -> None:
+        with self._lock:
+            self.pending.setdefault(a.session_id, {})[(kind, a.epoch)] = (a, extra)
+
+    def _rates(self, source: str, target: str, session: str, now: float) -> dict:
+        tel = self.engine.telemetry
+        ident = tel.model_of(source)
+        return dict(r_p=tel.prefill_rate(target, now), r_d=tel.decode_rate(session, now),
+                    bandwidth=tel.goodput_bytes_per_s(source, target, now),
+                    s_kv=ident.kv_bytes_per_token if ident else None,
+                    block_size=ident.block_size if ident else None)
+
+    def _t_early(self, a: TriggerAction, now: float) -> tuple[float, float]:
+        """Eqs. 6-7 at the chosen window for a trigger (model estimate): (T_SIT, T_early), s."""
+        from pallas_common import timing
+        try:
+            tel = self.engine.telemetry
+            k, t_k = self._tokens.get(a.session_id, (0, now))
+            r_d = tel.decode_rate(a.session_id, now)
+            ident = tel.model_of(a.source)
+            x = timing.WindowInputs(k_curr=k + r_d * max(0.0, now - t_k),
+                                    t_remain=max(0.0, a.predicted_handover_time - now),
+                                    block_size=ident.block_size, r_p=tel.prefill_rate(a.target, now), r_d=r_d,
+                                    bandwidth=tel.goodput_bytes_per_s(a.source, a.target, now),
+                                    s_kv=ident.kv_bytes_per_token, c_sync=self.engine.cfg.c_sync_s)
+            c = timing.evaluate_windows(x, np.array([a.window_s]), self.engine.cfg.alpha)
+            return float(c.t_sit[0, 0]), float(c.t_early[0, 0])
+        except Exception:
+            return float("nan"), float("nan")
+
+    def _trigger(self, a: TriggerAction, now: float, ho: Handover | None) -> None:
+        off = self._offset()
+        t_sit, t_early = self._t_early(a, now)
+        sch = scheme_name(a.scheme)
+        self.events.write("trigger", session=a.session_id, epoch=a.epoch, trace_t=now - off,
+                          ue=self.engine.session(a.session_id).ue_id, source_agent=a.source,
+                          target_agent=a.target, t_ho_pred=a.predicted_handover_time - off,
+                          t_remain=a.predicted_handover_time - now, window_s=a.window_s,
+                          l_hist=a.predicted_split_tokens, t_sit_s=t_sit, t_early_s=t_early, scheme=sch,
+                          **self._rates(a.source, a.target, a.session_id, now))
+        self._remember("Trigger", a, t_early)
+        self.policy.trigger(a.source, a.session_id, a.epoch, a.target, split_tokens=a.split_tokens,
+                            predicted_handover_time=a.predicted_handover_time, scheme=sch,
+                            window_s=a.window_s)
+
+    def _cancel(self, a: CancelAction, now: float, ho: Handover | None) -> None:
+        self.events.write("cancel", session=a.session_id, epoch=a.epoch, trace_t=now - self._offset(),
+                          source_agent=a.source, target_agent=a.target, reason=a.reason)
+        self._remember("Cancel", a)
+        self.policy.cancel(a.source, a.session_id, a.epoch, a.reason)
+
+    def _commit(self, a: CommitAction, now: float, ho: Handover | None) -> None:
+        with self._lock:
+            trig = self.pending.get(a.session_id, {}).get(("Trigger", a.epoch))
+        k = self._tokens.get(a.session_id, (None, 0))[0]
+        ue, f, t, t_ho = ho if ho else ("", -1, -1, a.handover_time - self._offset())
+        prepared = a.prepared_target is not None
+        self.events.write("commit", ue=ue, session=a.session_id, epoch=a.epoch, trace_t=t_ho,
+                          source_agent=a.source, target_agent=a.actual_target, from_cell=f, to_cell=t,
+                          prepared=prepared, scheme=scheme_name(a.scheme),
+                          window_s=trig[0].window_s if trig and prepared else None,
+                          t_early_s=trig[1] if trig and prepared else None, k_curr=k,
+                          **self._rates(a.source, a.actual_target, a.session_id, now))
+        self._remember("Commit", a)
+        self.policy.commit(a.source, a.session_id, a.epoch, a.actual_target, scheme=scheme_name(a.scheme),
+                           handover_time=a.handover_time)
+
+    # -- back ---------------------------------------------------------------------------------
+    def on_reply(self, out: CallOutcome) -> None:
+        """A call's outcome (the PolicyClient's hook): logged, then handed to the engine; a
+        commit's reply releases the session's held actions."""
+        r = out.reply
+        # A commit's reply also says what the handover moved (blocks, bytes, reused/recomputed).
+        moved = ({f: int(getattr(r, f)) for f in COMMIT_MOVED_FIELDS}
+                 if r is not None and out.kind == "Commit" else {})
+        self.events.write("reply", call=out.kind.lower(), agent=out.agent_id, session=out.session_id,
+                          epoch=out.epoch, ok=out.ok, status=pb.Status.Name(r.status) if r else None,
+                          state=r.state if r else None, scheme=scheme_name(r.scheme) if r else None,
+                          split_tokens=int(r.split_tokens) if r else None, message=r.message if r else out.error,
+                          latency_s=out.latency_s, attempts=out.attempts, **moved)
+        with self._lock:
+            mine = self.pending.get(out.session_id, {})
+            entry = mine.get((out.kind, out.epoch))
+            if entry is None:
+                return
+            if out.kind != "Trigger":        # a trigger stays until its commit or cancel
+                del mine[(out.kind, out.epoch)]
+                mine.pop(("Trigger", out.epoch), None)
+            if not mine:
+                self.pending.pop(out.session_id, None)
+        reply = r if r is not None else pb.ControlReply(status=pb.STATUS_ERROR, message=out.error)
+        released: list = []
+        with self._lock:
+            more = self.engine.on_reply(entry[0], reply)
+            if out.kind == "Commit":
+                released = self.gate.settle(entry[0], reply.status == pb.STATUS_OK)
+        self.send(more)
+        for a, ho in released:
+            self.send([a], ho=ho)
+
+    def forget_session(self, session_id: str) -> None:
+        """The session ended: drop what waits for its replies and its cached replies."""
+        with self._lock:
+            self.pending.pop(session_id, None)
+        forget = getattr(self.policy, "forget_session", None)
+        if forget is not None:
+            forget(session_id)
