@@ -138,3 +138,82 @@ def test_the_xapp_syncs_subscriptions_on_start_reconfigure_and_stop():
     finally:
         app.stop()
     assert sm.live == {}                                   # deleted at stop (SIGTERM's path)
+
+
+def test_sigterm_deletes_the_subscriptions_through_submgr(tmp_path, monkeypatch):
+    """pallas-xapp live, RMR replaced by a recording transport: on SIGTERM the xApp deletes at
+    submgr every subscription it made (issue 14: the ids were discarded, nothing was deleted)."""
+    import os
+    import signal
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import xapp.e2.transport as transport_mod
+    from xapp import main as xmain
+
+    seen: list[tuple[str, str]] = []
+
+    class Submgr(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(("POST", body["Meid"]))
+            out = json.dumps({"SubscriptionId": f"id-{body['Meid']}", "SubscriptionInstances": []}).encode()
+            self.send_response(201)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def do_DELETE(self):  # noqa: N802
+            seen.append(("DELETE", self.path.rsplit("/", 1)[-1]))
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    class Transport:
+        def __init__(self, *a, **kw):
+            self.sent = []
+
+        def start(self, on_message):
+            pass
+
+        def send(self, mtype, payload, sub_id=-1):
+            self.sent.append(mtype)
+            return True
+
+        def stop(self):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Submgr)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        http_port = s.getsockname()[1]
+    doc = json.loads((REPO / "descriptors" / "config-file.json").read_text())
+    doc["controls"]["e2"]["submgr_url"] = f"http://127.0.0.1:{srv.server_port}/ric/v1"
+    doc["controls"]["e2"]["client_endpoint"]["http_port"] = http_port
+    path = tmp_path / "config-file.json"
+    path.write_text(json.dumps(doc))
+    nodes = sorted({a["e2_node_id"] for a in doc["controls"]["agents"].values()})
+    monkeypatch.setattr(transport_mod, "RmrTransport", Transport)
+    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+
+    def send_sigterm_once_subscribed():
+        for _ in range(200):
+            if len(seen) >= len(nodes):
+                break
+            threading.Event().wait(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=send_sigterm_once_subscribed, daemon=True).start()
+    try:
+        assert xmain.main(["--mode", "live", "--config", str(path), "--log-level", "WARNING"]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])
+        srv.shutdown()
+    assert sorted(m for k, m in seen if k == "POST") == nodes
+    assert sorted(m for k, m in seen if k == "DELETE") == [f"id-{n}" for n in nodes]
