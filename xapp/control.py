@@ -176,15 +176,15 @@ class ControlLoop:
                 if s.state == "failed":
                     x.state = "finished"
             rep = r2
-        ended: list[str] = []
         with self._lock:
+            finishing = [s.session_id for s in rep.sessions if s.state == "finished" and self._tracked(s.session_id)]
             for s in rep.sessions:
-                self.tokens[s.session_id] = (int(s.tokens), float(rep.time or time.time()))
+                if s.state != "finished":
+                    self.tokens[s.session_id] = (int(s.tokens), float(rep.time or time.time()))
             actions = self.engine.ingest_telemetry(rep, time.time())
-            for s in rep.sessions:
-                if s.state == "finished" and not self._tracked(s.session_id):
-                    self.tokens.pop(s.session_id, None)
-                    ended.append(s.session_id)
+            ended = [sid for sid in finishing if not self._tracked(sid)]
+            for sid in ended:
+                self.tokens.pop(sid, None)
             late = [(ue, ho) for ue, ho in self._pending_ho.items() if self.engine.sessions_of(ue)]
             for ue, _ in late:
                 del self._pending_ho[ue]

@@ -173,6 +173,7 @@ class ActionDispatcher:
         """The session ended: drop what waits for its replies and its cached replies."""
         with self._lock:
             self.pending.pop(session_id, None)
+            self.gate.forget(session_id)
         forget = getattr(self.policy, "forget_session", None)
         if forget is not None:
             forget(session_id)

@@ -91,8 +91,9 @@ def _telemetry(agent, sessions, state="serving"):
 
 
 def _churn(app, n: int, base: int) -> None:
-    """``n`` UEs appear with a session each, report, get triggered, then the sessions finish
-    and the UEs fall silent; the control cycles that follow free them."""
+    """``n`` UEs appear with a session each, report, get triggered, half of them hand over (their
+    commits never answered), then the sessions finish and the UEs fall silent; the control
+    cycles that follow free them."""
     now = time.time()
     ues = [(f"s{base + i}", str(base + i)) for i in range(n)]
     for sid, ue in ues:
@@ -102,7 +103,10 @@ def _churn(app, n: int, base: int) -> None:
     app.on_telemetry("edge-b", _telemetry("edge-b", []))
     app.on_telemetry("edge-a", _telemetry("edge-a", ues))
     app.control_cycle()                                    # predictions, triggers
+    for sid, ue in ues[: n // 2]:                          # half hand over: commits in flight
+        app.on_handover(ue, CELL_A, CELL_B, now)
     app.on_telemetry("edge-a", _telemetry("edge-a", ues, state="finished"))
+    app.on_telemetry("edge-b", _telemetry("edge-b", ues, state="finished"))
     app.control.ue_silent_s = 0.0
     app.control.offset = -120.0                            # the trace clock moves past them
     app.control_cycle()
@@ -117,17 +121,20 @@ def test_ten_thousand_ues_leave_nothing_behind():
     assert len(app.ues) == 0 and len(app.tracks) == 0 and app.predictor.forgotten == 10_000
     assert len(app.engine) == 0 and app.tokens == {} and app.dispatcher.pending == {}
     assert app.control._pending_ho == {} and len(app.events.events) == 100
-    assert app.policy.forgotten == 10_000
+    assert app.policy.forgotten == 10_000                  # each ended session once
+    assert len(app.engine.telemetry.decode) == 0
     assert app.engine._reservations == {}
+    assert app.dispatcher.gate._inflight == {} and app.dispatcher.gate._held == {}
 
 
 def test_memory_is_flat_over_rounds_of_churn():
     app = _app()
     tracemalloc.start()
-    _churn(app, 500, 0)                                    # warm: arrays and tables sized
+    for k in range(2):                                     # warm: arrays and tables sized
+        _churn(app, 500, k * 10_000)
     gc.collect()
     first, _ = tracemalloc.get_traced_memory()
-    for k in range(1, 4):
+    for k in range(2, 5):
         _churn(app, 500, k * 10_000)
     gc.collect()
     last, _ = tracemalloc.get_traced_memory()

@@ -292,7 +292,7 @@ class SchedulerEngine:
         known; sessions their serving agent reports ``finished`` are removed (cancelling a
         running attempt).
         Reports about sessions the agent does not serve (say, the target of a preparation)
-        only feed rates. Memory reservations at the agent are kept (see :meth:`reserved_at`).
+        only feed the rates of tracked sessions; an untracked session's rate is not kept. Memory reservations at the agent are kept (see :meth:`reserved_at`).
         The agent's epoch of a session it serves moves the session's next attempt past it
         (an agent that has seen epoch n answers any older one STALE_EPOCH: after an xApp
         restart, or a session first seen mid-life).
@@ -325,6 +325,9 @@ class SchedulerEngine:
             if sm is not None and sm.source == agent and sm.state is not MigrationState.PREPARING \
                     and s.epoch >= sm.epoch:
                 sm.epoch = s.epoch + 1
+        for s in samples:   # rates of sessions not tracked (ended, or another agent's) are not kept
+            if s.session_id not in self._slot:
+                self.telemetry.forget_session(s.session_id)
         return actions
 
     # -- predictions --------------------------------------------------------------------------

@@ -53,6 +53,11 @@ class CommitGate(Generic[C]):
         """How many of the session's actions wait."""
         return len(self._held.get(session_id, ()))
 
+    def forget(self, session_id: str) -> None:
+        """The session ended: drop its commit in flight and what waits behind it."""
+        self._inflight.pop(session_id, None)
+        self._held.pop(session_id, None)
+
     def settle(self, commit: CommitAction, ok: bool) -> list[tuple[Action, C]]:
         """The reply to ``commit`` came (``ok``: the session moved). Returns the held actions
         to send now, in order (pass each through :meth:`admit` again); a reply to a commit that
