@@ -214,9 +214,22 @@ _requests = st.fixed_dictionaries(
                   "policy_instance_id": st.sampled_from(["i", ""]) | _json,
                   "payload": _payloads | _payloads.map(json.dumps) | st.just("") | _json})
 
+# Well-formed requests of both forms with knobs anywhere in (and at the edges of) their ranges,
+# so that the fuzzing also walks the accepted path (overlays, configuration build, reverts).
+_knobs = st.fixed_dictionaries({}, optional={
+    "alpha": st.floats(0, 1), "t_max_s": st.floats(1e-3, 60) | st.just(60.0),
+    "dt_s": st.floats(0.01, 1) | st.just(0.01), "fallback": st.sampled_from(["ctho", "detour", "full_copy"]),
+    "proactive": st.fixed_dictionaries({}, optional={"enabled": st.booleans(), "slices": st.dictionaries(
+        st.sampled_from(["1", "1-000001", "255-ABCDEF"]), st.booleans(), max_size=2)})})
+_valid = st.fixed_dictionaries({
+    "operation": st.sampled_from(["CREATE", "UPDATE", "DELETE", "READ"]),
+    "policy_type_id": st.sampled_from([TYPE_ID, str(TYPE_ID)]),
+    "policy_instance_id": st.sampled_from(["a", "b", "c"]),
+    "payload": _knobs | _knobs.map(json.dumps)})
+
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(request=_requests | _json)
+@given(request=_valid | _requests | _json)
 def test_fuzzed_requests_never_raise_and_answer_per_the_contract(handler, request):
     """Any JSON request: an answer that satisfies the A1-xApp contract, and an ERROR changes
     nothing (the live configuration stays the last good one)."""
@@ -226,6 +239,8 @@ def test_fuzzed_requests_never_raise_and_answer_per_the_contract(handler, reques
     assert body["status"] == out.status and (out.status == "ERROR") == bool(out.reason)
     if out.status == "ERROR":
         assert handler.config is before and not out.changed
+    sc = handler.config.scheduler          # whatever was accepted, the window grid stays capped
+    assert sc.t_max_s / sc.dt_s <= 6000 * (1 + 1e-9)
 
 
 # --- the OSC A1 mediator's own form (field case ../shared/cases/a1/) ----------------------------
