@@ -62,9 +62,12 @@ class A1Handler:
 
     def __call__(self, msg: RmrMessage) -> None:
         out = self.a1.process(msg.payload)
+        if out.changed:     # applied before the answer, whatever happens to the answer
+            try:
+                self.apply(self.a1.config)
+            except Exception:
+                log.exception("a1_change_not_applied", policy_instance_id=out.policy_instance_id)
         self.transport.rts(msg, A1_POLICY_RESP, out.response)
-        if out.changed:
-            self.apply(self.a1.config)
 
 
 class TelemetryHandler:
