@@ -21,7 +21,7 @@ from . import units
 from .e2ap import (IE_RAN_FUNCTION_ID, IE_RIC_ACTION_ID, IE_RIC_CALL_PROCESS_ID, IE_RIC_INDICATION_HEADER,
                    IE_RIC_INDICATION_MESSAGE, IE_RIC_INDICATION_SN, IE_RIC_INDICATION_TYPE, IE_RIC_REQUEST_ID,
                    PROC_RIC_INDICATION, RicIndication, e2ap_pdu as _e2ap_pdu)
-from .ie import Cgi, UeId, cgi_to_asn, e2sm_spec, ueid_to_asn
+from .ie import Cgi, Guami, UeId, cgi_to_asn, e2sm_spec, ueid_to_asn
 from .per import Unsupported
 from .rrc import CellResult, RrcMeasReport, lpp as _lpp, ul_dcch as _ul_dcch
 from .sm_kpm import KpmIndication, time_to_ntp
@@ -469,3 +469,67 @@ def encode_kpm_indication(k: KpmIndication, version: str = "3.00") -> tuple[byte
     message = s.encode("E2SM-KPM-IndicationMessage", {"indicationMessage-formats": (
         "indicationMessage-Format3", {"ueMeasReportList": reports})})
     return header, message
+
+
+# ------------------------------------------------------------------------------------------------
+# a seed corpus: one valid RIC_INDICATION of every format the xApp reads (fuzzing, tests)
+# ------------------------------------------------------------------------------------------------
+
+def sample_pdus() -> dict[str, bytes]:
+    """Name -> a valid RIC_INDICATION payload, one per format and version the decoders read:
+    E2SM-RC header Formats 1, 2, 3 (message Format 1) over NR MeasurementReports with SSB,
+    CSI-RS-only, per-beam, E-UTRA-neighbour and location contents; E2SM-KPM v03.00 and v02.03
+    header Format 1 with message Formats 1, 2 and 3 (several granularity periods, noValue,
+    labels). RAN functions: 3 = RC, 2 = KPM (the ingest's defaults)."""
+    from .rrc import BeamResult, EutraResult, ServingResult
+    from .sm_kpm import KpmUeReport
+    g = Guami("00101", 2, 3, 1)
+    u = UeId(kind="gNB", amf_ue_ngap_id=7, guami=g)
+    du = UeId(kind="gNB-DU", f1ap_ids=(12,), ran_ue_id=b"\x00" * 8)
+    cell = Cgi("00101", 0xA81B0C)
+    ssb = RrcMeasReport(1, (ServingResult(0, CellResult(11, -96.0, -18.0, 12.0)),),
+                        (CellResult(13, -99.0, -15.0, 3.0), CellResult(-1, -110.0)), 51.9, -8.4, 12.0, 90.0)
+    csi = RrcMeasReport(5, (ServingResult(0, CellResult(11, csi_rsrp_dbm=-96.0, csi_rsrq_db=-18.0, csi_sinr_db=12.0,
+                                                        beams=(BeamResult("ssb", 63, -96.0, -18.0, 12.0),
+                                                               BeamResult("csi-rs", 95, -96.0)))),
+                            ServingResult(1, CellResult(12, -100.0))),
+                        (CellResult(13, csi_rsrp_dbm=-95.0),))
+    lte = RrcMeasReport(2, (ServingResult(0, CellResult(11, -96.0)),), (), eutra_neighbours=(EutraResult(77, 40, 20),))
+    out: dict[str, bytes] = {}
+
+    def ind(rf: int, h: bytes, m: bytes) -> bytes:
+        return encode_ric_indication(RicIndication(1, 1, rf, 1, h, m, sn=1))
+
+    for name, r in (("ssb", ssb), ("csirs", csi), ("eutra", lte)):
+        for fmt in (1, 2, 3):
+            h, m = encode_rc_message_copy(RcMessageCopy(encode_rrc_meas_report(r), u if fmt != 3 or name != "eutra" else du,
+                                                        cell, 1 if fmt != 2 else None, fmt), ue_in_message=fmt == 1)
+            out[f"rc-f{fmt}-{name}"] = ind(3, h, m)
+    reps = (KpmUeReport(u, (("L1M.SS-RSRP", -95.0), ("L1M.SS-RSRQ", -11.0), ("L1M.SS-SINR", 13)), 100,
+                        ((("L1M.SS-RSRP", -96.0),), (("L1M.SS-RSRP", -95.0), ("L1M.SS-RSRQ", -11.0), ("L1M.SS-SINR", 13)))),
+            KpmUeReport(du, (("DRB.UEThpDl", 1200),)))
+    for ver in ("3.00", "2.03"):
+        h, m = encode_kpm_indication(KpmIndication(1_700_000_000.25, reps, sender_name="gnb"), ver)
+        out[f"kpm-f3-v{ver}"] = ind(2, h, m)
+    s = e2sm_spec()
+    info = [{"measType": ("measName", "RRU.PrbUsedDl"), "labelInfoList": [{"measLabel": {"noLabel": "true"}}]},
+            {"measType": ("measID", 3), "labelInfoList": [{"measLabel": {"fiveQI": 9}}, {"measLabel": {"sliceID": {
+                "sST": b"\x01", "sD": b"\x00\x00\x02"}}}]}]
+    h3 = s.encode("E2SM-KPM-IndicationHeader", {"indicationHeader-formats": ("indicationHeader-Format1", {
+        "colletStartTime": time_to_ntp(1_700_000_000.0)})})
+    m1 = s.encode("E2SM-KPM-IndicationMessage", {"indicationMessage-formats": ("indicationMessage-Format1", {
+        "measData": [{"measRecord": [("integer", 5), ("real", 1.5), ("noValue", None)]}], "measInfoList": info,
+        "granulPeriod": 100})})
+    out["kpm-f1-v3.00"] = ind(2, h3, m1)
+    for ver, cond, t in (("3.00", {"matchingCondChoice": ("testCondInfo", {"testType": ("rSRP", "true")})},
+                          "E2SM-KPM-IndicationMessage"),
+                         ("2.03", ("testCondInfo", {"testType": ("rSRP", "true")}), "E2SM-KPM-IndicationMessage-v2")):
+        m2 = s.encode(t, {"indicationMessage-formats": ("indicationMessage-Format2", {
+            "measData": [{"measRecord": [("real", -88.0), ("integer", 40)]}],
+            "measCondUEidList": [{"measType": ("measName", "L1M.SS-RSRP"), "matchingCond": [cond],
+                                  "matchingUEidList": [{"ueID": ueid_to_asn(u)}]},
+                                 {"measType": ("measName", "DRB.UEThpDl"), "matchingCond": [cond]}]})})
+        hh = h3 if ver == "3.00" else s.encode("E2SM-KPM-IndicationHeader-v2", {"indicationHeader-formats": (
+            "indicationHeader-Format1", {"colletStartTime": time_to_ntp(1_700_000_000.0)[:4]})})
+        out[f"kpm-f2-v{ver}"] = ind(2, hh, m2)
+    return out
