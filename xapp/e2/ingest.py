@@ -31,6 +31,7 @@ No exception leaves :meth:`on_indication`, and a bad PDU never touches another U
 from __future__ import annotations
 
 import math
+import re
 import time as _time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -192,20 +193,50 @@ def sm_version_from_oid(oid: str) -> tuple[str, str] | None:
     return (sm, v) if v is not None else None
 
 
-def versions_from_nodeb(nodeb: Mapping[str, Any]) -> dict[int, tuple[str, str]]:
-    """e2mgr's nodeb record (GET /v1/nodeb/{ranName}: ``gnb.ranFunctions`` or ``enb``..., each
-    with ``ranFunctionId`` and ``ranFunctionOid``) -> {RAN function ID: (service model,
-    version)} for the E2SM-KPM/RC functions it declares; others are left out."""
+_OID_IN_TEXT = re.compile(rb"1\.3\.6\.1\.4\.1\.53148\.1\.[0-9]+\.2\.[0-9]+")
+
+
+def declared_version(oid: str = "", definition: str | bytes = b"") -> tuple[str, str] | None:
+    """What a RAN function declares: its RAN function OID (E2AP v02.00 on) or, when that is
+    empty, the E2SM OID inside its RAN function definition (``RANfunction-Name.ranFunction-E2SM-OID``,
+    a PrintableString that aligned PER writes as plain octets; the definition as octets or as
+    e2mgr's hex string) -> (service model, version), or None."""
+    got = sm_version_from_oid(oid) if oid else None
+    if got is None and definition:
+        raw = definition
+        if isinstance(raw, str):
+            try:
+                raw = bytes.fromhex(raw)
+            except ValueError:
+                raw = raw.encode("latin-1", "replace")
+        m = _OID_IN_TEXT.search(raw)
+        got = sm_version_from_oid(m.group().decode()) if m else None
+    return got
+
+
+def _get(x: Any, *names: str) -> Any:
+    for n in names:
+        if isinstance(x, Mapping):
+            if n in x:
+                return x[n]
+        elif hasattr(x, n):
+            return getattr(x, n)
+    return None
+
+
+def versions_from_nodeb(nodeb: Any) -> dict[int, tuple[str, str]]:
+    """The E2 manager's nodeb record -> {RAN function ID: (service model, version)} for the
+    E2SM-KPM/RC functions it declares. Accepts e2mgr's REST JSON (GET /v1/nodeb/{ranName}:
+    ``gnb.ranFunctions[]`` with ``ranFunctionId``, ``ranFunctionOid``, ``ranFunctionDefinition``)
+    or the R-NIB ``NodebInfo`` protobuf (ricxappframe ``GetNodeb``: ``gnb.ran_functions[]``);
+    functions of other service models are left out."""
     out: dict[int, tuple[str, str]] = {}
     for kind in ("gnb", "enb"):
-        node = nodeb.get(kind)
-        if not isinstance(node, Mapping):
-            continue
-        for f in node.get("ranFunctions") or ():
-            if not isinstance(f, Mapping):
-                continue
-            got = sm_version_from_oid(f.get("ranFunctionOid", ""))
-            rid = f.get("ranFunctionId")
+        node = _get(nodeb, kind)
+        for f in _get(node, "ranFunctions", "ran_functions") or () if node is not None else ():
+            rid = _get(f, "ranFunctionId", "ran_function_id")
+            got = declared_version(_get(f, "ranFunctionOid", "ran_function_oid") or "",
+                                   _get(f, "ranFunctionDefinition", "ran_function_definition") or b"")
             if got is not None and isinstance(rid, int) and 0 <= rid <= 4095:
                 out[rid] = got
     return out
@@ -306,6 +337,13 @@ class Ingestor:
         got = sm_version_from_oid(oid)
         if got is not None:
             self.declared[(e2_node, int(ran_function_id))] = got[1]
+        return got
+
+    def declare_nodeb(self, e2_node: str, nodeb: Any) -> dict[int, tuple[str, str]]:
+        """Record every E2SM version an E2 node's nodeb record declares (:func:`versions_from_nodeb`)."""
+        got = versions_from_nodeb(nodeb)
+        for rid, (_, v) in got.items():
+            self.declared[(e2_node, rid)] = v
         return got
 
     @staticmethod

@@ -15,7 +15,7 @@ in order; ``noValue`` records are skipped. Each measurement is kept as a value u
 (``name|fiveQI=9``). Problems confined to one UE (a record count that matches no layout, an
 unsupported UE ID kind) drop that UE only (``KpmIndication.dropped``), never the indication.
 
-One decode path: Format 3 with plain shapes (gNB UEIDs without optional parts, measName or
+One decode path: Format 3 with plain shapes (gNB UEIDs without optional parts or gNB-DU UEIDs, measName or
 measID types with noLabel, integer/real/noValue records) is read by the walker
 :func:`decode_f3_fast`, which yields exactly asn1tools' value (tested on generated PDUs) and
 hands anything else to asn1tools on the same bytes.
@@ -288,8 +288,17 @@ _GUAMI_CACHE: dict[tuple, dict] = {}
 
 
 def _ueid(r: Bits) -> tuple:
-    x = r.read(10)                   # UEID ext, alternative (3 bits), UEID-GNB ext, 5 optionals
-    if x != 0:
+    alt = r.read(4)                  # UEID ext, alternative (3 bits)
+    if alt == 1:                     # gNB-DU-UEID {gNB-CU-UE-F1AP-ID, ran-UEID OPTIONAL, ...}
+        x = r.read(2)
+        if x & 2:
+            raise Unsupported("UEID-GNB-DU extension")
+        du: dict = {"gNB-CU-UE-F1AP-ID": _uint(r, 2)}
+        if x:
+            r.align()
+            du["ran-UEID"] = r.octets(8)
+        return ("gNB-DU-UEID", du)
+    if alt != 0 or r.read(6) != 0:   # gNB-UEID: UEID-GNB ext, 5 optionals all absent
         raise Unsupported("UEID shape")
     amf = _uint(r, 3)
     if r.read(1):

@@ -97,3 +97,42 @@ def test_pinned_kpm_version_reads_v2_header():
     # declared through the RAN function OID (E2 manager's nodeb record): v2 arc
     assert ing.declare_ran_function("gnb-b", 2, "1.3.6.1.4.1.53148.1.2.2.2") == ("kpm", "2.03")
     assert [r.ue_id for r in ing.on_indication(pdu, "gnb-b", t=2.0)] == ["4"]
+
+
+def test_declared_versions_from_the_e2_managers_nodeb_record():
+    """The version each E2 node declared for its RAN functions, from e2mgr's REST JSON or the
+    R-NIB protobuf: the RAN function OID, else the E2SM OID inside the definition."""
+    from ricxappframe.entities.rnib.nodeb_info_pb2 import NodebInfo
+    from xapp.e2.ingest import versions_from_nodeb
+    oid_in_def = b"\x00\x20ORAN-E2SM-KPM\x00\x181.3.6.1.4.1.53148.1.2.2.2\x00".hex()
+    rest = {"ranName": "gnb_001_01_00000001", "gnb": {"ranFunctions": [
+        {"ranFunctionId": 2, "ranFunctionOid": "1.3.6.1.4.1.53148.1.3.2.2", "ranFunctionRevision": 1},
+        {"ranFunctionId": 3, "ranFunctionOid": "1.3.6.1.4.1.53148.1.1.2.3"},
+        {"ranFunctionId": 4, "ranFunctionOid": "", "ranFunctionDefinition": oid_in_def},
+        {"ranFunctionId": 5, "ranFunctionOid": "1.3.6.1.4.1.53148.1.1.2.99"}]}}
+    assert versions_from_nodeb(rest) == {2: ("kpm", "3.00"), 3: ("rc", "1.03"), 4: ("kpm", "2.03")}
+    nb = NodebInfo()
+    f = nb.gnb.ran_functions.add()
+    f.ran_function_id, f.ran_function_oid = 2, "1.3.6.1.4.1.53148.1.2.2.2"
+    assert versions_from_nodeb(nb) == {2: ("kpm", "2.03")}
+    ing = Ingestor(TrackStore())
+    assert ing.declare_nodeb("gnb-x", nb) == {2: ("kpm", "2.03")} and ing.declared[("gnb-x", 2)] == "2.03"
+
+
+def test_descriptor_pins_sm_versions():
+    """controls.e2.sm_versions (schema, config, app) reaches the ingest; a typo is refused."""
+    import copy
+    import json as _json
+
+    from xapp.app import PallasXapp
+    from xapp.config import ConfigError, load_controls
+    desc = Path(__file__).resolve().parents[3] / "descriptors" / "config-file.json"
+    c = copy.deepcopy(_json.loads(desc.read_text())["controls"])
+    assert c["e2"]["sm_versions"] == {}
+    c["e2"]["sm_versions"] = {"gnb_001_01_00000001": {"kpm": "2.03"}, "*": {"rc": "3.00"}}
+    cfg = load_controls(c)
+    assert cfg.e2.sm_versions["gnb_001_01_00000001"] == {"kpm": "2.03"}
+    assert PallasXapp._ingest_config(cfg).sm_versions == {"gnb_001_01_00000001": {"kpm": "2.03"}, "*": {"rc": "3.00"}}
+    c["e2"]["sm_versions"] = {"gnb": {"kpm": "9.9"}}
+    with pytest.raises(ConfigError):
+        load_controls(c)

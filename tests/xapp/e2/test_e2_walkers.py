@@ -24,6 +24,9 @@ def _kpm_message(rng: random.Random, labels: bool = False) -> bytes:
         u = UeId(kind="gNB", amf_ue_ngap_id=rng.randrange(1 << 40),
                  guami=Guami("00101" if rng.random() < 0.5 else "310410", rng.randrange(256), rng.randrange(1024),
                              rng.randrange(64)))
+        if rng.random() < 0.3:
+            u = UeId(kind="gNB-DU", f1ap_ids=(rng.randrange(1 << 32),),
+                     ran_ue_id=rng.choice([None, bytes(rng.randrange(256) for _ in range(8))]))
         n = rng.randrange(1, 5)
         info = []
         for j in range(n):
