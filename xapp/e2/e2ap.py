@@ -25,7 +25,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .ie import E2DecodeError
+from .ie import E2DecodeError, pycrate_decode
 from .per import Unsupported, alen, octs_value
 
 # E2AP protocol IE ids (O-RAN.WG3.E2AP E2AP-Constants)
@@ -60,17 +60,6 @@ def e2ap_pdu() -> Any:
     """pycrate's E2AP-PDU type (compiled module, about 1 s on first use)."""
     from pycrate_asn1dir import E2AP
     return E2AP.E2AP_PDU_Descriptions.E2AP_PDU
-
-
-def pycrate_decode(obj: Any, b: bytes, what: str, aligned: bool = False) -> Any:
-    """Decode ``b`` with the pycrate ASN.1 object ``obj`` (UPER, or APER if ``aligned``) and
-    return its value; any pycrate failure (it raises many types) becomes E2DecodeError naming
-    ``what``."""
-    try:
-        (obj.from_aper if aligned else obj.from_uper)(b)
-        return obj.get_val()
-    except Exception as e:  # noqa: BLE001 - pycrate raises many types
-        raise E2DecodeError(f"{what}: {type(e).__name__}: {e}") from None
 
 
 def _ie_value(ie: int, v: bytes) -> Any:

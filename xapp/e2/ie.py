@@ -40,6 +40,17 @@ def asn_decode(type_name: str, b: bytes) -> Any:
         raise E2DecodeError(f"{type_name}: {type(e).__name__}: {e}") from None
 
 
+def pycrate_decode(obj: Any, b: bytes, what: str, aligned: bool = False) -> Any:
+    """Decode ``b`` with the pycrate ASN.1 object ``obj`` (UPER, or APER if ``aligned``) and
+    return its value; any pycrate failure (it raises many types) becomes E2DecodeError naming
+    ``what``."""
+    try:
+        (obj.from_aper if aligned else obj.from_uper)(b)
+        return obj.get_val()
+    except Exception as e:  # noqa: BLE001 - pycrate raises many types
+        raise E2DecodeError(f"{what}: {type(e).__name__}: {e}") from None
+
+
 def plmn_to_bytes(plmn: str) -> bytes:
     """'MCCMNC' (5 or 6 digits) -> 3-octet TBCD PLMN identity (TS 38.413 clause 9.3.3.5)."""
     if not (plmn.isdigit() and len(plmn) in (5, 6)):

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
 from . import units
-from .e2ap import pycrate_decode
-from .ie import E2DecodeError
+from .ie import E2DecodeError, pycrate_decode
 from .per import Bits, Unsupported
 
 NAN = float("nan")
