@@ -257,7 +257,7 @@ def decode_indication(payload: bytes, e2_node: str, t: float, config: IngestConf
         raise Dropped(f"E2AP: {e.reason}") from None
     sm = config.ran_functions.get(ind.ran_function_id)
     if sm is None:
-        raise Dropped(f"unknown RAN function {ind.ran_function_id}")
+        raise Dropped(f"unknown RAN function: {ind.ran_function_id}")
     pinned = config.sm_versions.get(e2_node) or config.sm_versions.get("*") or {}
     version = pinned.get(sm) or (declared or {}).get((e2_node, ind.ran_function_id))
     d = Decoded(ind, sm, [], [])
@@ -348,7 +348,10 @@ class Ingestor:
 
     @staticmethod
     def _kind(reason: str) -> str:
-        return reason.split(":")[0].split(" (")[0]
+        """The counted kind of a reason: its text before the first ':' or ' (' (the variable
+        details follow those), at most 60 characters, so that untrusted PDUs cannot grow
+        ``stats`` without bound."""
+        return reason.split(":")[0].split(" (")[0][:60]
 
     def _drop(self, reason: str, **ctx: Any) -> None:
         self.stats[f"dropped:{self._kind(reason)}"] += 1

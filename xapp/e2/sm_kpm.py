@@ -146,7 +146,7 @@ def _periods(f1: Mapping, who: str) -> tuple[list[str], list[list[tuple[str, Any
         elif len(rec) == len(names):
             use = names  # one value per measurement: senders that ignore labels
         else:
-            raise E2DecodeError(f"measData item {k} has {len(rec)} values for {len(keys)} "
+            raise E2DecodeError(f"record count: measData item {k} has {len(rec)} values for {len(keys)} "
                                 f"measurement/label pairs ({who})")
         order = order or use
         out.append([(n, v[1]) for n, v in zip(use, rec) if v[0] != "noValue"])
@@ -235,7 +235,7 @@ def _format2(body: Mapping, dropped: list[str]) -> tuple[list[KpmUeReport], tupl
     for k, item in enumerate(body["measData"]):
         rec = item["measRecord"]
         if len(rec) != len(conds):
-            dropped.append(f"Format 2 measData item {k} has {len(rec)} values for {len(conds)} conditions")
+            dropped.append(f"Format 2 record count: measData item {k} has {len(rec)} values for {len(conds)} conditions")
             continue
         node_p: list[tuple[str, Any]] = []
         ue_p: dict[UeId, list[tuple[str, Any]]] = {}
@@ -248,7 +248,7 @@ def _format2(body: Mapping, dropped: list[str]) -> tuple[list[KpmUeReport], tupl
                 try:
                     u = _ueid_cached(ues[0]["ueID"])
                 except E2DecodeError as e:
-                    dropped.append(f"Format 2 {name}: {e.reason}")
+                    dropped.append(f"Format 2 UE ID: {e.reason} ({name})")
                     continue
                 ue_p.setdefault(u, []).append((name, v[1]))
             else:

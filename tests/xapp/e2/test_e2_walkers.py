@@ -110,7 +110,7 @@ def test_kpm_per_ue_problem_drops_that_ue_only():
                                                             "measInfoList": info}}]})})
     k = sm_kpm.decode_kpm_indication(b"\x00" + sm_kpm.time_to_ntp(1.0), m)
     assert [r.ue.key for r in k.ue_reports] == ["1"]
-    assert k.dropped == ("measData item 0 has 3 values for 1 measurement/label pairs (UE 2)",
+    assert k.dropped == ("record count: measData item 0 has 3 values for 1 measurement/label pairs (UE 2)",
                          "UE report: unsupported UEID kind ng-eNB-UEID")
 
 
