@@ -167,6 +167,9 @@ class PallasXapp:
         km = getattr(e2, "kpm_measurements", None)
         if isinstance(km, Mapping) and km:
             kw["kpm_measurements"] = dict(km)
+        sv = getattr(e2, "sm_versions", None)
+        if isinstance(sv, Mapping) and sv:
+            kw["sm_versions"] = {k: dict(v) for k, v in sv.items()}
         return IngestConfig(**kw)
 
     @staticmethod

@@ -143,6 +143,8 @@ class E2SubscriptionConfig:
     ran_functions: Mapping[int, str]
     report_period_ms: int
     kpm_measurements: Mapping[str, str]
+    #: E2 node (or "*") -> {"kpm"|"rc": version}: pinned E2SM versions (xapp.e2.ingest.IngestConfig)
+    sm_versions: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def rc_ran_function_ids(self) -> tuple[int, ...]:
@@ -363,7 +365,8 @@ def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None
             client_http_port=int(ep["http_port"]), client_rmr_port=int(ep["rmr_port"]),
             ran_functions=MappingProxyType({int(k): v for k, v in e2["ran_functions"].items()}),
             report_period_ms=int(e2["report_period_ms"]),
-            kpm_measurements=MappingProxyType(dict(e2["kpm_measurements"]))),
+            kpm_measurements=MappingProxyType(dict(e2["kpm_measurements"])),
+            sm_versions=MappingProxyType({k: dict(v) for k, v in e2.get("sm_versions", {}).items()})),
         a1=A1Config(policy_type_id=int(c["a1"]["policy_type_id"]), handler_id=c["a1"]["handler_id"]),
         controls=MappingProxyType(c),
     )

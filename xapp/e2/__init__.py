@@ -1,15 +1,22 @@
 """E2 ingestion: standard E2 messages in, UE measurement tracks out, live over RMR or replayed.
 
-- :mod:`.codec`: E2AP RICindication, E2SM-RC REPORT Style 1 (message copy), E2SM-KPM Format 3,
-  NR RRC MeasurementReport (with locationInfo-r16), subscription payloads; encode and decode.
-- :mod:`.fastper`: the hot-path PER walkers/encoders (pycrate/asn1tools remain the reference).
+Decoders, one module per protocol layer (no import cycle: each imports only :mod:`.ie` /
+:mod:`.per` and the layer it carries):
+
+- :mod:`.ie`: E2SM common IEs (UEID, CGI, PLMN, GUAMI), the decode error, the compiled E2SM ASN.1;
+- :mod:`.per`: the PER walker primitives;
+- :mod:`.e2ap`: E2AP RICindication (walker, pycrate for the rest);
+- :mod:`.sm_rc`: E2SM-RC REPORT Style 1 message copy, header Formats 1-3 (v01.03, v03.00+);
+- :mod:`.sm_kpm`: E2SM-KPM v02.00-v04.00 header Format 1, message Formats 1-3 (walker for Format 3);
+- :mod:`.rrc`: NR RRC MeasurementReport (SSB and CSI-RS cell and per-beam results, E-UTRA
+  neighbours, locationInfo-r16; walker, pycrate for the rest);
 - :mod:`.units`: TS 38.133 reporting ranges, TS 23.032/37.355 position and velocity coding.
-- :mod:`.ingest`: indications -> MeasurementReports -> :class:`xapp.tracks.TrackStore`.
-- :mod:`.transport`: the RMR seam (:class:`~.transport.Transport`; RMRXapp live, trace replay).
-- :mod:`.subscription`: E2 subscriptions through submgr's REST API.
-- :mod:`.trace`: the test-mode trace format (README "Trace format"), writer, reader, replay.
-- ``python -m xapp.e2.inspect``: a trace or one PDU as JSON lines.
-- ``python -m xapp.e2.convert``: G-NetTrack Pro drive CSVs -> traces.
+
+Around them: :mod:`.ingest` (indications -> MeasurementReports -> :class:`xapp.tracks.TrackStore`),
+:mod:`.transport` (RMR seam), :mod:`.subscription` (submgr REST), :mod:`.trace` (test-mode trace
+format), :mod:`.tracegen` (the encoders that make traces, benchmarks and tests; not in the
+decode path), ``python -m xapp.e2.inspect`` and ``python -m xapp.e2.convert``. :mod:`.codec`
+re-exports the old names for existing callers.
 
 The project's E2SM ASN.1 is ``asn1/pallas-e2sm.asn`` (compiled with asn1tools, aligned PER).
 """

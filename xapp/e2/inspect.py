@@ -62,9 +62,14 @@ def describe(rec: TraceRecord, config: IngestConfig) -> dict[str, Any]:
         ind = d.indication
         out.update(ran_function=ind.ran_function_id, service_model=d.service_model,
                    request=[ind.ric_requestor_id, ind.ric_instance_id], action=ind.action_id,
-                   sn=ind.sn, reports=[report_json(r) for r in d.reports])
+                   sn=ind.sn, reports=[{**report_json(r), "rs": rs} for r, rs in zip(d.reports, d.rs)])
         if d.dropped:
             out["dropped"] = d.dropped
+        if d.unused:
+            out["unused"] = d.unused
+        if d.kpm_values:
+            out["kpm_values"] = {ue or "e2_node": {k: _num(v) if isinstance(v, float) else v for k, v in vals.items()}
+                                 for ue, vals in d.kpm_values.items()}
     elif rec.mtype in (A1_POLICY_REQ, A1_POLICY_RESP):
         try:
             out["a1"] = json.loads(rec.payload)

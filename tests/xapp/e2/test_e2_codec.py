@@ -7,7 +7,7 @@ import random
 import pytest
 
 from xapp.e2 import codec as C
-from xapp.e2 import fastper, units
+from xapp.e2 import per, rrc, sm_rc, tracegen, units
 
 
 # ----------------------------------------------------------------------------- units (TS 38.133)
@@ -192,7 +192,10 @@ def test_kpm_round_trip_byte_identical(e2):
         C.KpmUeReport(UES[2], (("L1M.SS-RSRQ", -10.0),))), sender_name="n")
     h, m = C.encode_kpm_indication(k)
     back = C.decode_kpm_indication(h, m)
-    assert back == k
+    assert (back.collect_start, back.sender_name, back.format) == (k.collect_start, k.sender_name, 3)
+    assert [(r.ue, r.values, r.granularity_ms) for r in back.ue_reports] == [
+        (r.ue, r.values, r.granularity_ms) for r in k.ue_reports]
+    assert back.ue_reports[0].periods == ((("L1M.SS-RSRP", -97.5), ("L1M.SS-SINR", 12)),)  # noValue skipped
     assert C.encode_kpm_indication(back) == (h, m)
 
 
@@ -235,12 +238,15 @@ def test_rrc_shapes_outside_the_fast_walker_fall_back_to_pycrate():
     ul = RRCNR.NR_RRC_Definitions.UL_DCCH_Message
     ul.set_val({"message": ("c1", ("measurementReport", {"criticalExtensions": ("measurementReport", {
         "measResults": {"measId": 1, "measResultServingMOList": [{"servCellId": 0, "measResultServingCell": {
-            "physCellId": 1, "measResult": {"cellResults": {"resultsSSB-Cell": {"rsrp": 70}},
-                                            "rsIndexResults": {"resultsSSB-Indexes": [{"ssb-Index": 3}]}}}}]}})}))})
+            "physCellId": 1, "measResult": {"cellResults": {"resultsSSB-Cell": {"rsrp": 70}}}}}],
+            "measResultNeighCells": ("measResultListEUTRA", [
+                {"eutra-PhysCellId": 77, "measResult": {"rsrp": 40, "rsrq": 20}}])}})}))})
     b = ul.to_uper()
-    with pytest.raises(fastper.Unsupported):
-        fastper.decode_meas_report(b)
-    assert C.decode_rrc_meas_report(b).serving[0].cell.rsrp_dbm == -86.0
+    with pytest.raises(per.Unsupported):
+        rrc.decode_meas_report_fast(b)
+    got = C.decode_rrc_meas_report(b)
+    assert got.serving[0].cell.rsrp_dbm == -86.0
+    assert got.eutra_neighbours == (C.EutraResult(77, 40, 20, None),) and got.neighbours == ()
 
 
 def test_fast_rc_params_match_asn1tools(e2):
@@ -248,10 +254,10 @@ def test_fast_rc_params_match_asn1tools(e2):
     for u in UES:
         for n in (0, 1, 127, 128, 5000):
             items = [(3, b"\x01" * n), (4, C.encode_ueid(u)), (6, C.encode_cgi(C.Cgi("00101", 1))), (70000, b"x")]
-            msg = fastper.encode_rc_octs_params(items)
+            msg = tracegen.encode_rc_octs_params(items)
             assert msg == s.encode("E2SM-RC-IndicationMessage", {"ric-indicationMessage-formats": (
-                "indicationMessage-Format1", {"ranP-Reported-List": [C._elem_octs(p, b) for p, b in items]})})
-            assert fastper.decode_rc_octs_params(msg) == C._rc_params_asn1tools(msg) == dict(items)
+                "indicationMessage-Format1", {"ranP-Reported-List": [tracegen._elem_octs(p, b) for p, b in items]})})
+            assert sm_rc.decode_rc_octs_params(msg) == sm_rc.rc_params_asn1tools(msg) == dict(items)
 
 
 def test_non_indication_e2ap_is_rejected_with_reason():

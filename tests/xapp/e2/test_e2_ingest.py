@@ -38,7 +38,9 @@ def test_kpm_format3_reports_per_ue_with_configured_names(e2):
     reps = ing.on_indication(b, "n", t=2.0)
     assert [(r.ue_id, r.rsrp_dbm, r.serving_cell) for r in reps] == [("1", -90.0, 0xA81B0C), ("2", -80.5, -1)]
     assert reps[0].sinr_db == 4.0 and math.isnan(reps[1].sinr_db)
-    assert ing.stats["dropped:unknown measurement name 'other.name'"] == 1
+    # a name the xApp does not map is kept as a value, not an error (issue 14)
+    assert ing.kpm_values["2"] == {"my.rsrp": -80.5, "other.name": 3}
+    assert not any(k.startswith("dropped:") for k in ing.stats)
     out = ing.on_indication(e2.kpm_indication([(e2.ue(3), [("my.rsrp", 1e300), ("my.sinr", 2.0)])]), "n", t=3.0)
     assert [(r.ue_id, r.sinr_db) for r in out] == [("3", 2.0)] and math.isnan(out[0].rsrp_dbm)
     assert ing.stats["dropped:value out of range"] == 1
@@ -47,7 +49,7 @@ def test_kpm_format3_reports_per_ue_with_configured_names(e2):
 def test_unknown_ran_function_and_unsupported_format_are_dropped_with_reason(e2):
     ing = Ingestor(TrackStore())
     assert ing.on_indication(e2.rc_indication(e2.ue(), e2.rrc(), rf=77), "n", t=1.0) == []
-    assert ing.stats["dropped:unknown RAN function 77"] == 1
+    assert ing.stats["dropped:unknown RAN function"] == 1
     # an RC payload on the KPM RAN function: the KPM decoder rejects it
     assert ing.on_indication(e2.rc_indication(e2.ue(), e2.rrc(), rf=2), "n", t=1.0) == []
     assert any(k.startswith("dropped:E2SM-KPM") for k in ing.stats)

@@ -1,0 +1,377 @@
+"""NR RRC MeasurementReport (TS 38.331 clause 6.2.2, UL-DCCH-Message, unaligned PER): decode.
+
+What is read, per measured cell (``MeasResultNR``): the PCI, the cell-level results of both
+reference signals (``resultsSSB-Cell`` and ``resultsCSI-RS-Cell``: RSRP, RSRQ, SINR after TS
+38.133 conversion) and the per-beam results (``rsIndexResults``: per SSB index and per CSI-RS
+resource index); the serving MOs (``measResultServingMOList``), the NR neighbours
+(``measResultListNR``), the E-UTRA neighbours (``measResultListEUTRA``: PCI and the raw TS
+36.133 indices, noted, not converted) and, when present, the R16 ``locationInfo-r16``
+(``commonLocationInfo-r16``: ``locationCoordinate-r16`` = TS 37.355 LocationCoordinates and
+``velocityEstimate-r16`` = TS 37.355 Velocity, both UPER inside the OCTET STRING).
+
+One decode path: :func:`decode_meas_report_fast`, a walker for the common shapes, field by
+field as X.691 lays them out (clauses 10.9 lengths, 12 integers, 19 sequences, 23 choices),
+hands anything else (an E-UTRA neighbour list, a MeasResultNR extension, an unknown extension
+group content) to pycrate's ``RRCNR``/``LPP`` modules on the same bytes. The tests require equal
+results on generated PDUs.
+
+Walker layout: UL-DCCH-Message c1/measurementReport/criticalExtensions measurementReport;
+MeasResults {measId (1..64), measResultServingMOList (1..32), measResultNeighCells
+measResultListNR (1..8) OPTIONAL, ...}; MeasResultNR {physCellId (0..1007) OPTIONAL, measResult
+{cellResults {resultsSSB-Cell, resultsCSI-RS-Cell}, rsIndexResults {resultsSSB-Indexes (1..64)
+{ssb-Index (0..63), ssb-Results OPTIONAL}, resultsCSI-RS-Indexes (1..64) {csi-RS-Index
+(0..95), csi-RS-Results OPTIONAL}} OPTIONAL}, ...}; MeasQuantityResults {rsrp, rsrq, sinr
+(0..127) all OPTIONAL}; extension group 3 of MeasResults holding only locationInfo-r16; other
+MeasResults extension groups are skipped as the open types they are.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple
+
+from . import units
+from .ie import E2DecodeError, pycrate_decode
+from .per import Bits, Unsupported
+
+NAN = float("nan")
+# UL-DCCH-MessageType c1 alternative index of measurementReport (TS 38.331), used as messageID
+RRC_MSG_ID_MEASUREMENT_REPORT = 0
+
+
+class BeamResult(NamedTuple):
+    """One beam's results (``rsIndexResults``): ``rs`` 'ssb' (index 0..63) or 'csi-rs' (0..95),
+    RSRP dBm, RSRQ dB, SINR dB (NaN when not reported)."""
+
+    rs: str
+    index: int
+    rsrp_dbm: float = NAN
+    rsrq_db: float = NAN
+    sinr_db: float = NAN
+
+
+class CellResult(NamedTuple):
+    """One cell's results in a MeasurementReport: PCI (-1 when absent); SSB cell-level RSRP dBm,
+    RSRQ dB, SINR dB; CSI-RS cell-level ``csi_*``; per-beam results ``beams`` (all after TS
+    38.133 conversion, NaN when the UE did not report the quantity). A NamedTuple: the decoder
+    makes several per report."""
+
+    pci: int = -1
+    rsrp_dbm: float = NAN
+    rsrq_db: float = NAN
+    sinr_db: float = NAN
+    csi_rsrp_dbm: float = NAN
+    csi_rsrq_db: float = NAN
+    csi_sinr_db: float = NAN
+    beams: tuple[BeamResult, ...] = ()
+
+    @property
+    def has_ssb(self) -> bool:
+        """Any SSB cell-level quantity reported."""
+        return self.rsrp_dbm == self.rsrp_dbm or self.rsrq_db == self.rsrq_db or self.sinr_db == self.sinr_db
+
+    @property
+    def has_csi_rs(self) -> bool:
+        """Any CSI-RS cell-level quantity reported."""
+        return (self.csi_rsrp_dbm == self.csi_rsrp_dbm or self.csi_rsrq_db == self.csi_rsrq_db
+                or self.csi_sinr_db == self.csi_sinr_db)
+
+
+class ServingResult(NamedTuple):
+    """A serving MO's result: ``serv_cell_index`` (ServCellIndex 0..31) and the cell's results."""
+
+    serv_cell_index: int
+    cell: CellResult
+
+
+class EutraResult(NamedTuple):
+    """An E-UTRA neighbour (MeasResultEUTRA): PCI (0..503) and the raw TS 36.133 report indices
+    (RSRP-RangeEUTRA 0..97, RSRQ-RangeEUTRA 0..34, SINR-RangeEUTRA 0..127; None when absent)."""
+
+    pci: int
+    rsrp_index: int | None = None
+    rsrq_index: int | None = None
+    sinr_index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RrcMeasReport:
+    """The fields of an NR MeasurementReport (TS 38.331 MeasResults) Pallas reads.
+
+    ``serving``: measResultServingMOList; ``neighbours``: measResultNeighCells/measResultListNR;
+    ``lat``/``lon`` degrees, ``speed_mps`` m/s, ``heading_deg`` degrees clockwise from north
+    from locationInfo-r16 (NaN when absent); ``eutra_neighbours``: measResultListEUTRA.
+    """
+
+    meas_id: int
+    serving: tuple[ServingResult, ...]
+    neighbours: tuple[CellResult, ...] = ()
+    lat: float = NAN
+    lon: float = NAN
+    speed_mps: float = NAN
+    heading_deg: float = NAN
+    eutra_neighbours: tuple[EutraResult, ...] = ()
+
+
+@functools.lru_cache(maxsize=None)
+def ul_dcch() -> Any:
+    """pycrate's UL-DCCH-Message type."""
+    from pycrate_asn1dir import RRCNR
+    return RRCNR.NR_RRC_Definitions.UL_DCCH_Message
+
+
+@functools.lru_cache(maxsize=None)
+def lpp() -> Any:
+    """pycrate's LPP-PDU-Definitions module."""
+    from pycrate_asn1dir import LPP
+    return LPP.LPP_PDU_Definitions
+
+
+# ------------------------------------------------------------------------------------------------
+# reference decoder (pycrate)
+# ------------------------------------------------------------------------------------------------
+
+def _q(q: Mapping) -> tuple[float, float, float]:
+    return (units.index_to_rsrp(q["rsrp"]) if "rsrp" in q else NAN,
+            units.index_to_rsrq(q["rsrq"]) if "rsrq" in q else NAN,
+            units.index_to_sinr(q["sinr"]) if "sinr" in q else NAN)
+
+
+def _cell_from_val(v: Mapping) -> CellResult:
+    mr = v["measResult"]
+    cr = mr["cellResults"]
+    ssb = _q(cr["resultsSSB-Cell"]) if "resultsSSB-Cell" in cr else _NO_Q
+    csi = _q(cr["resultsCSI-RS-Cell"]) if "resultsCSI-RS-Cell" in cr else _NO_Q
+    beams: list[BeamResult] = []
+    ri = mr.get("rsIndexResults", {})
+    for b in ri.get("resultsSSB-Indexes", ()):
+        beams.append(BeamResult("ssb", b["ssb-Index"], *(_q(b["ssb-Results"]) if "ssb-Results" in b else _NO_Q)))
+    for b in ri.get("resultsCSI-RS-Indexes", ()):
+        beams.append(BeamResult("csi-rs", b["csi-RS-Index"],
+                                *(_q(b["csi-RS-Results"]) if "csi-RS-Results" in b else _NO_Q)))
+    return CellResult(v.get("physCellId", -1), *ssb, *csi, tuple(beams))
+
+
+def decode_location(b: bytes) -> tuple[float, float]:
+    """locationCoordinate-r16 contents -> (lat, lon) degrees. E2DecodeError if not an
+    ellipsoid point (with or without uncertainty/altitude: the point is taken)."""
+    try:
+        return decode_ellipsoid_point(b)
+    except Unsupported:
+        pass
+    alt, v = pycrate_decode(lpp().LocationCoordinates, b, "locationCoordinate-r16")
+    if not isinstance(v, dict) or "latitudeSign" not in v:  # an extension alternative is bytes
+        raise E2DecodeError(f"unsupported LocationCoordinates {alt}")
+    return units.lpp_to_lat(v["latitudeSign"], v["degreesLatitude"]), units.lpp_to_lon(v["degreesLongitude"])
+
+
+def decode_velocity(b: bytes) -> tuple[float, float]:
+    """velocityEstimate-r16 contents -> (speed m/s, heading degrees)."""
+    try:
+        return decode_horizontal_velocity(b)
+    except Unsupported:
+        pass
+    alt, v = pycrate_decode(lpp().Velocity, b, "velocityEstimate-r16")
+    if not isinstance(v, dict) or "bearing" not in v or "horizontalSpeed" not in v:
+        raise E2DecodeError(f"unsupported Velocity {alt}")  # an extension alternative is bytes
+    return units.kmh_to_speed(v["horizontalSpeed"]), float(v["bearing"])
+
+
+def _rrc_from_val(v: Mapping) -> RrcMeasReport:
+    msg = v["message"]
+    if msg[0] != "c1" or msg[1][0] != "measurementReport":
+        raise E2DecodeError(f"UL-DCCH message is {msg[0]}/{msg[1][0] if msg[0] == 'c1' else '?'}, "
+                            "not a measurementReport")
+    ce = msg[1][1]["criticalExtensions"]
+    if ce[0] != "measurementReport":
+        raise E2DecodeError("MeasurementReport criticalExtensionsFuture")
+    mr = ce[1]["measResults"]
+    serving = tuple(ServingResult(s["servCellId"], _cell_from_val(s["measResultServingCell"]))
+                    for s in mr["measResultServingMOList"])
+    nbs: tuple[CellResult, ...] = ()
+    eutra: tuple[EutraResult, ...] = ()
+    nc = mr.get("measResultNeighCells")
+    if nc is not None and nc[0] == "measResultListNR":
+        nbs = tuple(_cell_from_val(n) for n in nc[1])
+    elif nc is not None and nc[0] == "measResultListEUTRA":
+        eutra = tuple(EutraResult(n["eutra-PhysCellId"], n["measResult"].get("rsrp"), n["measResult"].get("rsrq"),
+                                  n["measResult"].get("sinr")) for n in nc[1])
+    elif nc is not None:
+        raise E2DecodeError(f"unsupported measResultNeighCells {nc[0]}")
+    lat = lon = speed = heading = NAN
+    common = mr.get("locationInfo-r16", {}).get("commonLocationInfo-r16", {})
+    if "locationCoordinate-r16" in common:
+        lat, lon = decode_location(common["locationCoordinate-r16"])
+    if "velocityEstimate-r16" in common:
+        speed, heading = decode_velocity(common["velocityEstimate-r16"])
+    return RrcMeasReport(mr["measId"], serving, nbs, lat, lon, speed, heading, eutra)
+
+
+def decode_rrc_meas_report_pycrate(b: bytes) -> RrcMeasReport:
+    """UL-DCCH-Message bytes -> RrcMeasReport with pycrate's RRCNR (the reference decoder)."""
+    v = pycrate_decode(ul_dcch(), b, "RRC UL-DCCH")
+    try:
+        return _rrc_from_val(v)
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        raise E2DecodeError(f"RRC UL-DCCH: unexpected structure ({type(e).__name__}: {e})") from None
+
+
+# ------------------------------------------------------------------------------------------------
+# the walker
+# ------------------------------------------------------------------------------------------------
+
+_NO_Q = (NAN, NAN, NAN)
+
+
+def _quantities(r: Bits) -> tuple[float, float, float]:
+    pres = r.read(3)
+    if pres == 7:  # the common case: all three, read as one 21-bit field
+        x = r.read(21)
+        return float((x >> 14) - 156), ((x >> 7) & 0x7F) / 2.0 - 43.0, (x & 0x7F) / 2.0 - 23.0
+    rsrp = units.index_to_rsrp(r.read(7)) if pres & 4 else NAN
+    rsrq = units.index_to_rsrq(r.read(7)) if pres & 2 else NAN
+    sinr = units.index_to_sinr(r.read(7)) if pres & 1 else NAN
+    return rsrp, rsrq, sinr
+
+
+def _beams(r: Bits) -> tuple[BeamResult, ...]:
+    p = r.read(2)                    # resultsSSB-Indexes, resultsCSI-RS-Indexes present
+    out: list[BeamResult] = []
+    if p & 2:
+        for _ in range(r.read(6) + 1):
+            has = r.read(1)
+            idx = r.read(6)
+            out.append(BeamResult("ssb", idx, *(_quantities(r) if has else _NO_Q)))
+    if p & 1:
+        for _ in range(r.read(6) + 1):
+            has = r.read(1)
+            idx = r.read(7)
+            if idx > 95:
+                raise Unsupported("CSI-RS-Index range")
+            out.append(BeamResult("csi-rs", idx, *(_quantities(r) if has else _NO_Q)))
+    return tuple(out)
+
+
+def _meas_result_nr(r: Bits) -> CellResult:
+    head = r.read(2)                 # extension bit, physCellId present
+    if head & 2:
+        raise Unsupported("MeasResultNR extension")
+    pci = -1
+    if head:
+        pci = r.read(10)
+        if pci > 1007:
+            raise Unsupported("PCI range")
+    flags = r.read(3)                # rsIndexResults, resultsSSB-Cell, resultsCSI-RS-Cell present
+    ssb = _quantities(r) if flags & 2 else _NO_Q
+    csi = _quantities(r) if flags & 1 else _NO_Q
+    beams = _beams(r) if flags & 4 else ()
+    return CellResult(pci, ssb[0], ssb[1], ssb[2], csi[0], csi[1], csi[2], beams)
+
+
+class FastMeasReport(NamedTuple):
+    """The walker's result; ``loc``/``vel`` are the raw LPP octets (or None)."""
+
+    meas_id: int
+    serving: tuple[ServingResult, ...]
+    neighbours: tuple[CellResult, ...]
+    loc: bytes | None
+    vel: bytes | None
+
+
+def _location_group(b: bytes) -> tuple[bytes | None, bytes | None]:
+    r = Bits(b)
+    # group presence bits (only locationInfo-r16), LocationInfo-r16 extension bit and presence
+    # bits (only commonLocationInfo-r16): 5 + 1 + 4 bits
+    if r.read(10) != 0b0100001000:
+        raise Unsupported("extension group 3 content")
+    opts = r.read(6)
+    vals: list[bytes | None] = []
+    for k in range(5, -1, -1):
+        vals.append(r.octets(r.length()) if opts >> k & 1 else None)
+    if r.n - r.p >= 8:
+        raise Unsupported("trailing octets in extension group")
+    return vals[2], vals[5]
+
+
+def decode_meas_report_fast(b: bytes) -> FastMeasReport:
+    """The walker: UL-DCCH-Message bytes -> FastMeasReport, or :class:`~.per.Unsupported`."""
+    r = Bits(b)
+    # c1 (1 bit), measurementReport (4), criticalExtensions (1), MeasurementReport-IEs
+    # optional bits (2): all zero
+    if r.read(8) != 0:
+        raise Unsupported("not c1/measurementReport without extensions")
+    x = r.read(8)                    # MeasResults extension bit, neighbour list present, measId - 1
+    ext, has_nb, meas_id = x >> 7, (x >> 6) & 1, (x & 0x3F) + 1
+    serving = []
+    for _ in range(r.read(5) + 1):
+        y = r.read(7)                # MeasResultServMO extension bit, best neighbour, servCellId
+        if y & 0x60:
+            raise Unsupported("MeasResultServMO extension or measResultBestNeighCell")
+        serving.append(ServingResult(y & 0x1F, _meas_result_nr(r)))
+    nbs: list[CellResult] = []
+    if has_nb:
+        if r.read(1):
+            raise Unsupported("non-NR neighbour list")
+        for _ in range(r.read(3) + 1):
+            nbs.append(_meas_result_nr(r))
+    loc = vel = None
+    if ext:
+        if r.read(1):
+            raise Unsupported("long extension bitmap")
+        nbits = r.read(6) + 1
+        present = [r.read(1) for _ in range(nbits)]
+        for gi, p in enumerate(present):
+            if not p:
+                continue
+            ln = r.length()
+            body = r.octets(ln)
+            if gi == 2:
+                loc, vel = _location_group(body)
+    if r.n - r.p >= 8:
+        raise Unsupported("trailing octets")
+    if r.p < r.n and r.read(r.n - r.p):
+        raise Unsupported("non-zero padding")
+    return FastMeasReport(meas_id, tuple(serving), tuple(nbs), loc, vel)
+
+
+def decode_ellipsoid_point(b: bytes) -> tuple[float, float]:
+    """TS 37.355 LocationCoordinates UPER -> (lat, lon) for the ellipsoidPoint alternative
+    (walker; Unsupported otherwise)."""
+    r = Bits(b)
+    if r.read(4) != 0:
+        raise Unsupported("LocationCoordinates alternative")
+    x = r.read(48)                   # latitudeSign (1), degreesLatitude (23), degreesLongitude (24)
+    if r.n - r.p >= 8:
+        raise Unsupported("trailing octets")
+    return (units.lpp_to_lat("south" if x >> 47 else "north", (x >> 24) & 0x7FFFFF),
+            units.lpp_to_lon((x & 0xFFFFFF) - (1 << 23)))
+
+
+def decode_horizontal_velocity(b: bytes) -> tuple[float, float]:
+    """TS 37.355 Velocity UPER -> (speed m/s, bearing degrees) for horizontalVelocity (walker)."""
+    r = Bits(b)
+    x = r.read(23)                   # extension bit, alternative (2), bearing (9), speed (11)
+    if x >> 20:
+        raise Unsupported("Velocity alternative")
+    bearing, kmh = (x >> 11) & 0x1FF, x & 0x7FF
+    if bearing > 359 or r.n - r.p >= 8:
+        raise Unsupported("Velocity shape")
+    return units.kmh_to_speed(kmh), float(bearing)
+
+
+def decode_rrc_meas_report(b: bytes) -> RrcMeasReport:
+    """UL-DCCH-Message bytes -> RrcMeasReport. The walker first, pycrate for anything it does
+    not cover (same result; tests check both agree). E2DecodeError on malformed input."""
+    try:
+        r = decode_meas_report_fast(b)
+    except Unsupported:
+        return decode_rrc_meas_report_pycrate(b)
+    if r.loc is not None or r.vel is not None:
+        lat = lon = speed = heading = NAN
+        if r.loc is not None:
+            lat, lon = decode_location(r.loc)
+        if r.vel is not None:
+            speed, heading = decode_velocity(r.vel)
+        return RrcMeasReport(r.meas_id, r.serving, r.neighbours, lat, lon, speed, heading)
+    return RrcMeasReport(r.meas_id, r.serving, r.neighbours)
