@@ -441,3 +441,23 @@ def plot_stress(path: Path, curves: Sequence[dict]) -> Path:
         _headroom(ax, 8.0)
         ax.legend(h1 + h2, l1 + l2, fontsize=7, ncol=2, loc="upper right")
     return _save(fig, path, "Prediction stress: SIT vs T_avail (simulate mode; the paper's text gives no values)")
+
+
+def plot_live_single(path: Path, rows: Sequence[dict], emulate: str) -> Path:
+    """The live ``single``: mean SIT per scheme measured live beside the timing model's for the
+    same handovers (ms, log), P99 as markers."""
+    fig, axes = _figures(1, 1, (7.5, 4.0))
+    ax = axes[0][0]
+    names = [r["scheme"] for r in rows]
+    xs = np.arange(len(rows))
+    ax.bar(xs - 0.2, [r["sit_mean_live_s"] * 1000 for r in rows], 0.4, color="tab:green", label="live (mean)")
+    ax.bar(xs + 0.2, [r["sit_mean_model_s"] * 1000 for r in rows], 0.4, color="tab:grey", label="timing model (mean)")
+    ax.plot(xs - 0.2, [r["sit_p99_live_s"] * 1000 for r in rows], "v", color="darkgreen", ls="none", label="live P99")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([SCHEME_LABELS.get(n, n) for n in names])
+    ax.set_yscale("log")
+    ax.set_ylabel("SIT (ms, log)")
+    ax.grid(alpha=0.3, axis="y")
+    _headroom(ax, 5.0)
+    ax.legend(fontsize=7, ncol=3, loc="upper left")
+    return _save(fig, path, f"single, live: the replay in the paper regime emulating {emulate}")
