@@ -36,7 +36,7 @@ def variants(on, rates) -> dict[str, np.ndarray]:
 def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
         models: tuple[str, ...] = PR.MODELS) -> ExperimentResult:
     """The experiment (module docstring); ``tiny``: 2 contexts per interval instead of 15."""
-    from pallas_eval.report import plot_figure9
+    from pallas_eval.experiments.figures import plot_figure9
     ctx = S.contexts(np.random.default_rng([seed, 0xC7]), 2 if tiny else 15)
     d, p = S.events(seed, ctx.size)
     rows, settings = [], []

@@ -71,7 +71,7 @@ def resident_tail_itl(rates, n: int, m: int, prefill_tokens: float) -> float:
 
 def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000") -> ExperimentResult:
     """The experiment (module docstring); ``tiny``: three repetitions of four configurations."""
-    from pallas_eval.report import plot_figure8
+    from pallas_eval.experiments.figures import plot_figure8
     reps = 3 if tiny else REPS
     configs = (CONFIGS[0], CONFIGS[3], CONFIGS[6], CONFIGS[9]) if tiny else CONFIGS
     r = PR.rates(MODEL, gpu, GOODPUT)

@@ -82,7 +82,7 @@ def run_single(out_dir: Path, con, *, emulate: str = "qwen3-32b", ues: int = LIV
         raise LiveUnavailable(message("single"))
     from pallas_eval import replay as rp
     from pallas_eval.cli import run_replay
-    from pallas_eval.report import plot_live_single
+    from pallas_eval.experiments.figures import plot_live_single
     opts = rp.ReplayOptions(out_dir=out_dir / "replay", regime="paper", emulate=emulate, ues=ues,  # type: ignore[call-arg]
                             duration_s=duration_s, seed=seed, schemes=rp.SCHEMES)
     res = run_replay(opts, con)

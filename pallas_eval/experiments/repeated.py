@@ -96,7 +96,7 @@ def baseline_sits(d: M.Drives, rates, scheme: str, bw: np.ndarray) -> np.ndarray
 def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
         models: tuple[str, ...] = PR.MODELS) -> ExperimentResult:
     """The experiment (module docstring); ``tiny``: one round of one drive per count."""
-    from pallas_eval.report import plot_table2
+    from pallas_eval.experiments.figures import plot_table2
     rounds, per_count = (1, 1) if tiny else (10, 8)
     d, p, g = drives(seed, rounds, per_count)
     ta = M.t_avail(d, p)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from pallas_common import timing
 from pallas_eval.experiments import mobility as M
 from pallas_eval.experiments import presets as PR
 from pallas_eval.experiments.base import Comparison, ExperimentResult
@@ -148,7 +147,7 @@ def table1(gpu: str = "rtx-a6000") -> dict[str, float]:
 def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
         models: tuple[str, ...] = PR.MODELS) -> ExperimentResult:
     """The experiment (module docstring); ``tiny``: 2 contexts per interval instead of 15."""
-    from pallas_eval.report import plot_figure5
+    from pallas_eval.experiments.figures import plot_figure5
     per_bin = 2 if tiny else 15
     ctx = contexts(np.random.default_rng([seed, 0xC7]), per_bin)
     d, p = events(seed, ctx.size)

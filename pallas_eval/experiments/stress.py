@@ -28,7 +28,7 @@ MODEL, GOODPUT = "qwen3-14b", 300.0
 
 def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000") -> ExperimentResult:
     """The experiment (module docstring); ``tiny``: 8 events and five leads."""
-    from pallas_eval.report import plot_stress
+    from pallas_eval.experiments.figures import plot_stress
     n = 8 if tiny else 60
     leads = (0.0, 0.3, 1.0, 2.0, 5.0) if tiny else T_AVAIL
     d, p = S.events(seed, n)

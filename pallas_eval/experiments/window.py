@@ -41,7 +41,7 @@ def configuration(model: str, goodput: float, context: float, gpu: str = "rtx-a6
 
 def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000") -> ExperimentResult:
     """The experiment (module docstring); ``tiny`` evaluates the first three configurations."""
-    from pallas_eval.report import plot_figure6
+    from pallas_eval.experiments.figures import plot_figure6
     rows, configs = [], []
     for gi, mi, ci in (L9[:3] if tiny else L9):
         g, m, k = GOODPUTS[gi], PR.MODELS[mi], CONTEXTS[ci]

@@ -265,4 +265,8 @@ def test_cli_simulate_and_live_refusal(tmp_path, capsys):
     if live.missing():
         assert "regime" in msg and "Nothing was run" in msg
     assert not (tmp_path / "live").exists()
+    assert "live driver for 'window'" in live.message("window")
+    if live.missing():
+        with pytest.raises(live.LiveUnavailable):
+            live.run_single(tmp_path / "live", None)
     assert set(NAMES) == {"single", "repeated", "window", "contention", "ablation", "stress"}
