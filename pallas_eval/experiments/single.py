@@ -197,9 +197,9 @@ WHY = {
                                    "1/r_d, so the factor runs from about 2.9x (Llama-3-8B) to 5.2x (Qwen3-32B); the paper's "
                                    "wider 2.35-7.28 needs other prefill rates than we could derive from its text",
     "single.factor_ctho": "preset: as for Recomputation (ctHO is nearly all prefill at these goodputs: shipping a token "
-                          "costs 3.5-21 ms against 0.2-0.5 ms to recompute it)",
+                          "costs 2-21 ms against 0.2-0.45 ms to recompute it)",
     "single.itl_reduction_vs_detour": "model.md: Detour adds a fixed 30 ms per hop (Figure 1) to every gap, so one hop "
-                                      "reduces by 30 / (1/r_d + 30) ms = 37-52%; the paper's 16% would need about 9 ms "
+                                      "reduces by 30 / (1/r_d + 30) ms = 37-51%; the paper's 16% would need about 9 ms "
                                       "for the hop at 48 ms per token",
     "single.trace": "model.md/preset: Figure 5(e)'s SNOB-5G traces are not available; ours are synthetic (mean 250 Mbit/s, "
                     "blockage episodes), so the transfer-bound factors follow our traces, not theirs",
