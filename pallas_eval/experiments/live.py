@@ -107,9 +107,15 @@ def run_single(out_dir: Path, con, *, emulate: str = "qwen3-32b", ues: int = LIV
 
     factors = {sch: {"live": factor("sit_mean_live_s", sch), "model": factor("sit_mean_model_s", sch)}
                for sch in ("full-copy", "recomputation", "ctho")}
+    pacing = summ.get("pacing") or {}
+    held = bool(pacing.get("held", True))
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot = plot_live_single(out_dir / "figure5_live.png", rows, emulate)
+    plot = plot_live_single(out_dir / "figure5_live.png", rows, emulate if held else
+                            f"{emulate} (NOT held: the machine did not keep the emulated rates)")
     notes = [f"live: {LIVE_SCALE['single']}; replay {ues} UE(s) x {duration_s:.0f} s in the paper regime emulating "
              f"{emulate}; the model's columns are the timing model at the emulated rates for the same handovers"]
+    if not held:
+        notes.append(f"the replay's pacing check failed, so the live SITs are not in the emulated model's units: "
+                     f"{pacing.get('verdict', '')}")
     return ExperimentResult("single", "live", rows, {"factors_over_pallas": factors, "replay": str(opts.out_dir),
-                                                     "regime": summ.get("regime")}, [plot], [], notes)
+                                                     "regime": summ.get("regime"), "pacing": pacing}, [plot], [], notes)
