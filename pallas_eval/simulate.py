@@ -104,54 +104,134 @@ SCHEMES = ("pallas", "detour", "full-copy", "recomputation", "ctho")
 ABLATIONS = ("no-rc", "no-sm")
 
 
+@dataclass
+class SchemeArrays:
+    """Many handovers under the schemes at once (:func:`simulate_arrays`); arrays of shape (n,).
+
+    ``sit``, ``bytes_moved``, ``prefill_tokens``: per scheme (s, bytes, tokens). ``window``: the
+    window actually used by Pallas and its ablations (trigger to the actual HO, s; NaN where
+    Pallas fell back to ctHO); ``chosen``: Eq. 9's T_w* (NaN likewise); ``t_early``: Eq. 7 at the
+    window used (NaN on fallback); ``fallback``: True where Pallas fell back to ctHO.
+    """
+
+    sit: dict[str, np.ndarray]
+    bytes_moved: dict[str, np.ndarray]
+    prefill_tokens: dict[str, np.ndarray]
+    window: np.ndarray
+    chosen: np.ndarray
+    t_early: np.ndarray
+    fallback: np.ndarray
+
+
+def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = SCHEMES, *, hops=1,
+                    bandwidth=None, est_bandwidth=None, ho_error_s=0.0, r_p=None, est_r_p=None,
+                    alpha: float = 0.8, dt: float = 0.1, t_max: float = 5.0) -> SchemeArrays:
+    """Every handover under every scheme, vectorised (the module docstring's rules).
+
+    Per-handover inputs broadcast to shape (n,): ``k_ho`` tokens at the actual HO; ``lead_s``
+    the prediction lead (T_avail, s; <= 0: no usable prediction, Pallas falls back to ctHO);
+    ``hops`` Detour's forwarding hops at this HO; ``bandwidth`` the goodput the migration gets
+    (bytes/s; default ``rates.bandwidth``) and ``est_bandwidth`` the Scheduler Engine's estimate
+    of it when deciding (default: the same); ``r_p``/``est_r_p`` likewise for the target's
+    prefill rate; ``ho_error_s`` the actual HO time minus the predicted one (s; > 0: later).
+
+    Pallas decides Eq. 9 with T_remain_hat = min(lead, T_max) on the estimates and triggers
+    T_w* before the predicted HO; the window actually used is T_w* + ho_error (if that is
+    negative the HO came before the trigger: fallback to ctHO). T_SIT (Eq. 6) and T_early
+    (Eq. 7) are evaluated at the window used with the actual rates; w/o RC and w/o SM at the same
+    window. A session younger than the lead (K < r_d lead) has the lead capped at its age K / r_d.
+    Full-Copy, Recomputation and ctHO (model.md section 6) add the first decode step
+    1 / r_d like Eq. 6. Raises ValueError for an unknown scheme.
+    """
+    schemes = tuple(schemes)
+    bad = [s for s in schemes if s not in SCHEMES + ABLATIONS]
+    if bad:
+        raise ValueError(f"unknown scheme(s) {bad}; known: {SCHEMES + ABLATIONS}")
+    B = rates.bandwidth if bandwidth is None else bandwidth
+    k, lead, err, hops, B, rp = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in
+                                                       (k_ho, lead_s, ho_error_s, hops, B,
+                                                        rates.r_p if r_p is None else r_p)))
+    B_est = B if est_bandwidth is None else np.broadcast_to(np.asarray(est_bandwidth, dtype=np.float64), k.shape)
+    rp_est = rp if est_r_p is None else np.broadcast_to(np.asarray(est_r_p, dtype=np.float64), k.shape)
+    n, P, r_d = k.shape[0], rates.block_size, rates.r_d
+    first_step = 1.0 / r_d
+    nan = np.full(n, np.nan)
+    window, chosen, t_early = nan.copy(), nan.copy(), nan.copy()
+    fallback = np.ones(n, dtype=bool)
+    sit_p, no_rc, no_sm = nan.copy(), nan.copy(), nan.copy()
+    bytes_p, pre_p = np.zeros(n), np.zeros(n)
+    proactive = any(s in schemes for s in ("pallas",) + ABLATIONS)
+    use = np.nonzero(lead > 0)[0] if proactive else np.zeros(0, dtype=np.int64)
+    if use.size:
+        # A session younger than the lead cannot trigger before it began: cap the usable lead at
+        # its age (K / r_d), so that K_trig >= 0 and the tokens at the HO stay K.
+        t_rem = np.minimum(np.minimum(lead[use], t_max), np.maximum(k[use] / r_d - err[use], 0.0))
+        x = timing.WindowInputs(k_curr=np.maximum(0.0, k[use] - r_d * (t_rem + err[use])), t_remain=t_rem,
+                                block_size=P, r_p=rp_est[use], r_d=r_d, bandwidth=B_est[use], s_kv=rates.s_kv,
+                                c_sync=rates.c_sync)
+        d = timing.decide(x, timing.DecisionParams(alpha=alpha, dt=dt, t_max=t_max))
+        used = d.window + err[use]
+        ok = used >= 0
+        idx = use[ok]
+        chosen[idx], window[idx], fallback[idx] = d.window[ok], used[ok], False
+        if idx.size:
+            w = window[idx]
+            xr = timing.WindowInputs(k_curr=np.maximum(0.0, k[idx] - r_d * w), t_remain=w, block_size=P,
+                                     r_p=rp[idx], r_d=r_d, bandwidth=B[idx], s_kv=rates.s_kv, c_sync=rates.c_sync)
+            c = timing.evaluate_windows(xr, w[:, None], alpha)
+            sit_p[idx], t_early[idx] = c.t_sit[:, 0], c.t_early[:, 0]
+            bytes_p[idx] = c.n_full[:, 0] * P * rates.s_kv
+            pre_p[idx] = c.l_hist[:, 0] + c.n_tail[:, 0]
+            if "no-rc" in schemes:
+                no_rc[idx] = timing.sit_no_rc(xr, w[:, None])[:, 0]
+            if "no-sm" in schemes:
+                no_sm[idx] = timing.sit_no_sm(xr, w[:, None])[:, 0]
+    split, ctho_s = timing.ctho_split(k, P, rp, rates.s_kv, B)
+    ctho_sit = rates.c_sync + ctho_s + first_step
+    sit, moved, pre = {}, {}, {}
+    for sch in schemes:
+        if sch in ("pallas", "no-rc", "no-sm"):
+            v = {"pallas": sit_p, "no-rc": no_rc, "no-sm": no_sm}[sch]
+            sit[sch] = np.where(fallback, ctho_sit, v)
+            own_b = {"pallas": bytes_p, "no-rc": k * rates.s_kv, "no-sm": np.zeros(n)}[sch]
+            own_p = {"pallas": pre_p, "no-rc": np.zeros(n), "no-sm": k}[sch]
+            moved[sch] = np.where(fallback, (k - split) * rates.s_kv, own_b)
+            pre[sch] = np.where(fallback, split, own_p)
+        elif sch == "ctho":
+            sit[sch], moved[sch], pre[sch] = ctho_sit, (k - split) * rates.s_kv, split.astype(np.float64)
+        elif sch == "full-copy":
+            sit[sch] = timing.sit_full_copy(k, rates.s_kv, B, rates.c_sync) + first_step
+            moved[sch], pre[sch] = k * rates.s_kv, np.zeros(n)
+        elif sch == "recomputation":
+            sit[sch] = timing.sit_recomputation(k, rp, rates.c_sync) + first_step
+            moved[sch], pre[sch] = np.zeros(n), k.copy()
+        else:   # detour
+            sit[sch] = timing.sit_detour(hops, rates.hop_delay_s)
+            moved[sch], pre[sch] = np.zeros(n), np.zeros(n)
+    return SchemeArrays(sit, moved, pre, window, chosen, t_early, fallback)
+
+
 def simulate(handovers: Sequence[SimHandover], rates: Rates, schemes: Iterable[str] = SCHEMES, *,
              alpha: float = 0.8, dt: float = 0.1, t_max: float = 5.0) -> list[SimResult]:
-    """Every handover under every scheme (see the module docstring). Raises ValueError for an
-    unknown scheme."""
-    params = timing.DecisionParams(alpha=alpha, dt=dt, t_max=t_max)
-    first_step = 1.0 / rates.r_d
+    """Every handover under every scheme (see the module docstring; :func:`simulate_arrays`
+    does the work). Raises ValueError for an unknown scheme."""
+    schemes = tuple(schemes)
+    if not handovers:
+        simulate_arrays(np.zeros(0), np.zeros(0), rates, schemes)      # still checks the names
+        return []
+    a = simulate_arrays([h.k_ho for h in handovers], [h.lead_s for h in handovers], rates, schemes,
+                        hops=[h.hops_before + 1 for h in handovers], alpha=alpha, dt=dt, t_max=t_max)
     out: list[SimResult] = []
-    for ho in handovers:
-        k = float(ho.k_ho)
-        P = rates.block_size
-        window = None
-        if ho.lead_s > 0:
-            t_remain = min(ho.lead_s, t_max)
-            k_curr = max(0.0, k - rates.r_d * t_remain)
-            x = timing.WindowInputs(k_curr=k_curr, t_remain=t_remain, block_size=P, r_p=rates.r_p,
-                                    r_d=rates.r_d, bandwidth=rates.bandwidth, s_kv=rates.s_kv,
-                                    c_sync=rates.c_sync)
-            d = timing.decide(x, params)
-            window = float(d.window[0])
-            costs = timing.evaluate_windows(x, np.array([window]), alpha)
-        split, ctho_s = timing.ctho_split(k, P, rates.r_p, rates.s_kv, rates.bandwidth)
+    for i, ho in enumerate(handovers):
         for sch in schemes:
-            if sch in ("pallas", "no-rc", "no-sm") and window is not None:
-                if sch == "pallas":
-                    n_full = float(costs.n_full[0, 0])
-                    out.append(SimResult(sch, ho, float(costs.t_sit[0, 0]), float(costs.t_early[0, 0]), window,
-                                         n_full * P * rates.s_kv, float(costs.l_hist[0, 0] + costs.n_tail[0, 0]),
-                                         "commit"))
-                elif sch == "no-rc":
-                    out.append(SimResult(sch, ho, float(timing.sit_no_rc(x, [window])[0, 0]), float("nan"), window,
-                                         k * rates.s_kv, 0.0, "commit"))
-                else:
-                    out.append(SimResult(sch, ho, float(timing.sit_no_sm(x, [window])[0, 0]), float("nan"), window,
-                                         0.0, k, "commit"))
-            elif sch in ("pallas", "no-rc", "no-sm", "ctho"):
-                out.append(SimResult(sch, ho, rates.c_sync + ctho_s + first_step, bytes_moved=(k - split) * rates.s_kv,
-                                     prefill_tokens=float(split), outcome="commit" if sch == "ctho" else "fallback:ctho"))
-            elif sch == "full-copy":
-                out.append(SimResult(sch, ho, float(timing.sit_full_copy(k, rates.s_kv, rates.bandwidth, rates.c_sync))
-                                     + first_step, bytes_moved=k * rates.s_kv, outcome="recovered"))
-            elif sch == "recomputation":
-                out.append(SimResult(sch, ho, float(timing.sit_recomputation(k, rates.r_p, rates.c_sync)) + first_step,
-                                     prefill_tokens=k, outcome="recovered"))
-            elif sch == "detour":
-                out.append(SimResult(sch, ho, float(timing.sit_detour(ho.hops_before + 1, rates.hop_delay_s)),
-                                     outcome="relay"))
+            if sch in ("pallas", "no-rc", "no-sm"):
+                outcome = "fallback:ctho" if a.fallback[i] else "commit"
             else:
-                raise ValueError(f"unknown scheme {sch!r}")
+                outcome = {"ctho": "commit", "detour": "relay"}.get(sch, "recovered")
+            te = float(a.t_early[i]) if sch == "pallas" else float("nan")
+            win = float(a.window[i]) if sch in ("pallas", "no-rc", "no-sm") else float("nan")
+            out.append(SimResult(sch, ho, float(a.sit[sch][i]), te, win, float(a.bytes_moved[sch][i]),
+                                 float(a.prefill_tokens[sch][i]), outcome))
     return out
 
 

@@ -1,0 +1,154 @@
+"""The paper's three models and its GPUs, in one place: s_kv from the model configs (Eq. 1) and
+the rates of the timing model (model.md sections 2-3) per (model, GPU).
+
+Models (public Hugging Face ``config.json`` fields; s_kv = 2 L H_kv d_h b through
+:func:`pallas_common.timing.kv_bytes_per_token`):
+
+- Llama-3-8B: L 32, H_kv 8, d_h 4096/32 = 128, bf16 -> 131,072 B/token.
+- Qwen3-14B: L 40, H_kv 8, d_h 128, bf16 -> 163,840 B/token.
+- Qwen3-32B: L 64, H_kv 8, d_h 128, bf16 KV (the paper's AWQ checkpoint quantises weights, not
+  the cache) -> 262,144 B/token.
+
+GPUs:
+
+- ``rtx-a6000``: the paper's testbed (section 6, vLLM 0.8.5). Rates from the paper's text:
+  ``c_sync`` 0.15 s, fitted to the SIT floor of Figure 2 (section 2.3: SIT 0.25 s once the window
+  covers the prefix, of which the first decode step, the tail and the last block's backlog
+  account for about 0.08 s); Qwen3-32B's r_p from Table 1's two Recomputation points
+  (581 ms at 1K, 2,103 ms at 4K) with that fixed cost; Qwen3-14B's r_p from Figure 2's 1.1 s at
+  T_w = 0 (ctHO at 3,000 tokens, 300 Mbit/s); Llama-3-8B's r_p is Qwen3-14B's scaled by the
+  measured H200 ratio (``benchmarks/results/h200_rates.json``, 4K prefill), as the paper gives
+  no figure for it. r_d from Figure 5(d)'s Pallas mean ITL of 28-48 ms: 28 ms for Llama-3-8B,
+  48 ms for Qwen3-32B, 40 ms for Qwen3-14B (between; an assumption).
+- ``h200``: measured, ``benchmarks/results/h200_rates.json`` (``benchmarks/gpu_rates.py``,
+  PyTorch, bf16): r_p the median prefill rate over 1K-4K tokens, r_d the CUDA-graph decode rate
+  per request (median of 1K and 4K). c_sync is not measured there; the A6000's is used.
+
+Detour's hop delay (both GPUs): 30 ms per forwarding hop, from Figure 1 (section 2.2: P90 ITL
+at three hops 126.68-130.54 ms against a decode step of 28-48 ms). Block size 16 (vLLM's
+GPU default).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from pallas_common import timing
+from pallas_eval.simulate import Rates
+
+REPO = Path(__file__).resolve().parents[2]
+H200_RESULTS = REPO / "benchmarks" / "results" / "h200_rates.json"
+
+#: Public config.json fields of the paper's models (Hugging Face hub).
+MODEL_CONFIGS: dict[str, dict] = {
+    "llama-3-8b": {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                   "hidden_size": 4096, "torch_dtype": "bfloat16"},
+    "qwen3-14b": {"num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 8,
+                  "head_dim": 128, "hidden_size": 5120, "torch_dtype": "bfloat16"},
+    "qwen3-32b": {"num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+                  "head_dim": 128, "hidden_size": 5120, "torch_dtype": "bfloat16"},
+}
+MODELS = tuple(MODEL_CONFIGS)
+LABELS = {"llama-3-8b": "Llama-3-8B", "qwen3-14b": "Qwen3-14B", "qwen3-32b": "Qwen3-32B"}
+GPUS = ("rtx-a6000", "h200")
+
+BLOCK_SIZE = 16
+HOP_DELAY_S = 0.030
+PAPER_C_SYNC_S = 0.150
+# Figure 5(d): Pallas mean ITL 28-48 ms (Qwen3-14B's 40 ms is between, an assumption).
+PAPER_ITL_S = {"llama-3-8b": 0.028, "qwen3-14b": 0.040, "qwen3-32b": 0.048}
+
+
+def s_kv(model: str) -> int:
+    """KV bytes per token of ``model`` (Eq. 1 over its config). KeyError for an unknown model."""
+    return timing.kv_bytes_per_token(MODEL_CONFIGS[_check_model(model)])
+
+
+def _check_model(model: str) -> str:
+    if model not in MODEL_CONFIGS:
+        raise KeyError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+    return model
+
+
+@lru_cache(maxsize=1)
+def _h200() -> dict:
+    d = json.loads(H200_RESULTS.read_text())
+    out = {}
+    for m in d["models"]:
+        r_p = float(np.median([x["tokens_per_s"] for x in m["prefill"] if x["tokens"] >= 1024]))
+        g = d.get("graphed_decode", {}).get(m["model"], [])
+        r_d = float(np.median([x["tokens_per_s_per_request"] for x in g])) if g else float("nan")
+        out[m["model"]] = {"r_p": r_p, "r_d": r_d, "r_p_4k": float(m["prefill"][-1]["tokens_per_s"]),
+                           "s_kv": int(m["kv_bytes_per_token"])}
+    return out
+
+
+def _paper_r_p(model: str) -> float:
+    """The A6000 prefill rates derived from the paper's text (module docstring)."""
+    b300 = timing.mbit_per_s(300.0)
+    if model == "qwen3-32b":
+        fixed = PAPER_C_SYNC_S + PAPER_ITL_S[model]              # c_sync + first decode step
+        return (1024 + 4096) / ((0.581 - fixed) + (2.103 - fixed))
+    q14 = "qwen3-14b"
+    # ctHO at K = 3,000 with r_p, B: c + 1/r_d + min_p max(p / r_p, (K - p) s_kv / B) = 1.1 s.
+    # The continuous optimum is K / (r_p + B / s_kv); solve it for r_p.
+    budget = 1.1 - PAPER_C_SYNC_S - PAPER_ITL_S[q14]
+    r_p14 = 3000.0 / budget - b300 / s_kv(q14)
+    if model == q14:
+        return r_p14
+    h = _h200()
+    return r_p14 * h[model]["r_p_4k"] / h[q14]["r_p_4k"]
+
+
+def rates(model: str, gpu: str = "rtx-a6000", goodput_mbps: float = 300.0) -> Rates:
+    """The timing model's :class:`~pallas_eval.simulate.Rates` for ``model`` on ``gpu`` at
+    ``goodput_mbps`` Mbit/s of inter-gNB goodput (module docstring for every figure's source).
+
+    Raises KeyError for an unknown model or GPU, ValueError for a non-positive goodput.
+    """
+    _check_model(model)
+    if not goodput_mbps > 0:
+        raise ValueError(f"goodput must be > 0 Mbit/s, got {goodput_mbps!r}")
+    if gpu == "rtx-a6000":
+        r_p, r_d = _paper_r_p(model), 1.0 / PAPER_ITL_S[model]
+    elif gpu == "h200":
+        h = _h200()[model]
+        r_p, r_d = h["r_p"], h["r_d"]
+    else:
+        raise KeyError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
+    return Rates(name=f"{LABELS[model]} on {gpu}", r_p=r_p, r_d=r_d, bandwidth=timing.mbit_per_s(goodput_mbps),
+                 s_kv=float(s_kv(model)), block_size=BLOCK_SIZE, c_sync=PAPER_C_SYNC_S, hop_delay_s=HOP_DELAY_S)
+
+
+def with_goodput(r: Rates, goodput_mbps: float) -> Rates:
+    """``r`` at another inter-gNB goodput (Mbit/s)."""
+    return replace(r, bandwidth=timing.mbit_per_s(goodput_mbps))
+
+
+@dataclass(frozen=True)
+class PresetRow:
+    """One (model, GPU) preset as a table row (``pallas experiment presets``-style listing)."""
+
+    model: str
+    gpu: str
+    s_kv: int
+    r_p: float
+    r_d: float
+    c_sync_s: float
+    hop_delay_s: float
+    block_size: int
+
+
+def preset_table() -> list[PresetRow]:
+    """Every (model, GPU) preset, for the outputs' JSON and the printed header."""
+    out = []
+    for g in GPUS:
+        for m in MODELS:
+            r = rates(m, g)
+            out.append(PresetRow(m, g, int(r.s_kv), r.r_p, r.r_d, r.c_sync, r.hop_delay_s, r.block_size))
+    return out

@@ -1,0 +1,174 @@
+"""``repeated``: whole trajectory segments with 1 to 8 handovers per session over an 8 x 8 grid
+of 100 m cells, the CVH predictor and the Scheduler Engine online (paper section 6.2, Table 2).
+
+Scale (the paper's): ten rounds, each with eight drives for every handover count from one to
+eight: 64 sessions and 288 handovers a round, 2,880 handovers per model; the same drives,
+predictions and goodput draws for every model and scheme. Each handover's goodput is drawn from
+a normal distribution (mean 300, sd 50 Mbit/s) truncated below at 150 Mbit/s; the Scheduler
+Engine's estimate is the EWMA of the session's earlier handovers' goodput. Sessions start with a
+1,000-token prompt (prefilled at r_p before the drive starts) and decode at r_d throughout,
+stalled by each SIT.
+
+ITL per scheme: every gap between consecutive tokens of a session, weighted by how many there
+are: 1 / r_d between handovers, the SIT across each handover (target-side schemes), and for
+Detour 1 / r_d plus the hop delay times the hops so far (model.md section 6: the path grows by
+one hop per handover). Detour's ITL growth with hops is reported per hop count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pallas_eval.experiments import mobility as M
+from pallas_eval.experiments import presets as PR
+from pallas_eval.experiments.base import Comparison, ExperimentResult
+from pallas_eval.simulate import simulate_arrays
+
+PROMPT = 1000
+SCHEMES = ("pallas", "detour", "full-copy", "recomputation", "ctho")
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The q-th percentile (0-100) of values repeated ``weights`` times (inverted CDF)."""
+    v, w = np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    keep = w > 0
+    v, w = v[keep], w[keep]
+    if v.size == 0:
+        return float("nan")
+    o = np.argsort(v)
+    v, cw = v[o], np.cumsum(w[o])
+    return float(v[np.searchsorted(cw, q / 100.0 * cw[-1] - 1e-9)])
+
+
+def drives(seed: int, rounds: int, per_count: int = 8, max_handovers: int = 8):
+    """The sessions' drives, CVH predictions and goodput draws (Mbit/s, shape (n, max_ho))."""
+    rng = np.random.default_rng([seed, 0x2E])
+    want = np.tile(np.repeat(np.arange(1, max_handovers + 1), per_count), rounds)
+    d = M.generate_drives(rng, want)
+    p = M.cvh_predict(d, rng)
+    g = M.truncated_normal(rng, d.ho_time.shape)
+    g[~np.isfinite(d.ho_time)] = np.nan
+    return d, p, g
+
+
+def session_itls(d: M.Drives, sits: np.ndarray, rates, detour: bool, k_start: float = 0.0):
+    """(values, weights) of every session's token gaps (module docstring), s."""
+    step = 1.0 / rates.r_d
+    vals, wts = [], []
+    for i in range(d.n):
+        t_prev, hops = 0.0, 0
+        for j in range(d.ho_time.shape[1]):
+            t = d.ho_time[i, j]
+            if not np.isfinite(t):
+                break
+            gap = step + hops * rates.hop_delay_s if detour else step
+            vals.append(gap)
+            wts.append(max(0.0, (t - t_prev) * rates.r_d - 1))
+            if detour:
+                hops += 1
+                vals.append(step + hops * rates.hop_delay_s)
+            else:
+                vals.append(sits[i, j])
+            wts.append(1.0)
+            t_prev = t + (0.0 if detour else sits[i, j])
+        vals.append(step + hops * rates.hop_delay_s if detour else step)
+        wts.append(max(0.0, (d.end_s[i] - t_prev) * rates.r_d - 1))
+    return np.array(vals), np.array(wts)
+
+
+def baseline_sits(d: M.Drives, rates, scheme: str, bw: np.ndarray) -> np.ndarray:
+    """A reactive scheme's SIT at every handover, its own tokens stalled by its own SITs."""
+    out = np.full(d.ho_time.shape, np.nan)
+    stall = np.zeros(d.n)
+    for j in range(d.ho_time.shape[1]):
+        t = d.ho_time[:, j]
+        ok = np.isfinite(t)
+        if not ok.any():
+            break
+        k = PROMPT + rates.r_d * np.maximum(0.0, t[ok] - stall[ok])
+        a = simulate_arrays(k, 0.0, rates, (scheme,), hops=j + 1, bandwidth=bw[ok, j])
+        out[ok, j] = a.sit[scheme]
+        if scheme != "detour":
+            stall[ok] += a.sit[scheme]
+    return out
+
+
+def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
+        models: tuple[str, ...] = PR.MODELS) -> ExperimentResult:
+    """The experiment (module docstring); ``tiny``: one round of one drive per count."""
+    from pallas_eval.experiments.figures import plot_table2
+    rounds, per_count = (1, 1) if tiny else (10, 8)
+    d, p, g = drives(seed, rounds, per_count)
+    ta = M.t_avail(d, p)
+    bw = g * 1e6 / 8
+    n_ho = int(np.isfinite(d.ho_time).sum())
+    rows, table, detour_hops = [], [], {}
+    for model in models:
+        rates = PR.rates(model, gpu, 300.0)
+        on = M.run_online(d, p, rates, np.full(d.n, float(PROMPT)), bw, t_avail_s=ta)
+        sits = {"pallas": on.sit}
+        for s in SCHEMES[1:]:
+            sits[s] = baseline_sits(d, rates, s, bw)
+        ok = np.isfinite(d.ho_time)
+        for s in SCHEMES:
+            v, w = session_itls(d, sits[s], rates, detour=(s == "detour"))
+            x = sits[s][ok]
+            table.append({"model": model, "scheme": s, "handovers": int(ok.sum()),
+                          "sit_mean_ms": 1000 * float(x.mean()), "sit_p99_ms": 1000 * float(np.percentile(x, 99)),
+                          "itl_mean_ms": 1000 * float(np.sum(v * w) / np.sum(w)),
+                          "itl_p99_ms": 1000 * weighted_percentile(v, w, 99)})
+        detour_hops[model] = {h: 1000 * (1.0 / rates.r_d + h * rates.hop_delay_s) for h in range(0, 9)}
+        for i, j in zip(*np.nonzero(ok)):
+            rows.append({"model": model, "session": int(i), "handover": int(j) + 1, "time_s": d.ho_time[i, j],
+                         "from_cell": int(d.ho_from[i, j]), "to_cell": int(d.ho_to[i, j]),
+                         "goodput_mbps": g[i, j], "t_avail_s": ta[i, j], "k_ho": on.k_ho[i, j],
+                         "committed": bool(on.committed[i, j]), "window_s": on.window[i, j],
+                         "t_early_s": on.t_early[i, j], "discarded_s": on.discarded[i, j],
+                         **{f"sit_{s}_s": float(sits[s][i, j]) for s in SCHEMES}})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot = plot_table2(out_dir / "table2.png", table, detour_hops, models)
+    comps = _comparisons(table, n_ho)
+    commits = float(np.mean([r["committed"] for r in rows])) if rows else float("nan")
+    summary = {"table2": table, "detour_itl_ms_by_hops": detour_hops, "handovers_per_model": n_ho,
+               "sessions": d.n, "commit_share": commits,
+               "t_avail_s": {"p10": float(np.nanpercentile(ta, 10)), "p50": float(np.nanpercentile(ta, 50)),
+                             "p90": float(np.nanpercentile(ta, 90))}}
+    notes = [f"{rounds} round(s) x {per_count} drive(s) per handover count 1-8: {d.n} sessions, {n_ho} handovers "
+             f"per model; generated drives on an 8 x 8 grid of 100 m cells (nuScenes is not available here)"]
+    return ExperimentResult("repeated", "simulate", rows, summary, [plot], comps, notes)
+
+
+WHY = {
+    "repeated.detour_itl_factor": "model.md: Detour's ITL grows by the fixed per-hop delay (30 ms, Figure 1) times the "
+                                  "hops so far; token-weighted over sessions of 1-8 handovers that adds about 2-3 hops' "
+                                  "worth, far from the paper's 4.2-9.6x (which would need about 200 ms per gap)",
+    "repeated.pallas_itl": "preset: r_d is constant per model (Figure 5(d)'s 28-48 ms); the paper's Table 2 ITLs reach "
+                           "66.7 ms for the largest model, as decoding slows with the longer contexts of long sessions",
+    "repeated.pallas_sit_mean": "preset: c_sync is one fixed 150 ms for every model, so with the first decode step no "
+                                "model's Pallas SIT goes below about 180 ms; the paper's 153.8 ms for the smallest model "
+                                "means a smaller fixed commit cost there",
+    "repeated.pallas_sit_p99": "model.md/drives: our generated drives give about 10% of handovers a prediction lead "
+                               "under 1.2 s (turns near a boundary), less than the prefix prefill of a 2,000-4,000-token "
+                               "session, and Eq. 6 puts that residue into SIT (P99 of committed handovers alone: "
+                               "444-745 ms); 1.1-1.3% fall back to ctHO. The paper's nuScenes drives give longer leads",
+    "repeated.handovers_per_model": "scale: a tiny run",
+}
+
+
+def _why(key: str) -> str:
+    return next((v for k, v in WHY.items() if key.startswith(k)), "")
+
+
+def _comparisons(table, n_ho) -> list[Comparison]:
+    c = [Comparison("repeated.handovers_per_model", float(n_ho), _why("repeated.handovers_per_model"))]
+    pal = [t for t in table if t["scheme"] == "pallas"]
+    det = {t["model"]: t for t in table if t["scheme"] == "detour"}
+    for name, col in (("sit_mean", "sit_mean_ms"), ("sit_p99", "sit_p99_ms"), ("itl_mean", "itl_mean_ms"),
+                      ("itl_p99", "itl_p99_ms")):
+        v = [t[col] for t in pal]
+        c.append(Comparison(f"repeated.pallas_{name}.min", min(v), _why(f"repeated.pallas_{name}")))
+        c.append(Comparison(f"repeated.pallas_{name}.max", max(v), _why(f"repeated.pallas_{name}")))
+    f = [det[t["model"]]["itl_mean_ms"] / t["itl_mean_ms"] for t in pal]
+    c.append(Comparison("repeated.detour_itl_factor.min", min(f), _why("repeated.detour_itl_factor")))
+    c.append(Comparison("repeated.detour_itl_factor.max", max(f), _why("repeated.detour_itl_factor")))
+    return c
