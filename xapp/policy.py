@@ -99,12 +99,15 @@ class PolicyClient:
     attempts follow transient errors after ``backoff_s * 2**i`` (a retry is safe: the agents
     answer a repeated (call, session, epoch) with the first call's reply). ``on_reply(outcome)``
     is called on the agent's worker thread for every finished call. Unknown agent ids raise
-    KeyError.
+    KeyError. ``channel_factory(address) -> grpc.Channel`` opens each agent's channel (default
+    plaintext; mutual TLS: ``pallas_common.tls.open_channel(address, watcher)``).
     """
 
     def __init__(self, agents: Mapping[str, AgentEndpoint], *, deadline_s: float = 5.0,
                  commit_deadline_s: float = 60.0, retries: int = 3, backoff_s: float = 0.1,
-                 on_reply: Callable[[CallOutcome], None] | None = None) -> None:
+                 on_reply: Callable[[CallOutcome], None] | None = None,
+                 channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel) -> None:
+        self.channel_factory = channel_factory
         self.agents = dict(agents)
         self.deadline_s = deadline_s
         self.commit_deadline_s = commit_deadline_s
@@ -121,7 +124,7 @@ class PolicyClient:
         with self._lock:
             if agent_id not in self._stubs:
                 ep = self.agents[agent_id]
-                ch = grpc.insecure_channel(ep.control_address)
+                ch = self.channel_factory(ep.control_address)
                 self._channels[agent_id] = ch
                 self._stubs[agent_id] = pbg.ControlStub(ch)
                 self._workers[agent_id] = ThreadPoolExecutor(1, thread_name_prefix=f"policy-{agent_id}")
@@ -211,10 +214,12 @@ class PolicyClient:
 class TelemetryConsumer:
     """Reads each agent's Telemetry stream on its own thread and hands every report to
     ``on_report(agent_id, TelemetryReport)``; reconnects after ``retry_s`` on any error. ``stop``
-    cancels the streams and joins the threads."""
+    cancels the streams and joins the threads. ``channel_factory`` as :class:`PolicyClient`'s."""
 
     def __init__(self, agents: Mapping[str, AgentEndpoint], on_report: Callable[[str, pb.TelemetryReport], None],
-                 *, period_ms: int = 200, retry_s: float = 0.5) -> None:
+                 *, period_ms: int = 200, retry_s: float = 0.5,
+                 channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel) -> None:
+        self.channel_factory = channel_factory
         self.agents = dict(agents)
         self.on_report = on_report
         self.period_ms = period_ms
@@ -234,7 +239,7 @@ class TelemetryConsumer:
     def _run(self, agent_id: str) -> None:
         ep = self.agents[agent_id]
         while not self._stop.is_set():
-            ch = grpc.insecure_channel(ep.control_address)
+            ch = self.channel_factory(ep.control_address)
             try:
                 call = pbg.ControlStub(ch).Telemetry(pb.TelemetryRequest(period_ms=self.period_ms))
                 self._calls[agent_id] = call
