@@ -22,7 +22,9 @@ needs grpcio, structlog and the standard library only.
   service (Control: the xApp's identity; PeerTransfer: the directory's agents). Refusals:
   UNAUTHENTICATED (no verified certificate), PERMISSION_DENIED (an identity not named).
 - :func:`add_server_port` / :func:`open_channel`: the one place that chooses TLS or plaintext;
-  plaintext only with an explicit ``insecure=True``.
+  plaintext only with an explicit ``insecure=True``. :class:`LinkSecurity` makes that choice
+  once per process (from ``PALLAS_TLS_*`` or given files) and hands out server credentials,
+  ports, channel factories and the authorisation interceptor accordingly.
 
 Times are seconds.
 """
@@ -50,7 +52,7 @@ __all__ = [
     "ENV_CERT", "ENV_KEY", "ENV_CA", "ANY_IDENTITY", "TlsError", "TlsFiles", "TlsMaterial",
     "CertWatcher", "server_credentials", "channel_credentials", "ReloadingChannel",
     "ReloadingAioChannel", "open_channel", "add_server_port", "peer_identities",
-    "AuthorizationInterceptor", "service_of",
+    "AuthorizationInterceptor", "service_of", "LinkSecurity",
 ]
 
 ENV_CERT, ENV_KEY, ENV_CA = "PALLAS_TLS_CERT", "PALLAS_TLS_KEY", "PALLAS_TLS_CA"
@@ -503,3 +505,60 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):
         repl = {k: self._guard(method, k, getattr(handler, k)) for k in _BEHAVIOURS
                 if getattr(handler, k) is not None}
         return handler._replace(**repl)
+
+
+class LinkSecurity:
+    """One process's choice for its gRPC links, made once: mutual TLS from ``files`` (one
+    :class:`CertWatcher` shared by its servers and channels), or plaintext with ``insecure``.
+
+    Args:
+        files: the process's certificate, key and CA (None: plaintext, needs ``insecure``).
+        insecure: plaintext on every link (tests, the local replay); TlsError with ``files``.
+        check_interval_s: how often the files are re-read (:class:`CertWatcher`).
+        server_name: name the peers' server certificates are checked against instead of the
+            dialled host (None: the host of each address).
+
+    Raises TlsError for neither or both, or unusable files.
+    """
+
+    def __init__(self, files: TlsFiles | None, *, insecure: bool = False,
+                 check_interval_s: float = 5.0, server_name: str | None = None) -> None:
+        if files is not None and insecure:
+            raise TlsError("both TLS files and insecure given: choose one")
+        self.watcher = (CertWatcher(files, check_interval_s=check_interval_s)
+                        if files is not None else None)
+        _check_choice(self.watcher, insecure)
+        self.insecure = insecure
+        self.server_name = server_name
+
+    @classmethod
+    def from_env(cls, *, insecure: bool = False, environ: Mapping[str, str] | None = None,
+                 **kwargs: Any) -> "LinkSecurity":
+        """From ``PALLAS_TLS_CERT/KEY/CA`` (:meth:`TlsFiles.from_env`); ``insecure`` only when
+        none is set (the agent's ``--insecure``)."""
+        return cls(TlsFiles.from_env(environ), insecure=insecure, **kwargs)
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        """:func:`server_credentials` of the watcher; None when plaintext."""
+        return None if self.watcher is None else server_credentials(self.watcher)
+
+    def add_port(self, server: Any, address: str) -> int:
+        """:func:`add_server_port` with this choice; returns the bound port."""
+        return add_server_port(server, address, self.watcher, insecure=self.insecure)
+
+    def interceptors(self, policy: Mapping[str, Iterable[str]]) -> list[AuthorizationInterceptor]:
+        """``[AuthorizationInterceptor(policy)]`` with TLS; ``[]`` when plaintext (there is no
+        peer identity to check; every call would be refused)."""
+        return [] if self.watcher is None else [AuthorizationInterceptor(policy)]
+
+    def channel(self, address: str, options: Sequence[tuple] = ()) -> Any:
+        """A sync channel to ``address`` (the xApp's PolicyClient/TelemetryConsumer
+        ``channel_factory``)."""
+        return open_channel(address, self.watcher, insecure=self.insecure, options=options,
+                            server_name=self.server_name)
+
+    def aio_channel(self, address: str, options: Sequence[tuple] = ()) -> Any:
+        """A grpc.aio channel to ``address`` (agent.transfer's PeerClient/PeerPool
+        ``channel_factory``)."""
+        return open_channel(address, self.watcher, insecure=self.insecure, aio=True,
+                            options=options, server_name=self.server_name)

@@ -29,18 +29,18 @@ def pki(tmp_path_factory):
 
 
 def _pool(files: tls.TlsFiles) -> PeerPool:
-    w = tls.CertWatcher(files, check_interval_s=0)
-    return PeerPool(channel_factory=lambda addr, opts: tls.open_channel(addr, w, aio=True,
-                                                                        options=opts))
+    return PeerPool(channel_factory=tls.LinkSecurity(files).aio_channel)
 
 
 def test_only_directory_agents_use_peer_transfer_over_mutual_tls(pki):
     async def run():
         h = Handler()
-        auth = tls.AuthorizationInterceptor({PEER_SERVICE_NAME: ["agent-a", "agent-b"]})
-        server, addr = await serve_peer_transfer(
-            h, "127.0.0.1:0", credentials=tls.server_credentials(tls.CertWatcher(pki["agent-a"])),
-            interceptors=(auth,))
+        sec = tls.LinkSecurity(pki["agent-a"])
+        interceptors = sec.interceptors({PEER_SERVICE_NAME: ["agent-a", "agent-b"]})
+        server, addr = await serve_peer_transfer(h, "127.0.0.1:0",
+                                                 credentials=sec.server_credentials(),
+                                                 interceptors=interceptors)
+        auth = interceptors[0]
         target = pb.PeerEndpoint(agent_id="agent-a", address=addr)
         pools = {n: _pool(pki[n]) for n in ("agent-b", "intruder", "stranger")}
         try:

@@ -297,6 +297,28 @@ def test_plaintext_needs_an_explicit_insecure_and_half_configured_tls_is_an_erro
         tls.CertWatcher(tls.TlsFiles.from_env(env))
 
 
+def test_link_security_makes_the_choice_once_for_servers_channels_and_interceptors(pki):
+    env = {"PALLAS_TLS_CERT": str(pki["xapp"].cert), "PALLAS_TLS_KEY": str(pki["xapp"].key),
+           "PALLAS_TLS_CA": str(pki["xapp"].ca)}
+    sec = tls.LinkSecurity.from_env(environ=env)
+    assert sec.watcher.material.cert_chain == Path(pki["xapp"].cert).read_bytes()
+    assert isinstance(sec.server_credentials(), grpc.ServerCredentials)
+    [auth] = sec.interceptors({CONTROL: ["xapp"]})
+    assert auth.allowed(CONTROL) == {"xapp"} and auth.allowed(PEER) == frozenset()
+    ch = sec.channel("127.0.0.1:1")
+    assert isinstance(ch, tls.ReloadingChannel)
+    ch.close()
+    with pytest.raises(tls.TlsError, match="choose one"):
+        tls.LinkSecurity.from_env(environ=env, insecure=True)
+    with pytest.raises(tls.TlsError, match="insecure=True"):
+        tls.LinkSecurity.from_env(environ={})
+    plain = tls.LinkSecurity.from_env(environ={}, insecure=True)
+    assert (plain.server_credentials(), plain.interceptors({CONTROL: ["xapp"]})) == (None, [])
+    ch = plain.channel("127.0.0.1:1")
+    assert not isinstance(ch, tls.ReloadingChannel)
+    ch.close()
+
+
 def test_peer_identities_are_the_subject_cn_and_every_san():
     ctx = {"transport_security_type": [b"ssl"], "x509_common_name": [b"xapp"],
            "x509_subject_alternative_name": [b"pallas-xapp.ricxapp.svc", b"spiffe://pallas/xapp"],
@@ -315,8 +337,7 @@ def test_the_xapps_policy_client_and_telemetry_consumer_use_mutual_tls(pki, tmp_
             agents = {"a": AgentEndpoint("a", addr, addr)}
 
             def factory(who):
-                w = tls.CertWatcher(pki[who])
-                return lambda address: tls.open_channel(address, w)
+                return tls.LinkSecurity(pki[who]).channel
 
             clients = [PolicyClient(agents, retries=0, channel_factory=factory(who))
                        for who in ("xapp", "agent-b")]
