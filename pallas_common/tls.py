@@ -134,6 +134,13 @@ class TlsFiles:
     def read(self) -> TlsMaterial:
         """Read and validate the three files. Raises TlsError (naming the file) if one cannot be
         read, and as :func:`_validate` does."""
+        m = self.read_unchecked()
+        _validate(m)
+        return m
+
+    def read_unchecked(self) -> TlsMaterial:
+        """Read the three files as they are. Raises TlsError (naming the file) if one cannot
+        be read."""
         data = []
         for name in ("cert", "key", "ca"):
             p = getattr(self, name)
@@ -141,9 +148,7 @@ class TlsFiles:
                 data.append(Path(p).read_bytes())
             except OSError as exc:
                 raise TlsError(f"TLS {name} file {p}: {exc.strerror or exc}") from None
-        m = TlsMaterial(*data)
-        _validate(m)
-        return m
+        return TlsMaterial(*data)
 
 
 class CertWatcher:
@@ -182,12 +187,13 @@ class CertWatcher:
                 return False
             self._checked = now
             try:
-                m = self.files.read()
+                m = self.files.read_unchecked()
+                if m == self._material:
+                    return False
+                _validate(m)  # only what changed (the check writes temporary files)
             except TlsError as exc:
                 self.failed_reloads += 1
                 log.warning("tls_reload_skipped", cert=str(self.files.cert), error=str(exc))
-                return False
-            if m == self._material:
                 return False
             self._material = m
             self.generation += 1
