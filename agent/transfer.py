@@ -433,7 +433,8 @@ class PeerPool:
 
 async def serve_peer_transfer(handler: PeerHandler, address: str = "127.0.0.1:0",
                               register: Callable[[grpc.aio.Server], Any] | None = None,
-                              crc_threads: int = 0, credentials: grpc.ServerCredentials | None = None,
+                              crc_threads: int = 0,
+                              credentials: grpc.ServerCredentials | None = None,
                               interceptors: tuple = ()) -> tuple[grpc.aio.Server, str]:
     """Start a grpc.aio server with the PeerTransfer service (and anything ``register`` adds).
 

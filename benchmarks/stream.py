@@ -157,7 +157,8 @@ def _serve(port_q, tls_files=None) -> None:
         server, addr = await serve_peer_transfer(
             _SinkHandler(), "127.0.0.1:0",
             credentials=security.server_credentials() if security else None,
-            interceptors=security.interceptors({"pallas.v1.PeerTransfer": ["*"]}) if security else ())
+            interceptors=(security.interceptors({"pallas.v1.PeerTransfer": ["*"]})
+                          if security else ()))
         port_q.put(addr)
         await server.wait_for_termination()
     asyncio.run(main())

@@ -96,8 +96,9 @@ class LocalCA:
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                                   ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .add_extension(_san(names), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
-                           critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                critical=False)
             .sign(self.key, hashes.SHA256()))
         return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
 

@@ -544,6 +544,25 @@ class LinkSecurity:
         none is set (the agent's ``--insecure``)."""
         return cls(TlsFiles.from_env(environ), insecure=insecure, **kwargs)
 
+    @classmethod
+    def from_mapping(cls, tls: Mapping[str, Any] | None, *,
+                     insecure: bool = False) -> "LinkSecurity":
+        """From the xApp descriptor's ``controls.tls`` object: ``enabled`` (default true),
+        ``cert_file``, ``key_file``, ``ca_file``, optional ``check_interval_s`` and
+        ``server_name``. ``enabled: false`` is an explicit choice of plaintext, as is
+        ``insecure`` (the command line's ``--insecure``) when the object is absent or disabled.
+        Raises TlsError for missing file fields, unusable files, or files with ``insecure``."""
+        tls = dict(tls or {})
+        if not tls or not tls.get("enabled", True):
+            return cls(None, insecure=insecure or bool(tls))
+        missing = [k for k in ("cert_file", "key_file", "ca_file") if not tls.get(k)]
+        if missing:
+            raise TlsError(f"controls.tls: {', '.join(missing)} missing")
+        files = TlsFiles(Path(tls["cert_file"]), Path(tls["key_file"]), Path(tls["ca_file"]))
+        return cls(files, insecure=insecure,
+                   check_interval_s=float(tls.get("check_interval_s", 5.0)),
+                   server_name=tls.get("server_name") or None)
+
     def server_credentials(self) -> grpc.ServerCredentials | None:
         """:func:`server_credentials` of the watcher; None when plaintext."""
         return None if self.watcher is None else server_credentials(self.watcher)

@@ -360,7 +360,8 @@ def open_store(kind: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> X
     if kind == "sdl":
         return SdlStore(namespace)
     if kind == "memory":
-        log.warning("memory_store", note="test mode: epochs and migrations do not survive a restart")
+        log.warning("memory_store",
+                    note="test mode: epochs and migrations do not survive a restart")
         return MemoryStore()
     raise ValueError(f"store kind {kind!r}: one of 'sdl', 'memory'")
 

@@ -319,6 +319,23 @@ def test_link_security_makes_the_choice_once_for_servers_channels_and_intercepto
     ch.close()
 
 
+def test_link_security_from_the_descriptors_tls_object(pki):
+    f = pki["xapp"]
+    tls_obj = {"enabled": True, "cert_file": str(f.cert), "key_file": str(f.key),
+               "ca_file": str(f.ca), "check_interval_s": 30, "server_name": "agents.example"}
+    sec = tls.LinkSecurity.from_mapping(tls_obj)
+    assert (sec.watcher.files, sec.watcher.check_interval_s, sec.server_name) \
+        == (f, 30.0, "agents.example")
+    assert tls.LinkSecurity.from_mapping({"enabled": False}).insecure  # explicit in the file
+    assert tls.LinkSecurity.from_mapping(None, insecure=True).insecure
+    with pytest.raises(tls.TlsError, match="insecure=True"):
+        tls.LinkSecurity.from_mapping(None)
+    with pytest.raises(tls.TlsError, match="key_file, ca_file missing"):
+        tls.LinkSecurity.from_mapping({"cert_file": "/c"})
+    with pytest.raises(tls.TlsError, match="choose one"):
+        tls.LinkSecurity.from_mapping(tls_obj, insecure=True)
+
+
 def test_peer_identities_are_the_subject_cn_and_every_san():
     ctx = {"transport_security_type": [b"ssl"], "x509_common_name": [b"xapp"],
            "x509_subject_alternative_name": [b"pallas-xapp.ricxapp.svc", b"spiffe://pallas/xapp"],
