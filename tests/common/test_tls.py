@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -67,6 +68,23 @@ def _place(files, dest: Path) -> tls.TlsFiles:
         tmp.write_bytes(Path(src).read_bytes())
         os.replace(tmp, dst)
     return out
+
+
+def _secret_volume(files, dest: Path) -> tls.TlsFiles:
+    """Publish an identity's files as the kubelet publishes a Secret volume (its atomic writer):
+    a new timestamped folder, then the ``..data`` link swapped to it in one rename; ``tls.crt``,
+    ``tls.key`` and ``ca.crt`` are links through ``..data``. Returns the stable paths."""
+    dest.mkdir(parents=True, exist_ok=True)
+    version = dest / f"..{time.time_ns()}"
+    version.mkdir()
+    for src, name in ((files.cert, "tls.crt"), (files.key, "tls.key"), (files.ca, "ca.crt")):
+        (version / name).write_bytes(Path(src).read_bytes())
+        if not (dest / name).is_symlink():
+            (dest / name).symlink_to(Path("..data") / name)
+    tmp = dest / "..data_tmp"
+    tmp.symlink_to(version.name)
+    os.replace(tmp, dest / "..data")
+    return tls.TlsFiles(dest / "tls.crt", dest / "tls.key", dest / "ca.crt")
 
 
 @pytest.fixture(scope="module")
@@ -199,15 +217,15 @@ def test_a_plaintext_server_behind_the_interceptor_refuses_as_unauthenticated():
 
 
 def test_the_server_serves_a_rotated_certificate_and_ca_without_a_restart(pki, tmp_path):
-    """The server's files move from CA1 to CA2 while it runs: new connections then need (and
-    get) CA2's chain both ways; the old CA's clients are refused."""
+    """The server's files (a Secret volume) move from CA1 to CA2 while it runs: new connections
+    then need (and get) CA2's chain both ways; the old CA's clients are refused."""
     async def run():
-        srv = _place(pki["agent-a"], tmp_path / "srv")
+        srv = _secret_volume(pki["agent-a"], tmp_path / "srv")
         async with serving(srv) as (addr, calls, _, watcher):
             assert (await _trigger(addr, _creds(pki["xapp"]))).status == pb.STATUS_OK
             assert await _code(_trigger(addr, _creds(pki["xapp@2"]))) \
                 == grpc.StatusCode.UNAVAILABLE
-            _place(pki["agent-a@2"], tmp_path / "srv")
+            _secret_volume(pki["agent-a@2"], tmp_path / "srv")
             assert (await _trigger(addr, _creds(pki["xapp@2"]))).status == pb.STATUS_OK
             assert await _code(_trigger(addr, _creds(pki["xapp"]))) \
                 == grpc.StatusCode.UNAVAILABLE
