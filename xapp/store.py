@@ -42,17 +42,18 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import structlog
+from pallas_proto import pallas_pb2
 
 log = structlog.get_logger("pallas.xapp.store")
 
 __all__ = [
     "EPOCH_COUNTER_BITS", "DEFAULT_NAMESPACE", "StoreError", "StoreUnavailable", "SessionBinding",
     "InFlightMigration", "RecoveryStep", "XappStore", "MemoryStore", "SdlStore", "open_store",
-    "recovery_plan", "split_epoch",
+    "recovery_plan", "split_epoch", "MigrationJournal",
 ]
 
 EPOCH_COUNTER_BITS = 38
@@ -374,3 +375,67 @@ def recovery_plan(store: XappStore) -> list[RecoveryStep]:
     with each one's epoch when the agent has answered."""
     return [RecoveryStep("commit" if m.phase == "committing" else "cancel", m)
             for m in store.migrations()]
+
+
+class MigrationJournal:
+    """Writes the scheduler's orders and the agents' replies through to ``store``, so that a
+    restarted xApp finds what it had in flight (:func:`recovery_plan`) and who serves each
+    session.
+
+    Duck-typed on ``xapp.scheduler.state``'s actions (TriggerAction, CancelAction,
+    CommitAction: by class name and fields) and ``xapp.policy.CallOutcome``:
+
+    - :meth:`sent` before an order goes out: a Trigger records a ``preparing`` migration, a
+      Commit a ``committing`` one (a Cancel changes nothing: the record stays until the agent
+      answers, so a restart in between cancels again, which the agents treat as a repeat);
+    - :meth:`replied` with each outcome: an answered Cancel or Commit ends the record of its
+      epoch (an unanswered call leaves it for the recovery); a Commit answered OK rebinds the
+      session to the actual target, or, for Detour, adds a relay hop;
+    - :meth:`opened` / :meth:`ended` when a session appears or ends.
+
+    ``clock``: wall clock, seconds since 1970 (``started_at``).
+    """
+
+    def __init__(self, store: XappStore, *, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self._clock = clock
+        self._commits: dict[tuple[str, int], Any] = {}
+
+    def opened(self, session_id: str, agent_id: str, *, ue_id: str = "", scheme: int = 0,
+               fallback: int = 0) -> None:
+        """A session is served by ``agent_id``."""
+        self.store.put_binding(SessionBinding(session_id, agent_id, ue_id, scheme, fallback))
+
+    def ended(self, session_id: str) -> None:
+        """The session ended (:meth:`XappStore.end_session`)."""
+        self.store.end_session(session_id)
+        for key in [k for k in self._commits if k[0] == session_id]:
+            del self._commits[key]
+
+    def sent(self, action: Any) -> None:
+        """Record ``action`` before it is sent."""
+        kind = type(action).__name__
+        if kind == "TriggerAction":
+            self.store.put_migration(InFlightMigration(
+                action.session_id, int(action.epoch), action.source, action.target, "preparing",
+                int(action.scheme), float(action.predicted_handover_time), self._clock()))
+        elif kind == "CommitAction":
+            self._commits[(action.session_id, int(action.epoch))] = action
+            self.store.put_migration(InFlightMigration(
+                action.session_id, int(action.epoch), action.source, action.actual_target,
+                "committing", int(action.scheme), float(action.handover_time), self._clock()))
+
+    def replied(self, outcome: Any) -> None:
+        """Record an agent's answer (a ``CallOutcome``; no reply: nothing changes)."""
+        if outcome.reply is None or outcome.kind not in ("Cancel", "Commit"):
+            return
+        self.store.finish_migration(outcome.session_id, int(outcome.epoch))
+        commit = self._commits.pop((outcome.session_id, int(outcome.epoch)), None)
+        if outcome.kind != "Commit" or commit is None or not outcome.ok:
+            return
+        old = self.store.binding(outcome.session_id) or SessionBinding(outcome.session_id,
+                                                                       commit.source)
+        if int(commit.scheme) == pallas_pb2.SCHEME_DETOUR:
+            self.store.put_binding(replace(old, relay_hops=old.relay_hops + 1))
+        else:
+            self.store.put_binding(replace(old, agent_id=commit.actual_target, relay_hops=0))

@@ -14,9 +14,9 @@ import uuid
 import pytest
 
 from redis_server import redis_or_skip, redis_server
-from xapp.store import (EPOCH_COUNTER_BITS, InFlightMigration, MemoryStore, SdlStore,
-                        SessionBinding, StoreError, StoreUnavailable, open_store, recovery_plan,
-                        split_epoch)
+from xapp.store import (EPOCH_COUNTER_BITS, InFlightMigration, MemoryStore, MigrationJournal,
+                        SdlStore, SessionBinding, StoreError, StoreUnavailable, open_store,
+                        recovery_plan, split_epoch)
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +203,42 @@ def test_open_store_picks_sdl_in_a_ric(dbaas, ns):
     st = open_store(namespace=ns)
     assert isinstance(st, SdlStore) and st.generation > 0
     st.close()
+
+
+def test_the_journal_records_orders_and_replies_for_the_restart(make_store):
+    from pallas_proto import pallas_pb2 as pb
+
+    from xapp.policy import CallOutcome
+    from xapp.scheduler.state import CancelAction, CommitAction, TriggerAction
+
+    st = make_store()
+    j = MigrationJournal(st, clock=lambda: 1000.0)
+    ok = lambda kind, sid, ep: CallOutcome(kind, "x", sid, ep, pb.ControlReply(  # noqa: E731
+        status=pb.STATUS_OK))
+    j.opened("s1", "edge-a", ue_id="ue-1", scheme=pb.SCHEME_PALLAS, fallback=pb.SCHEME_CTHO)
+    j.opened("s2", "edge-a", ue_id="ue-2")
+    trig = TriggerAction("s1", 1, "edge-a", "edge-b", 1005.0, 0.8, 64)
+    j.sent(trig)
+    j.replied(ok("Trigger", "s1", 1))  # still in flight: prepared, not committed
+    assert st.migration("s1") == InFlightMigration("s1", 1, "edge-a", "edge-b", "preparing",
+                                                    pb.SCHEME_PALLAS, 1005.0, 1000.0)
+    commit = CommitAction("s1", 1, "edge-a", "edge-b", "edge-b", pb.SCHEME_PALLAS, 1005.2)
+    j.sent(commit)
+    assert [s.action for s in recovery_plan(st)] == ["commit"]
+    j.replied(CallOutcome("Commit", "edge-a", "s1", 1, None, "UNAVAILABLE"))  # no answer
+    assert st.migration("s1").phase == "committing"
+    j.replied(ok("Commit", "s1", 1))
+    assert st.migration("s1") is None
+    assert st.binding("s1") == SessionBinding("s1", "edge-b", "ue-1", pb.SCHEME_PALLAS,
+                                              pb.SCHEME_CTHO, 0)
+
+    j.sent(TriggerAction("s2", 1, "edge-a", "edge-c", 1010.0, 0.5, 32))
+    j.sent(CancelAction("s2", 1, "edge-a", "edge-c", "target changed"))
+    assert [s.action for s in recovery_plan(st)] == ["cancel"]
+    j.replied(ok("Cancel", "s2", 1))
+    j.sent(CommitAction("s2", 2, "edge-a", "edge-d", None, pb.SCHEME_DETOUR, 1011.0))
+    j.replied(ok("Commit", "s2", 2))
+    assert st.binding("s2") == SessionBinding("s2", "edge-a", "ue-2", relay_hops=1)
+    assert recovery_plan(st) == []
+    j.ended("s2")
+    assert st.binding("s2") is None and list(st.bindings()) == ["s1"]
