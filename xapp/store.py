@@ -399,7 +399,8 @@ class MigrationJournal:
     def __init__(self, store: XappStore, *, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self._clock = clock
-        self._commits: dict[tuple[str, int], Any] = {}
+        self._commits: dict[tuple[str, int], Any] = {}  # commits sent, by (session, epoch)
+        self._lock = threading.Lock()  # replies arrive on the policy client's worker threads
 
     def opened(self, session_id: str, agent_id: str, *, ue_id: str = "", scheme: int = 0,
                fallback: int = 0) -> None:
@@ -409,8 +410,9 @@ class MigrationJournal:
     def ended(self, session_id: str) -> None:
         """The session ended (:meth:`XappStore.end_session`)."""
         self.store.end_session(session_id)
-        for key in [k for k in self._commits if k[0] == session_id]:
-            del self._commits[key]
+        with self._lock:
+            for key in [k for k in self._commits if k[0] == session_id]:
+                del self._commits[key]
 
     def sent(self, action: Any) -> None:
         """Record ``action`` before it is sent."""
@@ -420,7 +422,8 @@ class MigrationJournal:
                 action.session_id, int(action.epoch), action.source, action.target, "preparing",
                 int(action.scheme), float(action.predicted_handover_time), self._clock()))
         elif kind == "CommitAction":
-            self._commits[(action.session_id, int(action.epoch))] = action
+            with self._lock:
+                self._commits[(action.session_id, int(action.epoch))] = action
             self.store.put_migration(InFlightMigration(
                 action.session_id, int(action.epoch), action.source, action.actual_target,
                 "committing", int(action.scheme), float(action.handover_time), self._clock()))
@@ -430,7 +433,8 @@ class MigrationJournal:
         if outcome.reply is None or outcome.kind not in ("Cancel", "Commit"):
             return
         self.store.finish_migration(outcome.session_id, int(outcome.epoch))
-        commit = self._commits.pop((outcome.session_id, int(outcome.epoch)), None)
+        with self._lock:
+            commit = self._commits.pop((outcome.session_id, int(outcome.epoch)), None)
         if outcome.kind != "Commit" or commit is None or not outcome.ok:
             return
         old = self.store.binding(outcome.session_id) or SessionBinding(outcome.session_id,
