@@ -322,6 +322,10 @@ class _Goodput:
     ewma: float = 0.0
 
 
+def _plaintext(address: str, options: list) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=options)
+
+
 class PeerClient:
     """Source-side client of one peer's PeerTransfer service.
 
@@ -330,14 +334,16 @@ class PeerClient:
         link_rate_mbps: token-bucket limit on this peer's block streams, Mbit/s (None =
             unlimited); shared by every stream to this peer.
         timeout_s: deadline of unary calls, seconds.
+        channel_factory: ``(address, options) -> grpc.aio channel`` (default plaintext); mutual
+            TLS: ``pallas_common.tls.open_channel(address, watcher, aio=True, options=options)``.
     """
 
     def __init__(self, address: str, *, link_rate_mbps: float | None = None,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, channel_factory: Callable | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.bucket = TokenBucket(mbit_to_bytes_per_s(link_rate_mbps) if link_rate_mbps else None)
-        self.channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self.channel = (channel_factory or _plaintext)(address, GRPC_OPTIONS)
         self.stub = pallas_pb2_grpc.PeerTransferStub(self.channel)
         # StreamBlocks through agent.wire: the same KVBlock bytes without protobuf's copies.
         self.stream_blocks = self.channel.stream_unary(
@@ -392,9 +398,12 @@ class PeerClient:
 
 
 class PeerPool:
-    """One :class:`PeerClient` per peer address (so the link-rate limit is per peer)."""
+    """One :class:`PeerClient` per peer address (so the link-rate limit is per peer);
+    ``channel_factory`` as :class:`PeerClient`'s."""
 
-    def __init__(self, *, link_rate_mbps: float | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(self, *, link_rate_mbps: float | None = None, timeout_s: float = 30.0,
+                 channel_factory: Callable | None = None) -> None:
+        self.channel_factory = channel_factory
         self.link_rate_mbps = link_rate_mbps
         self.timeout_s = timeout_s
         self._clients: dict[str, PeerClient] = {}
@@ -405,7 +414,8 @@ class PeerPool:
         c = self._clients.get(endpoint.address)
         if c is None:
             c = self._clients[endpoint.address] = PeerClient(
-                endpoint.address, link_rate_mbps=self.link_rate_mbps, timeout_s=self.timeout_s)
+                endpoint.address, link_rate_mbps=self.link_rate_mbps, timeout_s=self.timeout_s,
+                channel_factory=self.channel_factory)
         if endpoint.agent_id:
             self._names[endpoint.address] = endpoint.agent_id
         return c
@@ -423,17 +433,22 @@ class PeerPool:
 
 async def serve_peer_transfer(handler: PeerHandler, address: str = "127.0.0.1:0",
                               register: Callable[[grpc.aio.Server], Any] | None = None,
-                              crc_threads: int = 0) -> tuple[grpc.aio.Server, str]:
+                              crc_threads: int = 0,
+                              credentials: grpc.ServerCredentials | None = None,
+                              interceptors: tuple = ()) -> tuple[grpc.aio.Server, str]:
     """Start a grpc.aio server with the PeerTransfer service (and anything ``register`` adds).
 
-    ``crc_threads``: see :class:`PeerTransferService`. Returns the started server and its bound
-    ``host:port``.
+    ``crc_threads``: see :class:`PeerTransferService`. ``credentials``: TLS server credentials
+    (``pallas_common.tls.server_credentials``; None: plaintext); ``interceptors``: grpc.aio
+    server interceptors (``pallas_common.tls.AuthorizationInterceptor``). Returns the started
+    server and its bound ``host:port``.
     """
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=list(interceptors))
     add_peer_transfer_to_server(PeerTransferService(handler, crc_threads), server)
     if register is not None:
         register(server)
     host = address.rsplit(":", 1)[0]
-    port = server.add_insecure_port(address)
+    port = (server.add_secure_port(address, credentials) if credentials is not None
+            else server.add_insecure_port(address))
     await server.start()
     return server, f"{host}:{port}"

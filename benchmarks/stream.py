@@ -145,23 +145,34 @@ async def bare_goodput(address: str, *, n_blocks: int, block_bytes: int, raw: bo
         return rates
 
 
-def _serve(port_q) -> None:
+def _serve(port_q, tls_files=None) -> None:
+    """A PeerTransferService with the sink handler; ``tls_files``: a pallas_common.tls TlsFiles
+    (mutual TLS, every identity of the CA admitted), None: plaintext."""
     tune_malloc_for_blocks()  # as pallas-agent does at start
 
     async def main():
-        server, addr = await serve_peer_transfer(_SinkHandler(), "127.0.0.1:0")
+        from pallas_common.tls import LinkSecurity
+
+        security = LinkSecurity(tls_files) if tls_files else None
+        server, addr = await serve_peer_transfer(
+            _SinkHandler(), "127.0.0.1:0",
+            credentials=security.server_credentials() if security else None,
+            interceptors=(security.interceptors({"pallas.v1.PeerTransfer": ["*"]})
+                          if security else ()))
         port_q.put(addr)
         await server.wait_for_termination()
     asyncio.run(main())
 
 
 async def goodput(address: str, *, n_blocks: int, block_bytes: int,
-                  rate_mbps: float | None, rounds: int = 1) -> tuple[list[float], int]:
-    """``rounds`` streams of n_blocks through one PeerClient after a warm-up stream.
+                  rate_mbps: float | None, rounds: int = 1,
+                  channel_factory=None) -> tuple[list[float], int]:
+    """``rounds`` streams of n_blocks through one PeerClient after a warm-up stream
+    (``channel_factory``: PeerClient's).
 
     Returns (goodput of each round, bytes/s; blocks rejected in all).
     """
-    client = PeerClient(address, link_rate_mbps=rate_mbps)
+    client = PeerClient(address, link_rate_mbps=rate_mbps, channel_factory=channel_factory)
     data = os.urandom(block_bytes)
     crc = block_crc(data)
     blocks = [Block("bench", 1, i, 32, crc, data) for i in range(n_blocks)]

@@ -107,13 +107,16 @@ class PolicyClient:
     answer a repeated (call, session, epoch) with the first call's reply). ``on_reply(outcome)``
     is called on a pool thread for every finished call. ``workers``: calls in flight at once
     (all agents together); ``cache_size``: answered calls remembered. Unknown agent ids raise
-    KeyError.
+    KeyError. ``channel_factory(address) -> grpc.Channel`` opens each agent's channel (default
+    plaintext; mutual TLS: ``pallas_common.tls.LinkSecurity.channel``).
     """
 
     def __init__(self, agents: Mapping[str, AgentEndpoint], *, deadline_s: float = 5.0,
                  commit_deadline_s: float = 60.0, retries: int = 3, backoff_s: float = 0.1,
                  on_reply: Callable[[CallOutcome], None] | None = None, workers: int = 32,
-                 cache_size: int = 4096) -> None:
+                 cache_size: int = 4096,
+                 channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel) -> None:
+        self.channel_factory = channel_factory
         self.agents = dict(agents)
         self.deadline_s = deadline_s
         self.commit_deadline_s = commit_deadline_s
@@ -142,7 +145,7 @@ class PolicyClient:
             ep = self.agents[agent_id]
             ch = self._channels.get(agent_id)
             if ch is None:
-                channel = grpc.insecure_channel(ep.control_address)
+                channel = self.channel_factory(ep.control_address)
                 ch = self._channels[agent_id] = (ep.control_address, channel, pbg.ControlStub(channel))
             return ch[2]
 
@@ -269,7 +272,9 @@ class TelemetryConsumer:
     address); ``stop`` cancels the streams and joins the threads."""
 
     def __init__(self, agents: Mapping[str, AgentEndpoint], on_report: Callable[[str, pb.TelemetryReport], None],
-                 *, period_ms: int = 200, retry_s: float = 0.5) -> None:
+                 *, period_ms: int = 200, retry_s: float = 0.5,
+                 channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel) -> None:
+        self.channel_factory = channel_factory
         self.agents = dict(agents)
         self.on_report = on_report
         self.period_ms = period_ms
@@ -332,7 +337,7 @@ class TelemetryConsumer:
 
     def _run(self, agent_id: str, ep: AgentEndpoint, stop: threading.Event, holder: list) -> None:
         while not (stop.is_set() or self._stop.is_set()):
-            ch = grpc.insecure_channel(ep.control_address)
+            ch = self.channel_factory(ep.control_address)
             try:
                 call = pbg.ControlStub(ch).Telemetry(pb.TelemetryRequest(period_ms=self.period_ms))
                 holder[:] = [call]
