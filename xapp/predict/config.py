@@ -59,6 +59,9 @@ class A3Config:
     ``window_s``: the sliding window of the robust (Theil-Sen) trend; ``min_points`` the fewest
     reports to fit; ``horizon_s`` the furthest crossing forecast; ``min_slope_db_s`` the
     smallest closing rate of (neighbour - serving) that counts as approaching.
+    ``trend``: the Theil-Sen pairs, ``"all_pairs"`` (every pair of reports in the window, exact,
+    O(w^2): the drive-log profile) or ``"lagged_pairs"`` (the pairs half a window apart, O(w):
+    the default, which keeps a 10,000-UE cycle within 50 ms at 5 reports/s per UE).
     """
 
     offset_db: float = 3.0
@@ -69,10 +72,13 @@ class A3Config:
     min_points: int = 4
     horizon_s: float = 8.0
     min_slope_db_s: float = 0.3
+    trend: str = "lagged_pairs"
 
     def validate(self, where: str = "a3") -> None:
         if self.ttt_s < 0 or self.window_s <= 0 or self.horizon_s <= 0 or self.min_points < 2:
             raise ValueError(f"{where}: ttt_s >= 0, window_s > 0, horizon_s > 0, min_points >= 2 required")
+        if self.trend not in ("all_pairs", "lagged_pairs"):
+            raise ValueError(f"{where}.trend: {self.trend!r} not 'all_pairs' or 'lagged_pairs'")
 
 
 @dataclass(frozen=True)
