@@ -132,9 +132,13 @@ class PallasXapp:
         self.events = events or EventLog(None)
         self.offset = offset
         self.a1 = a1
-        self.tracks = TrackStore()
-        self.ingest = ingest or Ingestor(self.tracks, self._ingest_config(config))
         self.predictor = predictor if predictor is not None else self._build_predictor(config, nrt)
+        pcfg = getattr(self.predictor, "cfg", None)
+        # the tracks hold what the predictor reads; a UE silent for ue_silence_s is freed
+        self.tracks = TrackStore(capacity=getattr(pcfg, "window_reports", 32),
+                                 silence_s=getattr(pcfg, "ue_silence_s", 30.0))
+        self._tracks_lock = threading.Lock()     # the ingest thread writes, the cycle reads
+        self.ingest = ingest or Ingestor(self.tracks, self._ingest_config(config))
         self.engine = engine if engine is not None else self._build_engine(config)
         endpoints = self._endpoints(config)
         self.policy = policy or PolicyClient(endpoints, on_reply=self._on_reply)
@@ -233,7 +237,8 @@ class PallasXapp:
 
     def on_indication(self, payload: bytes, e2_node: str = "", t: float | None = None, sub_id: int = -1) -> None:
         """Ingest one RIC_INDICATION; a change of serving cell commits at once."""
-        reports = self.ingest.on_indication(payload, e2_node, t, sub_id)
+        with self._tracks_lock:
+            reports = self.ingest.on_indication(payload, e2_node, t, sub_id)
         for r in reports:
             try:
                 self.predictor.observe(r)
@@ -295,22 +300,32 @@ class PallasXapp:
 
     # ------------------------------------------------------------------ the control cycle
     def control_cycle(self) -> int:
-        """One decision cycle: predictions for every UE, then the engine's vectorised decision;
-        returns the number of actions sent."""
+        """One decision cycle: predictions for the UEs with new reports since the last cycle (one
+        batch, ``HandoverPredictor.update``), UEs silent beyond the predictor's ``ue_silence_s``
+        freed and their predictions withdrawn, then the engine's vectorised decision; returns
+        the number of actions sent."""
         now_trace, now_wall = self.now(), time.time()
         self.cycles += 1
-        ue_ids, targets, t_ho, conf, allow = [], [], [], [], []
-        with self._lock:
-            ues = list(self.ues.values())
-        for ue in ues:
-            track = self.tracks.get(ue.ue_id)
-            if track is None or not len(track):
-                continue
+        res = None
+        with self._tracks_lock:
+            gone = self.tracks.expire(now_trace)
             try:
-                pred = self.predictor.predict(track, now_trace)
+                res = self.predictor.update(self.tracks)
             except Exception as e:
-                log.error("prediction failed", ue=ue.ue_id, error=repr(e))
+                log.error("prediction failed", error=repr(e))
+        ue_ids, targets, t_ho, conf, allow = [], [], [], [], []
+        for ue_id in gone:
+            self._forget(ue_id)
+            ue_ids.append(ue_id)
+            targets.append(None)
+            t_ho.append(float("nan"))
+            conf.append(0.0)
+            allow.append(False)
+        for i in range(len(res) if res is not None else 0):     # Python only for the UEs that changed
+            ue = self.ues.get(res.ue_ids[i])
+            if ue is None:
                 continue
+            pred = res.get(i)
             tgt_cell = pred.target_cell if pred is not None else -1
             if tgt_cell != ue.reported_target:
                 ue.reported_target = tgt_cell
@@ -329,6 +344,26 @@ class PallasXapp:
             actions += self.engine.cycle(now_wall)
         self._send(actions)
         return len(actions)
+
+    def _forget(self, ue_id: str) -> None:
+        """Free what the xApp holds for a UE that left (its track is already freed)."""
+        with self._lock:
+            self.ues.pop(ue_id, None)
+            self._pending_ho.pop(ue_id, None)
+        forget = getattr(self.predictor, "forget", None)
+        if forget is not None:
+            forget(ue_id)
+
+    def ue_left(self, ue_id: str) -> None:
+        """A UE left (a release or handover-out notice from the E2 node): its track, predictor
+        state and UE record are freed, and its prediction withdrawn (a trigger in flight is
+        cancelled by the engine)."""
+        with self._tracks_lock:
+            self.tracks.release(ue_id)
+        self._forget(ue_id)
+        with self._lock:
+            actions = self.engine.set_predictions([ue_id], [None], [float("nan")], [0.0], [False])
+        self._send(actions)
 
     def on_handover(self, ue_id: str, from_cell: int, to_cell: int, t: float) -> None:
         """The UE is on ``to_cell`` (first report from it, trace time ``t``): the engine commits

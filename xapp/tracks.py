@@ -360,10 +360,11 @@ class TrackStore:
             return -1
         return int(self._a["serving_cell"][s, (self._a["head"][s] - 1) % self.capacity])
 
-    def window(self, slots: np.ndarray, w: int | None = None) -> TrackView:
+    def window(self, slots: np.ndarray, w: int | None = None, fields: Sequence[str] | None = None) -> TrackView:
         """The newest ``w`` (default ``capacity``) reports of each slot as a batched TrackView of
         copies, shapes (U, w[, m]), oldest first; a slot with fewer reports is padded in front
-        (time NaN, cells -1). O(U w m) array work."""
+        (time NaN, cells -1). Only ``fields`` (TrackView names) are read when given, the others
+        are None. O(U w m) array work."""
         c = self.capacity
         w = c if w is None else max(1, min(int(w), c))
         slots = np.asarray(slots, dtype=np.int64)
@@ -372,13 +373,15 @@ class TrackStore:
         cols = (head[:, None] - w + np.arange(w)[None, :]) % c            # (U, w)
         rows = slots[:, None]
         pad = np.arange(w)[None, :] < (w - a["n"][slots])[:, None]         # rows not yet written
-        out = {}
+        out: dict[str, np.ndarray | None] = dict.fromkeys(TrackView._fields)
         for name, _, fill in _SCALAR:
+            if fields is not None and name not in fields:
+                continue
             x = a[name][rows, cols]
             if pad.any():
                 x[pad] = fill
             out[name] = x
-        return TrackView(**out)
+        return TrackView(**out)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator["UETrack"]:
         return (UETrack._bound(self, s) for s in self.held().tolist())

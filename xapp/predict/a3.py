@@ -47,12 +47,8 @@ from xapp.tracks import TrackView, batch_of_one
 
 
 @lru_cache(maxsize=64)
-def _pairs(w: int, lagged: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Row pairs i < j of a window of w rows: all of them, or those w // 2 apart; cached."""
-    if lagged:
-        h = max(1, w // 2)
-        i = np.arange(max(0, w - h))
-        return i, i + h
+def _pairs(w: int) -> tuple[np.ndarray, np.ndarray]:
+    """All row pairs i < j of a window of w rows (Theil-Sen), cached."""
     return np.triu_indices(w, 1)
 
 
@@ -94,42 +90,56 @@ def forecast_batch(v: TrackView, now: np.ndarray, c: A3Config) -> A3Batch:
         return A3Batch(np.zeros(U, bool), np.full(U, -1, np.int64), np.full(U, -1, np.int64), np.full(U, np.nan), z)
     sl = slice(W - w, W)
     t, valid = t[:, sl], valid[:, sl]
-    pci, cell = v.nb_pci[:, sl].astype(np.int64), v.nb_cell[:, sl]
-    rs = v.nb_rsrp_dbm[:, sl].astype(np.float64)
-    srv = v.rsrp_dbm[:, sl].astype(np.float64)
-    lp, lc = pci[:, -1], cell[:, -1]                                    # (U, m) identities, newest row
-    cand = ~np.isnan(rs[:, -1])
-    same = np.where((lp >= 0)[:, None], pci == lp[:, None],
-                    np.where((lc >= 0)[:, None], cell == lc[:, None], (pci < 0) & (cell < 0)))
-    y = np.where(same & valid[:, :, None], rs - srv[:, :, None], np.nan)  # (U, w, m) D = Mn - Mp
-    y[~np.isfinite(y)] = np.nan
+    # (U, m, w) layout: the medians run over the last, contiguous axis. float32 for the
+    # lagged-pairs trend (RSRP holds 1 dB steps exactly), float64 for the exact all-pairs one.
+    ft = np.float64 if c.trend == "all_pairs" else np.float32
+    # the neighbour arrays may hold only the newest rows (HandoverPredictor.update reads no more)
+    tr = lambda x: np.ascontiguousarray(np.swapaxes(x[:, -w:], 1, 2))  # noqa: E731
+    pci, cell, rs = tr(v.nb_pci), tr(v.nb_cell), tr(v.nb_rsrp_dbm).astype(ft)
+    srv = v.rsrp_dbm[:, sl].astype(ft)
+    lp, lc = pci[:, :, -1, None], cell[:, :, -1, None]                  # (U, m, 1) identities, newest row
+    cand = ~np.isnan(rs[:, :, -1])
+    same = np.where(lp >= 0, pci == lp, np.where(lc >= 0, cell == lc, (pci < 0) & (cell < 0)))
+    with np.errstate(invalid="ignore"):
+        d = rs - srv[:, None, :]
+        y = np.where(same & valid[:, None, :] & np.isfinite(d), d, np.nan)  # (U, m, w) D = Mn - Mp
     ok = ~np.isnan(y)
-    npts = ok.sum(axis=1)                                               # (U, m)
+    npts = ok.sum(axis=2)                                               # (U, m)
     thr = c.offset_db + c.hysteresis_db
     with np.errstate(invalid="ignore"):
         above = y > thr
     first = w - nval                                                    # first window row per UE
     # start of the trailing run where the condition holds (missing rows do not break it)
-    start = np.maximum(np.where(ok & ~above, ar[:w, None], -1).max(axis=1) + 1, first[:, None])
-    holding = ok[:, -1] & above[:, -1]
+    start = np.maximum(np.where(ok & ~above, ar[:w], -1).max(axis=2) + 1, first[:, None])
+    holding = ok[:, :, -1] & above[:, :, -1]
     ks = np.minimum(start, w - 1)
     km = np.maximum(ks - 1, 0)
     tk = np.take_along_axis(t, ks, axis=1)
     tkm = np.take_along_axis(t, km, axis=1)
-    yk = np.take_along_axis(y, ks[:, None, :], axis=1)[:, 0]
-    ykm = np.take_along_axis(y, km[:, None, :], axis=1)[:, 0]
-    okm = np.take_along_axis(ok, km[:, None, :], axis=1)[:, 0]
+    yk = np.take_along_axis(y, ks[:, :, None], axis=2)[:, :, 0].astype(np.float64)
+    ykm = np.take_along_axis(y, km[:, :, None], axis=2)[:, :, 0].astype(np.float64)
+    okm = np.take_along_axis(ok, km[:, :, None], axis=2)[:, :, 0]
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         interp = (ks > first[:, None]) & okm & (yk > ykm)
         # the UE evaluates more often than it reports: interpolate the entry time
         t_enter = np.where(interp, tkm + (thr - ykm) / (yk - ykm) * (tk - tkm), tk)
         t_hold = np.maximum(now[:, None], t_enter + c.ttt_s + c.ho_delay_s)
         # Theil-Sen: median of pairwise slopes, intercept at now
-        i, j = _pairs(w, c.trend == "lagged_pairs")
-        dt = t[:, j] - t[:, i]                                          # (U, P)
-        slopes = (y[:, j] - y[:, i]) / np.where(dt > 1e-6, dt, np.nan)[:, :, None]
-        b = nanmedian_last(np.moveaxis(slopes, 1, 2))                   # (U, m)
-        a = nanmedian_last(np.moveaxis(y - b[:, None, :] * (t - now[:, None])[:, :, None], 1, 2))
+        trel = (t - now[:, None]).astype(ft)                            # (U, w) s, <= 0
+        if c.trend == "lagged_pairs":                                   # each UE's own half window apart
+            h = np.maximum(nval // 2, 1)
+            K = max(int((nval - h).max()), 1)
+            i = np.minimum(first[:, None] + np.arange(K), w - 1)        # (U, K)
+            j = np.minimum(i + h[:, None], w - 1)
+            dt = np.where(np.arange(K) < (nval - h)[:, None], np.take_along_axis(trel, j, 1)
+                          - np.take_along_axis(trel, i, 1), np.nan)
+            dy = np.take_along_axis(y, j[:, None, :], 2) - np.take_along_axis(y, i[:, None, :], 2)
+        else:
+            i, j = _pairs(w)
+            dt = trel[:, j] - trel[:, i]                                # (U, P)
+            dy = y[:, :, j] - y[:, :, i]
+        b = nanmedian_last(dy / np.where(dt > 1e-6, dt, np.nan)[:, None, :])   # (U, m)
+        a = nanmedian_last(y - b[:, :, None].astype(ft) * trel[:, None, :])
         dtc = np.maximum(0.0, (thr - a) / b)
         fore = (b >= c.min_slope_db_s) & (dtc <= c.horizon_s)
         t_fore = now[:, None] + dtc + c.ttt_s + c.ho_delay_s
@@ -139,10 +149,11 @@ def forecast_batch(v: TrackView, now: np.ndarray, c: A3Config) -> A3Batch:
     rows = np.arange(U)
     has = elig[rows, best]
     tb = t_ho[rows, best]
-    margin = np.where(holding[rows, best], y[rows, -1, best] - thr, a[rows, best] - thr)
+    margin = np.where(holding[rows, best], y[rows, best, -1].astype(np.float64) - thr, a[rows, best] - thr)
     support = np.minimum(1.0, npts[rows, best] / (2.0 * c.min_points))
     with np.errstate(invalid="ignore", over="ignore"):
         score = np.exp(-(tb - now) / 3.0) * support / (1.0 + np.exp(-margin))
+    lp, lc = lp[:, :, 0].astype(np.int64), lc[:, :, 0]
     return A3Batch(has, np.where(has, lp[rows, best], -1), np.where(has, lc[rows, best], -1),
                    np.where(has, tb, np.nan), np.where(has, score, 0.0))
 

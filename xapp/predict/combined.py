@@ -402,13 +402,28 @@ class HandoverPredictor:
         return Predictions(rep, a["rep_cell"][idx], a["rep_pci"][idx], a["rep_tho"][idx], a["rep_conf"][idx],
                            a["rep_src"][idx], a["rep_sc"][idx], ue_ids=list(ues), flips=a["flips"][idx])
 
+    _SCALARS = ("time", "serving_cell", "rsrp_dbm", "lat", "lon", "speed_mps", "heading_deg")
+    _NEIGHBOURS = ("nb_pci", "nb_cell", "nb_rsrp_dbm")
+
+    def _gather(self, store: TrackStore, slots: np.ndarray, now: float | None) -> tuple[TrackView, np.ndarray]:
+        """The batched view the predictors read, and ``now`` per UE: the fields they use, the
+        neighbours only over the rows within the A3 window (the rest is never read)."""
+        v = store.window(slots, self.cfg.window_reports, self._SCALARS)
+        nows = v.time[:, -1].copy() if now is None else _now(now, len(slots))
+        if self.cfg.mode in ("a3", "combined") and len(slots):
+            with np.errstate(invalid="ignore"):
+                w = int((v.time >= (nows - self.cfg.a3.window_s)[:, None]).sum(axis=1).max())
+            nb = store.window(slots, max(w, 1), self._NEIGHBOURS)
+            v = v._replace(nb_pci=nb.nb_pci, nb_cell=nb.nb_cell, nb_rsrp_dbm=nb.nb_rsrp_dbm)
+        return v, nows
+
     def update(self, store: TrackStore, now: float | None = None) -> Predictions:
         """Predictions of the UEs whose tracks got reports since the last call (one batch over
         their newest ``cfg.window_reports`` reports), each as of its newest report unless
         ``now`` is given."""
         slots = store.take_changed()
-        v = store.window(slots, self.cfg.window_reports)
-        return self.predict_views(v, v.time[:, -1] if now is None else now, store.ue_of(slots))
+        v, nows = self._gather(store, slots, now)
+        return self.predict_views(v, nows, store.ue_of(slots))
 
     def predict(self, track: UETrack | TrackView, now: float, ue_id: str | None = None) -> Prediction | None:
         """The reported (stabilised) prediction for one UE, or None.
@@ -431,8 +446,8 @@ class HandoverPredictor:
         if isinstance(store, TrackStore):
             slots = store.held()
             slots = slots[store._a["n"][slots] > 0]
-            return self.predict_views(store.window(slots, self.cfg.window_reports), now,
-                                      store.ue_of(slots)).to_dict()
+            v, nows = self._gather(store, slots, now)
+            return self.predict_views(v, nows, store.ue_of(slots)).to_dict()
         out = {}
         for tr in store:
             if len(tr):
