@@ -352,7 +352,8 @@ class PallasXapp:
             self._pending_ho.pop(ue_id, None)
         forget = getattr(self.predictor, "forget", None)
         if forget is not None:
-            forget(ue_id)
+            with self._tracks_lock:              # the predictor's per-UE state is the cycle's
+                forget(ue_id)
 
     def ue_left(self, ue_id: str) -> None:
         """A UE left (a release or handover-out notice from the E2 node): its track, predictor

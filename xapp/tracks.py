@@ -255,19 +255,17 @@ class TrackStore:
         a["speed_mps"][s, i] = r.speed_mps
         a["heading_deg"][s, i] = r.heading_deg
         a["connected"][s, i] = r.connected
-        for name in _NEIGHBOUR:
-            a[name][s, i] = -1 if name in ("nb_pci", "nb_cell") else NAN
         nbs: Sequence[NeighbourMeas] = r.neighbours
+        m = self.max_neighbours
+        pci, cell = [-1] * m, [-1] * m
+        rsrp, rsrq, sinr = [NAN] * m, [NAN] * m, [NAN] * m
         if nbs:
-            m = self.max_neighbours
             if len(nbs) > m:
                 nbs = sorted(nbs, key=_stronger)[:m]
             seq = self._seq
             keys = a["colkey"][s].tolist()
             seen = a["colseen"][s].tolist()
-            pci, cell = a["nb_pci"][s, i], a["nb_cell"][s, i]
-            rsrp, rsrq, sinr = a["nb_rsrp_dbm"][s, i], a["nb_rsrq_db"][s, i], a["nb_sinr_db"][s, i]
-            used = []
+            used: list[int] = []
             for pos, nb in enumerate(nbs):
                 k = _nb_key(nb, pos)
                 try:
@@ -284,6 +282,11 @@ class TrackStore:
                 rsrp[j], rsrq[j], sinr[j] = nb.rsrp_dbm, nb.rsrq_db, nb.sinr_db
             a["colkey"][s] = keys
             a["colseen"][s] = seen
+        a["nb_pci"][s, i] = pci
+        a["nb_cell"][s, i] = cell
+        a["nb_rsrp_dbm"][s, i] = rsrp
+        a["nb_rsrq_db"][s, i] = rsrq
+        a["nb_sinr_db"][s, i] = sinr
         a["head"][s] = (i + 1) % self.capacity
         if a["n"][s] < self.capacity:
             a["n"][s] += 1
@@ -370,14 +373,14 @@ class TrackStore:
         slots = np.asarray(slots, dtype=np.int64)
         a = self._a
         head = a["head"][slots].astype(np.int64)
-        cols = (head[:, None] - w + np.arange(w)[None, :]) % c            # (U, w)
-        rows = slots[:, None]
+        flat = slots[:, None] * c + (head[:, None] - w + np.arange(w)[None, :]) % c   # (U, w) into slot x ring
         pad = np.arange(w)[None, :] < (w - a["n"][slots])[:, None]         # rows not yet written
         out: dict[str, np.ndarray | None] = dict.fromkeys(TrackView._fields)
         for name, _, fill in _SCALAR:
             if fields is not None and name not in fields:
                 continue
-            x = a[name][rows, cols]
+            arr = a[name]
+            x = np.take(arr.reshape((-1,) + arr.shape[2:]), flat, axis=0)
             if pad.any():
                 x[pad] = fill
             out[name] = x
