@@ -122,9 +122,12 @@ class PallasXapp:
         self.a1 = a1
         self.subscriptions = subscriptions
         self._lock = threading.RLock()
-        self.tracks = TrackStore()
-        self.ingest = ingest or Ingestor(self.tracks, self._ingest_config(config))
         self.predictor = predictor if predictor is not None else self._build_predictor(config, nrt)
+        pcfg = getattr(self.predictor, "cfg", None)
+        # the tracks hold what the predictor reads; a UE silent for ue_silence_s is freed
+        self.tracks = TrackStore(capacity=getattr(pcfg, "window_reports", 32),
+                                 silence_s=getattr(pcfg, "ue_silence_s", 30.0))
+        self.ingest = ingest or Ingestor(self.tracks, self._ingest_config(config))
         self.engine = engine if engine is not None else self._build_engine(config)
         endpoints = self._endpoints(config)
         self.policy = policy or PolicyClient(endpoints)
@@ -241,6 +244,10 @@ class PallasXapp:
 
     def control_cycle(self) -> int:
         return self.control.control_cycle()
+
+    def ue_left(self, ue_id: str) -> None:
+        """A UE left (release or handover-out notice): see :meth:`ControlLoop.ue_left`."""
+        self.control.ue_left(ue_id)
 
     def on_handover(self, ue_id: str, from_cell: int, to_cell: int, t: float) -> None:
         self.control.on_handover(ue_id, from_cell, to_cell, t)

@@ -75,6 +75,7 @@ class ControlLoop:
         self.ues: OrderedDict[str, UEState] = OrderedDict()      # least recently heard first
         self.tokens: dict[str, tuple[int, float]] = {} if tokens is None else tokens  # session -> (K, wall t)
         self._pending_ho: dict[str, tuple[int, int, float]] = {}
+        self._tracks_lock = threading.Lock()     # the ingest thread writes the tracks, the cycle reads
         self.cycles = 0
 
     @property
@@ -88,7 +89,9 @@ class ControlLoop:
     # -- indications --------------------------------------------------------------------------
     def on_indication(self, payload: bytes, e2_node: str = "", t: float | None = None, sub_id: int = -1) -> None:
         """Ingest one RIC_INDICATION; a change of serving cell commits at once."""
-        for r in self.ingest.on_indication(payload, e2_node, t, sub_id):
+        with self._tracks_lock:
+            reports = self.ingest.on_indication(payload, e2_node, t, sub_id)
+        for r in reports:
             try:
                 self.predictor.observe(r)
             except Exception as e:
@@ -128,12 +131,24 @@ class ControlLoop:
             self._forget_ue(next(iter(self.ues)))
 
     def _forget_ue(self, ue_id: str) -> None:
+        """Free what the xApp holds for a UE: its record, track slot and predictor state
+        (lock order: the engine lock, then the tracks lock)."""
         self.ues.pop(ue_id, None)
         self._pending_ho.pop(ue_id, None)
-        self.tracks.tracks.pop(ue_id, None)
         forget = getattr(self.predictor, "forget", None)
-        if forget is not None:
-            forget(ue_id)
+        with self._tracks_lock:
+            self.tracks.release(ue_id)
+            if forget is not None:
+                forget(ue_id)
+
+    def ue_left(self, ue_id: str) -> None:
+        """A UE left (a release or handover-out notice from the E2 node): its track, predictor
+        state and UE record are freed, and its prediction withdrawn (a trigger in flight is
+        cancelled by the engine)."""
+        with self._lock:
+            self._forget_ue(ue_id)
+            actions = self.engine.set_predictions([ue_id], [None], [float("nan")], [0.0], [False])
+        self.dispatcher.send(actions)
 
     def forget_silent(self, now_trace: float) -> int:
         """Forget UEs not heard for ``ue_silent_s`` and the token counts of sessions the engine
@@ -200,26 +215,32 @@ class ControlLoop:
 
     # -- the cycle ----------------------------------------------------------------------------
     def control_cycle(self) -> int:
-        """One decision cycle: predictions for every UE, then the engine's vectorised decision;
-        returns the number of actions sent. The proactive rules of the configuration in force
-        are consulted per UE, with its slice where known (``UEState.snssai``; an unknown slice
-        is judged by the cell rules and the default)."""
+        """One decision cycle: predictions, then the engine's vectorised decision; returns the
+        number of actions sent.
+
+        Tracks silent beyond the store's ``silence_s`` are freed and their predictions withdrawn.
+        A batch predictor (one with ``update(store)``, :class:`HandoverPredictor`) predicts only
+        for the UEs with new reports since the last cycle, in one array pass; a per-UE predictor
+        (``predict(track, now)``) is asked for every tracked UE. The proactive rules of the
+        configuration in force are consulted per UE, with its slice where known
+        (``UEState.snssai``; an unknown slice is judged by the cell rules and the default)."""
         now_trace, now_wall = self.now(), time.time()
         self.cycles += 1
         self.forget_silent(now_trace)
         cfg = self.config
         ue_ids, targets, t_ho, conf, allow = [], [], [], [], []
+        with self._tracks_lock:
+            gone = self.tracks.expire(now_trace)
         with self._lock:
-            ues = list(self.ues.values())
-        for ue in ues:
-            track = self.tracks.get(ue.ue_id)
-            if track is None or not len(track):
-                continue
-            try:
-                pred = self.predictor.predict(track, now_trace)
-            except Exception as e:
-                log.error("prediction failed", ue=ue.ue_id, error=repr(e))
-                continue
+            for ue_id in gone:
+                self._forget_ue(ue_id)
+        for ue_id in gone:
+            ue_ids.append(ue_id)
+            targets.append(None)
+            t_ho.append(float("nan"))
+            conf.append(0.0)
+            allow.append(False)
+        for ue, pred in self._predictions(now_trace):
             tgt_cell = pred.target_cell if pred is not None else -1
             if tgt_cell != ue.reported_target:
                 ue.reported_target = tgt_cell
@@ -239,6 +260,37 @@ class ControlLoop:
             actions += self.engine.cycle(now_wall)
         self.dispatcher.send(actions)
         return len(actions)
+
+    def _predictions(self, now_trace: float) -> list[tuple[UEState, Any]]:
+        """(UE, prediction or None) for the UEs to decide on this cycle (see control_cycle)."""
+        out: list[tuple[UEState, Any]] = []
+        update = getattr(self.predictor, "update", None)
+        if update is not None:
+            with self._tracks_lock:
+                try:
+                    res = update(self.tracks)
+                except Exception as e:
+                    log.error("prediction failed", error=repr(e))
+                    return out
+            for i in range(len(res)):             # Python only for the UEs that changed
+                ue = self.ues.get(res.ue_ids[i])
+                if ue is not None:
+                    out.append((ue, res.get(i)))
+            return out
+        with self._lock:
+            ues = list(self.ues.values())
+        for ue in ues:
+            with self._tracks_lock:
+                track = self.tracks.get(ue.ue_id)
+                if track is None or not len(track):
+                    continue
+                try:
+                    pred = self.predictor.predict(track, now_trace)
+                except Exception as e:
+                    log.error("prediction failed", ue=ue.ue_id, error=repr(e))
+                    continue
+            out.append((ue, pred))
+        return out
 
     def on_handover(self, ue_id: str, from_cell: int, to_cell: int, t: float) -> None:
         """The UE is on ``to_cell`` (first report from it, trace time ``t``): the engine commits

@@ -1,8 +1,10 @@
 """Per-UE measurement tracks: a bounded, time-ordered window of radio measurements.
 
 A track is the contract between E2 ingestion (which appends decoded reports) and the handover
-predictors (which read whole windows as numpy arrays). Memory per UE is fixed at construction:
-``capacity`` reports of at most ``max_neighbours`` neighbour cells each.
+predictors (which read windows as numpy arrays, one UE or many at once). All tracks live in one
+columnar ``TrackStore`` of preallocated arrays: memory per UE is fixed (``capacity`` reports of
+at most ``max_neighbours`` neighbour cells each) and a UE's slot is freed and reused when it
+leaves or goes silent (issues 14 and 15).
 
 Units: time in seconds (any monotone clock, usually Unix time); RSRP in dBm, RSRQ and SINR in dB
 (TS 38.133 reporting ranges already converted); latitude and longitude in degrees (WGS 84);
@@ -13,8 +15,7 @@ integer identity is -1.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -65,156 +66,396 @@ class MeasurementReport:
 
 
 class TrackView(NamedTuple):
-    """A track's reports as arrays, oldest first. Shapes: (n,) or (n, max_neighbours)."""
+    """Reports as arrays, oldest first. One UE: shapes (n,) and (n, m); a batch of U UEs
+    (``TrackStore.window``): (U, w) and (U, w, m), each UE's rows right-aligned (padding rows
+    first: time NaN, serving cell -1). ``m`` = max_neighbours; neighbour column j holds the same
+    neighbour from row to row (``TrackStore`` aligns them by identity).
 
-    time: np.ndarray          # float64 (n,)
-    serving_cell: np.ndarray  # int64 (n,)
-    serving_pci: np.ndarray   # int32 (n,)
-    rsrp_dbm: np.ndarray      # float32 (n,)
-    rsrq_db: np.ndarray       # float32 (n,)
-    sinr_db: np.ndarray       # float32 (n,)
-    nb_pci: np.ndarray        # int32 (n, m), -1 where empty
-    nb_cell: np.ndarray       # int64 (n, m), -1 where unknown or empty
-    nb_rsrp_dbm: np.ndarray   # float32 (n, m), NaN where empty
-    nb_rsrq_db: np.ndarray    # float32 (n, m)
-    nb_sinr_db: np.ndarray    # float32 (n, m)
-    lat: np.ndarray           # float64 (n,)
-    lon: np.ndarray           # float64 (n,)
-    speed_mps: np.ndarray     # float32 (n,)
-    heading_deg: np.ndarray   # float32 (n,)
-    connected: np.ndarray     # bool (n,)
-
-
-class UETrack:
-    """A ring buffer of one UE's most recent ``capacity`` reports, in time order.
-
-    Reports must arrive in non-decreasing time; an older report than the newest held raises
-    ``ValueError`` (the caller logs and drops it). Neighbours beyond ``max_neighbours`` are
-    cut, strongest RSRP kept. Memory is about ``capacity * (61 + 25 * max_neighbours)`` bytes.
+    Resolution: RSRP is reported in 1 dB steps and RSRQ/SINR in 0.5 dB (TS 38.133 §10.1), so
+    float32 (24-bit mantissa) holds them exactly; time and position stay float64.
     """
 
-    __slots__ = ("ue_id", "capacity", "max_neighbours", "_n", "_head", "_a", "last_report")
+    time: np.ndarray          # float64, s
+    serving_cell: np.ndarray  # int64, -1 unknown
+    serving_pci: np.ndarray   # int16, -1 unknown
+    rsrp_dbm: np.ndarray      # float32
+    rsrq_db: np.ndarray       # float32
+    sinr_db: np.ndarray       # float32
+    nb_pci: np.ndarray        # int16 (..., m), -1 where empty or anonymous
+    nb_cell: np.ndarray       # int64 (..., m), -1 where unknown or empty
+    nb_rsrp_dbm: np.ndarray   # float32 (..., m), NaN where empty
+    nb_rsrq_db: np.ndarray    # float32 (..., m)
+    nb_sinr_db: np.ndarray    # float32 (..., m)
+    lat: np.ndarray           # float64, degrees
+    lon: np.ndarray           # float64
+    speed_mps: np.ndarray     # float32
+    heading_deg: np.ndarray   # float32
+    connected: np.ndarray     # bool
 
-    _SCALAR = (
-        ("time", np.float64, NAN), ("serving_cell", np.int64, -1), ("serving_pci", np.int32, -1),
-        ("rsrp_dbm", np.float32, NAN), ("rsrq_db", np.float32, NAN), ("sinr_db", np.float32, NAN),
-        ("lat", np.float64, NAN), ("lon", np.float64, NAN), ("speed_mps", np.float32, NAN),
-        ("heading_deg", np.float32, NAN), ("connected", np.bool_, False),
-    )
-    _NEIGHBOUR = (
-        ("nb_pci", np.int32, -1), ("nb_cell", np.int64, -1), ("nb_rsrp_dbm", np.float32, NAN),
-        ("nb_rsrq_db", np.float32, NAN), ("nb_sinr_db", np.float32, NAN),
-    )
 
-    def __init__(self, ue_id: str, capacity: int = 256, max_neighbours: int = 8) -> None:
-        if capacity < 2 or max_neighbours < 1:
-            raise ValueError("capacity must be >= 2 and max_neighbours >= 1")
-        self.ue_id = ue_id
+# per-report columns: (name, dtype, fill); the neighbour columns have a trailing axis of m
+_SCALAR = (
+    ("time", np.float64, NAN), ("serving_cell", np.int64, -1), ("serving_pci", np.int16, -1),
+    ("rsrp_dbm", np.float32, NAN), ("rsrq_db", np.float32, NAN), ("sinr_db", np.float32, NAN),
+    ("nb_pci", np.int16, -1), ("nb_cell", np.int64, -1), ("nb_rsrp_dbm", np.float32, NAN),
+    ("nb_rsrq_db", np.float32, NAN), ("nb_sinr_db", np.float32, NAN),
+    ("lat", np.float64, NAN), ("lon", np.float64, NAN), ("speed_mps", np.float32, NAN),
+    ("heading_deg", np.float32, NAN), ("connected", np.bool_, False),
+)
+_NEIGHBOUR = frozenset(("nb_pci", "nb_cell", "nb_rsrp_dbm", "nb_rsrq_db", "nb_sinr_db"))
+_EMPTY_KEY = -(1 << 62)           # a neighbour column that holds no neighbour yet
+_CELL_KEY = 1 << 40               # neighbour identity: PCI, else CELL_KEY + cell id, else -10 - position
+
+
+def _nb_key(nb: NeighbourMeas, pos: int) -> int:
+    if nb.pci >= 0:
+        return nb.pci
+    if nb.cell_id >= 0:
+        return _CELL_KEY + nb.cell_id
+    return -10 - pos
+
+
+def _stronger(nb: NeighbourMeas) -> float:
+    return -(nb.rsrp_dbm if nb.rsrp_dbm == nb.rsrp_dbm else -1e9)
+
+
+class TrackStore:
+    """The tracks of every UE the xApp hears of, in one columnar store of preallocated arrays.
+
+    Each UE holds a *slot*: a ring of its newest ``capacity`` reports in arrays of shape
+    (slots, capacity) and (slots, capacity, max_neighbours); no per-report Python object is
+    kept. Neighbour column j of a slot holds one neighbour (identified by PCI, else cell id,
+    else its position in an anonymous report) from report to report, so that a trend is read
+    down a column; a neighbour not seen before takes a free column or the one whose neighbour
+    was heard least recently. Beyond ``max_neighbours`` in one report the strongest are kept.
+
+    Slots are freed and reused: ``release(ue)`` (a release or handover-out notice), and
+    ``expire(now)`` for UEs silent more than ``silence_s`` (trace clock). When ``max_ues`` UEs
+    are held, a new UE evicts the one heard from least recently. The arrays grow by doubling up
+    to ``max_ues`` slots and never shrink: after churn the store reuses its slots, so memory
+    is flat. Memory: ``bytes_per_ue`` = capacity x (55 + 22 max_neighbours) + 33 + 16
+    max_neighbours bytes (capacity 32, 8 neighbours: 7.4 KiB).
+
+    Reports of a UE must arrive in non-decreasing time (else ``ValueError``, nothing changed).
+    ``take_changed()`` gives the slots that got reports since its last call (the predictor's
+    "inputs changed" set). Not thread-safe: one writer (the ingest thread) and readers under
+    the caller's lock.
+    """
+
+    def __init__(self, capacity: int = 32, max_neighbours: int = 8, max_ues: int = 100_000,
+                 silence_s: float = math.inf, initial_slots: int = 256) -> None:
+        if capacity < 2 or max_neighbours < 1 or max_ues < 1:
+            raise ValueError("capacity must be >= 2, max_neighbours >= 1, max_ues >= 1")
+        if not silence_s > 0:
+            raise ValueError("silence_s must be > 0")
         self.capacity = capacity
         self.max_neighbours = max_neighbours
-        self._n = 0
-        self._head = 0  # next slot to write
+        self.max_ues = max_ues
+        self.silence_s = silence_s
+        self.index: dict[str, int] = {}           # UE id -> slot
+        self._ids: list[str | None] = []          # slot -> UE id (None: free)
+        self._free: list[int] = []
+        self._seq = 0                             # reports added, all UEs (LRU order)
+        self._serial = 0                          # slot occupations so far
         self._a: dict[str, np.ndarray] = {}
-        for name, dt, fill in self._SCALAR:
-            self._a[name] = np.full(capacity, fill, dtype=dt)
-        for name, dt, fill in self._NEIGHBOUR:
-            self._a[name] = np.full((capacity, max_neighbours), fill, dtype=dt)
-        self.last_report: MeasurementReport | None = None
+        self._grow(max(1, min(initial_slots, max_ues)))
 
-    def __len__(self) -> int:
-        return self._n
+    # ------------------------------------------------------------------ storage
+    def _grow(self, slots: int) -> None:
+        old = len(self._ids)
+        c, m = self.capacity, self.max_neighbours
+        per = {"head": (np.int32, 0), "n": (np.int32, 0), "last_t": (np.float64, -math.inf),
+               "last_seq": (np.int64, -1), "serial": (np.int64, -1), "changed": (np.bool_, False)}
+        a = self._a
+        for name, dt, fill in _SCALAR:
+            shape = (slots, c, m) if name in _NEIGHBOUR else (slots, c)
+            new = np.full(shape, fill, dtype=dt)
+            if old:
+                new[:old] = a[name]
+            a[name] = new
+        for name, (dt, fill) in per.items():
+            new = np.full(slots, fill, dtype=dt)
+            if old:
+                new[:old] = a[name]
+            a[name] = new
+        for name, dt, fill in (("colkey", np.int64, _EMPTY_KEY), ("colseen", np.int64, -1)):
+            new = np.full((slots, m), fill, dtype=dt)
+            if old:
+                new[:old] = a[name]
+            a[name] = new
+        self._ids.extend([None] * (slots - old))
+        self._free.extend(range(slots - 1, old - 1, -1))   # pop() gives the lowest first
+
+    @property
+    def slots(self) -> int:
+        """Slots allocated (held + free)."""
+        return len(self._ids)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the track's arrays."""
-        return sum(a.nbytes for a in self._a.values())
+        """Bytes held by the store's arrays (all slots)."""
+        return sum(v.nbytes for v in self._a.values())
 
-    def append(self, r: MeasurementReport) -> None:
-        """Add a report. Raises ValueError if its time is not finite or it is older than the
-        newest report held (the track is then unchanged)."""
-        if not math.isfinite(r.time):
-            raise ValueError(f"report for UE {self.ue_id} has a non-finite time {r.time!r}")
-        if self.last_report is not None and r.time < self.last_report.time:
-            raise ValueError(
-                f"report for UE {self.ue_id} at t={r.time} is older than the newest "
-                f"(t={self.last_report.time})")
-        i = self._head
+    @property
+    def bytes_per_ue(self) -> int:
+        """Array bytes per slot."""
+        return self.nbytes // max(1, self.slots)
+
+    def _clear(self, s: int) -> None:
         a = self._a
-        a["time"][i] = r.time
-        a["serving_cell"][i] = r.serving_cell
-        a["serving_pci"][i] = r.serving_pci
-        a["rsrp_dbm"][i] = r.rsrp_dbm
-        a["rsrq_db"][i] = r.rsrq_db
-        a["sinr_db"][i] = r.sinr_db
-        a["lat"][i] = r.lat
-        a["lon"][i] = r.lon
-        a["speed_mps"][i] = r.speed_mps
-        a["heading_deg"][i] = r.heading_deg
-        a["connected"][i] = r.connected
+        for name, _, fill in _SCALAR:
+            a[name][s] = fill
+        a["head"][s] = 0
+        a["n"][s] = 0
+        a["last_t"][s] = -math.inf
+        a["last_seq"][s] = -1
+        a["changed"][s] = False
+        a["colkey"][s] = _EMPTY_KEY
+        a["colseen"][s] = -1
+
+    def _alloc(self, ue: str) -> int:
+        if len(self.index) >= self.max_ues:
+            held = np.flatnonzero(self._a["last_seq"][: self.slots] >= 0)
+            lru = int(held[np.argmin(self._a["last_seq"][held])])
+            self._free_slot(lru)
+        if not self._free:
+            self._grow(min(self.max_ues, 2 * self.slots))
+        s = self._free.pop()
+        self._ids[s] = ue
+        self.index[ue] = s
+        self._serial += 1
+        self._a["serial"][s] = self._serial
+        return s
+
+    def _free_slot(self, s: int) -> None:
+        ue = self._ids[s]
+        if ue is not None:
+            del self.index[ue]
+        self._ids[s] = None
+        self._clear(s)
+        self._a["serial"][s] = -1
+        self._free.append(s)
+
+    def _append(self, s: int, r: MeasurementReport) -> None:
+        a = self._a
+        if not math.isfinite(r.time):
+            raise ValueError(f"report for UE {self._ids[s]} has a non-finite time {r.time!r}")
+        last = float(a["last_t"][s])
+        if r.time < last:
+            raise ValueError(f"report for UE {self._ids[s]} at t={r.time} is older than the newest (t={last})")
+        i = int(a["head"][s])
+        a["time"][s, i] = r.time
+        a["serving_cell"][s, i] = r.serving_cell
+        a["serving_pci"][s, i] = r.serving_pci
+        a["rsrp_dbm"][s, i] = r.rsrp_dbm
+        a["rsrq_db"][s, i] = r.rsrq_db
+        a["sinr_db"][s, i] = r.sinr_db
+        a["lat"][s, i] = r.lat
+        a["lon"][s, i] = r.lon
+        a["speed_mps"][s, i] = r.speed_mps
+        a["heading_deg"][s, i] = r.heading_deg
+        a["connected"][s, i] = r.connected
         nbs: Sequence[NeighbourMeas] = r.neighbours
         m = self.max_neighbours
-        if len(nbs) > m:
-            nbs = sorted(nbs, key=lambda n: -(n.rsrp_dbm if n.rsrp_dbm == n.rsrp_dbm else -1e9))[:m]
-        for name, _, fill in self._NEIGHBOUR:
-            a[name][i, :] = fill
-        for j, nb in enumerate(nbs):
-            a["nb_pci"][i, j] = nb.pci
-            a["nb_cell"][i, j] = nb.cell_id
-            a["nb_rsrp_dbm"][i, j] = nb.rsrp_dbm
-            a["nb_rsrq_db"][i, j] = nb.rsrq_db
-            a["nb_sinr_db"][i, j] = nb.sinr_db
-        self._head = (i + 1) % self.capacity
-        self._n = min(self._n + 1, self.capacity)
-        self.last_report = r
+        pci, cell = [-1] * m, [-1] * m
+        rsrp, rsrq, sinr = [NAN] * m, [NAN] * m, [NAN] * m
+        if nbs:
+            if len(nbs) > m:
+                nbs = sorted(nbs, key=_stronger)[:m]
+            seq = self._seq
+            keys = a["colkey"][s].tolist()
+            seen = a["colseen"][s].tolist()
+            used: list[int] = []
+            for pos, nb in enumerate(nbs):
+                k = _nb_key(nb, pos)
+                try:
+                    j = keys.index(k)
+                except ValueError:
+                    # a new neighbour: a free column, else the one heard least recently
+                    j = min((x for x in range(m) if x not in used), key=lambda x: seen[x])
+                    keys[j] = k
+                if j in used:
+                    continue                        # the same neighbour twice in one report
+                used.append(j)
+                seen[j] = seq
+                pci[j], cell[j] = nb.pci, nb.cell_id
+                rsrp[j], rsrq[j], sinr[j] = nb.rsrp_dbm, nb.rsrq_db, nb.sinr_db
+            a["colkey"][s] = keys
+            a["colseen"][s] = seen
+        a["nb_pci"][s, i] = pci
+        a["nb_cell"][s, i] = cell
+        a["nb_rsrp_dbm"][s, i] = rsrp
+        a["nb_rsrq_db"][s, i] = rsrq
+        a["nb_sinr_db"][s, i] = sinr
+        a["head"][s] = (i + 1) % self.capacity
+        if a["n"][s] < self.capacity:
+            a["n"][s] += 1
+        a["last_t"][s] = r.time
+        a["last_seq"][s] = self._seq
+        a["changed"][s] = True
+        self._seq += 1
 
-    def _order(self) -> np.ndarray | slice:
-        if self._n < self.capacity:
-            return slice(0, self._n)
-        return np.r_[self._head:self.capacity, 0:self._head]
+    # ------------------------------------------------------------------ the API
+    def add(self, r: MeasurementReport) -> "UETrack":
+        """Append a report to its UE's track (a slot is taken on the UE's first report).
 
-    def view(self, last: int | None = None) -> TrackView:
-        """The held reports (or the newest ``last`` of them) as a TrackView of copies."""
-        idx = self._order()
-        out = {k: v[idx] for k, v in self._a.items()}
-        if last is not None and last < self._n:
-            out = {k: v[self._n - last:] for k, v in out.items()}
-        return TrackView(**out)
+        Raises ValueError (and changes nothing) if the report's time is not finite or is older
+        than that UE's newest report."""
+        s = self.index.get(r.ue_id)
+        if s is None:
+            if not math.isfinite(r.time):       # a rejected first report takes no slot
+                raise ValueError(f"report for UE {r.ue_id} has a non-finite time {r.time!r}")
+            s = self._alloc(r.ue_id)
+        self._append(s, r)
+        return UETrack._bound(self, s)
 
+    def get(self, ue_id: str) -> "UETrack | None":
+        """The track of ``ue_id``, or None if the UE holds no slot."""
+        s = self.index.get(ue_id)
+        return None if s is None else UETrack._bound(self, s)
 
-@dataclass
-class TrackStore:
-    """Tracks of every UE the xApp hears of, created on first report.
+    def release(self, ue_id: str) -> bool:
+        """Free the UE's slot (it left: a release or handover-out notice). True if it held one."""
+        s = self.index.get(ue_id)
+        if s is None:
+            return False
+        self._free_slot(s)
+        return True
 
-    ``max_ues`` bounds memory: when full, the UE heard from least recently is evicted (O(1):
-    ``tracks`` is kept in order of each UE's latest report).
-    """
+    def expire(self, now: float) -> list[str]:
+        """Free the slots of UEs whose newest report is older than ``now - silence_s`` (trace
+        clock); returns their ids. O(slots) array work, Python only for the freed ones."""
+        if not math.isfinite(self.silence_s):
+            return []
+        lt = self._a["last_t"][: self.slots]
+        gone = np.flatnonzero((lt < now - self.silence_s) & (self._a["serial"][: self.slots] >= 0))
+        out = []
+        for s in gone.tolist():
+            out.append(self._ids[s])
+            self._free_slot(s)
+        return out
 
-    capacity: int = 256
-    max_neighbours: int = 8
-    max_ues: int = 100_000
-    tracks: OrderedDict[str, UETrack] = field(default_factory=OrderedDict)
+    def take_changed(self) -> np.ndarray:
+        """Slots (int64, ascending) that got a report since the last call; clears the marks."""
+        ch = self._a["changed"]
+        out = np.flatnonzero(ch)
+        ch[out] = False
+        return out
 
-    def add(self, r: MeasurementReport) -> UETrack:
-        """Append a report to its UE's track. Raises ValueError (and changes nothing) if the
-        report's time is not finite or is older than that UE's newest report."""
-        t = self.tracks.get(r.ue_id)
-        if t is None:
-            t = UETrack(r.ue_id, self.capacity, self.max_neighbours)
-            t.append(r)                    # a rejected first report creates no track
-            if len(self.tracks) >= self.max_ues:
-                self.tracks.popitem(last=False)
-            self.tracks[r.ue_id] = t
-            return t
-        t.append(r)
-        self.tracks.move_to_end(r.ue_id)
-        return t
+    def held(self) -> np.ndarray:
+        """Slots that hold a UE (int64, ascending)."""
+        return np.flatnonzero(self._a["serial"][: self.slots] >= 0)
 
-    def __iter__(self) -> Iterator[UETrack]:
-        return iter(self.tracks.values())
+    def ue_of(self, slots: np.ndarray) -> list[str]:
+        """The UE ids of ``slots`` (which must be held)."""
+        ids = self._ids
+        return [ids[s] for s in slots.tolist()]  # type: ignore[misc]
+
+    def last_time(self, ue_id: str) -> float:
+        """Time of the UE's newest report (NaN if it holds no slot)."""
+        s = self.index.get(ue_id)
+        return NAN if s is None else float(self._a["last_t"][s])
+
+    def last_serving_cell(self, ue_id: str) -> int:
+        """Serving cell of the UE's newest report (-1 if unknown or no slot)."""
+        s = self.index.get(ue_id)
+        if s is None or self._a["n"][s] == 0:
+            return -1
+        return int(self._a["serving_cell"][s, (self._a["head"][s] - 1) % self.capacity])
+
+    def window(self, slots: np.ndarray, w: int | None = None, fields: Sequence[str] | None = None) -> TrackView:
+        """The newest ``w`` (default ``capacity``) reports of each slot as a batched TrackView of
+        copies, shapes (U, w[, m]), oldest first; a slot with fewer reports is padded in front
+        (time NaN, cells -1). Only ``fields`` (TrackView names) are read when given, the others
+        are None. O(U w m) array work."""
+        c = self.capacity
+        w = c if w is None else max(1, min(int(w), c))
+        slots = np.asarray(slots, dtype=np.int64)
+        a = self._a
+        head = a["head"][slots].astype(np.int64)
+        flat = slots[:, None] * c + (head[:, None] - w + np.arange(w)[None, :]) % c   # (U, w) into slot x ring
+        pad = np.arange(w)[None, :] < (w - a["n"][slots])[:, None]         # rows not yet written
+        out: dict[str, np.ndarray | None] = dict.fromkeys(TrackView._fields)
+        for name, _, fill in _SCALAR:
+            if fields is not None and name not in fields:
+                continue
+            arr = a[name]
+            x = np.take(arr.reshape((-1,) + arr.shape[2:]), flat, axis=0)
+            if pad.any():
+                x[pad] = fill
+            out[name] = x
+        return TrackView(**out)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator["UETrack"]:
+        return (UETrack._bound(self, s) for s in self.held().tolist())
 
     def __len__(self) -> int:
-        return len(self.tracks)
+        return len(self.index)
 
-    def get(self, ue_id: str) -> UETrack | None:
-        """The track of ``ue_id``, or None if no report of that UE was added."""
-        return self.tracks.get(ue_id)
+
+class UETrack:
+    """One UE's track: a handle on its slot of a ``TrackStore`` (``store.get``/``store.add``),
+    or a stand-alone track ``UETrack(ue_id, capacity, max_neighbours)`` with a private store of
+    one slot (tools and tests). ``append`` adds a report under this track's UE id; ``view``
+    gives its reports as a TrackView of (n,) arrays. See TrackStore for the rules."""
+
+    __slots__ = ("ue_id", "store", "slot")
+
+    def __init__(self, ue_id: str, capacity: int = 32, max_neighbours: int = 8) -> None:
+        self.ue_id = ue_id
+        self.store = TrackStore(capacity, max_neighbours, max_ues=1, initial_slots=1)
+        self.slot = self.store._alloc(ue_id)
+
+    @classmethod
+    def _bound(cls, store: TrackStore, slot: int) -> "UETrack":
+        t = cls.__new__(cls)
+        t.ue_id, t.store, t.slot = store._ids[slot], store, slot
+        return t
+
+    @property
+    def capacity(self) -> int:
+        return self.store.capacity
+
+    @property
+    def max_neighbours(self) -> int:
+        return self.store.max_neighbours
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this track's share of the store's arrays."""
+        return self.store.bytes_per_ue
+
+    def __len__(self) -> int:
+        return int(self.store._a["n"][self.slot])
+
+    def append(self, r: MeasurementReport) -> None:
+        """Add a report (its ``ue_id`` is not checked). ValueError if its time is not finite or
+        older than the newest held (the track is then unchanged)."""
+        self.store._append(self.slot, r)
+
+    def view(self, last: int | None = None) -> TrackView:
+        """The held reports (or the newest ``last`` of them), oldest first, as (n,) copies."""
+        n = len(self)
+        k = n if last is None else max(0, min(int(last), n))
+        if k == 0:
+            return TrackView(*(x[0, :0] for x in self.store.window(np.array([self.slot]), 1)))
+        return TrackView(*(x[0] for x in self.store.window(np.array([self.slot]), k)))
+
+    @property
+    def last_report(self) -> MeasurementReport | None:
+        """The newest report, rebuilt from the arrays (None if empty)."""
+        if len(self) == 0:
+            return None
+        v = self.view(last=1)
+        nbs = tuple(NeighbourMeas(int(p), int(c), float(a), float(b), float(d))
+                    for p, c, a, b, d in zip(v.nb_pci[0], v.nb_cell[0], v.nb_rsrp_dbm[0], v.nb_rsrq_db[0],
+                                             v.nb_sinr_db[0]) if a == a or p >= 0 or c >= 0)
+        return MeasurementReport(float(v.time[0]), self.ue_id, int(v.serving_cell[0]), float(v.rsrp_dbm[0]),
+                                 float(v.rsrq_db[0]), float(v.sinr_db[0]), nbs, int(v.serving_pci[0]),
+                                 float(v.lat[0]), float(v.lon[0]), float(v.speed_mps[0]),
+                                 float(v.heading_deg[0]), "", bool(v.connected[0]))
+
+
+def batch_of_one(view: TrackView) -> TrackView:
+    """A one-UE view (n,) as a batch of one, shapes (1, n[, m])."""
+    return TrackView(*(x[None] for x in view))

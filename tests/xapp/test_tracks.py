@@ -72,3 +72,53 @@ def test_store_evicts_the_ue_heard_from_least_recently():
     st.add(MeasurementReport(time=2.0, ue_id="a", serving_cell=1))   # a is now the fresher
     st.add(MeasurementReport(time=3.0, ue_id="c", serving_cell=1))
     assert st.get("b") is None and st.get("a") is not None and st.get("c") is not None
+
+
+def test_release_and_expire_free_slots_for_reuse():
+    st = TrackStore(capacity=4, max_neighbours=2, silence_s=5.0, initial_slots=2)
+    st.add(MeasurementReport(0.0, "a", 1, -90.0))
+    st.add(MeasurementReport(1.0, "b", 2, -80.0))
+    assert st.slots == 2 and st.release("a") and not st.release("a")
+    assert st.get("a") is None and len(st) == 1
+    st.add(MeasurementReport(2.0, "c", 3, -70.0))            # takes a's slot, which starts empty
+    assert st.slots == 2 and len(st.get("c")) == 1 and st.get("c").view().rsrp_dbm.tolist() == [-70.0]
+    assert st.expire(6.5) == ["b"]                            # b silent since t=1 (> 5 s)
+    assert st.get("b") is None and st.get("c") is not None and st.expire(6.5) == []
+    st.add(MeasurementReport(7.0, "b", 4, -60.0))            # b comes back: a fresh track
+    assert st.get("b").view().serving_cell.tolist() == [4] and st.slots == 2
+
+
+def test_take_changed_window_padding_and_last_values():
+    st = TrackStore(capacity=4, max_neighbours=2)
+    for i in range(6):
+        st.add(MeasurementReport(float(i), "a", 10 + i, -90.0 - i))
+    st.add(MeasurementReport(3.0, "b", 7, -70.0, serving_pci=5))
+    ch = st.take_changed()
+    assert st.ue_of(ch) == ["a", "b"] and st.take_changed().size == 0
+    v = st.window(ch, 3)
+    assert v.time[0].tolist() == [3.0, 4.0, 5.0] and v.serving_cell[0].tolist() == [13, 14, 15]
+    assert np.isnan(v.time[1, :2]).all() and v.serving_cell[1].tolist() == [-1, -1, 7]
+    assert v.rsrp_dbm.dtype == np.float32 and v.serving_pci[1, -1] == 5
+    assert st.last_serving_cell("a") == 15 and st.last_time("b") == 3.0 and st.last_serving_cell("x") == -1
+    assert st.get("b").last_report.serving_cell == 7
+    st.add(MeasurementReport(9.0, "b", 7, -71.0))
+    assert st.ue_of(st.take_changed()) == ["b"]
+
+
+def test_neighbour_columns_follow_identity():
+    """A neighbour keeps its column from report to report whatever its place in the report, so a
+    trend reads down a column; a new one takes the column heard from least recently."""
+    tr = UETrack("u", capacity=8, max_neighbours=2)
+    nb = lambda p, r: NeighbourMeas(pci=p, rsrp_dbm=r)  # noqa: E731
+    tr.append(rep(0.0, nbs=[nb(1, -100.0), nb(2, -90.0)]))
+    tr.append(rep(1.0, nbs=[nb(2, -89.0), nb(1, -99.0)]))
+    tr.append(rep(2.0, nbs=[nb(3, -80.0), nb(2, -88.0)]))    # 3 replaces 1 (heard least recently)
+    v = tr.view()
+    assert v.nb_pci.tolist() == [[1, 2], [1, 2], [3, 2]]
+    assert v.nb_rsrp_dbm[:, 1].tolist() == [-90.0, -89.0, -88.0]
+
+
+def test_store_memory_per_ue_within_16_kib():
+    st = TrackStore()                                          # the xApp's defaults
+    assert st.capacity == 32 and st.max_neighbours == 8
+    assert st.bytes_per_ue < 16 * 1024 and st.bytes_per_ue == 32 * (55 + 22 * 8) + 33 + 16 * 8

@@ -11,7 +11,7 @@ confidence (``Calibrator``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -80,65 +80,147 @@ def theil_sen(t: np.ndarray, y: np.ndarray, t_ref: float) -> tuple[float, float,
     return a, b, n
 
 
-class Stabiliser:
-    """Per-UE hysteresis on the reported target and a flip counter (issue 7 "Stability").
+def nanmedian_last(x: np.ndarray) -> np.ndarray:
+    """Median over the last axis ignoring NaN (NaN where all are NaN), for any leading shape.
 
-    The raw prediction of each cycle goes in; what comes out is the reported one. A different
-    target replaces the reported target only once it has been the raw target for
-    ``hold_s`` seconds, or at once when its confidence beats the reported one's by
-    ``switch_margin``. A serving-cell change (a handover) clears the state. ``flips`` counts
-    changes of the reported target within one serving cell.
+    The same value as ``np.nanmedian`` (mean of the two middle values of an even count),
+    without warnings, by one ``np.sort`` of the whole array (NaN sorted last as +inf): numpy's
+    vectorised sort of many short rows beats both a Python loop and a sorting network.
+    """
+    nan = np.isnan(x)
+    p = x.shape[-1]
+    n = p - nan.sum(axis=-1)
+    s = np.sort(np.where(nan, np.inf, x), axis=-1)
+    lo = np.maximum((n - 1) // 2, 0)[..., None]
+    hi = np.minimum(n // 2, p - 1)[..., None]
+    with np.errstate(invalid="ignore"):
+        out = 0.5 * (np.take_along_axis(s, lo, axis=-1)[..., 0] + np.take_along_axis(s, hi, axis=-1)[..., 0])
+    out = np.asarray(out, dtype=np.float64)
+    out[n == 0] = np.nan
+    return out
+
+
+_NONE = np.iinfo(np.int64).min      # "no target" in the stabiliser's key arrays
+
+
+class StabiliserBank:
+    """Per-UE hysteresis on the reported target and a flip counter (issue 7 "Stability"), for
+    many UEs at once: the state of UE ``i`` lives in row ``i`` of preallocated arrays.
+
+    The raw prediction of each update goes in; what comes out is the reported one. A different
+    target replaces the reported target only once it has been the raw target for ``hold_s``
+    seconds, or at once when its confidence beats the reported one's by ``switch_margin``. A
+    serving-cell change (a handover) clears the state. ``flips`` counts changes of the reported
+    target within one serving cell. ``update`` is array work over the UEs given (each at most
+    once per call); ``reset(i)`` clears a row for reuse.
     """
 
-    __slots__ = ("cfg", "reported", "cand", "cand_since", "last_support", "serving", "flips")
+    _F = (("serving", np.int64, -1), ("rep_key", np.int64, _NONE), ("rep_cell", np.int64, -1),
+          ("rep_pci", np.int64, -1), ("rep_sc", np.int64, -1), ("rep_tho", np.float64, np.nan),
+          ("rep_conf", np.float64, 0.0), ("rep_src", np.int16, -1), ("cand", np.int64, _NONE),
+          ("cand_since", np.float64, 0.0), ("last_support", np.float64, -np.inf), ("flips", np.int64, 0))
+
+    def __init__(self, cfg: StabilityConfig | None = None, size: int = 16) -> None:
+        self.cfg = cfg or StabilityConfig()
+        self.a: dict[str, np.ndarray] = {k: np.full(size, f, dtype=dt) for k, dt, f in self._F}
+
+    @property
+    def size(self) -> int:
+        return len(self.a["serving"])
+
+    def grow(self, size: int) -> None:
+        """Make room for rows 0..size-1 (the state of existing rows is kept)."""
+        old = self.size
+        if size <= old:
+            return
+        for k, dt, f in self._F:
+            x = np.full(size, f, dtype=dt)
+            x[:old] = self.a[k]
+            self.a[k] = x
+
+    def reset(self, i: int) -> None:
+        for k, _, f in self._F:
+            self.a[k][i] = f
+
+    def update(self, idx: np.ndarray, has: np.ndarray, cell: np.ndarray, pci: np.ndarray, t_ho: np.ndarray,
+               conf: np.ndarray, src: np.ndarray, now: np.ndarray, serving: np.ndarray) -> np.ndarray:
+        """Feed raw predictions (arrays of shape (U,); ``has`` False: no raw prediction) of the
+        UEs in rows ``idx`` at times ``now`` (s) on ``serving`` cells. Returns a bool (U,) mask
+        of the UEs that report a prediction now (read it with ``reported``)."""
+        a, c = self.a, self.cfg
+        reset = serving != a["serving"][idx]
+        a["serving"][idx] = serving
+        rk = a["rep_key"][idx]
+        cand = a["cand"][idx]
+        rk[reset] = _NONE
+        cand[reset] = _NONE
+        last = a["last_support"][idx]
+        since = a["cand_since"][idx]
+        flips = a["flips"][idx]
+        has = has & ((cell >= 0) | (pci >= 0))
+        key = np.where(cell >= 0, cell, -2 - pci)
+        stale = now - last > c.drop_after_s
+        # no raw prediction: the reported one survives drop_after_s without support
+        rk[~has & stale] = _NONE
+        cand[~has] = _NONE
+        take = has & ((rk == _NONE) | (key == rk))
+        diff = has & ~take
+        newc = diff & (cand != key)
+        cand[newc] = key[newc]
+        since[newc] = now[newc]
+        with np.errstate(invalid="ignore"):
+            switch = diff & ((now - since >= c.hold_s) | (conf >= a["rep_conf"][idx] + c.switch_margin))
+        flips[switch] += 1
+        take |= switch
+        rk[diff & ~switch & stale] = _NONE
+        cand[take] = _NONE
+        last[take] = now[take]
+        rk[take] = key[take]
+        sel = idx[take]
+        a["rep_cell"][sel] = cell[take]
+        a["rep_pci"][sel] = pci[take]
+        a["rep_sc"][sel] = serving[take]
+        a["rep_tho"][sel] = t_ho[take]
+        a["rep_conf"][sel] = conf[take]
+        a["rep_src"][sel] = src[take]
+        a["rep_key"][idx] = rk
+        a["cand"][idx] = cand
+        a["last_support"][idx] = last
+        a["cand_since"][idx] = since
+        a["flips"][idx] = flips
+        return rk != _NONE
+
+
+class Stabiliser:
+    """The ``StabiliserBank`` rules for one UE with ``Prediction`` objects in and out."""
+
+    __slots__ = ("cfg", "_bank", "_src")
 
     def __init__(self, cfg: StabilityConfig | None = None) -> None:
         self.cfg = cfg or StabilityConfig()
-        self.reported: Prediction | None = None
-        self.cand: int | None = None
-        self.cand_since = 0.0
-        self.last_support = -math.inf
-        self.serving = -1
-        self.flips = 0
+        self._bank = StabiliserBank(self.cfg, 1)
+        self._src: list[str] = []
+
+    @property
+    def flips(self) -> int:
+        return int(self._bank.a["flips"][0])
 
     def update(self, raw: Prediction | None, now: float, serving_cell: int) -> Prediction | None:
         """Feed this cycle's raw prediction; returns the prediction to report (or None)."""
-        c = self.cfg
-        if serving_cell != self.serving:
-            self.serving = serving_cell
-            self.reported = None
-            self.cand = None
-        if raw is None or raw.target_cell < 0 and raw.target_pci < 0:
-            if self.reported is not None and now - self.last_support > c.drop_after_s:
-                self.reported = None
-            self.cand = None
-            return self._out()
-        key = raw.target_cell if raw.target_cell >= 0 else -2 - raw.target_pci
-        cur = self.reported
-        cur_key = None if cur is None else (cur.target_cell if cur.target_cell >= 0 else -2 - cur.target_pci)
-        if cur is None or key == cur_key:
-            self.reported = raw
-            self.last_support = now
-            self.cand = None
-            return self._out()
-        # a different target: switch only with enough evidence
-        if self.cand != key:
-            self.cand = key
-            self.cand_since = now
-        if now - self.cand_since >= c.hold_s or raw.confidence >= cur.confidence + c.switch_margin:
-            self.reported = raw
-            self.last_support = now
-            self.cand = None
-            self.flips += 1
-            return self._out()
-        if now - self.last_support > c.drop_after_s:
-            self.reported = None
-        return self._out()
-
-    def _out(self) -> Prediction | None:
-        if self.reported is None:
+        one = lambda v, dt: np.array([v], dtype=dt)  # noqa: E731
+        if raw is not None and raw.source not in self._src:
+            self._src.append(raw.source)
+        r = raw or Prediction(-1, np.nan, 0.0, "")
+        ok = self._bank.update(np.zeros(1, dtype=np.int64), one(raw is not None, bool), one(r.target_cell, np.int64),
+                               one(r.target_pci, np.int64), one(r.t_ho, np.float64), one(r.confidence, np.float64),
+                               one(self._src.index(r.source) if raw is not None else -1, np.int16),
+                               one(now, np.float64), one(serving_cell, np.int64))
+        if not ok[0]:
             return None
-        return replace(self.reported, flips=self.flips)
+        a = self._bank.a
+        return Prediction(int(a["rep_cell"][0]), float(a["rep_tho"][0]), float(a["rep_conf"][0]),
+                          self._src[int(a["rep_src"][0])], int(a["rep_pci"][0]), int(a["rep_sc"][0]),
+                          int(a["flips"][0]))
 
 
 @dataclass
@@ -201,7 +283,13 @@ class Calibrator:
             raise ValueError("bad calibration table: len(edges) must be len(values) + 1")
         return cls(np.array(e), np.array(v))
 
-    def __call__(self, score: float) -> float:
+    def __call__(self, score):
+        """The calibrated confidence of a raw score (float), or of an array of them (array)."""
+        if isinstance(score, np.ndarray):
+            if not self.fitted:
+                return np.clip(score, 0.0, 1.0)
+            i = np.searchsorted(self.edges, score, side="right") - 1
+            return self.values[np.clip(i, 0, len(self.values) - 1)]
         if not self.fitted:
             return float(min(max(score, 0.0), 1.0))
         i = int(np.searchsorted(self.edges, score, side="right")) - 1

@@ -1,4 +1,4 @@
-"""The history predictor, the combination, and the per-UE facade the xApp calls.
+"""The history predictor, the combination, and the facade the xApp calls, over many UEs at once.
 
 - ``HistoryPredictor``: names the most likely successor of the serving cell given the cell
   before it, P(B | A, C) from ``maps.TransitionModel`` (learned from earlier drives, updated
@@ -6,31 +6,104 @@
 - ``CombinedPredictor``: weighs history, location (CVH, handover places) and A3 for the
   target, takes the time from the most exact predictor that agrees, and says which spoke.
 - ``HandoverPredictor``: the facade. Holds the config, the learned ``Knowledge`` (updated
-  online by ``observe``), one ``Stabiliser`` per UE (hysteresis and flips) and runs the
-  configured predictor for one UE (``predict``) or every UE of a ``TrackStore``
-  (``predict_all``).
+  online by ``observe``), the hysteresis state of every UE (``base.StabiliserBank``) and runs
+  the configured predictor for the UEs whose tracks changed (``update(store)``: one batch,
+  array work over the UEs), for one UE (``predict``) or for every UE (``predict_all``).
+
+Every predictor has ``batch(view, now, ues) -> Raw`` over a batched view (U, w[, m]) and
+``predict(view, now, ue_id)``, the batch of one. Python runs per distinct (serving, previous)
+cell pair, per distinct serving cell with handover places and per UE that needs an NRT lookup;
+the rest is array work.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 import numpy as np
 
-from xapp.predict.a3 import A3Forecaster
-from xapp.predict.base import Calibrator, Prediction, Stabiliser
+from xapp.predict.a3 import A3Forecaster, forecast_batch, resolve_cells
+from xapp.predict.base import Calibrator, Prediction, StabiliserBank
 from xapp.predict.config import PredictorConfig
-from xapp.predict.cvh import CVHPredictor, PlacesPredictor
+from xapp.predict.cvh import CVHPredictor, PlacesPredictor, cvh_batch, motion_batch, places_batch
 from xapp.predict.maps import Knowledge, TransitionModel
-from xapp.tracks import MeasurementReport, TrackStore, TrackView, UETrack
+from xapp.tracks import MeasurementReport, TrackStore, TrackView, UETrack, batch_of_one
+
+#: ``Raw.source`` / ``Predictions.source`` codes
+SOURCES = ("a3", "cvh", "places", "history", "combined:a3", "combined:places", "combined:cvh", "combined:history")
+_SRC = {s: i for i, s in enumerate(SOURCES)}
+
+
+@dataclass
+class Raw:
+    """Raw predictions of U UEs (arrays of shape (U,)): whether there is one, target cell (-1
+    unresolved), target PCI (-1), t_HO (s, NaN none), calibrated confidence, source code
+    (index into ``SOURCES``) and serving cell."""
+
+    has: np.ndarray
+    cell: np.ndarray
+    pci: np.ndarray
+    t_ho: np.ndarray
+    conf: np.ndarray
+    src: np.ndarray
+    serving: np.ndarray
+
+    @classmethod
+    def of(cls, has, cell, t_ho, conf, src: int | np.ndarray, serving, pci=None) -> "Raw":
+        U = len(has)
+        return cls(has, np.where(has, cell, -1), np.full(U, -1, np.int64) if pci is None else np.where(has, pci, -1),
+                   np.where(has, t_ho, np.nan), np.where(has, conf, 0.0),
+                   np.broadcast_to(np.asarray(src, np.int16), (U,)).copy(), serving)
+
+    def one(self, i: int = 0) -> Prediction | None:
+        if not self.has[i]:
+            return None
+        return Prediction(int(self.cell[i]), float(self.t_ho[i]), float(self.conf[i]), SOURCES[int(self.src[i])],
+                          int(self.pci[i]), int(self.serving[i]))
+
+
+@dataclass
+class Predictions(Raw):
+    """Reported (stabilised) predictions of U UEs: the arrays of ``Raw`` (``has`` False: no
+    prediction reported for that UE) plus ``ue_ids`` and ``flips`` (U,)."""
+
+    ue_ids: list[str]
+    flips: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ue_ids)
+
+    def get(self, i: int) -> Prediction | None:
+        """UE ``i``'s prediction as a ``Prediction`` (None if none is reported)."""
+        if not self.has[i]:
+            return None
+        return Prediction(int(self.cell[i]), float(self.t_ho[i]), float(self.conf[i]), SOURCES[int(self.src[i])],
+                          int(self.pci[i]), int(self.serving[i]), int(self.flips[i]))
+
+    def to_dict(self) -> dict[str, Prediction]:
+        """{UE id: Prediction} of the UEs with one."""
+        return {self.ue_ids[i]: self.get(i) for i in np.flatnonzero(self.has).tolist()}  # type: ignore[misc]
+
+
+def previous_cells(v: TrackView) -> np.ndarray:
+    """Per UE of a batched view (U, w): the cell served before the current one if the window
+    contains the change, else -1."""
+    s = v.serving_cell
+    valid = ~np.isnan(v.time)
+    ch = (s[:, 1:] != s[:, :-1]) & valid[:, :-1] & valid[:, 1:]
+    k = np.where(ch, np.arange(s.shape[1] - 1), -1).max(axis=1, initial=-1)
+    return np.where(k >= 0, s[np.arange(len(s)), np.maximum(k, 0)], -1)
 
 
 def previous_cell_in_view(view: TrackView) -> int:
-    """The cell served before the current one, if the view contains the change; else -1."""
-    s = view.serving_cell
-    ch = np.nonzero(s[1:] != s[:-1])[0]
-    return int(s[ch[-1]]) if ch.size else -1
+    """The cell served before the current one, if the (one-UE) view contains the change; else -1."""
+    return int(previous_cells(batch_of_one(view))[0]) if len(view.time) else -1
+
+
+def _now(now: float | np.ndarray, U: int) -> np.ndarray:
+    return np.broadcast_to(np.asarray(now, dtype=np.float64), (U,)).copy()
 
 
 class HistoryPredictor:
@@ -44,22 +117,84 @@ class HistoryPredictor:
         self.knowledge = knowledge
         self.calibrator = calibrator or Calibrator()
 
+    def tables(self, v: TrackView, ues: Sequence[str]) -> list[dict[int, float]]:
+        """Per UE, {B: P(B | A, C)} (shared, read-only dicts; one computation per (A, C))."""
+        prev = previous_cells(v)
+        if self.knowledge is not None and ues:
+            miss = np.flatnonzero(prev < 0)
+            if miss.size:
+                pc = self.knowledge.previous_cell
+                prev[miss] = [pc(ues[i]) if ues[i] else -1 for i in miss.tolist()]
+        pr = self.trans.probs_cached
+        return [pr(a, c) for a, c in zip(v.serving_cell[:, -1].tolist(), prev.tolist())]
+
     def probs(self, view: TrackView, ue_id: str = "") -> dict[int, float]:
-        sc = int(view.serving_cell[-1])
-        prev = previous_cell_in_view(view)
-        if prev < 0 and self.knowledge is not None and ue_id:
-            prev = self.knowledge.previous_cell(ue_id)
-        return self.trans.probs(sc, prev)
+        return dict(self.tables(batch_of_one(view), [ue_id])[0])
+
+    def batch(self, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
+        tabs = self.tables(v, ues)
+        U = len(tabs)
+        best = _Summary.of(tabs)
+        has = best.n > 0
+        return Raw.of(has, best.cell, np.full(U, np.nan), self.calibrator(best.p), _SRC["history"],
+                      v.serving_cell[:, -1])
 
     def predict(self, view: TrackView, now: float, ue_id: str = "") -> Prediction | None:
         if len(view.time) == 0:
             return None
-        p = self.probs(view, ue_id)
-        if not p:
-            return None
-        b, pb = max(p.items(), key=lambda kv: kv[1])
-        return Prediction(target_cell=b, t_ho=math.nan, confidence=self.calibrator(pb), source=self.name,
-                          serving_cell=int(view.serving_cell[-1]))
+        return self.batch(batch_of_one(view), _now(now, 1), [ue_id]).one()
+
+
+@dataclass
+class _Summary:
+    """Per UE, of its successor table: the first most likely cell, its probability, the sum
+    of the probabilities and the count; plus a lookup of (table, cell) -> (probability,
+    position in the table's order) for the combination."""
+
+    cell: np.ndarray
+    p: np.ndarray
+    total: np.ndarray
+    n: np.ndarray
+    tid: np.ndarray
+    codes: np.ndarray
+    probs: np.ndarray
+    pos: np.ndarray
+
+    @classmethod
+    def of(cls, tabs: list[dict[int, float]]) -> "_Summary":
+        ids: dict[int, int] = {}
+        rows: list[tuple[int, float, float, int]] = []
+        codes: list[int] = []
+        probs: list[float] = []
+        pos: list[int] = []
+        tid = np.empty(len(tabs), np.int64)
+        for u, t in enumerate(tabs):
+            k = ids.get(id(t))
+            if k is None:
+                k = ids[id(t)] = len(rows)
+                if t:
+                    b, pb = max(t.items(), key=lambda kv: kv[1])
+                    rows.append((b, pb, sum(t.values()), len(t)))
+                    for q, (c, p) in enumerate(t.items()):
+                        codes.append((k << 37) + c)
+                        probs.append(p)
+                        pos.append(q)
+                else:
+                    rows.append((-1, 0.0, 0.0, 0))
+            tid[u] = k
+        r = np.array(rows, dtype=np.float64).reshape(-1, 4)
+        order = np.argsort(np.array(codes, np.int64), kind="stable")
+        return cls(r[tid, 0].astype(np.int64), r[tid, 1], r[tid, 2], r[tid, 3].astype(np.int64), tid,
+                   np.array(codes, np.int64)[order], np.array(probs)[order], np.array(pos, np.int64)[order])
+
+    def lookup(self, cell: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(in the UE's table, probability, position) of ``cell`` (U,) in each UE's table."""
+        code = (self.tid << 37) + np.maximum(cell, 0)
+        i = np.minimum(np.searchsorted(self.codes, code), max(len(self.codes) - 1, 0))
+        if len(self.codes) == 0:
+            return np.zeros(len(cell), bool), np.zeros(len(cell)), np.zeros(len(cell), np.int64)
+        hit = (self.codes[i] == code) & (cell >= 0)
+        return hit, np.where(hit, self.probs[i], 0.0), np.where(hit, self.pos[i], 0)
 
 
 class CombinedPredictor:
@@ -69,7 +204,8 @@ class CombinedPredictor:
     + w_places s_places [B = places target] + w_a3 s_a3 [B = A3 target], the s being the
     predictors' raw scores (A3 only when its neighbour resolves to a cell id, and, unless nothing
     else votes, only when its handover is due within ``a3_trust_s``: further ahead its forecasts
-    flip between neighbours).
+    flip between neighbours); ties go to the cell named first (successor table order, then CVH,
+    places, A3).
     Time, first that applies: A3 for that target when due within ``a3_trust_s`` (0.4 s, about
     TTT + HO delay: the entry condition already holds, the most exact clock); the handover place ahead for that
     target (if its score reaches ``places_time_min_score``); A3 for that target, or for an
@@ -91,52 +227,92 @@ class CombinedPredictor:
         self.places_time_min_score = places_time_min_score
         self.calibrator = calibrator or Calibrator()
 
+    def batch(self, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
+        U = v.time.shape[0]
+        sc = v.serving_cell[:, -1]
+        f = forecast_batch(v, now, self.a3.cfg)
+        a3_cell = resolve_cells(self.a3.nrt, sc, f.pci, f.cell, f.has)
+        mo = motion_batch(v, self.cvh.assoc, self.cvh.cfg)
+        pl = places_batch(v, now, self.places.assoc, self.places.places, self.places.cfg, mo)
+        cv = cvh_batch(v, now, self.cvh.assoc, self.cvh.cfg, mo)
+        h = _Summary.of(self.hist.tables(v, ues))
+        empty = (h.n == 0) & ~cv.has & ~pl.has
+        a3v = f.has & (a3_cell >= 0) & ((f.t_ho - now <= self.a3_trust_s) | empty)
+        # the candidates: the table's first best cell, then the voted cells (CVH, places, A3)
+        vcell = [cv.cell, pl.cell, a3_cell]
+        vok = [cv.has, pl.has, a3v]
+        vval = [self.w_cvh * cv.score, self.w_places * pl.score, self.w_a3 * f.score]
+        cells, ok, base, pos = [h.cell], [h.n > 0], [h.p], [np.zeros(U, np.int64)]
+        for j in range(3):
+            hit, p, q = h.lookup(vcell[j])
+            first_new = np.full(U, j)
+            for k in range(j - 1, -1, -1):
+                first_new = np.where(vok[k] & (vcell[k] == vcell[j]), k, first_new)
+            cells.append(vcell[j])
+            ok.append(vok[j])
+            base.append(p)
+            pos.append(np.where(hit, q, h.n + first_new))
+        # the best cell's position in the table is that of its first best entry
+        hit0, _, q0 = h.lookup(h.cell)
+        pos[0] = np.where(hit0, q0, 0)
+        C = np.stack(cells, 1)
+        S = np.stack(base, 1)
+        for j in range(3):
+            S = S + np.where(vok[j][:, None] & (C == vcell[j][:, None]), vval[j][:, None], 0.0)
+        OK = np.stack(ok, 1)
+        S = np.where(OK, S, -np.inf)
+        mx = S.max(axis=1)
+        k = np.argmin(np.where(S == mx[:, None], np.stack(pos, 1), np.iinfo(np.int64).max), axis=1)
+        rows = np.arange(U)
+        has = OK.any(axis=1)
+        target = np.where(has, C[rows, k], -1)
+        total = h.total + sum(np.where(vok[j], vval[j], 0.0) for j in range(3))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            conf = self.calibrator(np.where(total > 0, mx / np.where(total > 0, total, 1.0), 0.0))
+        a3_is = f.has & (a3_cell == target)
+        t1 = a3_is & (f.t_ho - now <= self.a3_trust_s)
+        t2 = ~t1 & pl.has & (pl.cell == target) & (pl.score >= self.places_time_min_score)
+        anon = self.time_from_anonymous_a3 & f.has & (a3_cell < 0) & (f.pci < 0)
+        t3 = ~t1 & ~t2 & (a3_is | anon)
+        t4 = ~t1 & ~t2 & ~t3 & self.time_from_cvh & cv.has & (cv.cell == target)
+        t_ho = np.select([t1, t2, t3, t4], [f.t_ho, pl.t_ho, f.t_ho, cv.t_ho], np.nan)
+        src = np.select([t1 | t3, t2, t4], [_SRC["combined:a3"], _SRC["combined:places"], _SRC["combined:cvh"]],
+                        _SRC["combined:history"])
+        return Raw.of(has, target, t_ho, conf, src, sc, np.where(a3_is, f.pci, -1))
+
     def predict(self, view: TrackView, now: float, ue_id: str = "") -> Prediction | None:
         if len(view.time) == 0:
             return None
-        sc = int(view.serving_cell[-1])
-        a3f = self.a3.forecast(view, now)
-        a3_cell = -1
-        if a3f is not None:
-            a3_cell = a3f[1]
-            if a3_cell < 0 and self.a3.nrt is not None:
-                a3_cell = self.a3.nrt.resolve(sc, a3f[0])
-        pl = self.places.crossing(view, now)
-        cv = self.cvh.crossing(view, now)
-        score = dict(self.hist.probs(view, ue_id))
-        if cv is not None:
-            score[cv[0]] = score.get(cv[0], 0.0) + self.w_cvh * cv[2]
-        if pl is not None:
-            score[pl[0]] = score.get(pl[0], 0.0) + self.w_places * pl[2]
-        if a3f is not None and a3_cell >= 0 and (a3f[2] - now <= self.a3_trust_s or not score):
-            score[a3_cell] = score.get(a3_cell, 0.0) + self.w_a3 * a3f[3]
-        if not score:
-            return None
-        target, sc_t = max(score.items(), key=lambda kv: kv[1])
-        total = sum(score.values())
-        conf = self.calibrator(sc_t / total if total > 0 else 0.0)
-        pci = a3f[0] if (a3f is not None and a3_cell == target) else -1
-        if a3f is not None and a3_cell == target and a3f[2] - now <= self.a3_trust_s:
-            t_ho, src = a3f[2], "a3"
-        elif pl is not None and pl[0] == target and pl[2] >= self.places_time_min_score:
-            t_ho, src = pl[1], "places"
-        elif a3f is not None and (a3_cell == target or (self.time_from_anonymous_a3 and a3_cell < 0 and a3f[0] < 0)):
-            t_ho, src = a3f[2], "a3"
-        elif self.time_from_cvh and cv is not None and cv[0] == target:
-            t_ho, src = cv[1], "cvh"
-        else:
-            t_ho, src = math.nan, "history"
-        return Prediction(target, t_ho, conf, f"combined:{src}", pci, sc)
+        return self.batch(batch_of_one(view), _now(now, 1), [ue_id]).one()
+
+
+def _a3_batch(a3: A3Forecaster, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
+    sc = v.serving_cell[:, -1]
+    f = forecast_batch(v, now, a3.cfg)
+    cell = resolve_cells(a3.nrt, sc, f.pci, f.cell, f.has)
+    return Raw.of(f.has, cell, f.t_ho, a3.calibrator(f.score), _SRC["a3"], sc, f.pci)
+
+
+def _crossing_batch(p: CVHPredictor | PlacesPredictor, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
+    if isinstance(p, PlacesPredictor):
+        cr = places_batch(v, now, p.assoc, p.places, p.cfg)
+    else:
+        cr = cvh_batch(v, now, p.assoc, p.cfg)
+    return Raw.of(cr.has, cr.cell, cr.t_ho, p.calibrator(cr.score), _SRC[p.name], v.serving_cell[:, -1])
 
 
 class HandoverPredictor:
     """What the xApp calls: learned knowledge + configured predictor + per-UE hysteresis.
 
     ``observe(report)`` for every report that enters the TrackStore (online learning of the
-    association map, successor counts and the NRT); ``predict(track, now)`` for one UE;
-    ``predict_all(store, now)`` for all. Predictions below ``cfg.min_confidence`` are dropped.
-    ``calibrators`` maps a mode name to a ``Calibrator`` (or its ``to_dict`` form, as saved by
-    ``python -m xapp.predict.evaluate --save-calibration``) so that confidences are calibrated.
+    association map, successor counts and the NRT); ``update(store)`` once per control cycle:
+    the predictions of the UEs whose tracks got reports since the last call, each made as of
+    its newest report (``now`` = that report's time, as ``evaluate`` scores it), in one batch;
+    ``predict(track, now)`` for one UE; ``predict_all(store, now)`` for all.
+    ``forget(ue)`` frees a UE's state (it left). Predictions below ``cfg.min_confidence`` are
+    dropped. ``calibrators`` maps a mode name to a ``Calibrator`` (or its ``to_dict`` form, as
+    saved by ``python -m xapp.predict.evaluate --save-calibration``) so that confidences are
+    calibrated.
     """
 
     def __init__(self, cfg: PredictorConfig | None = None, knowledge: Knowledge | None = None,
@@ -158,16 +334,96 @@ class HandoverPredictor:
                                           places_time_min_score=cfg.places_time_min_score)
         self.active = {"a3": self.a3, "cvh": self.cvh, "places": self.places, "history": self.history,
                        "combined": self.combined}[cfg.mode]
-        self._stab: dict[str, Stabiliser] = {}
+        self._rows: dict[str, int] = {}          # UE id -> row of the stabiliser bank
+        self._free: list[int] = []
+        self._bank = StabiliserBank(cfg.stability, 64)
+
+    # ------------------------------------------------------------------ per-UE state
+    def _row_of(self, ues: Sequence[str]) -> np.ndarray:
+        rows = self._rows
+        out = np.empty(len(ues), np.int64)
+        for i, u in enumerate(ues):
+            r = rows.get(u)
+            if r is None:
+                if self._free:
+                    r = self._free.pop()
+                else:
+                    r = len(rows)
+                    if r >= self._bank.size:
+                        self._bank.grow(2 * self._bank.size)
+                rows[u] = r
+            out[i] = r
+        return out
+
+    def forget(self, ue_id: str) -> None:
+        """Free a UE's hysteresis and online-learning state (the UE left or went silent)."""
+        r = self._rows.pop(ue_id, None)
+        if r is not None:
+            self._bank.reset(r)
+            self._free.append(r)
+        self.knowledge.forget(ue_id)
+
+    @property
+    def ues(self) -> int:
+        """UEs with hysteresis state."""
+        return len(self._rows)
 
     def observe(self, r: MeasurementReport) -> None:
         """Online learning from a report (call once per report, in time order per UE)."""
         if self.learn_online:
             self.knowledge.observe(r)
 
+    # ------------------------------------------------------------------ prediction
+    def raw_batch(self, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
+        """The configured predictor's output before hysteresis for a batched view (U, w[, m])."""
+        p = self.active
+        if isinstance(p, A3Forecaster):
+            return _a3_batch(p, v, now, ues)
+        if isinstance(p, (CVHPredictor, PlacesPredictor)):
+            return _crossing_batch(p, v, now, ues)
+        return p.batch(v, now, ues)
+
     def raw(self, view: TrackView, now: float, ue_id: str = "") -> Prediction | None:
-        """The configured predictor's output before hysteresis."""
-        return self.active.predict(view, now, ue_id)
+        """The configured predictor's output before hysteresis (one UE)."""
+        if len(view.time) == 0:
+            return None
+        return self.raw_batch(batch_of_one(view), _now(now, 1), [ue_id]).one()
+
+    def predict_views(self, v: TrackView, now: float | np.ndarray, ues: Sequence[str]) -> Predictions:
+        """The reported (stabilised) predictions of the UEs ``ues`` (each once) whose windows
+        are the batched view ``v`` (U, w[, m]), at ``now`` (s, one time or one per UE)."""
+        U = len(ues)
+        now = _now(now, U)
+        raw = self.raw_batch(v, now, ues)
+        has = raw.has & (raw.conf >= self.cfg.min_confidence)
+        idx = self._row_of(ues)
+        rep = self._bank.update(idx, has, raw.cell, raw.pci, raw.t_ho, raw.conf, raw.src, now, raw.serving)
+        a = self._bank.a
+        return Predictions(rep, a["rep_cell"][idx], a["rep_pci"][idx], a["rep_tho"][idx], a["rep_conf"][idx],
+                           a["rep_src"][idx], a["rep_sc"][idx], ue_ids=list(ues), flips=a["flips"][idx])
+
+    _SCALARS = ("time", "serving_cell", "rsrp_dbm", "lat", "lon", "speed_mps", "heading_deg")
+    _NEIGHBOURS = ("nb_pci", "nb_cell", "nb_rsrp_dbm")
+
+    def _gather(self, store: TrackStore, slots: np.ndarray, now: float | None) -> tuple[TrackView, np.ndarray]:
+        """The batched view the predictors read, and ``now`` per UE: the fields they use, the
+        neighbours only over the rows within the A3 window (the rest is never read)."""
+        v = store.window(slots, self.cfg.window_reports, self._SCALARS)
+        nows = v.time[:, -1].copy() if now is None else _now(now, len(slots))
+        if self.cfg.mode in ("a3", "combined") and len(slots):
+            with np.errstate(invalid="ignore"):
+                w = int((v.time >= (nows - self.cfg.a3.window_s)[:, None]).sum(axis=1).max())
+            nb = store.window(slots, max(w, 1), self._NEIGHBOURS)
+            v = v._replace(nb_pci=nb.nb_pci, nb_cell=nb.nb_cell, nb_rsrp_dbm=nb.nb_rsrp_dbm)
+        return v, nows
+
+    def update(self, store: TrackStore, now: float | None = None) -> Predictions:
+        """Predictions of the UEs whose tracks got reports since the last call (one batch over
+        their newest ``cfg.window_reports`` reports), each as of its newest report unless
+        ``now`` is given."""
+        slots = store.take_changed()
+        v, nows = self._gather(store, slots, now)
+        return self.predict_views(v, nows, store.ue_of(slots))
 
     def predict(self, track: UETrack | TrackView, now: float, ue_id: str | None = None) -> Prediction | None:
         """The reported (stabilised) prediction for one UE, or None.
@@ -183,16 +439,15 @@ class HandoverPredictor:
             view = track
         if len(view.time) == 0:
             return None
-        p = self.active.predict(view, now, ue)
-        if p is not None and p.confidence < self.cfg.min_confidence:
-            p = None
-        st = self._stab.get(ue)
-        if st is None:
-            st = self._stab[ue] = Stabiliser(self.cfg.stability)
-        return st.update(p, now, int(view.serving_cell[-1]))
+        return self.predict_views(batch_of_one(view), now, [ue]).get(0)
 
     def predict_all(self, store: TrackStore | Iterable[UETrack], now: float) -> dict[str, Prediction]:
-        """Predictions for every UE with a track; UEs without a prediction are left out."""
+        """Predictions for every UE with a track at ``now``; UEs without a prediction are left out."""
+        if isinstance(store, TrackStore):
+            slots = store.held()
+            slots = slots[store._a["n"][slots] > 0]
+            v, nows = self._gather(store, slots, now)
+            return self.predict_views(v, nows, store.ue_of(slots)).to_dict()
         out = {}
         for tr in store:
             if len(tr):
@@ -203,9 +458,5 @@ class HandoverPredictor:
 
     def flips(self, ue_id: str) -> int:
         """How many times this UE's reported target changed within a serving cell."""
-        st = self._stab.get(ue_id)
-        return st.flips if st else 0
-
-    def forget(self, ue_id: str) -> None:
-        """Drop a UE's hysteresis state (the UE left)."""
-        self._stab.pop(ue_id, None)
+        r = self._rows.get(ue_id)
+        return int(self._bank.a["flips"][r]) if r is not None else 0

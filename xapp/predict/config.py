@@ -59,6 +59,10 @@ class A3Config:
     ``window_s``: the sliding window of the robust (Theil-Sen) trend; ``min_points`` the fewest
     reports to fit; ``horizon_s`` the furthest crossing forecast; ``min_slope_db_s`` the
     smallest closing rate of (neighbour - serving) that counts as approaching.
+    ``trend``: the Theil-Sen pairs, ``"all_pairs"`` (every pair of reports in the window, exact,
+    O(w^2): the drive-log profile) or ``"lagged_pairs"`` (the pairs n // 2 reports apart of the
+    n in the window, O(w):
+    the default, which keeps a 10,000-UE cycle within 50 ms at 5 reports/s per UE).
     """
 
     offset_db: float = 3.0
@@ -69,10 +73,13 @@ class A3Config:
     min_points: int = 4
     horizon_s: float = 8.0
     min_slope_db_s: float = 0.3
+    trend: str = "lagged_pairs"
 
     def validate(self, where: str = "a3") -> None:
         if self.ttt_s < 0 or self.window_s <= 0 or self.horizon_s <= 0 or self.min_points < 2:
             raise ValueError(f"{where}: ttt_s >= 0, window_s > 0, horizon_s > 0, min_points >= 2 required")
+        if self.trend not in ("all_pairs", "lagged_pairs"):
+            raise ValueError(f"{where}.trend: {self.trend!r} not 'all_pairs' or 'lagged_pairs'")
 
 
 @dataclass(frozen=True)
@@ -139,7 +146,9 @@ class PredictorConfig:
     probabilities in the combination; ``time_from_anonymous_a3``/``time_from_cvh``: whether the
     combination may take the time from A3 on an unidentified neighbour or from CVH, and
     ``places_time_min_score`` the handover-places score below which it gives no time (these
-    trade timed predictions against false alarms). ``min_confidence``: predictions below it are not reported."""
+    trade timed predictions against false alarms). ``min_confidence``: predictions below it are not reported.
+    ``ue_silence_s``: a UE with no report for this long (trace clock) has gone: its track and
+    predictor state are freed (issue 14, bounded memory under churn)."""
 
     mode: str = "combined"
     window_reports: int = 32
@@ -150,6 +159,7 @@ class PredictorConfig:
     time_from_anonymous_a3: bool = True
     time_from_cvh: bool = False
     places_time_min_score: float = 0.0
+    ue_silence_s: float = 30.0
     a3: A3Config = field(default_factory=A3Config)
     cvh: CVHConfig = field(default_factory=CVHConfig)
     history: HistoryConfig = field(default_factory=HistoryConfig)
@@ -162,6 +172,8 @@ class PredictorConfig:
             raise ValueError(f"{where}.mode: {self.mode!r} not one of {self.MODES}")
         if self.window_reports < 2:
             raise ValueError(f"{where}.window_reports must be >= 2")
+        if not self.ue_silence_s > 0:
+            raise ValueError(f"{where}.ue_silence_s must be > 0")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None, where: str = "predictor") -> "PredictorConfig":

@@ -10,48 +10,135 @@ cell. ``t_fix`` is the time the current fix first appeared in the track (a logge
 the last fix on every row, as G-NetTrack does, is handled).
 
 Raw score: purity of the entered tile x min(1, count / 10) x exp(-(t_HO - now) / 5 s).
+
+Both predictors run as array work over a batch of UEs (``motion_batch``, ``cvh_batch``,
+``places_batch`` on (U, w) windows from ``TrackStore.window``); the per-UE classes are the
+batch of one.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from xapp.predict.base import Calibrator, Prediction
 from xapp.predict.config import CVHConfig
 from xapp.predict.maps import AssociationMap, HandoverPlaces
-from xapp.tracks import TrackView
+from xapp.tracks import TrackView, batch_of_one
 
 
-def latest_fix(view: TrackView) -> tuple[int, float] | None:
-    """(row of the newest fix, time the fix first appeared) or None if the view has no position."""
-    lat = view.lat
-    ok = np.nonzero(~np.isnan(lat))[0]
-    if ok.size == 0:
-        return None
-    i = int(ok[-1])
-    j = i
-    while j > 0 and view.lat[j - 1] == view.lat[i] and view.lon[j - 1] == view.lon[i]:
-        j -= 1
-    return i, float(view.time[j])
+@dataclass
+class Crossing:
+    """Per UE (shape (U,)): found, target cell (-1 none), t_HO (s, NaN none), raw score."""
+
+    has: np.ndarray
+    cell: np.ndarray
+    t_ho: np.ndarray
+    score: np.ndarray
+
+    @classmethod
+    def none(cls, U: int) -> "Crossing":
+        return cls(np.zeros(U, bool), np.full(U, -1, np.int64), np.full(U, np.nan), np.zeros(U))
+
+    def one(self) -> tuple[int, float, float] | None:
+        """The batch of one as (target cell, t_HO, raw score), or None."""
+        return (int(self.cell[0]), float(self.t_ho[0]), float(self.score[0])) if self.has[0] else None
 
 
-def _motion(view: TrackView, assoc: AssociationMap, c: CVHConfig):
-    """(t_fix s, speed m/s, heading deg, x m, y m) of the newest GPS fix in the map's local frame,
-    or None without a frame, a fix, a speed and heading, or below ``c.min_speed_mps``."""
-    if assoc.frame is None or len(view.time) == 0:
-        return None
-    fx = latest_fix(view)
-    if fx is None:
-        return None
-    i, t_fix = fx
-    v = float(view.speed_mps[i])
-    hd = float(view.heading_deg[i])
-    if not (v == v) or not (hd == hd) or v < c.min_speed_mps:
-        return None
-    x0, y0 = assoc.frame.xy(float(view.lat[i]), float(view.lon[i]))
-    return t_fix, v, hd, float(x0), float(y0)
+@dataclass
+class Motion:
+    """Per UE (U,): whether usable, and t_fix (s), speed (m/s), heading (deg), x, y (m) of the
+    newest GPS fix on the association map's local frame."""
+
+    ok: np.ndarray
+    t_fix: np.ndarray
+    v: np.ndarray
+    hd: np.ndarray
+    x0: np.ndarray
+    y0: np.ndarray
+
+
+def motion_batch(v: TrackView, assoc: AssociationMap, c: CVHConfig) -> Motion:
+    """The newest fix of each UE of a batched view (U, w): its row, the time it first appeared
+    (a logger that repeats the last fix on every row is handled), speed and heading. Not ok
+    without a frame, a fix, a speed and heading, or below ``c.min_speed_mps``."""
+    U, W = v.time.shape
+    lat, lon = v.lat, v.lon
+    okf = ~np.isnan(lat)
+    has = okf.any(axis=1)
+    ar = np.arange(W)
+    i = np.where(okf, ar, -1).max(axis=1)
+    ii = np.maximum(i, 0)
+    rows = np.arange(U)
+    la, lo = lat[rows, ii], lon[rows, ii]
+    same = (lat == la[:, None]) & (lon == lo[:, None])
+    j = np.where(~same & (ar[None, :] < ii[:, None]), ar, -1).max(axis=1, initial=-1) + 1
+    t_fix = v.time[rows, j]
+    sp = v.speed_mps[rows, ii].astype(np.float64)
+    hd = v.heading_deg[rows, ii].astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = has & ~np.isnan(sp) & ~np.isnan(hd) & (sp >= c.min_speed_mps)
+    if assoc.frame is None:
+        ok[:] = False
+        x0 = y0 = np.full(U, np.nan)
+    else:
+        x0, y0 = assoc.frame.xy(la, lo)
+    return Motion(ok, t_fix, sp, hd, np.asarray(x0, np.float64), np.asarray(y0, np.float64))
+
+
+def _moving(v: TrackView, assoc: AssociationMap, c: CVHConfig, motion: Motion | None):
+    """(motion, an empty Crossing, the rows of the UEs with a usable motion)."""
+    m = motion or motion_batch(v, assoc, c)
+    return m, Crossing.none(v.time.shape[0]), np.flatnonzero(m.ok)
+
+
+def cvh_batch(v: TrackView, now: np.ndarray, assoc: AssociationMap, c: CVHConfig,
+              motion: Motion | None = None) -> Crossing:
+    """The first area change ahead of each UE (module doc), array work over (U, steps)."""
+    m, out, u = _moving(v, assoc, c, motion)
+    if u.size == 0:
+        return out
+    sc = v.serving_cell[u, -1]
+    hr = np.radians(m.hd[u])[:, None]
+    nsteps = int(c.horizon_s / c.step_s) + 1
+    taus = now[u, None] + np.arange(nsteps) * c.step_s
+    dist = np.minimum(m.v[u, None] * np.maximum(taus - m.t_fix[u, None], 0.0), c.max_dr_m)
+    xs = m.x0[u, None] + dist * np.sin(hr)
+    ys = m.y0[u, None] + dist * np.cos(hr)
+    cell, cnt, pur = assoc.lookup_many(xs, ys)
+    good = (cell >= 0) & (cnt >= c.min_count) & (pur >= c.min_purity) & (cell != sc[:, None])
+    k = np.argmax(good, axis=1)
+    g = np.arange(u.size)
+    hit = good[g, k]
+    u, k, g = u[hit], k[hit], g[hit]
+    tau = taus[g, k]
+    out.has[u] = True
+    out.cell[u] = cell[g, k]
+    out.t_ho[u] = tau
+    out.score[u] = pur[g, k] * np.minimum(1.0, cnt[g, k] / 10.0) * np.exp(-(tau - now[u]) / 5.0)
+    return out
+
+
+def places_batch(v: TrackView, now: np.ndarray, assoc: AssociationMap, places: HandoverPlaces, c: CVHConfig,
+                 motion: Motion | None = None) -> Crossing:
+    """The nearest learned handover place ahead of each UE (``PlacesPredictor``), as arrays."""
+    m, out, u = _moving(v, assoc, c, motion)
+    if u.size == 0:
+        return out
+    sp = m.v[u]
+    d = np.minimum(sp * np.maximum(0.0, now[u] - m.t_fix[u]), c.max_dr_m)
+    hr = np.radians(m.hd[u])
+    x, y = m.x0[u] + d * np.sin(hr), m.y0[u] + d * np.cos(hr)
+    found, dist, target, share, n = places.ahead_many(v.serving_cell[u, -1], x, y, m.hd[u], c.lateral_m,
+                                                      c.max_dheading_deg, c.behind_m, sp * c.horizon_s, c.cluster_m)
+    u, sp = u[found], sp[found]
+    t_ho = now[u] + dist[found] / sp
+    out.has[u] = True
+    out.cell[u] = target[found]
+    out.t_ho[u] = t_ho
+    out.score[u] = share[found] * np.minimum(1.0, n[found] / 3.0) * np.exp(-(t_ho - now[u]) / 5.0)
+    return out
 
 
 class CVHPredictor:
@@ -66,30 +153,9 @@ class CVHPredictor:
 
     def crossing(self, view: TrackView, now: float) -> tuple[int, float, float] | None:
         """(target cell, t_HO, raw score) of the first area change ahead, or None."""
-        c = self.cfg
-        m = _motion(view, self.assoc, c)
-        if m is None:
+        if len(view.time) == 0:
             return None
-        t_fix, v, hd, x0, y0 = m
-        sc = int(view.serving_cell[-1])
-        ux, uy = math.sin(math.radians(hd)), math.cos(math.radians(hd))
-        nsteps = int(c.horizon_s / c.step_s) + 1
-        taus = now + np.arange(nsteps) * c.step_s
-        dist = np.minimum(v * np.maximum(taus - t_fix, 0.0), c.max_dr_m)
-        xs = float(x0) + dist * ux
-        ys = float(y0) + dist * uy
-        last_key = None
-        for k in range(nsteps):
-            key = (int(math.floor(xs[k] / self.assoc.tile_m)), int(math.floor(ys[k] / self.assoc.tile_m)))
-            if key == last_key:
-                continue
-            last_key = key
-            cell, cnt, pur = self.assoc.lookup(xs[k], ys[k])
-            if cell < 0 or cnt < c.min_count or pur < c.min_purity or cell == sc:
-                continue
-            score = pur * min(1.0, cnt / 10.0) * math.exp(-(taus[k] - now) / 5.0)
-            return cell, float(taus[k]), score
-        return None
+        return cvh_batch(batch_of_one(view), np.array([now], np.float64), self.assoc, self.cfg).one()
 
     def predict(self, view: TrackView, now: float, ue_id: str = "") -> Prediction | None:
         cr = self.crossing(view, now)
@@ -118,21 +184,10 @@ class PlacesPredictor:
 
     def crossing(self, view: TrackView, now: float) -> tuple[int, float, float] | None:
         """(target cell, t_HO, raw score) of the nearest handover place ahead, or None."""
-        c = self.cfg
-        m = _motion(view, self.assoc, c)
-        if m is None:
+        if len(view.time) == 0:
             return None
-        t_fix, v, hd, x0, y0 = m
-        d = min(v * max(0.0, now - t_fix), c.max_dr_m)
-        hr = math.radians(hd)
-        x, y = float(x0) + d * math.sin(hr), float(y0) + d * math.cos(hr)
-        res = self.places.ahead(int(view.serving_cell[-1]), x, y, hd, c.lateral_m, c.max_dheading_deg,
-                                c.behind_m, v * c.horizon_s, c.cluster_m)
-        if res is None:
-            return None
-        dist, target, share, n = res
-        t_ho = now + dist / v
-        return target, t_ho, share * min(1.0, n / 3.0) * math.exp(-(t_ho - now) / 5.0)
+        return places_batch(batch_of_one(view), np.array([now], np.float64), self.assoc, self.places,
+                            self.cfg).one()
 
     def predict(self, view: TrackView, now: float, ue_id: str = "") -> Prediction | None:
         cr = self.crossing(view, now)

@@ -86,7 +86,7 @@ def drive_log_config() -> PredictorConfig:
     chosen on the UCC drives (leave-one-drive-out): the location votes weigh more, and the
     combination gives a time only from a confident handover place, since A3 on the anonymous
     neighbour and CVH timing raised ~70 and ~20 false alarms/h for 1-2 points of timed@3."""
-    return PredictorConfig(a3=A3Config(window_s=6.0, min_points=3, ttt_s=0.0, ho_delay_s=0.0),
+    return PredictorConfig(a3=A3Config(window_s=6.0, min_points=3, ttt_s=0.0, ho_delay_s=0.0, trend="all_pairs"),
                            w_cvh=1.5, w_places=6.0, time_from_anonymous_a3=False, time_from_cvh=False,
                            places_time_min_score=0.4)
 

@@ -32,6 +32,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from xapp.drivetest import EARTH_RADIUS_M, Drive, read_drive
+from xapp.predict.base import nanmedian_last
 from xapp.tracks import MeasurementReport
 
 _K = math.pi / 180.0 * EARTH_RADIUS_M
@@ -64,6 +65,7 @@ class AssociationMap:
         self.frame = frame
         self.tiles: dict[tuple[int, int], Counter] = {}
         self._maj: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._grid: tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None = None   # ox, oy, cell, n, tot
 
     def _key(self, x: float, y: float) -> tuple[int, int]:
         return (int(math.floor(x / self.tile_m)), int(math.floor(y / self.tile_m)))
@@ -85,6 +87,14 @@ class AssociationMap:
             self._maj[k] = (cell, c[cell], tot)
         else:
             self._maj[k] = (m[0], m[1], tot)
+        g = self._grid
+        if g is not None:
+            ix, iy = k[0] - g[0], k[1] - g[1]
+            if 0 <= ix < g[2].shape[0] and 0 <= iy < g[2].shape[1]:
+                mk = self._maj[k]
+                g[2][ix, iy], g[3][ix, iy], g[4][ix, iy] = mk
+            else:
+                self._grid = None                   # outside: rebuilt, larger, on the next lookup
 
     def add_latlon(self, lat: float, lon: float, cell: int, n: int = 1) -> None:
         f = self.ensure_frame(lat, lon)
@@ -109,6 +119,50 @@ class AssociationMap:
             else:
                 best, bn = c.most_common(1)[0]
                 self._maj[k] = (best, bn, sum(c.values()))
+        self._grid = None
+
+    _GRID_MAX_TILES = 16_000_000     # a map spread wider than this (4,000 km^2 at 16 m) is looked up tile by tile
+
+    def _build_grid(self) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None:
+        if not self._maj:
+            return None
+        ks = np.array(list(self._maj.keys()), dtype=np.int64)
+        lo, hi = ks.min(axis=0) - 32, ks.max(axis=0) + 33          # a margin for the map to grow
+        nx, ny = int(hi[0] - lo[0]), int(hi[1] - lo[1])
+        if nx * ny > self._GRID_MAX_TILES:
+            return None
+        cell = np.full((nx, ny), -1, dtype=np.int64)
+        cnt = np.zeros((nx, ny), dtype=np.int64)
+        tot = np.ones((nx, ny), dtype=np.int64)
+        v = np.array(list(self._maj.values()), dtype=np.int64)
+        ix, iy = ks[:, 0] - lo[0], ks[:, 1] - lo[1]
+        cell[ix, iy], cnt[ix, iy], tot[ix, iy] = v[:, 0], v[:, 1], v[:, 2]
+        self._grid = (int(lo[0]), int(lo[1]), cell, cnt, tot)
+        return self._grid
+
+    def lookup_many(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``lookup`` of every point of arrays ``x``, ``y`` (m, any shape): (majority cell, its
+        count, purity) arrays; unknown tiles give (-1, 0, 0). Array work on a dense mirror of
+        the tiles, kept up to date by ``add_xy``."""
+        kx = np.floor(x / self.tile_m)
+        ky = np.floor(y / self.tile_m)
+        g = self._grid or self._build_grid()
+        if g is None:
+            if not self._maj:
+                return np.full(x.shape, -1, np.int64), np.zeros(x.shape, np.int64), np.zeros(x.shape)
+            out = [self.lookup(a, b) for a, b in zip(x.ravel().tolist(), y.ravel().tolist())]
+            return (np.array([o[0] for o in out], np.int64).reshape(x.shape),
+                    np.array([o[1] for o in out], np.int64).reshape(x.shape),
+                    np.array([o[2] for o in out], np.float64).reshape(x.shape))
+        ox, oy, cell, cnt, tot = g
+        fin = np.isfinite(kx) & np.isfinite(ky)
+        ix = np.where(fin, kx, 0).astype(np.int64) - ox
+        iy = np.where(fin, ky, 0).astype(np.int64) - oy
+        inside = fin & (ix >= 0) & (ix < cell.shape[0]) & (iy >= 0) & (iy < cell.shape[1])
+        ix, iy = np.where(inside, ix, 0), np.where(inside, iy, 0)
+        c = np.where(inside, cell[ix, iy], -1)
+        n = np.where(inside, cnt[ix, iy], 0)
+        return c, n, np.where(c >= 0, n / tot[ix, iy], 0.0)
 
     def lookup(self, x: float, y: float) -> tuple[int, int, float]:
         m = self._maj.get(self._key(x, y))
@@ -146,13 +200,26 @@ class TransitionModel:
         self.beta = backoff_weight
         self.n1: dict[int, Counter] = defaultdict(Counter)
         self.n2: dict[tuple[int, int], Counter] = defaultdict(Counter)
+        self._memo: dict[tuple[int, int], dict[int, float]] = {}   # probs, cleared on any change
 
     def add(self, prev: int, src: int, dst: int, n: int = 1) -> None:
         self.n1[src][dst] += n
         if prev >= 0:
             self.n2[(prev, src)][dst] += n
+        self._memo.clear()
+
+    def probs_cached(self, serving: int, previous: int = -1) -> dict[int, float]:
+        """``probs`` memoised until the counts change (do not modify the dict returned)."""
+        k = (serving, previous if previous >= 0 else -1)
+        p = self._memo.get(k)
+        if p is None:
+            if len(self._memo) > 100_000:
+                self._memo.clear()
+            p = self._memo[k] = self.probs(serving, previous)
+        return p
 
     def merge(self, other: "TransitionModel", sign: int = 1) -> None:
+        self._memo.clear()
         for a, c in other.n1.items():
             for b, n in c.items():
                 self.n1[a][b] += sign * n
@@ -255,6 +322,57 @@ class HandoverPlaces:
         d = float(np.median(al[near & (tg == target)]))
         return max(d, 0.0), int(target), votes / int(near.sum()), int(near.sum())
 
+    def ahead_many(self, source: np.ndarray, x: np.ndarray, y: np.ndarray, heading: np.ndarray,
+                   lateral_m: float, max_dheading: float, behind_m: float, reach_m: np.ndarray,
+                   cluster_m: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``ahead`` for U UEs at once (arrays of shape (U,)): (found, distance m, target, vote
+        share, events). Array work per distinct source cell over (UEs of it, its places); ties
+        of the vote go to the target met first among the places, as ``ahead``."""
+        U = len(source)
+        found = np.zeros(U, bool)
+        dist, share = np.zeros(U), np.zeros(U)
+        target, nev = np.full(U, -1, np.int64), np.zeros(U, np.int64)
+        if U == 0:
+            return found, dist, target, share, nev
+        order = np.argsort(source, kind="stable")
+        cells, starts = np.unique(source[order], return_index=True)
+        bounds = list(starts[1:]) + [U]
+        for cell, a, b in zip(cells.tolist(), starts.tolist(), bounds):
+            xs, ys, hs, ts = self._arrays(cell)
+            if xs.size == 0:
+                continue
+            u = order[a:b]
+            hr = np.radians(heading[u])[:, None]
+            ux, uy = np.sin(hr), np.cos(hr)
+            dx, dy = xs[None, :] - x[u, None], ys[None, :] - y[u, None]
+            along = dx * ux + dy * uy
+            lat = np.abs(dx * uy - dy * ux)
+            dh = np.abs((hs[None, :] - heading[u, None] + 180.0) % 360.0 - 180.0)
+            ok = (lat <= lateral_m) & (dh <= max_dheading) & (along >= -behind_m) & (along <= reach_m[u, None])
+            any_ok = ok.any(axis=1)
+            if not any_ok.any():
+                continue
+            u, ok, along = u[any_ok], ok[any_ok], along[any_ok]
+            amin = np.where(ok, along, np.inf).min(axis=1)
+            near = ok & (along <= amin[:, None] + cluster_m)
+            tcell, tinv = np.unique(ts, return_inverse=True)
+            E = len(ts)
+            onehot = tinv[None, :] == np.arange(len(tcell))[:, None]                   # (T, E)
+            hit = near[:, None, :] & onehot[None, :, :]                                # (G, T, E)
+            votes = hit.sum(axis=2)
+            first = np.where(hit, np.arange(E), E).min(axis=2)
+            best = np.argmax(votes * (E + 1) - first, axis=1)                          # most votes, then first met
+            g = np.arange(len(u))
+            sel = near & (ts[None, :] == tcell[best][:, None])
+            d = nanmedian_last(np.where(sel, along, np.nan))
+            nn = near.sum(axis=1)
+            found[u] = True
+            dist[u] = np.maximum(d, 0.0)
+            target[u] = tcell[best]
+            share[u] = votes[g, best] / nn
+            nev[u] = nn
+        return found, dist, target, share, nev
+
     def copy(self) -> "HandoverPlaces":
         p = HandoverPlaces()
         for k, c in self.events.items():
@@ -332,8 +450,9 @@ class Knowledge:
     nrt: NeighbourRelations = field(default_factory=NeighbourRelations)
     places: HandoverPlaces = field(default_factory=HandoverPlaces)
     max_dr_m: float = 200.0
-    # online state per UE: (previous report, cell before the current serving, last fix)
-    _ue: dict[str, tuple[MeasurementReport, int, tuple | None]] = field(default_factory=dict, repr=False)
+    # online state per UE: (previous report's time, its serving cell, the cell before the
+    # current serving, last fix (t, lat, lon, speed, heading) or None); freed by ``forget``
+    _ue: dict[str, tuple[float, int, int, tuple | None]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def create(cls, tile_m: float = 35.0, smoothing: float = 0.5, backoff_weight: float = 1.0) -> "Knowledge":
@@ -378,13 +497,13 @@ class Knowledge:
             self.trans.add(prev_cell, h.source_cell, h.target_cell)
             prev_cell = h.source_cell
         for i, r in enumerate(reps):
-            self._learn_ids(r, reps[i - 1] if i else None)
+            self._learn_ids(r, reps[i - 1].serving_cell if i else None)
 
-    def _learn_ids(self, r: MeasurementReport, prev: MeasurementReport | None) -> None:
+    def _learn_ids(self, r: MeasurementReport, prev_cell: int | None) -> None:
         if r.serving_pci >= 0:
             self.nrt.add_serving(r.serving_pci, r.serving_cell)
-            if prev is not None and prev.serving_cell != r.serving_cell:
-                self.nrt.add(prev.serving_cell, r.serving_pci, r.serving_cell)
+            if prev_cell is not None and prev_cell != r.serving_cell:
+                self.nrt.add(prev_cell, r.serving_pci, r.serving_cell)
         for nb in r.neighbours:
             if nb.cell_id >= 0 and nb.pci >= 0:
                 self.nrt.add(r.serving_cell, nb.pci, nb.cell_id)
@@ -392,27 +511,36 @@ class Knowledge:
     def observe(self, r: MeasurementReport) -> None:
         """Online learning from one new report of a UE (causal). Call for every report."""
         st = self._ue.get(r.ue_id)
-        prev, before, fix = (st if st is not None else (None, -1, None))
+        prev_t, prev_cell, before, fix = (st if st is not None else (math.nan, None, -1, None))
         if r.lat == r.lat and r.lon == r.lon and (fix is None or (r.lat, r.lon) != (fix[1], fix[2])):
             self.assoc.add_latlon(r.lat, r.lon, r.serving_cell)
             fix = (r.time, r.lat, r.lon, r.speed_mps, r.heading_deg)
-        if prev is not None and prev.serving_cell != r.serving_cell:
-            self.trans.add(before, prev.serving_cell, r.serving_cell)
-            before = prev.serving_cell
+        if prev_cell is not None and prev_cell != r.serving_cell:
+            self.trans.add(before, prev_cell, r.serving_cell)
+            before = prev_cell
             if fix is not None and self.assoc.frame is not None and fix[3] == fix[3] and fix[4] == fix[4]:
                 # dead-reckon from the last fix to the handover (causal)
                 x0, y0 = self.assoc.frame.xy(fix[1], fix[2])
-                d = min(fix[3] * max(0.0, 0.5 * (r.time + prev.time) - fix[0]), self.max_dr_m)
+                d = min(fix[3] * max(0.0, 0.5 * (r.time + prev_t) - fix[0]), self.max_dr_m)
                 hr = math.radians(fix[4])
-                self.places.add(prev.serving_cell, r.serving_cell, float(x0) + d * math.sin(hr),
+                self.places.add(prev_cell, r.serving_cell, float(x0) + d * math.sin(hr),
                                 float(y0) + d * math.cos(hr), float(fix[4]))
-        self._learn_ids(r, prev)
-        self._ue[r.ue_id] = (r, before, fix)
+        self._learn_ids(r, prev_cell)
+        self._ue[r.ue_id] = (r.time, r.serving_cell, before, fix)
 
     def previous_cell(self, ue_id: str) -> int:
         """The cell that served ``ue_id`` before the current one, as seen online (-1 unknown)."""
         st = self._ue.get(ue_id)
-        return st[1] if st else -1
+        return st[2] if st else -1
+
+    def forget(self, ue_id: str) -> None:
+        """Drop the online state of a UE that left (what it taught the maps stays)."""
+        self._ue.pop(ue_id, None)
+
+    @property
+    def ues(self) -> int:
+        """UEs with online state."""
+        return len(self._ue)
 
     def merge(self, other: "Knowledge", sign: int = 1) -> None:
         self.assoc.merge(other.assoc, sign)
