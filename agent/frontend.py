@@ -79,7 +79,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent.obs import RELAYED_TOKENS, SESSIONS, get_logger
-from agent.schemes import scheme_name, scheme_value
+from pallas_common.schemes import scheme_name, scheme_value
 from agent.session import SamplingSpec, Session, SessionState, new_session_id
 from pallas_common.aio import cancel_and_wait
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import json
 import time
 import uuid
@@ -28,29 +27,9 @@ import httpx
 import structlog
 
 from pallas_common.aio import cancel_and_wait
+from pallas_common.schemes import SessionState
 
 log = structlog.get_logger("pallas.agent.session")
-
-
-class SessionState(str, enum.Enum):
-    """Life cycle of a session at one agent.
-
-    Source side: ``SERVING`` -> ``MIGRATING`` (trigger: prefix sent, suffix streaming) ->
-    ``HANDED_OVER`` (commit: the target serves it now). A cancel goes back to ``SERVING``.
-    Target side: ``PREPARING`` (admitted, prefix warm-up running, blocks buffering) ->
-    ``RESUMED`` (Sync done: its resumed request runs in this agent's vLLM).
-    Either side ends in ``FINISHED`` (the request completed) or ``FAILED``.
-    """
-
-    NEW = "new"
-    SERVING = "serving"
-    MIGRATING = "migrating"
-    COMMITTING = "committing"
-    HANDED_OVER = "handed_over"
-    PREPARING = "preparing"
-    RESUMED = "resumed"
-    FINISHED = "finished"
-    FAILED = "failed"
 
 
 @dataclasses.dataclass
@@ -124,6 +103,7 @@ class Session:
     finish_reason: str | None = None
     resumed_from: int = 0
     reused_tokens: int | None = None
+    ended_at: float = 0.0  # time.time() when the agent first saw it done (the janitor's clock)
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Engine bookkeeping (not part of the session's identity).
     frozen_at: int | None = None  # output length at which appends pause (commit point)
@@ -151,6 +131,11 @@ class Session:
     def remaining_min_tokens(self) -> int:
         """``min_tokens`` still owed (>= 0)."""
         return max(0, self.sampling.min_tokens - len(self.output_token_ids))
+
+    @property
+    def request_done(self) -> bool:
+        """True when this agent's request for the session has ended (or never started)."""
+        return self._task is not None and self._task.done()
 
     @property
     def done(self) -> bool:

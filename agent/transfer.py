@@ -133,6 +133,7 @@ class PeerHandler(Protocol):
     def on_block(self, blk: Block | pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str: ...
     async def on_sync(self, req: pallas_pb2.SyncRequest) -> pallas_pb2.SyncReply: ...
     async def on_release(self, req: pallas_pb2.ReleaseRequest) -> pallas_pb2.ReleaseReply: ...
+    async def on_progress(self, req: pallas_pb2.ProgressRequest) -> pallas_pb2.ProgressReply: ...
 
 
 class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
@@ -219,6 +220,13 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
         except Exception as exc:
             log.exception("release_failed", session=request.session_id, epoch=request.epoch)
             return pallas_pb2.ReleaseReply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
+
+    async def Progress(self, request, context):  # noqa: N802
+        try:
+            return await self.handler.on_progress(request)
+        except Exception as exc:
+            log.exception("progress_failed", session=request.session_id, epoch=request.epoch)
+            return pallas_pb2.ProgressReply(status=pallas_pb2.STATUS_ERROR)
 
 
 class BlockStream:
@@ -373,9 +381,15 @@ class PeerClient:
         """Prepare (admission + prefix warm-up start). Raises grpc.aio.AioRpcError."""
         return await self.stub.Prepare(req, timeout=self.timeout_s)
 
-    async def sync(self, req: pallas_pb2.SyncRequest) -> pallas_pb2.SyncReply:
+    async def sync(self, req: pallas_pb2.SyncRequest,
+                   timeout_s: float | None = None) -> pallas_pb2.SyncReply:
         """Sync (the target resumes the request). Raises grpc.aio.AioRpcError."""
-        return await self.stub.Sync(req, timeout=self.timeout_s)
+        return await self.stub.Sync(req, timeout=timeout_s or self.timeout_s)
+
+    async def progress(self, req: pallas_pb2.ProgressRequest,
+                       timeout_s: float | None = None) -> pallas_pb2.ProgressReply:
+        """Progress of a prepared attempt at the peer. Raises grpc.aio.AioRpcError."""
+        return await self.stub.Progress(req, timeout=timeout_s or self.timeout_s)
 
     async def release(self, req: pallas_pb2.ReleaseRequest,
                       timeout_s: float | None = None) -> pallas_pb2.ReleaseReply:
