@@ -73,7 +73,9 @@ def _serving(m, sid="s", n_prompt=40, outputs=(5, 6, 7), max_tokens=50):
 class Target:
     """A PeerTransfer handler: admits (or refuses) everything and records what it gets."""
 
-    def __init__(self, refuse_prepare=False, sync_status=pb.STATUS_OK, progress=None):
+    def __init__(self, refuse_prepare=False, sync_status=pb.STATUS_OK, progress=None,
+                 sync_delay_s=0.0):
+        self.sync_delay_s = sync_delay_s
         self.refuse_prepare = refuse_prepare
         self.sync_status = sync_status
         self.progress = progress
@@ -90,6 +92,7 @@ class Target:
 
     async def on_sync(self, req):
         self.calls.append(("sync", req))
+        await asyncio.sleep(self.sync_delay_s)
         return pb.SyncReply(status=self.sync_status, reused_tokens=40, blocks_received=1,
                             bytes_received=65536, message="" if self.sync_status == pb.STATUS_OK
                             else "resume failed")
@@ -359,15 +362,19 @@ def test_a_commit_the_target_refuses_or_fails_is_not_ok_and_the_source_serves_on
     assert s.output_token_ids == [5, 6, 7, 8] and r.state == "serving"
 
 
-def test_commit_to_a_dead_target_returns_within_its_deadline():
+def test_a_target_that_hangs_freezes_the_source_no_longer_than_the_commit_deadline():
+    """Issue 12 fault 6: the Sync used to wait out a fixed 60 s RPC timeout, session frozen."""
     async def run():
         m, hub, eng = _engine(commit_deadline_s=0.5)
+        server, tgt = await _served(Target(sync_delay_s=30.0))
         s = _serving(m)
-        dead = pb.PeerEndpoint(agent_id="x", address="10.255.255.1:9")   # black hole
         t0 = asyncio.get_running_loop().time()
-        r = await m.commit("s", 1, dead, pb.SCHEME_FULL_COPY)
-        took = asyncio.get_running_loop().time() - t0
-        await m.close()
+        try:
+            r = await m.commit("s", 1, tgt, pb.SCHEME_FULL_COPY)
+        finally:
+            took = asyncio.get_running_loop().time() - t0
+            await m.close()
+            await server.stop(0)
         return r, s, took
 
     r, s, took = asyncio.run(run())
