@@ -257,8 +257,10 @@ class BlockStream:
             blk = await self._q.get()
             if blk is None:
                 return
-            await self.client.bucket.acquire(len(blk.data))
+            # B counts the time spent sending (the link limit's wait included), never the
+            # wait for the next block to exist: it starts once a block is here.
             t0 = time.monotonic()
+            await self.client.bucket.acquire(len(blk.data))
             yield blk
             self.blocks_sent += 1
             self.bytes_sent += len(blk.data)
@@ -326,8 +328,8 @@ class BlockStream:
 @dataclass
 class _Goodput:
     bytes: int = 0
-    busy_s: float = 0.0
     ewma: float = 0.0
+    measured_at: float = 0.0  # time.time() of the last real measurement
 
 
 class PeerClient:
@@ -352,15 +354,17 @@ class PeerClient:
             STREAM_BLOCKS_METHOD, request_serializer=encode_block,
             response_deserializer=pallas_pb2.StreamAck.FromString)
         self._gp = _Goodput()
-        self._last_t: float | None = None
 
     def _account(self, nbytes: int, t0: float) -> None:
+        """One block of ``nbytes`` handed to gRPC, its sending started at ``t0`` (monotonic):
+        it was sent at nbytes / (now - t0); gRPC pulls the next block only when the transport
+        took this one, so the interval covers sending and excludes waiting for blocks."""
         now = time.monotonic()
         self._gp.bytes += nbytes
-        if self._last_t is not None and now > self._last_t:
-            rate = nbytes / (now - self._last_t)
+        if now > t0:
+            rate = nbytes / (now - t0)
             self._gp.ewma = rate if self._gp.ewma == 0 else 0.7 * self._gp.ewma + 0.3 * rate
-        self._last_t = now
+            self._gp.measured_at = time.time()
 
     @property
     def goodput_bytes_per_s(self) -> float:
@@ -375,7 +379,8 @@ class PeerClient:
     def telemetry(self, agent_id: str = "") -> pallas_pb2.PeerTelemetry:
         """PeerTelemetry for the Telemetry stream."""
         return pallas_pb2.PeerTelemetry(agent_id=agent_id, goodput_bytes_per_s=self._gp.ewma,
-                                        bytes_sent=self._gp.bytes)
+                                        bytes_sent=self._gp.bytes,
+                                        measured_at=self._gp.measured_at)
 
     async def prepare(self, req: pallas_pb2.PrepareRequest) -> pallas_pb2.PrepareReply:
         """Prepare (admission + prefix warm-up start). Raises grpc.aio.AioRpcError."""

@@ -166,7 +166,10 @@ class MigrationEngine(SourceRole, TargetRole):
         self.outbound: dict[str, Outbound] = {}
         self.inbound: dict[str, Inbound] = {}
         self.session_schemes: dict[str, int] = {}
+        # r_p: the agent's measured prefill rate (app: the vLLM scraper's), and the hook that
+        # feeds it each warm-up this agent ran as a target (a prefill under the present load).
         self.prefill_rate: Callable[[], float] = lambda: 0.0
+        self.observe_prefill: Callable[[int, float], None] = lambda tokens, seconds: None
         self.warmup_rate = Ewma(0.3)
         self._claims: dict[tuple[str, int], asyncio.Future] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -343,7 +346,7 @@ class MigrationEngine(SourceRole, TargetRole):
             s.epoch = epoch
             split = None
             if spec.commit_split == "ctho":
-                split = self._ctho(s, actual_target)
+                split = await self._ctho(s, actual_target)
             deadline = time.monotonic() + self.cfg.commit_deadline_s
             s.freeze(ue_tokens)
             back = s.state
@@ -372,13 +375,21 @@ class MigrationEngine(SourceRole, TargetRole):
 
         return await self._once("commit", session_id, epoch, work, allow_closed=("cancelled",))
 
-    def _ctho(self, s: Session, target: pallas_pb2.PeerEndpoint) -> int:
-        """ctHO's split p (model.md section 6) from the measured rates; 0 without them."""
+    async def _ctho(self, s: Session, target: pallas_pb2.PeerEndpoint) -> int:
+        """ctHO's split p (model.md section 6) with the *target's* measured r_p (asked with a
+        Progress call; this agent's, then the default, when it does not say) and the measured
+        goodput to it; 0 (ship everything) without a model identity."""
+        client = self.peers.get(target)
+        try:
+            r_p = (await client.progress(pallas_pb2.ProgressRequest(session_id=s.session_id),
+                                         timeout_s=min(1.0, self.cfg.rpc_timeout_s))).prefill_rate
+        except Exception as exc:  # noqa: BLE001 - an unreachable target fails at Prepare
+            log.info("target_rate_unknown", session=s.session_id, error=repr(exc))
+            r_p = 0.0
+        r_p = r_p or self.prefill_rate() or self.cfg.default_prefill_rate
         try:
             ident = self.identity()
-            r_p = self.prefill_rate() or self.cfg.default_prefill_rate
-            goodput = (self.peers.get(target).goodput_bytes_per_s
-                       or self.peers.get(target).bucket.rate or 1e9)
+            goodput = client.goodput_bytes_per_s or client.bucket.rate or 1e9
             return int(ctho_split(s.num_tokens, int(ident.block_size), r_p,
                                   float(ident.kv_bytes_per_token), goodput)[0])
         except (ValueError, RuntimeError) as exc:

@@ -111,6 +111,7 @@ class TargetRole:
         took = time.monotonic() - inb.t_warmup
         if took > 0:
             self.warmup_rate.update(len(prefix) / took)
+            self.observe_prefill(len(prefix), took)
 
     def on_block(self, blk: Block | pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str:
         """Store one streamed block: "ok", "stale" (no attempt of that epoch), "bad" (CRC),
@@ -146,16 +147,17 @@ class TargetRole:
         return verdict
 
     async def on_progress(self, req: pallas_pb2.ProgressRequest) -> pallas_pb2.ProgressReply:
-        """How far a prepared attempt got (for the source's commit-time choice).
+        """How far a prepared attempt got (for the source's commit-time choice), and this
+        agent's r_p (measured from its warm-ups, else its own prefill figures).
 
         L_done is the whole prefix once the warm-up finished; before that it is estimated
         from the time the warm-up has run at this agent's measured r_p (0 if unmeasured).
         """
-        inb = self.inbound.get(req.session_id)
-        if inb is None or inb.epoch != req.epoch:
-            return pallas_pb2.ProgressReply(status=S.STATUS_UNKNOWN_SESSION)
-        inb.touched = time.monotonic()
         r_p = self.warmup_rate.value or self.prefill_rate()
+        inb = self.inbound.get(req.session_id)
+        if inb is None or inb.epoch != req.epoch:  # still says this agent's r_p (ctHO's split)
+            return pallas_pb2.ProgressReply(status=S.STATUS_UNKNOWN_SESSION, prefill_rate=r_p)
+        inb.touched = time.monotonic()
         done = inb.warmup is None or (inb.warmup.done() and not inb.warmup.cancelled()
                                       and inb.warmup.exception() is None)
         l_done = inb.prefix_len if done else min(

@@ -226,30 +226,34 @@ class SessionTelemetry(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., ue_id: _Optional[str] = ..., tokens: _Optional[int] = ..., decode_rate: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., state: _Optional[str] = ..., epoch: _Optional[int] = ..., remaining_tokens: _Optional[int] = ...) -> None: ...
 
 class PeerTelemetry(_message.Message):
-    __slots__ = ("agent_id", "goodput_bytes_per_s", "bytes_sent", "rtt_s")
+    __slots__ = ("agent_id", "goodput_bytes_per_s", "bytes_sent", "rtt_s", "measured_at")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     RTT_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     goodput_bytes_per_s: float
     bytes_sent: int
     rtt_s: float
-    def __init__(self, agent_id: _Optional[str] = ..., goodput_bytes_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., rtt_s: _Optional[float] = ...) -> None: ...
+    measured_at: float
+    def __init__(self, agent_id: _Optional[str] = ..., goodput_bytes_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., rtt_s: _Optional[float] = ..., measured_at: _Optional[float] = ...) -> None: ...
 
 class ServerTelemetry(_message.Message):
-    __slots__ = ("model", "prefill_rate", "free_kv_blocks", "total_kv_blocks", "decode_rate")
+    __slots__ = ("model", "prefill_rate", "free_kv_blocks", "total_kv_blocks", "decode_rate", "prefill_rate_measured_at")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PREFILL_RATE_FIELD_NUMBER: _ClassVar[int]
     FREE_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DECODE_RATE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_RATE_MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
     model: ModelIdentity
     prefill_rate: float
     free_kv_blocks: int
     total_kv_blocks: int
     decode_rate: float
-    def __init__(self, model: _Optional[_Union[ModelIdentity, _Mapping]] = ..., prefill_rate: _Optional[float] = ..., free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., decode_rate: _Optional[float] = ...) -> None: ...
+    prefill_rate_measured_at: float
+    def __init__(self, model: _Optional[_Union[ModelIdentity, _Mapping]] = ..., prefill_rate: _Optional[float] = ..., free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., decode_rate: _Optional[float] = ..., prefill_rate_measured_at: _Optional[float] = ...) -> None: ...
 
 class TelemetryReport(_message.Message):
     __slots__ = ("agent_id", "time", "server", "sessions", "peers")

@@ -15,7 +15,7 @@ from agent.migration.states import TERMINAL, TRANSITIONS, IllegalTransition, Sou
 from agent.session import SamplingSpec, Session, SessionState, SessionStore
 from agent.transfer import serve_peer_transfer
 from pallas_common.schemes import SCHEMES, scheme_name, scheme_value
-from pallas_common.timing import HandoverState, commit_choice
+from pallas_common.timing import HandoverState, commit_choice, ctho_split
 
 IDENT = pb.ModelIdentity(model="tiny", weights_digest="ab", dtype="float32",
                          kv_cache_dtype="auto", block_size=32, backend="cpu/CPU_ATTN/vec",
@@ -471,3 +471,51 @@ def test_commit_block_wait_ends_with_the_request_not_at_a_poll_timeout():
         assert loop.time() - t0 < 0.3 and out.tail.idx == 2 and not s._task.done()
         s._task.cancel()
     asyncio.run(run())
+
+
+def test_ctho_split_uses_the_targets_measured_prefill_rate():
+    """Issue 13 item 3: the split used the source's (never written, 5,000 tokens/s) rate."""
+    async def run():
+        m, hub, eng = _engine()
+        m.prefill_rate = lambda: 1e6                    # the source prefills fast
+        target = Target(progress=pb.ProgressReply(status=pb.STATUS_UNKNOWN_SESSION,
+                                                  prefill_rate=50.0))
+        server, tgt = await _served(target)
+        m.peers.get(tgt).bucket.rate = 65536.0 * 4     # B: 4 blocks/s
+        s = _serving(m, n_prompt=300, outputs=())
+        try:
+            r = await m.commit("s", 1, tgt, "ctho")
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        want, _ = ctho_split(300, 32, 50.0, 2048.0, 65536.0 * 4)
+        assert sync.split_tokens == want and want < ctho_split(300, 32, 1e6, 2048.0, 65536.0 * 4)[0]
+    asyncio.run(run())
+
+
+def test_goodput_counts_time_spent_sending_not_waiting_for_blocks():
+    """Issue 13 item 3: B was bytes over the gap between sends (the decode rate, here 5
+    blocks/s); over loopback the link itself is far faster."""
+    from agent.transfer import PeerClient
+
+    async def run():
+        server, tgt = await _served(Target())
+        client = PeerClient(tgt.address)
+        stream = client.open_stream("s", 1)
+        data = b"\x01" * 65536
+        for i in range(4):
+            stream.send(pb.KVBlock(session_id="s", epoch=1, block_index=i, fill=32,
+                                   checksum=block_crc(data), data=data))
+            await asyncio.sleep(0.2)
+        await stream.finish(5)
+        b = client.goodput_bytes_per_s
+        measured_at = client.telemetry("t").measured_at
+        await client.close()
+        await server.stop(0)
+        return b, measured_at
+
+    b, measured_at = asyncio.run(run())
+    assert b > 20 * 65536 / 0.2, b       # not 65536 B / 0.2 s
+    assert measured_at > 0
