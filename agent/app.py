@@ -285,6 +285,7 @@ class Agent:
         self._digest = ""
         self._uvicorn: list[Any] = []
         self._tasks: list[asyncio.Task] = []
+        self._stopped = False
 
     @property
     def endpoint(self) -> pallas_pb2.PeerEndpoint:
@@ -481,7 +482,10 @@ class Agent:
             return None
 
     async def stop(self) -> None:
-        """Stop everything this agent started (vLLM too, if it launched it)."""
+        """Stop everything this agent started (vLLM too, if it launched it); idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
         for svc in ("", CONTROL_SERVICE):
             with contextlib.suppress(Exception):
                 await self.health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)

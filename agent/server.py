@@ -134,7 +134,7 @@ class VLLMServer:
         if env.get("PYTHONPATH"):
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(paths)
-        env["VLLM_CPU_KVCACHE_SPACE"] = ""  # the size is --kv-cache-memory-bytes (fractions)
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the size is --kv-cache-memory-bytes (fractions)
         env["VLLM_CPU_OMP_THREADS_BIND"] = self.cfg.omp_threads_bind
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         env.update(self.cfg.env)

@@ -47,6 +47,9 @@ class FakeEngine:
         s._task = asyncio.get_running_loop().create_task(run())
         return s._task
 
+    async def close(self) -> None:
+        pass
+
     async def abort(self, s: Session) -> None:
         t = s._task
         if t is not None and not t.done():

@@ -15,6 +15,7 @@ from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc
 
 import agent.app
+import agent.models
 from agent.app import Agent, parse_args
 from agent.obs import configure_logging
 from agent.session import SessionStore
@@ -94,6 +95,63 @@ def test_attach_refuses_a_vllm_with_tensor_parallelism():
             session.Engine.health = orig
             await a.engine.close()
     asyncio.run(go())
+
+
+def test_agent_serves_control_health_front_metrics(monkeypatch, capsys):
+    """The whole agent wired by agent.app.Agent, vLLM replaced by a fake engine and the peer
+    by a recording target: health, a UE session over the front, a Commit with the session's
+    own scheme, the Telemetry stream, /metrics and JSON logs."""
+    from test_engine import Target, _served
+
+    async def fake_attach(self, url, timeout_s=None):
+        self.vllm_url = url
+        self.engine = self.migration.engine = fk.FakeEngine()
+        self.hub.sched_info = {"block_size": 32, "free_blocks": 100, "num_blocks": 120}
+        self.hub.worker_info = {"block_bytes": 65536, "num_layers": 2, "model_dtype": "float32"}
+
+    monkeypatch.setattr(Agent, "attach", fake_attach)
+    monkeypatch.setattr(agent.models, "weights_digest", lambda model: "d1")
+    cp, fp = free_port(), free_port()
+    cfg = parse_args(["--model", "/m/fake", "--vllm-url", "http://127.0.0.1:1", "--agent-id", "a",
+                      "--control-port", str(cp), "--front-port", str(fp), "--peer-port", "0",
+                      "--host", "127.0.0.1", "--probe-prefill-tokens", "0"])
+    configure_logging("INFO", json=True)
+
+    async def go():
+        target = Target()
+        server, tgt = await _served(target)
+        app = Agent(cfg)
+        await app.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{cp}") as ch:
+                h = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="pallas.v1.Control"))
+                ctl = pallas_pb2_grpc.ControlStub(ch)
+                async with httpx.AsyncClient() as c:
+                    r = await c.post(f"http://127.0.0.1:{fp}/v1/sessions",
+                                     json={"ue_id": "u", "prompt_token_ids": [1, 2, 3], "max_tokens": 400,
+                                           "stream": False, "scheme": "full-copy"})
+                    sid = r.json()["session_id"]
+                    await asyncio.sleep(0.05)
+                    c1 = await ctl.Commit(pb.CommitRequest(session_id=sid, epoch=1, actual_target=tgt))
+                    rep = None
+                    async for rep in ctl.Telemetry(pb.TelemetryRequest(period_ms=20)):
+                        break
+                    metrics = (await c.get(f"http://127.0.0.1:{fp}/metrics")).text
+            return h, c1, rep, metrics, target
+        finally:
+            await app.stop()
+            await server.stop(0)
+
+    h, c1, rep, metrics, target = asyncio.run(asyncio.wait_for(go(), 30))
+    assert h.status == health_pb2.HealthCheckResponse.SERVING
+    assert c1.status == pb.STATUS_OK and c1.scheme == pb.SCHEME_FULL_COPY, c1  # the session's own
+    (sync,) = [x[1] for x in target.calls if x[0] == "sync"]
+    assert sync.split_tokens == 0 and sync.scheme == pb.SCHEME_FULL_COPY
+    assert rep.agent_id == "a" and rep.server.model.model == "fake" and rep.server.model.weights_digest == "d1"
+    assert "pallas_kv_blocks_held 0.0" in metrics and "pallas_control_calls_total" in metrics
+    lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
+    commits = [x for x in lines if x.get("event") == "control_reply" and x.get("method") == "commit"]
+    assert commits and commits[0]["epoch"] == 1 and commits[0]["session"]
 
 
 def test_local_agent_keeps_the_vllm_log_beside_its_own():
