@@ -150,7 +150,7 @@ class Session:
             return 0.0
         return (len(times) - 1) / (times[-1] - times[0])
 
-    # ---- producer side (Engine, Migrator) ----------------------------------------------
+    # ---- producer side (Engine, migration engine)-------------------------------------------
     def _event(self) -> asyncio.Event:
         if self._changed is None:
             self._changed = asyncio.Event()

@@ -1,7 +1,7 @@
 """The peer data plane between agents (PeerTransfer gRPC service, paper §4.3).
 
 - :class:`PeerTransferService`: the target side, a grpc.aio servicer that hands each call to a
-  handler (the agent's :class:`agent.migration.Migrator`): Prepare (admission: ModelIdentity and
+  handler (the agent's :class:`agent.migration.MigrationEngine`): Prepare (admission: ModelIdentity and
   free KV memory; starts the prefix warm-up), StreamBlocks (suffix KV blocks, each with its
   CRC-32C; blocks of an old epoch are dropped), Sync (token ids, tail block, remaining sampling
   parameters; the target resumes the request) and Release.
@@ -127,7 +127,7 @@ def identity_mismatch(a: pallas_pb2.ModelIdentity, b: pallas_pb2.ModelIdentity) 
 
 
 class PeerHandler(Protocol):
-    """What the PeerTransfer service delegates to (implemented by the Migrator)."""
+    """What the PeerTransfer service delegates to (implemented by the migration engine)."""
 
     async def on_prepare(self, req: pallas_pb2.PrepareRequest) -> pallas_pb2.PrepareReply: ...
     def on_block(self, blk: Block | pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str: ...
