@@ -32,6 +32,26 @@ from pallas_common.schemes import SessionState
 log = structlog.get_logger("pallas.agent.session")
 
 
+@dataclasses.dataclass(frozen=True)
+class Handover:
+    """Where and how a session left this agent (source side of a commit).
+
+    ``target`` the target's peer address, ``agent_id`` its id, ``n_tokens`` tokens at the
+    commit point, ``t_commit``/``t_synced`` time.time() at the commit's start and when the
+    target accepted the Sync, ``streamed_blocks`` blocks streamed, ``tail`` whether the partial
+    last block was shipped, ``reused_tokens`` tokens the target did not recompute.
+    """
+
+    target: str
+    agent_id: str = ""
+    n_tokens: int = 0
+    t_commit: float = 0.0
+    t_synced: float = 0.0
+    streamed_blocks: int = 0
+    tail: bool = False
+    reused_tokens: int = 0
+
+
 @dataclasses.dataclass
 class SamplingSpec:
     """Sampling parameters of a session, as the OpenAI completions API takes them.
@@ -88,8 +108,13 @@ class Session:
             here).
         reused_tokens: at a resume, tokens whose KV the target did not recompute (local prefix
             cache hit + blocks loaded by the connector); None before a resume.
-        info: free-form per-session facts (e.g. the connector's claim at a resume) for logs and
-            tests.
+        scheme: the scheme pinned for the session, carried from the agent it came from (0: none).
+        claim: the connector's claim report at a resume here (local, external, num_tokens,
+            waited_s, bad); loaded: its report of the blocks it loaded.
+        handover: where and how the session left this agent (:class:`Handover`), source side.
+        cached_tokens: vLLM's prompt tokens served from its prefix cache (usage details).
+        error: why the request failed here ("" if it did not).
+        sit_observed: the target-side handover gap was recorded (agent.obs).
     """
 
     session_id: str
@@ -104,7 +129,14 @@ class Session:
     resumed_from: int = 0
     reused_tokens: int | None = None
     ended_at: float = 0.0  # time.time() when the agent first saw it done (the janitor's clock)
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    scheme: int = 0
+    claim: dict[str, Any] | None = None
+    loaded: dict[str, Any] | None = None
+    handover: "Handover | None" = None
+    cached_tokens: int | None = None
+    error: str = ""
+    sit_observed: bool = False
+    held_finish: str | None = None  # vLLM's finish reason held back while frozen
     # Engine bookkeeping (not part of the session's identity).
     frozen_at: int | None = None  # output length at which appends pause (commit point)
     held_token_ids: list[int] = dataclasses.field(default_factory=list)  # produced past it
@@ -208,7 +240,7 @@ class Session:
         self.frozen_at = None
         if held:
             self.append_tokens(held)
-        fin = self.info.pop("held_finish", None)
+        fin, self.held_finish = self.held_finish, None
         if fin is not None and not self.done:
             self.set_state(SessionState.FINISHED, finish_reason=fin)
 
@@ -384,7 +416,7 @@ class Engine:
                 if usage:
                     details = usage.get("prompt_tokens_details") or {}
                     if details.get("cached_tokens") is not None:
-                        session.info["cached_tokens"] = details["cached_tokens"]
+                        session.cached_tokens = int(details["cached_tokens"])
                 for choice in chunk.get("choices") or []:
                     toks = choice.get("token_ids") or []
                     if toks:
@@ -393,7 +425,7 @@ class Engine:
                         finish = choice["finish_reason"]
         if finish is not None and not session.done:
             if session.frozen_at is not None:
-                session.info["held_finish"] = finish  # published by unfreeze() if it stays here
+                session.held_finish = finish  # published by unfreeze() if it stays here
             else:
                 session.set_state(SessionState.FINISHED, finish_reason=finish)
         return finish
@@ -420,7 +452,7 @@ class Engine:
                 raise
             except Exception as exc:  # the session fails; the agent runs on
                 log.error("generate_failed", session=session.session_id, error=repr(exc))
-                session.info["error"] = repr(exc)
+                session.error = repr(exc)
                 if not session.done:
                     session.set_state(SessionState.FAILED)
                 return None

@@ -73,7 +73,7 @@ async def one(a: AgentNode, b: AgentNode, srv_b: VLLMServer, variant: str, promp
     gap = t.token_times[commit_at] - s.token_times[commit_at - 1]
     return {"variant": variant, "gap_s": gap, "commit_to_first_s": t.token_times[commit_at] - t_commit,
             "n": len(prompt) + commit_at, "split": rep.split_tokens,
-            "claim": t.info.get("claim", {}), "tokens": list(t.output_token_ids)}
+            "claim": t.claim or {}, "tokens": list(t.output_token_ids)}
 
 
 async def main_async(args) -> None:

@@ -216,7 +216,7 @@ class MigrationEngine(SourceRole, TargetRole):
         if session_id in self.session_schemes:
             return self.session_schemes[session_id]
         s = self.sessions.get(session_id)
-        return int(s.info.get("scheme") or 0) if s is not None else 0
+        return s.scheme if s is not None else 0
 
     def scheme_for(self, session_id: str, requested: int | str | None = None) -> int:
         """The call's scheme, else the session's, else the agent default."""
@@ -344,8 +344,17 @@ class MigrationEngine(SourceRole, TargetRole):
                                SessionState.RESUMED, SessionState.FINISHED):
                 return self.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
             s.epoch = epoch
+            use, out = spec, self.outbound.get(session_id)
+            if spec.proactive and not (out is not None and out.live and out.epoch == epoch
+                                       and out.target.address == actual_target.address):
+                # Nothing prepared at this target for this epoch (never triggered, another
+                # target, or the attempt failed since, which the xApp cannot know): ctHO
+                # recovers at the actual target (model.md section 6, fallback).
+                use = SCHEMES[S.SCHEME_CTHO]
+                log.info("commit_fallback_ctho", session=session_id, epoch=epoch,
+                         requested=spec.name)
             split = None
-            if spec.commit_split == "ctho":
+            if use.commit_split == "ctho":
                 split = await self._ctho(s, actual_target)
             deadline = time.monotonic() + self.cfg.commit_deadline_s
             s.freeze(ue_tokens)
@@ -354,23 +363,24 @@ class MigrationEngine(SourceRole, TargetRole):
                 s.set_state(SessionState.COMMITTING)
             try:
                 rep = await self._commit_attempt(s, epoch, actual_target, split,
-                                                 spec.commit_ship, value,
+                                                 use.commit_ship, use.value,
                                                  self.pinned_scheme(session_id), deadline)
             except Exception as exc:  # never leave the source frozen
                 log.exception("commit_error", session=session_id, epoch=epoch)
                 out = self.outbound.get(session_id)
                 if out is not None:
                     await self._abandon(out, "commit error")
-                rep = self.reply(S.STATUS_ERROR, s, epoch, scheme=value, message=repr(exc))
+                rep = self.reply(S.STATUS_ERROR, s, epoch, scheme=use.value, message=repr(exc))
             if rep.status == S.STATUS_OK:
                 self.ledger.entry(session_id, epoch).closed = "committed"
-                MIGRATIONS.labels("source", spec.name, "committed").inc()
+                MIGRATIONS.labels("source", use.name,
+                                  "fallback" if use is not spec else "committed").inc()
             else:
                 s.unfreeze()
                 if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
                     s.set_state(SessionState.SERVING if back != SessionState.RESUMED else back)
                 rep.state = s.state.value
-                MIGRATIONS.labels("source", spec.name, "error").inc()
+                MIGRATIONS.labels("source", use.name, "error").inc()
             return rep
 
         return await self._once("commit", session_id, epoch, work, allow_closed=("cancelled",))

@@ -18,7 +18,7 @@ from pallas_proto import pallas_pb2
 
 from agent.ipc import LocalBlock
 from agent.migration.states import SourceState, check
-from agent.session import Session, SessionState
+from agent.session import Handover, Session, SessionState
 from agent.transfer import BlockStream, PeerClient
 from agent.wire import Block
 from pallas_common.schemes import Ship
@@ -287,7 +287,11 @@ class SourceRole:
         streamed = 0
         if out.stream is not None and shipping:
             streamed = out.run_end((need_end + bs - 1) // bs) - out.first_block
-            self._spawn(out.stream.finish(self.cfg.rpc_timeout_s), f"ack-{sid}")
+            # Close the stream before the Sync so that every block is at the target when it
+            # resumes (the Sync must not overtake blocks in flight); within the deadline.
+            ack = await out.stream.finish(max(0.01, deadline - time.monotonic()))
+            if ack is None:
+                log.warning("stream_not_acked", session=sid, epoch=epoch)
         remaining = 0 if finished_here and not s.held_token_ids else s.remaining_tokens
         sp = s.sampling
         sync = pallas_pb2.SyncRequest(
@@ -315,10 +319,9 @@ class SourceRole:
         self.outbound.pop(sid, None)
         await self.engine.abort(s)
         s.held_token_ids.clear()
-        s.info["handover"] = {"target": target.address, "agent_id": target.agent_id,
-                              "n_tokens": n, "t_commit": t0, "t_synced": time.time(),
-                              "streamed_blocks": streamed, "tail": tail_msg is not None,
-                              "reused_tokens": rep.reused_tokens}
+        s.handover = Handover(target=target.address, agent_id=target.agent_id, n_tokens=n,
+                              t_commit=t0, t_synced=time.time(), streamed_blocks=streamed,
+                              tail=tail_msg is not None, reused_tokens=rep.reused_tokens)
         s.set_state(SessionState.HANDED_OVER)
         log.info("committed", session=sid, epoch=epoch, n_tokens=n, streamed=streamed,
                  tail=tail_msg is not None, reused=rep.reused_tokens,

@@ -221,7 +221,7 @@ class TargetRole:
                           output_token_ids=outputs, token_times=[now] * len(outputs),
                           epoch=epoch, state=SessionState.RESUMED, resumed_from=len(outputs))
         if req.session_scheme:
-            session.info["scheme"] = int(req.session_scheme)  # the UE's pin goes on with it
+            session.scheme = int(req.session_scheme)  # the UE's pin goes on with it
         old = self.sessions.get(sid)
         if old is not None and old._task is not None and not old._task.done():
             await self.engine.abort(old)
@@ -246,7 +246,7 @@ class TargetRole:
                                            resume_s + self.cfg.claim_wait_s)
             reused = int(claim["local"]) + int(claim["external"])
             session.reused_tokens = reused
-            session.info["claim"] = claim
+            session.claim = claim
         except asyncio.TimeoutError:
             log.warning("no_claim_report", session=sid, epoch=epoch)
         finally:
@@ -272,7 +272,7 @@ class TargetRole:
     def _on_loaded(self, hdr: dict) -> None:
         s = self.sessions.get(hdr.get("sid", ""))
         if s is not None:
-            s.info["loaded"] = hdr
+            s.loaded = hdr
 
     async def _drop_inbound(self, inb: Inbound, reason: str) -> int:
         if self.inbound.get(inb.session_id) is inb:

@@ -14,7 +14,7 @@ import socket
 
 import uvicorn
 
-from agent.session import Session, SessionState, SessionStore
+from agent.session import Handover, Session, SessionState, SessionStore
 
 
 def expected_token(prompt: list[int], i: int) -> int:
@@ -67,7 +67,7 @@ def handover(src_store: SessionStore, sid: str, target_id: str, dst_store: Sessi
     t.state = SessionState.RESUMED
     dst_store.add(t)
     dst_engine.start(t)
-    s.info["handed_over_to"] = target_id
+    s.handover = Handover(target=target_id, agent_id=target_id)
     s.set_state(SessionState.HANDED_OVER)
     return t
 

@@ -519,3 +519,21 @@ def test_goodput_counts_time_spent_sending_not_waiting_for_blocks():
     b, measured_at = asyncio.run(run())
     assert b > 20 * 65536 / 0.2, b       # not 65536 B / 0.2 s
     assert measured_at > 0
+
+
+def test_a_proactive_commit_with_nothing_prepared_there_recovers_by_ctho():
+    """The xApp cannot know that a prepared attempt failed since, or was never made: the
+    engine recovers by ctHO at the actual target and says so in the reply."""
+    async def run():
+        m, hub, eng = _engine()
+        target = Target()
+        server, tgt = await _served(target)
+        _serving(m, n_prompt=100)
+        try:
+            r = await m.commit("s", 1, tgt)           # the agent default: pallas
+        finally:
+            await m.close()
+            await server.stop(0)
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        assert r.status == pb.STATUS_OK and r.scheme == pb.SCHEME_CTHO == sync.scheme
+    asyncio.run(run())

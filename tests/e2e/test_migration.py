@@ -165,7 +165,7 @@ async def _finish(node: AgentNode, sid: str, timeout: float = 300.0) -> Session:
     while s.state not in (SessionState.FINISHED, SessionState.FAILED):
         assert time.monotonic() < t_end, "session did not finish"
         await asyncio.sleep(0.05)
-    assert s.state == SessionState.FINISHED, s.info
+    assert s.state == SessionState.FINISHED, s.error
     return s
 
 
@@ -174,7 +174,7 @@ async def _collect(node: AgentNode, sid: str, m: int, timeout: float = 300.0) ->
     s = node.sessions.get(sid)
     assert s is not None, "target holds no session"
     toks = await s.wait_tokens(m - 1, timeout)
-    assert toks, f"session stopped at {len(s.output_token_ids)} tokens: {s.state} {s.info}"
+    assert toks, f"session stopped at {len(s.output_token_ids)} tokens: {s.state} {s.error}"
     await node.engine.abort(s)
     return s
 
@@ -211,7 +211,7 @@ async def _migrate(p: Pair, *, prompt_len: int, trigger_at: int, commit_at: int,
     t = await _collect(p.b, s.session_id, max_tokens)
     n = len(prompt) + t.resumed_from
     return {"ref": ref, "src": s, "tgt": t, "n": n, "split": rep.split_tokens,
-            "claim": t.info.get("claim", {}), "handover": s.info.get("handover", {})}
+            "claim": t.claim or {}, "handover": s.handover}
 
 
 def _check_exact(r: dict) -> None:
@@ -255,7 +255,7 @@ def test_token_exact_continuation(pair: Pair, name: str):
     _check_exact(r)
     _check_claim(r)
     if name == "kv_ends_on_block_boundary":
-        assert r["n"] == 97 and not r["handover"]["tail"]
+        assert r["n"] == 97 and not r["handover"].tail
     if name == "tokens_end_on_block_boundary":
         assert r["n"] % BS == 0
     if name == "suffix_partial_block_only":
@@ -300,7 +300,7 @@ def test_chain_a_to_b_to_a(pair: Pair):
     ref, t, back = pair.lt.run(run())
     assert t.state == SessionState.HANDED_OVER and back.resumed_from == 150
     assert back.output_token_ids[:300] == ref
-    claim = back.info["claim"]
+    claim = back.claim
     assert claim["local"] + claim["external"] == 120 + 150 - 1, claim
 
 
@@ -324,7 +324,7 @@ def test_corrupted_block_is_caught_and_recomputed(pair: Pair):
             t = await _collect(pair.b, s.session_id, 300)
         finally:
             corrupt.clear()
-        return {"ref": ref, "tgt": t, "claim": t.info["claim"]}
+        return {"ref": ref, "tgt": t, "claim": t.claim}
 
     r = pair.lt.run(run())
     _check_exact(r)
@@ -357,7 +357,7 @@ def test_corruption_without_checksum_diverges(pair: Pair):
         return ref, t
 
     ref, t = pair.lt.run(run())
-    assert t.info["claim"]["external"] > 0
+    assert t.claim["external"] > 0
     assert t.output_token_ids[:200] != ref
 
 
