@@ -274,7 +274,7 @@ class SourceRole:
             self._watch_stream(out)
         if shipping:
             # The engine's next step copies out what is missing from the run and the tail.
-            self.hub.export(sid, epoch, min(out.first_block, out.run_end()), stream=True, tail=True)
+            self.hub.export(sid, epoch, out.run_end(), stream=True, tail=True)
             await self._wait_blocks(out, need_end, deadline)
         self.hub.stop_export(sid)
         tail_msg = None
