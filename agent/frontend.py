@@ -79,7 +79,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent.obs import RELAYED_TOKENS, SESSIONS, get_logger
-from agent.schemes import scheme_name, scheme_value
+from pallas_common.schemes import scheme_name, scheme_value
 from agent.session import SamplingSpec, Session, SessionState, new_session_id
 from pallas_common.aio import cancel_and_wait
 
@@ -107,13 +107,8 @@ def _state(s: Session) -> str:
 
 def _moved_to(s: Session) -> str | None:
     """The agent a handed-over session went to (agent id, else the target's peer address)."""
-    ho = s.info.get("handover")
-    if isinstance(ho, dict) and (ho.get("agent_id") or ho.get("target")):
-        return str(ho.get("agent_id") or ho.get("target"))
-    v = s.info.get("handed_over_to")
-    if v:
-        return getattr(v, "agent_id", None) or str(v)
-    return None
+    ho = s.handover
+    return (ho.agent_id or ho.target) if ho is not None else None
 
 
 class SessionFront:

@@ -109,10 +109,6 @@ class BlockStore:
 
     def __init__(self) -> None:
         self._by_sid: dict[str, _SessionBlocks] = {}
-        # Negative-control knob for tests: False stores blocks without checking them (their
-        # checksum is recomputed from the data as received), as a path without end-to-end
-        # checksums would.
-        self.verify = True
         self.num_blocks = 0
         self.num_bytes = 0
 
@@ -129,8 +125,6 @@ class BlockStore:
         if cur is None or epoch > cur.epoch:
             self.drop(sid)
             cur = self._by_sid[sid] = _SessionBlocks(epoch)
-        if not self.verify:
-            crc, crc_ok = block_crc(data), True
         if crc_ok is None:
             crc_ok = block_crc(data) == crc
         if not crc_ok:
@@ -185,7 +179,31 @@ class BlockStore:
         return list(self._by_sid)
 
 
-BlockCallback = Callable[[dict[str, Any], bytes], None]
+@dataclass(frozen=True)
+class LocalBlock:
+    """One block the local worker copied out (source role): the ``block`` message, typed.
+
+    ``idx`` block index, ``fill`` valid tokens in it, ``crc`` CRC-32C of ``data``, ``tail``
+    True for a snapshot of the partial last block, ``computed`` tokens computed when copied.
+    """
+
+    sid: str
+    epoch: int
+    idx: int
+    fill: int
+    crc: int
+    data: bytes
+    tail: bool = False
+    computed: int = 0
+
+    @classmethod
+    def from_message(cls, hdr: dict[str, Any], data: bytes) -> "LocalBlock":
+        """From a ``block`` header and its data frame. Raises KeyError/ValueError if malformed."""
+        return cls(str(hdr["sid"]), int(hdr["epoch"]), int(hdr["idx"]), int(hdr["fill"]),
+                   int(hdr["crc"]), data, bool(hdr.get("tail")), int(hdr.get("computed", 0)))
+
+
+BlockCallback = Callable[[LocalBlock], None]
 
 
 class BlockHub:
@@ -195,7 +213,7 @@ class BlockHub:
         address: ZeroMQ endpoint to bind, e.g. ``"tcp://127.0.0.1:5601"``; port 0 picks a free
             port (read :attr:`address` after :meth:`start`).
 
-    Callbacks (set by the Migrator): ``on_block(header, data)`` for blocks the local worker
+    Callbacks (set by the migration engine): ``on_block(LocalBlock)`` for blocks the local worker
     copied out (source role), ``on_claim(header)`` / ``on_loaded(header)`` for the connector's
     reports at a resume (target role).
     """
@@ -297,6 +315,13 @@ class BlockHub:
         self._to_sched({"t": "drop", "sid": sid})
         return n
 
+    def kv_blocks(self) -> tuple[int, int] | None:
+        """(free, total) KV blocks from the connector's latest report, or None."""
+        st = self.sched_info or {}
+        if "num_blocks" in st and "free_blocks" in st:
+            return int(st["free_blocks"]), int(st["num_blocks"])
+        return None
+
     def kv_stats(self) -> dict[str, Any]:
         """Latest KV-pool stats from the scheduler side (num_blocks, free_blocks, ...)."""
         return dict(self.sched_info or {})
@@ -321,7 +346,7 @@ class BlockHub:
             self.blocks_in += 1
             self.bytes_in += len(payload[0])
             if self.on_block is not None:
-                self.on_block(hdr, payload[0])
+                self.on_block(LocalBlock.from_message(hdr, payload[0]))
         elif t == "fetch":
             out_hdr: list[Any] = []
             frames: list[bytes] = []

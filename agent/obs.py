@@ -205,13 +205,13 @@ register_collector(KV_BLOCKS_HELD)
 def observe_resumed(sessions: Iterable[Any]) -> int:
     """Record ``pallas_sit_seconds`` once for each session resumed here that has produced its
     first own token (attributes of :class:`agent.session.Session`: resumed_from, token_times,
-    info). Returns how many were recorded now."""
+    sit_observed). Returns how many were recorded now."""
     n = 0
     for s in sessions:
         k = getattr(s, "resumed_from", 0)
-        if k <= 0 or s.info.get("sit_observed") or len(s.token_times) <= k:
+        if k <= 0 or s.sit_observed or len(s.token_times) <= k:
             continue
-        s.info["sit_observed"] = True
+        s.sit_observed = True
         SIT_SECONDS.observe(max(0.0, s.token_times[k] - s.token_times[k - 1]))
         n += 1
     return n

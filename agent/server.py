@@ -49,14 +49,16 @@ class ServerConfig:
         port: HTTP port (0 = pick a free one).
         agent_address: the agent's BlockHub endpoint given to the connector; None runs vLLM
             without the Pallas connector.
-        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``, whole GiB.
+        kv_cache_gib: KV cache size, GiB (fractions allowed; ``--kv-cache-memory-bytes``).
         omp_threads_bind: ``VLLM_CPU_OMP_THREADS_BIND`` ("auto", "0", "1", "0-1", ...).
         block_size: tokens per KV block (a multiple of 32 on CPU).
         max_model_len, max_num_seqs: engine limits.
         dtype: activation dtype ("float32" for token-exact tests).
         min_step_ms: emulated minimum engine step (the connector's ``min_step_ms``; 0 = off):
             paces a tiny test model like a real one.
-        extra_args: more CLI arguments.
+        connector_module, connector_class: where vLLM loads the KV connector from.
+        connector_extra: merged into ``kv_connector_extra_config``.
+        extra_args: more CLI arguments (after the agent's own).
         env: more environment variables.
         log_path: file for the server's stdout/stderr (default: a temp file under .cache).
     """
@@ -64,13 +66,16 @@ class ServerConfig:
     model: str
     port: int = 0
     agent_address: str | None = None
-    kv_cache_gib: int = 1
+    kv_cache_gib: float = 1.0
     omp_threads_bind: str = "auto"
     block_size: int = 32
     max_model_len: int = 4096
     max_num_seqs: int = 8
     dtype: str = "float32"
     min_step_ms: float = 0.0
+    connector_module: str = "agent.connector"
+    connector_class: str = "PallasConnector"
+    connector_extra: dict[str, Any] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     log_path: str | None = None
@@ -110,11 +115,13 @@ class VLLMServer:
                "--skip-tokenizer-init", "--enforce-eager", "--dtype", c.dtype,
                "--block-size", str(c.block_size), "--enable-prefix-caching",
                "--max-model-len", str(c.max_model_len), "--max-num-seqs", str(c.max_num_seqs),
-               "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
+               "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
+               "--kv-cache-memory-bytes", str(int(c.kv_cache_gib * (1 << 30)))]
         if c.agent_address:
-            cfg = {"kv_connector": "PallasConnector", "kv_connector_module_path": "agent.connector",
+            cfg = {"kv_connector": c.connector_class, "kv_connector_module_path": c.connector_module,
                    "kv_role": "kv_both",
-                   "kv_connector_extra_config": {"agent_address": c.agent_address}}
+                   "kv_connector_extra_config": {**c.connector_extra,
+                                                 "agent_address": c.agent_address}}
             if c.min_step_ms > 0:
                 cfg["kv_connector_extra_config"]["min_step_ms"] = float(c.min_step_ms)
             cmd += ["--kv-transfer-config", json.dumps(cfg)]
@@ -127,7 +134,7 @@ class VLLMServer:
         if env.get("PYTHONPATH"):
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(paths)
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(self.cfg.kv_cache_gib))
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the size is --kv-cache-memory-bytes (fractions)
         env["VLLM_CPU_OMP_THREADS_BIND"] = self.cfg.omp_threads_bind
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         env.update(self.cfg.env)

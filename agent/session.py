@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import json
 import time
 import uuid
@@ -28,29 +27,29 @@ import httpx
 import structlog
 
 from pallas_common.aio import cancel_and_wait
+from pallas_common.schemes import SessionState
 
 log = structlog.get_logger("pallas.agent.session")
 
 
-class SessionState(str, enum.Enum):
-    """Life cycle of a session at one agent.
+@dataclasses.dataclass(frozen=True)
+class Handover:
+    """Where and how a session left this agent (source side of a commit).
 
-    Source side: ``SERVING`` -> ``MIGRATING`` (trigger: prefix sent, suffix streaming) ->
-    ``HANDED_OVER`` (commit: the target serves it now). A cancel goes back to ``SERVING``.
-    Target side: ``PREPARING`` (admitted, prefix warm-up running, blocks buffering) ->
-    ``RESUMED`` (Sync done: its resumed request runs in this agent's vLLM).
-    Either side ends in ``FINISHED`` (the request completed) or ``FAILED``.
+    ``target`` the target's peer address, ``agent_id`` its id, ``n_tokens`` tokens at the
+    commit point, ``t_commit``/``t_synced`` time.time() at the commit's start and when the
+    target accepted the Sync, ``streamed_blocks`` blocks streamed, ``tail`` whether the partial
+    last block was shipped, ``reused_tokens`` tokens the target did not recompute.
     """
 
-    NEW = "new"
-    SERVING = "serving"
-    MIGRATING = "migrating"
-    COMMITTING = "committing"
-    HANDED_OVER = "handed_over"
-    PREPARING = "preparing"
-    RESUMED = "resumed"
-    FINISHED = "finished"
-    FAILED = "failed"
+    target: str
+    agent_id: str = ""
+    n_tokens: int = 0
+    t_commit: float = 0.0
+    t_synced: float = 0.0
+    streamed_blocks: int = 0
+    tail: bool = False
+    reused_tokens: int = 0
 
 
 @dataclasses.dataclass
@@ -109,8 +108,13 @@ class Session:
             here).
         reused_tokens: at a resume, tokens whose KV the target did not recompute (local prefix
             cache hit + blocks loaded by the connector); None before a resume.
-        info: free-form per-session facts (e.g. the connector's claim at a resume) for logs and
-            tests.
+        scheme: the scheme pinned for the session, carried from the agent it came from (0: none).
+        claim: the connector's claim report at a resume here (local, external, num_tokens,
+            waited_s, bad); loaded: its report of the blocks it loaded.
+        handover: where and how the session left this agent (:class:`Handover`), source side.
+        cached_tokens: vLLM's prompt tokens served from its prefix cache (usage details).
+        error: why the request failed here ("" if it did not).
+        sit_observed: the target-side handover gap was recorded (agent.obs).
     """
 
     session_id: str
@@ -124,7 +128,15 @@ class Session:
     finish_reason: str | None = None
     resumed_from: int = 0
     reused_tokens: int | None = None
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ended_at: float = 0.0  # time.time() when the agent first saw it done (the janitor's clock)
+    scheme: int = 0
+    claim: dict[str, Any] | None = None
+    loaded: dict[str, Any] | None = None
+    handover: "Handover | None" = None
+    cached_tokens: int | None = None
+    error: str = ""
+    sit_observed: bool = False
+    held_finish: str | None = None  # vLLM's finish reason held back while frozen
     # Engine bookkeeping (not part of the session's identity).
     frozen_at: int | None = None  # output length at which appends pause (commit point)
     held_token_ids: list[int] = dataclasses.field(default_factory=list)  # produced past it
@@ -153,6 +165,11 @@ class Session:
         return max(0, self.sampling.min_tokens - len(self.output_token_ids))
 
     @property
+    def request_done(self) -> bool:
+        """True when this agent's request for the session has ended (or never started)."""
+        return self._task is not None and self._task.done()
+
+    @property
     def done(self) -> bool:
         """True when this agent will append no more tokens to this session."""
         return self.state in (SessionState.FINISHED, SessionState.FAILED,
@@ -165,7 +182,7 @@ class Session:
             return 0.0
         return (len(times) - 1) / (times[-1] - times[0])
 
-    # ---- producer side (Engine, Migrator) ----------------------------------------------
+    # ---- producer side (Engine, migration engine)-------------------------------------------
     def _event(self) -> asyncio.Event:
         if self._changed is None:
             self._changed = asyncio.Event()
@@ -223,7 +240,7 @@ class Session:
         self.frozen_at = None
         if held:
             self.append_tokens(held)
-        fin = self.info.pop("held_finish", None)
+        fin, self.held_finish = self.held_finish, None
         if fin is not None and not self.done:
             self.set_state(SessionState.FINISHED, finish_reason=fin)
 
@@ -399,7 +416,7 @@ class Engine:
                 if usage:
                     details = usage.get("prompt_tokens_details") or {}
                     if details.get("cached_tokens") is not None:
-                        session.info["cached_tokens"] = details["cached_tokens"]
+                        session.cached_tokens = int(details["cached_tokens"])
                 for choice in chunk.get("choices") or []:
                     toks = choice.get("token_ids") or []
                     if toks:
@@ -408,7 +425,7 @@ class Engine:
                         finish = choice["finish_reason"]
         if finish is not None and not session.done:
             if session.frozen_at is not None:
-                session.info["held_finish"] = finish  # published by unfreeze() if it stays here
+                session.held_finish = finish  # published by unfreeze() if it stays here
             else:
                 session.set_state(SessionState.FINISHED, finish_reason=finish)
         return finish
@@ -435,7 +452,7 @@ class Engine:
                 raise
             except Exception as exc:  # the session fails; the agent runs on
                 log.error("generate_failed", session=session.session_id, error=repr(exc))
-                session.info["error"] = repr(exc)
+                session.error = repr(exc)
                 if not session.done:
                     session.set_state(SessionState.FAILED)
                 return None

@@ -131,6 +131,7 @@ class VllmScraper:
         self.period_s = period_s
         self.min_prefill_tokens = min_prefill_tokens
         self.prefill_rate = Ewma(alpha)
+        self.prefill_measured_at = 0.0  # time.time() of the last real r_p measurement
         self.decode_rate = Ewma(alpha)
         self.last: VllmMetrics | None = None
         self._client = client
@@ -145,6 +146,7 @@ class VllmScraper:
         d_t = m.prefill_time_s - prev.prefill_time_s
         if d_tok >= self.min_prefill_tokens and d_t > 0:
             self.prefill_rate.update(d_tok / d_t)
+            self.prefill_measured_at = time.time()
         wall = m.at - prev.at
         if wall > 0:
             self.decode_rate.update(max(0.0, m.generation_tokens - prev.generation_tokens) / wall)
@@ -153,6 +155,7 @@ class VllmScraper:
         """Fold in a prefill timed elsewhere (a probe, or a migration's prefix warm-up)."""
         if tokens >= self.min_prefill_tokens and seconds > 0:
             self.prefill_rate.update(tokens / seconds)
+            self.prefill_measured_at = time.time()
 
     async def scrape_once(self) -> VllmMetrics | None:
         """One scrape; returns the parsed metrics or None if the server did not answer."""
@@ -278,6 +281,7 @@ class TelemetryCollector:
                 srv.model.CopyFrom(ident)
         sc = self.scraper
         srv.prefill_rate = (sc.prefill_rate.value if sc and sc.prefill_rate.value else self.default_prefill_rate)
+        srv.prefill_rate_measured_at = sc.prefill_measured_at if sc else 0.0
         kv = self.kv_blocks() if self.kv_blocks is not None else None
         if kv is not None:
             srv.free_kv_blocks, srv.total_kv_blocks = kv

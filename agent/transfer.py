@@ -1,7 +1,7 @@
 """The peer data plane between agents (PeerTransfer gRPC service, paper §4.3).
 
 - :class:`PeerTransferService`: the target side, a grpc.aio servicer that hands each call to a
-  handler (the agent's :class:`agent.migration.Migrator`): Prepare (admission: ModelIdentity and
+  handler (the agent's :class:`agent.migration.MigrationEngine`): Prepare (admission: ModelIdentity and
   free KV memory; starts the prefix warm-up), StreamBlocks (suffix KV blocks, each with its
   CRC-32C; blocks of an old epoch are dropped), Sync (token ids, tail block, remaining sampling
   parameters; the target resumes the request) and Release.
@@ -127,12 +127,13 @@ def identity_mismatch(a: pallas_pb2.ModelIdentity, b: pallas_pb2.ModelIdentity) 
 
 
 class PeerHandler(Protocol):
-    """What the PeerTransfer service delegates to (implemented by the Migrator)."""
+    """What the PeerTransfer service delegates to (implemented by the migration engine)."""
 
     async def on_prepare(self, req: pallas_pb2.PrepareRequest) -> pallas_pb2.PrepareReply: ...
     def on_block(self, blk: Block | pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str: ...
     async def on_sync(self, req: pallas_pb2.SyncRequest) -> pallas_pb2.SyncReply: ...
     async def on_release(self, req: pallas_pb2.ReleaseRequest) -> pallas_pb2.ReleaseReply: ...
+    async def on_progress(self, req: pallas_pb2.ProgressRequest) -> pallas_pb2.ProgressReply: ...
 
 
 class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
@@ -220,6 +221,13 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
             log.exception("release_failed", session=request.session_id, epoch=request.epoch)
             return pallas_pb2.ReleaseReply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
 
+    async def Progress(self, request, context):  # noqa: N802
+        try:
+            return await self.handler.on_progress(request)
+        except Exception as exc:
+            log.exception("progress_failed", session=request.session_id, epoch=request.epoch)
+            return pallas_pb2.ProgressReply(status=pallas_pb2.STATUS_ERROR)
+
 
 class BlockStream:
     """One StreamBlocks call (one session, one epoch), fed from a queue, rate-limited.
@@ -249,8 +257,10 @@ class BlockStream:
             blk = await self._q.get()
             if blk is None:
                 return
-            await self.client.bucket.acquire(len(blk.data))
+            # B counts the time spent sending (the link limit's wait included), never the
+            # wait for the next block to exist: it starts once a block is here.
             t0 = time.monotonic()
+            await self.client.bucket.acquire(len(blk.data))
             yield blk
             self.blocks_sent += 1
             self.bytes_sent += len(blk.data)
@@ -318,8 +328,8 @@ class BlockStream:
 @dataclass
 class _Goodput:
     bytes: int = 0
-    busy_s: float = 0.0
     ewma: float = 0.0
+    measured_at: float = 0.0  # time.time() of the last real measurement
 
 
 def _plaintext(address: str, options: list) -> grpc.aio.Channel:
@@ -350,15 +360,17 @@ class PeerClient:
             STREAM_BLOCKS_METHOD, request_serializer=encode_block,
             response_deserializer=pallas_pb2.StreamAck.FromString)
         self._gp = _Goodput()
-        self._last_t: float | None = None
 
     def _account(self, nbytes: int, t0: float) -> None:
+        """One block of ``nbytes`` handed to gRPC, its sending started at ``t0`` (monotonic):
+        it was sent at nbytes / (now - t0); gRPC pulls the next block only when the transport
+        took this one, so the interval covers sending and excludes waiting for blocks."""
         now = time.monotonic()
         self._gp.bytes += nbytes
-        if self._last_t is not None and now > self._last_t:
-            rate = nbytes / (now - self._last_t)
+        if now > t0:
+            rate = nbytes / (now - t0)
             self._gp.ewma = rate if self._gp.ewma == 0 else 0.7 * self._gp.ewma + 0.3 * rate
-        self._last_t = now
+            self._gp.measured_at = time.time()
 
     @property
     def goodput_bytes_per_s(self) -> float:
@@ -373,15 +385,22 @@ class PeerClient:
     def telemetry(self, agent_id: str = "") -> pallas_pb2.PeerTelemetry:
         """PeerTelemetry for the Telemetry stream."""
         return pallas_pb2.PeerTelemetry(agent_id=agent_id, goodput_bytes_per_s=self._gp.ewma,
-                                        bytes_sent=self._gp.bytes)
+                                        bytes_sent=self._gp.bytes,
+                                        measured_at=self._gp.measured_at)
 
     async def prepare(self, req: pallas_pb2.PrepareRequest) -> pallas_pb2.PrepareReply:
         """Prepare (admission + prefix warm-up start). Raises grpc.aio.AioRpcError."""
         return await self.stub.Prepare(req, timeout=self.timeout_s)
 
-    async def sync(self, req: pallas_pb2.SyncRequest) -> pallas_pb2.SyncReply:
+    async def sync(self, req: pallas_pb2.SyncRequest,
+                   timeout_s: float | None = None) -> pallas_pb2.SyncReply:
         """Sync (the target resumes the request). Raises grpc.aio.AioRpcError."""
-        return await self.stub.Sync(req, timeout=self.timeout_s)
+        return await self.stub.Sync(req, timeout=timeout_s or self.timeout_s)
+
+    async def progress(self, req: pallas_pb2.ProgressRequest,
+                       timeout_s: float | None = None) -> pallas_pb2.ProgressReply:
+        """Progress of a prepared attempt at the peer. Raises grpc.aio.AioRpcError."""
+        return await self.stub.Progress(req, timeout=timeout_s or self.timeout_s)
 
     async def release(self, req: pallas_pb2.ReleaseRequest,
                       timeout_s: float | None = None) -> pallas_pb2.ReleaseReply:

@@ -36,7 +36,7 @@ import httpx  # noqa: E402
 from pallas_proto import pallas_pb2  # noqa: E402
 
 from agent.models import build_model  # noqa: E402
-from agent.node import AgentConfig, AgentNode  # noqa: E402
+from agent.app import Agent as AgentNode, AgentConfig  # noqa: E402
 from agent.server import ServerConfig, VLLMServer  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
 
@@ -52,19 +52,18 @@ async def one(a: AgentNode, b: AgentNode, srv_b: VLLMServer, variant: str, promp
     a.engine.start(s)
     if variant != "cold":
         await s.wait_tokens(trigger_at - 1)
-        rep = await a.migrator.trigger(s.session_id, 1, b.endpoint,
-                                       stream_suffix=(variant == "connector"))
+        rep = await a.migration.trigger(s.session_id, 1, b.endpoint, scheme=(
+            pallas_pb2.SCHEME_PALLAS if variant == "connector" else pallas_pb2.SCHEME_NO_SM))
         assert rep.status == pallas_pb2.STATUS_OK, rep
     await s.wait_tokens(commit_at - 1)
     t_commit = time.time()
     if variant == "connector":
-        rep = await a.migrator.commit(s.session_id, 1, b.endpoint, ue_tokens=commit_at)
+        rep = await a.migration.commit(s.session_id, 1, b.endpoint, ue_tokens=commit_at)
     elif variant == "prefix_only":
-        rep = await a.migrator.commit(s.session_id, 1, b.endpoint, ship_blocks="none",
-                                      ue_tokens=commit_at)
+        rep = await a.migration.commit(s.session_id, 1, b.endpoint, ue_tokens=commit_at)
     else:
-        rep = await a.migrator.commit(s.session_id, 1, b.endpoint, split_tokens=0,
-                                      ship_blocks="none", ue_tokens=commit_at)
+        rep = await a.migration.commit(s.session_id, 1, b.endpoint,
+                                       pallas_pb2.SCHEME_RECOMPUTATION, ue_tokens=commit_at)
     assert rep.status == pallas_pb2.STATUS_OK, rep
     t = b.sessions.get(s.session_id)
     assert t is not None
@@ -74,14 +73,14 @@ async def one(a: AgentNode, b: AgentNode, srv_b: VLLMServer, variant: str, promp
     gap = t.token_times[commit_at] - s.token_times[commit_at - 1]
     return {"variant": variant, "gap_s": gap, "commit_to_first_s": t.token_times[commit_at] - t_commit,
             "n": len(prompt) + commit_at, "split": rep.split_tokens,
-            "claim": t.info.get("claim", {}), "tokens": list(t.output_token_ids)}
+            "claim": t.claim or {}, "tokens": list(t.output_token_ids)}
 
 
 async def main_async(args) -> None:
     model = str(build_model(args.model))
-    a, b = AgentNode(AgentConfig("gnb-a", model)), AgentNode(AgentConfig("gnb-b", model))
-    await a.start()
-    await b.start()
+    a, b = AgentNode(AgentConfig(agent_id="gnb-a", model=model, host="127.0.0.1", peer_port=0, vllm_url="-")), AgentNode(AgentConfig(agent_id="gnb-b", model=model, host="127.0.0.1", peer_port=0, vllm_url="-"))
+    await a.start_core()
+    await b.start_core()
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     sa = VLLMServer(ServerConfig(model=model, agent_address=a.hub.address, omp_threads_bind="0",
                                  kv_cache_gib=args.kv_gib, env=env))

@@ -40,7 +40,7 @@ from pallas_proto import pallas_pb2_grpc  # noqa: E402
 
 from agent.client import UESession  # noqa: E402
 from agent.cluster import LocalAgent, free_port, start_agents  # noqa: E402
-from agent.schemes import SCHEMES, scheme_name, scheme_value  # noqa: E402
+from pallas_common.schemes import SCHEMES, scheme_name, scheme_value  # noqa: E402
 
 ALL = ["pallas", "no-rc", "no-sm", "ctho", "recomputation", "full-copy", "detour"]
 

@@ -310,14 +310,14 @@ def _isolate_source(sa, sb) -> None:
 
 async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3) -> None:
     from agent.models import build_model
-    from agent.node import AgentConfig, AgentNode
+    from agent.app import Agent as AgentNode, AgentConfig
     from agent.server import ServerConfig, VLLMServer
     from agent.session import SamplingSpec, Session
 
     model = str(build_model(model_name))
-    a, b = AgentNode(AgentConfig("a", model)), AgentNode(AgentConfig("b", model))
-    await a.start()
-    await b.start()
+    a, b = AgentNode(AgentConfig(agent_id="a", model=model, host="127.0.0.1", peer_port=0, vllm_url="-")), AgentNode(AgentConfig(agent_id="b", model=model, host="127.0.0.1", peer_port=0, vllm_url="-"))
+    await a.start_core()
+    await b.start_core()
     sa = VLLMServer(ServerConfig(model=model, agent_address=a.hub.address, omp_threads_bind="0"))
     sb = VLLMServer(ServerConfig(model=model, agent_address=b.hub.address, omp_threads_bind="1"))
     sa.start()
@@ -348,7 +348,7 @@ async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3)
                 a.engine.start(s)
                 await s.wait_tokens(4)
                 if mode == "streaming":
-                    rep = await a.migrator.trigger(s.session_id, 1, b.endpoint, split_tokens=32)
+                    rep = await a.migration.trigger(s.session_id, 1, b.endpoint, split_tokens=32)
                     assert rep.status == pallas_pb2.STATUS_OK, rep
                 elif mode == "export":
                     a.hub.export(s.session_id, 1, 1, stream=True, tail=False)
@@ -361,7 +361,7 @@ async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3)
                     raise RuntimeError(f"vLLM counted {n1 - n0} inter-token gaps for {n_tokens} tokens")
                 results[mode].append((sum1 - sum0) / (n1 - n0))
                 if mode == "streaming":
-                    await a.migrator.cancel(s.session_id, 2)
+                    await a.migration.cancel(s.session_id, 2)
                 elif mode == "export":
                     a.hub.stop_export(s.session_id)
         m0 = statistics.mean(results["alone"])

@@ -742,3 +742,88 @@ def discard_bound(t_max: Any, e_early: Any, t_avail: Any) -> Any:
     the target prediction becoming stably correct to the actual HO (0 if never).
     """
     return np.maximum(0.0, np.add(t_max, e_early) - np.asarray(t_avail, dtype=np.float64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Section 8: the commit-time choice (this project's addition)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HandoverState:
+    """What the source knows at the handover of a prepared attempt (model.md section 8).
+
+    Attributes (tokens unless noted): ``prefix_tokens`` L_hist (the prepared prefix, block
+    aligned); ``prefilled_tokens`` L_done (of it, prefilled at the target so far);
+    ``received_blocks`` n_recv (suffix blocks from L_hist on that the target holds);
+    ``handover_tokens`` K_HO; ``block_size`` P; ``s_kv`` bytes/token; ``r_p`` the target's
+    prefill rate, tokens/s; ``goodput`` B, bytes/s; ``c_sync`` s; ``hop_delay_s`` Detour's
+    relay hop, s.
+    """
+
+    prefix_tokens: int
+    prefilled_tokens: int
+    received_blocks: int
+    handover_tokens: int
+    block_size: int
+    s_kv: float
+    r_p: float
+    goodput: float
+    c_sync: float = 0.0
+    hop_delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class CommitChoice:
+    """Each way out's expected SIT, s (c_sync included), and the one to take.
+
+    ``option``: "finish", "ctho" or "recompute" (Detour is reported, ``detour_s``, but is the
+    xApp's to choose: it needs the relay). ``ctho_split``: the ctHO option's split p, tokens.
+    ``wait_s``: the longest the commit may wait for the target's warm-up (finish only: never
+    longer than the best alternative would have taken).
+    """
+
+    option: str
+    finish_s: float
+    ctho_s: float
+    ctho_split: int
+    recompute_s: float
+    detour_s: float
+    wait_s: float
+
+
+def commit_choice(st: HandoverState) -> CommitChoice:
+    """The commit-time choice of model.md section 8 for one prepared attempt.
+
+    With L_d = L_done rounded down to a block (only whole blocks are cached), M = K_HO - L_hist
+    - n_recv P (suffix tokens the target lacks, tail included):
+
+        finish    = c + max((L_hist - L_d) / r_p, M s_kv / B)
+        ctho      = c + min over block-aligned p in [L_d, L_hist] of
+                        max((p - L_d) / r_p, (L_hist - p + M) s_kv / B)
+        recompute = c + (K_HO - L_d) / r_p
+        detour    = hop_delay_s
+
+    ctHO never redoes what the target holds (p >= L_d; blocks from L_hist on are never
+    recomputed). The smallest of finish / ctho / recompute wins; ties go to finish (the
+    prepared state), then ctho. Raises ValueError for a non-positive rate, size or block size
+    or inconsistent token counts.
+    """
+    P, L, K = int(st.block_size), int(st.prefix_tokens), int(st.handover_tokens)
+    if P <= 0 or st.r_p <= 0 or st.s_kv <= 0 or st.goodput <= 0:
+        raise ValueError("commit_choice needs positive block_size, r_p, s_kv and goodput")
+    if not 0 <= st.prefilled_tokens <= L or L > K or L % P:
+        raise ValueError(f"need 0 <= L_done <= L_hist <= K_HO, L_hist block-aligned "
+                         f"(L_done={st.prefilled_tokens}, L_hist={L}, K_HO={K}, P={P})")
+    l_d = st.prefilled_tokens // P * P
+    missing = max(0, K - L - int(st.received_blocks) * P)
+    a = st.s_kv / st.goodput
+    finish = st.c_sync + max((L - l_d) / st.r_p, missing * a)
+    p = np.arange(l_d, L + 1, P, dtype=np.float64)
+    cost = np.maximum((p - l_d) / st.r_p, (L - p + missing) * a)
+    best = int(np.argmin(cost))
+    ctho = st.c_sync + float(cost[best])
+    recompute = st.c_sync + (K - l_d) / st.r_p
+    option = min((finish, 0, "finish"), (ctho, 1, "ctho"), (recompute, 2, "recompute"))[2]
+    wait = max(0.0, min(ctho, recompute) - st.c_sync) if option == "finish" else 0.0
+    return CommitChoice(option=option, finish_s=finish, ctho_s=ctho, ctho_split=int(p[best]),
+                        recompute_s=recompute, detour_s=float(st.hop_delay_s), wait_s=wait)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import structlog
 
-from pallas_common.contract import COMMIT_MOVED_FIELDS
+from pallas_common.contract import COMMIT_MOVED_FIELDS, commit_choice_of
 from pallas_proto import pallas_pb2 as pb
 from xapp.events import EventLog
 from xapp.policy import CallOutcome, scheme_name
@@ -144,6 +144,8 @@ class ActionDispatcher:
         # A commit's reply also says what the handover moved (blocks, bytes, reused/recomputed).
         moved = ({f: int(getattr(r, f)) for f in COMMIT_MOVED_FIELDS}
                  if r is not None and out.kind == "Commit" else {})
+        if out.kind == "Commit" and commit_choice_of(r):  # the agent's commit-time choice
+            moved["choice"] = commit_choice_of(r)
         self.events.write("reply", call=out.kind.lower(), agent=out.agent_id, session=out.session_id,
                           epoch=out.epoch, ok=out.ok, status=pb.Status.Name(r.status) if r else None,
                           state=r.state if r else None, scheme=scheme_name(r.scheme) if r else None,

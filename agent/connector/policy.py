@@ -32,12 +32,33 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-# (sid, epoch, block_index, block_id, fill, is_tail, computed)
-SaveOp = tuple[str, int, int, int, int, bool, int]
-# (sid, epoch, block_index, block_id, need_fill)
-LoadOp = tuple[str, int, int, int, int]
+
+
+class SaveOp(NamedTuple):
+    """Copy one KV block out of the engine (source): block ``idx`` of the session's sequence,
+    in engine block ``block_id``, ``fill`` valid tokens, ``tail`` for a partial last block,
+    ``computed`` tokens computed when copied."""
+
+    sid: str
+    epoch: int
+    idx: int
+    block_id: int
+    fill: int
+    tail: bool
+    computed: int
+
+
+class LoadOp(NamedTuple):
+    """Load one received block into engine block ``block_id`` (target): block ``idx`` with at
+    least ``need`` valid tokens."""
+
+    sid: str
+    epoch: int
+    idx: int
+    block_id: int
+    need: int
 
 IDLE_WAIT_S = 0.01  # how long a deferral may block the scheduler when nothing else runs
 
@@ -259,7 +280,7 @@ class SchedulerPolicy:
                 for k, need in enumerate(plan.needs):
                     j = plan.first_block + k
                     if j < len(ids):
-                        loads.append((plan.sid, plan.epoch, j, ids[j], need))
+                        loads.append(LoadOp(plan.sid, plan.epoch, j, ids[j], need))
             sid = self._sid_of.get(sr.req_id)
             exp = None if sid is None else exports.get(sid)
             if exp is None:
@@ -271,13 +292,13 @@ class SchedulerPolicy:
                 ids = sr.block_ids()
                 while exp.next_block < min(full, len(ids)):
                     j = exp.next_block
-                    saves.append((sid, exp.epoch, j, ids[j], bs, False, computed))
+                    saves.append(SaveOp(sid, exp.epoch, j, ids[j], bs, False, computed))
                     exp.next_block += 1
             rem = computed - full * bs
             if exp.tail and rem > 0 and full >= exp.start:
                 ids = ids if ids is not None else sr.block_ids()
                 if full < len(ids):
-                    saves.append((sid, exp.epoch, full, ids[full], rem, True, computed))
+                    saves.append(SaveOp(sid, exp.epoch, full, ids[full], rem, True, computed))
         self.saves_emitted += len(saves)
         self.loads_emitted += len(loads)
         return saves, loads

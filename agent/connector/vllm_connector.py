@@ -155,7 +155,8 @@ class PallasConnector(KVConnectorBase_V1):
                 "backend": _backend_name(vllm_config),
                 "model": mc.model, "model_dtype": str(mc.dtype).replace("torch.", ""),
                 "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),
-                "block_size": self._bs})
+                "block_size": self._bs,
+                "tp_size": int(vllm_config.parallel_config.tensor_parallel_size)})
         logger.info("PallasConnector %s role, agent at %s", role.name, self._address)
 
     @property

@@ -26,6 +26,19 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STATUS_REJECTED: _ClassVar[Status]
     STATUS_INVALID: _ClassVar[Status]
     STATUS_ERROR: _ClassVar[Status]
+
+class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_UNSPECIFIED: _ClassVar[SessionState]
+    SESSION_NEW: _ClassVar[SessionState]
+    SESSION_SERVING: _ClassVar[SessionState]
+    SESSION_MIGRATING: _ClassVar[SessionState]
+    SESSION_COMMITTING: _ClassVar[SessionState]
+    SESSION_HANDED_OVER: _ClassVar[SessionState]
+    SESSION_PREPARING: _ClassVar[SessionState]
+    SESSION_RESUMED: _ClassVar[SessionState]
+    SESSION_FINISHED: _ClassVar[SessionState]
+    SESSION_FAILED: _ClassVar[SessionState]
 SCHEME_UNSPECIFIED: Scheme
 SCHEME_PALLAS: Scheme
 SCHEME_FULL_COPY: Scheme
@@ -41,6 +54,16 @@ STATUS_UNKNOWN_SESSION: Status
 STATUS_REJECTED: Status
 STATUS_INVALID: Status
 STATUS_ERROR: Status
+SESSION_UNSPECIFIED: SessionState
+SESSION_NEW: SessionState
+SESSION_SERVING: SessionState
+SESSION_MIGRATING: SessionState
+SESSION_COMMITTING: SessionState
+SESSION_HANDED_OVER: SessionState
+SESSION_PREPARING: SessionState
+SESSION_RESUMED: SessionState
+SESSION_FINISHED: SessionState
+SESSION_FAILED: SessionState
 
 class ModelIdentity(_message.Message):
     __slots__ = ("model", "weights_digest", "dtype", "kv_cache_dtype", "block_size", "backend", "kv_bytes_per_token", "num_layers", "block_bytes")
@@ -115,7 +138,7 @@ class CommitRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., actual_target: _Optional[_Union[PeerEndpoint, _Mapping]] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., handover_time: _Optional[float] = ...) -> None: ...
 
 class ControlReply(_message.Message):
-    __slots__ = ("status", "message", "session_id", "epoch", "state", "split_tokens", "scheme", "blocks_moved", "kv_bytes_moved", "reused_tokens", "recomputed_tokens")
+    __slots__ = ("status", "message", "session_id", "epoch", "state", "split_tokens", "scheme", "blocks_moved", "kv_bytes_moved", "reused_tokens", "recomputed_tokens", "choice")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +150,7 @@ class ControlReply(_message.Message):
     KV_BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
     status: Status
     message: str
     session_id: str
@@ -138,7 +162,40 @@ class ControlReply(_message.Message):
     kv_bytes_moved: int
     reused_tokens: int
     recomputed_tokens: int
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., split_tokens: _Optional[int] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., blocks_moved: _Optional[int] = ..., kv_bytes_moved: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., recomputed_tokens: _Optional[int] = ...) -> None: ...
+    choice: CommitChoice
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., split_tokens: _Optional[int] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., blocks_moved: _Optional[int] = ..., kv_bytes_moved: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., recomputed_tokens: _Optional[int] = ..., choice: _Optional[_Union[CommitChoice, _Mapping]] = ...) -> None: ...
+
+class CommitChoice(_message.Message):
+    __slots__ = ("option", "finish_s", "ctho_s", "recompute_s", "detour_s", "prefilled_tokens", "prefix_tokens", "received_blocks", "handover_tokens", "ctho_split_tokens", "prefill_rate", "goodput_bytes_per_s", "c_sync_s", "waited_s")
+    OPTION_FIELD_NUMBER: _ClassVar[int]
+    FINISH_S_FIELD_NUMBER: _ClassVar[int]
+    CTHO_S_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    DETOUR_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    HANDOVER_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CTHO_SPLIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_RATE_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    C_SYNC_S_FIELD_NUMBER: _ClassVar[int]
+    WAITED_S_FIELD_NUMBER: _ClassVar[int]
+    option: str
+    finish_s: float
+    ctho_s: float
+    recompute_s: float
+    detour_s: float
+    prefilled_tokens: int
+    prefix_tokens: int
+    received_blocks: int
+    handover_tokens: int
+    ctho_split_tokens: int
+    prefill_rate: float
+    goodput_bytes_per_s: float
+    c_sync_s: float
+    waited_s: float
+    def __init__(self, option: _Optional[str] = ..., finish_s: _Optional[float] = ..., ctho_s: _Optional[float] = ..., recompute_s: _Optional[float] = ..., detour_s: _Optional[float] = ..., prefilled_tokens: _Optional[int] = ..., prefix_tokens: _Optional[int] = ..., received_blocks: _Optional[int] = ..., handover_tokens: _Optional[int] = ..., ctho_split_tokens: _Optional[int] = ..., prefill_rate: _Optional[float] = ..., goodput_bytes_per_s: _Optional[float] = ..., c_sync_s: _Optional[float] = ..., waited_s: _Optional[float] = ...) -> None: ...
 
 class TelemetryRequest(_message.Message):
     __slots__ = ("period_ms",)
@@ -169,30 +226,34 @@ class SessionTelemetry(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., ue_id: _Optional[str] = ..., tokens: _Optional[int] = ..., decode_rate: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., state: _Optional[str] = ..., epoch: _Optional[int] = ..., remaining_tokens: _Optional[int] = ...) -> None: ...
 
 class PeerTelemetry(_message.Message):
-    __slots__ = ("agent_id", "goodput_bytes_per_s", "bytes_sent", "rtt_s")
+    __slots__ = ("agent_id", "goodput_bytes_per_s", "bytes_sent", "rtt_s", "measured_at")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     RTT_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     goodput_bytes_per_s: float
     bytes_sent: int
     rtt_s: float
-    def __init__(self, agent_id: _Optional[str] = ..., goodput_bytes_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., rtt_s: _Optional[float] = ...) -> None: ...
+    measured_at: float
+    def __init__(self, agent_id: _Optional[str] = ..., goodput_bytes_per_s: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., rtt_s: _Optional[float] = ..., measured_at: _Optional[float] = ...) -> None: ...
 
 class ServerTelemetry(_message.Message):
-    __slots__ = ("model", "prefill_rate", "free_kv_blocks", "total_kv_blocks", "decode_rate")
+    __slots__ = ("model", "prefill_rate", "free_kv_blocks", "total_kv_blocks", "decode_rate", "prefill_rate_measured_at")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PREFILL_RATE_FIELD_NUMBER: _ClassVar[int]
     FREE_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DECODE_RATE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_RATE_MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
     model: ModelIdentity
     prefill_rate: float
     free_kv_blocks: int
     total_kv_blocks: int
     decode_rate: float
-    def __init__(self, model: _Optional[_Union[ModelIdentity, _Mapping]] = ..., prefill_rate: _Optional[float] = ..., free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., decode_rate: _Optional[float] = ...) -> None: ...
+    prefill_rate_measured_at: float
+    def __init__(self, model: _Optional[_Union[ModelIdentity, _Mapping]] = ..., prefill_rate: _Optional[float] = ..., free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., decode_rate: _Optional[float] = ..., prefill_rate_measured_at: _Optional[float] = ...) -> None: ...
 
 class TelemetryReport(_message.Message):
     __slots__ = ("agent_id", "time", "server", "sessions", "peers")
@@ -293,7 +354,7 @@ class StreamAck(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., blocks_received: _Optional[int] = ..., bytes_received: _Optional[int] = ..., blocks_rejected: _Optional[int] = ...) -> None: ...
 
 class SyncRequest(_message.Message):
-    __slots__ = ("session_id", "epoch", "token_ids", "prompt_tokens", "tail", "streamed_blocks", "sampling", "scheme", "split_tokens", "ue_id", "session_scheme")
+    __slots__ = ("session_id", "epoch", "token_ids", "prompt_tokens", "tail", "streamed_blocks", "sampling", "scheme", "split_tokens", "ue_id", "session_scheme", "warmup_wait_s", "deadline_s")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +366,8 @@ class SyncRequest(_message.Message):
     SPLIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     UE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_SCHEME_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     epoch: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -316,7 +379,9 @@ class SyncRequest(_message.Message):
     split_tokens: int
     ue_id: str
     session_scheme: Scheme
-    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., tail: _Optional[_Union[KVBlock, _Mapping]] = ..., streamed_blocks: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., split_tokens: _Optional[int] = ..., ue_id: _Optional[str] = ..., session_scheme: _Optional[_Union[Scheme, str]] = ...) -> None: ...
+    warmup_wait_s: float
+    deadline_s: float
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., tail: _Optional[_Union[KVBlock, _Mapping]] = ..., streamed_blocks: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., split_tokens: _Optional[int] = ..., ue_id: _Optional[str] = ..., session_scheme: _Optional[_Union[Scheme, str]] = ..., warmup_wait_s: _Optional[float] = ..., deadline_s: _Optional[float] = ...) -> None: ...
 
 class SyncReply(_message.Message):
     __slots__ = ("status", "message", "reused_tokens", "blocks_received", "bytes_received")
@@ -331,6 +396,32 @@ class SyncReply(_message.Message):
     blocks_received: int
     bytes_received: int
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., reused_tokens: _Optional[int] = ..., blocks_received: _Optional[int] = ..., bytes_received: _Optional[int] = ...) -> None: ...
+
+class ProgressRequest(_message.Message):
+    __slots__ = ("session_id", "epoch")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    epoch: int
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class ProgressReply(_message.Message):
+    __slots__ = ("status", "prefix_tokens", "prefilled_tokens", "warmup_done", "blocks_received", "bytes_received", "prefill_rate")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_DONE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_RATE_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    prefix_tokens: int
+    prefilled_tokens: int
+    warmup_done: bool
+    blocks_received: int
+    bytes_received: int
+    prefill_rate: float
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., prefix_tokens: _Optional[int] = ..., prefilled_tokens: _Optional[int] = ..., warmup_done: bool = ..., blocks_received: _Optional[int] = ..., bytes_received: _Optional[int] = ..., prefill_rate: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id", "epoch", "reason")

@@ -197,6 +197,11 @@ class PeerTransferStub(object):
                 request_serializer=pallas__proto_dot_pallas__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=pallas__proto_dot_pallas__pb2.ReleaseReply.FromString,
                 )
+        self.Progress = channel.unary_unary(
+                '/pallas.v1.PeerTransfer/Progress',
+                request_serializer=pallas__proto_dot_pallas__pb2.ProgressRequest.SerializeToString,
+                response_deserializer=pallas__proto_dot_pallas__pb2.ProgressReply.FromString,
+                )
 
 
 class PeerTransferServicer(object):
@@ -226,6 +231,12 @@ class PeerTransferServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Progress(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerTransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -248,6 +259,11 @@ def add_PeerTransferServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=pallas__proto_dot_pallas__pb2.ReleaseRequest.FromString,
                     response_serializer=pallas__proto_dot_pallas__pb2.ReleaseReply.SerializeToString,
+            ),
+            'Progress': grpc.unary_unary_rpc_method_handler(
+                    servicer.Progress,
+                    request_deserializer=pallas__proto_dot_pallas__pb2.ProgressRequest.FromString,
+                    response_serializer=pallas__proto_dot_pallas__pb2.ProgressReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -324,5 +340,22 @@ class PeerTransfer(object):
         return grpc.experimental.unary_unary(request, target, '/pallas.v1.PeerTransfer/Release',
             pallas__proto_dot_pallas__pb2.ReleaseRequest.SerializeToString,
             pallas__proto_dot_pallas__pb2.ReleaseReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Progress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/pallas.v1.PeerTransfer/Progress',
+            pallas__proto_dot_pallas__pb2.ProgressRequest.SerializeToString,
+            pallas__proto_dot_pallas__pb2.ProgressReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -1,4 +1,4 @@
-"""Fakes of the migration core (issue 2) for the agent's unit tests, and a tiny HTTP server runner.
+"""Fakes of the local vLLM for the agent's unit tests, a fake handover, and a tiny HTTP server runner.
 
 FakeEngine produces a deterministic token sequence per prompt (token i of a session is a
 function of the prompt and i only), so a session moved between two fake agents continues
@@ -13,9 +13,8 @@ import contextlib
 import socket
 
 import uvicorn
-from pallas_proto import pallas_pb2
 
-from agent.session import Session, SessionState, SessionStore
+from agent.session import Handover, Session, SessionState, SessionStore
 
 
 def expected_token(prompt: list[int], i: int) -> int:
@@ -47,64 +46,15 @@ class FakeEngine:
         s._task = asyncio.get_running_loop().create_task(run())
         return s._task
 
+    async def close(self) -> None:
+        pass
+
     async def abort(self, s: Session) -> None:
         t = s._task
         if t is not None and not t.done():
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-
-
-def reply(status=pallas_pb2.STATUS_OK, **kw) -> pallas_pb2.ControlReply:
-    return pallas_pb2.ControlReply(status=status, **kw)
-
-
-class FakeMigrator:
-    """Records calls; ``commit`` moves the session to ``peers[actual_target.agent_id]`` (a
-    (store, engine) pair) after ``commit_delay_s``, the way the real core hands over."""
-
-    def __init__(self, store: SessionStore | None = None, peers: dict | None = None,
-                 *, commit_delay_s: float = 0.0, reject_targets: set[str] | None = None,
-                 agent_id: str = "a") -> None:
-        self.store = store
-        # What a successful commit says it moved (ControlReply's handover figures).
-        self.moved = dict(blocks_moved=3, kv_bytes_moved=3 * 4096, reused_tokens=96, recomputed_tokens=1)
-        self.peers = peers or {}
-        self.commit_delay_s = commit_delay_s
-        self.reject_targets = reject_targets or set()
-        self.agent_id = agent_id
-        self.calls: list[tuple] = []
-        self.gate: asyncio.Event | None = None  # set to hold trigger() until released
-
-    async def trigger(self, session_id, epoch, target, split_tokens=0, *, stream_suffix=True,
-                      proactive=True, recompute_prefix=True, scheme=0):
-        self.calls.append(("trigger", session_id, epoch, target.agent_id, split_tokens,
-                           dict(stream_suffix=stream_suffix, recompute_prefix=recompute_prefix, scheme=scheme)))
-        if self.gate is not None:
-            await self.gate.wait()
-        if target.agent_id in self.reject_targets:
-            return reply(pallas_pb2.STATUS_REJECTED, message="model mismatch", session_id=session_id, epoch=epoch)
-        return reply(session_id=session_id, epoch=epoch, state="migrating", split_tokens=split_tokens or 64)
-
-    async def cancel(self, session_id, epoch, reason=""):
-        self.calls.append(("cancel", session_id, epoch, reason))
-        return reply(session_id=session_id, epoch=epoch, state="serving")
-
-    async def commit(self, session_id, epoch, actual_target, *, split_tokens=None, ship_blocks="suffix",
-                     ship_tail=True, scheme=0, session_scheme=0):
-        self.calls.append(("commit", session_id, epoch, actual_target.agent_id, split_tokens,
-                           dict(ship_blocks=ship_blocks, scheme=scheme, session_scheme=session_scheme)))
-        if actual_target.agent_id in self.reject_targets:
-            return reply(pallas_pb2.STATUS_REJECTED, message="target cannot serve the model",
-                         session_id=session_id, epoch=epoch, state="serving")
-        if self.store is not None and actual_target.agent_id in self.peers:
-            await asyncio.sleep(self.commit_delay_s)
-            handover(self.store, session_id, actual_target.agent_id, *self.peers[actual_target.agent_id])
-        return reply(session_id=session_id, epoch=epoch, state="handed_over", split_tokens=split_tokens or 0,
-                     **self.moved)
-
-    def ops(self) -> list[str]:
-        return [c[0] for c in self.calls]
 
 
 def handover(src_store: SessionStore, sid: str, target_id: str, dst_store: SessionStore, dst_engine: FakeEngine) -> Session:
@@ -117,7 +67,7 @@ def handover(src_store: SessionStore, sid: str, target_id: str, dst_store: Sessi
     t.state = SessionState.RESUMED
     dst_store.add(t)
     dst_engine.start(t)
-    s.info["handed_over_to"] = target_id
+    s.handover = Handover(target=target_id, agent_id=target_id)
     s.set_state(SessionState.HANDED_OVER)
     return t
 

@@ -24,8 +24,8 @@ def test_hub_and_links_round_trip():
         hub = BlockHub("tcp://127.0.0.1:0")
         await hub.start()
         commands: list[dict] = []
-        blocks: list[tuple[dict, bytes]] = []
-        hub.on_block = lambda h, d: blocks.append((h, d))
+        blocks: list = []
+        hub.on_block = blocks.append
         claims: list[dict] = []
         hub.on_claim = claims.append
         sched = SchedulerLink(hub.address, lambda: {"block_size": 32, "free_blocks": 7,
@@ -44,8 +44,9 @@ def test_hub_and_links_round_trip():
             worker.send_block({"t": "block", "sid": "s", "epoch": 3, "idx": 2, "fill": 32,
                                "tail": False, "computed": 96}, slab)
             await _until(lambda: blocks)
-            hdr, data = blocks[0]
-            assert data == slab.numpy().tobytes() and hdr["crc"] == block_crc(data)
+            b = blocks[0]
+            assert b.data == slab.numpy().tobytes() and b.crc == block_crc(b.data)
+            assert (b.sid, b.epoch, b.idx, b.tail, b.computed) == ("s", 3, 2, False, 96)
             # Agent store -> worker fetch (synchronous, from a thread like the engine's).
             good = b"\x05" * 64
             assert hub.put_block("s", 3, 4, 32, block_crc(good), good) == "ok"

@@ -14,8 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc
 
-import agent.core
-from agent.main import AgentApp, parse_args
+import agent.app
+import agent.models
+from agent.app import Agent, parse_args
 from agent.obs import configure_logging
 from agent.session import SessionStore
 
@@ -34,11 +35,11 @@ def test_flags_env_and_errors(monkeypatch, capsys):
     cfg = parse_args(["--model-preset", "tiny", "--scheme", "ctho", "--peer-front", "b=http://h:1,c=http://h:2/",
                       "--front-port", "9000"])
     assert cfg.agent_id == "gnb-7" and cfg.peer_rate_bytes_per_s == pytest.approx(37.5e6)
-    assert cfg.scheme == "ctho" and cfg.peer_fronts == {"b": "http://h:1", "c": "http://h:2"}
+    assert cfg.scheme == "ctho" and cfg.peer_front == {"b": "http://h:1", "c": "http://h:2"}
     assert cfg.front_port == 9000 and cfg.front_url.endswith(":9000")
     cfg2 = parse_args(["--model-preset", "tiny", "--agent-id", "x"])
     assert cfg2.agent_id == "x"  # the flag wins over the environment
-    assert cfg.vllm_log is None and parse_args(
+    assert cfg.vllm_log == "" and parse_args(
         ["--model-preset", "tiny", "--vllm-log", "/r/logs/v.log"]).vllm_log == "/r/logs/v.log"
     for bad in (["--model-preset", "tiny", "--scheme", "warp"], [],
                 ["--model-preset", "tiny", "--peer-front", "nonsense"],
@@ -48,51 +49,78 @@ def test_flags_env_and_errors(monkeypatch, capsys):
     assert "unknown scheme" in capsys.readouterr().err
 
 
-class FakeCore:
-    """What agent.core.build_core returns, with fakes inside."""
+def test_new_flags_and_their_variables(monkeypatch, capsys):
+    monkeypatch.setenv("PALLAS_PEER_FRONT", "b=http://h:1")
+    monkeypatch.setenv("PALLAS_KV_CONNECTOR_EXTRA", '{"pace": 2}')
+    cfg = parse_args(["--model-preset", "tiny", "--kv-cache-gib", "0.25", "--vllm-args",
+                      "--num-gpu-blocks-override 64", "--kv-connector-module", "pallas_eval.pacing",
+                      "--commit-deadline-s", "3"])
+    assert cfg.peer_front == {"b": "http://h:1"} and cfg.kv_connector_extra == {"pace": 2}
+    assert cfg.kv_cache_gib == 0.25 and cfg.kv_connector_class == "PallasConnector"
+    assert cfg.migration().commit_deadline_s == 3.0
+    from agent.server import ServerConfig, VLLMServer
+    cmd = VLLMServer(ServerConfig(model="m", agent_address="tcp://h:1", kv_cache_gib=0.25,
+                                  connector_module=cfg.kv_connector_module,
+                                  connector_extra=cfg.kv_connector_extra,
+                                  extra_args=["--num-gpu-blocks-override", "64"])).command()
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(1 << 28)
+    kv = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector_module_path"] == "pallas_eval.pacing"
+    assert kv["kv_connector_extra_config"] == {"pace": 2, "agent_address": "tcp://h:1"}
+    assert cmd[-2:] == ["--num-gpu-blocks-override", "64"]
+    # Issue 12 fault 2: tensor parallelism is refused at start, with the reason.
+    with pytest.raises(SystemExit):
+        parse_args(["--model-preset", "tiny", "--vllm-args", "--tensor-parallel-size 2"])
+    assert "tensor parallelism 2" in capsys.readouterr().err
 
-    def __init__(self):
-        self.sessions = SessionStore()
-        self.engine = fk.FakeEngine()
-        self.migrator = fk.FakeMigrator(self.sessions)
-        self.vllm_url = "http://127.0.0.1:1"  # nothing there: the scraper just finds nothing
-        self.model_path = None
-        self.closed = False
 
-    def identity(self):
-        return pb.ModelIdentity(model="fake", block_size=32, kv_bytes_per_token=1024)
+def test_attach_refuses_a_vllm_with_tensor_parallelism():
+    async def go():
+        a = Agent(parse_args(["--model", "m", "--vllm-url", "http://127.0.0.1:1"]))
+        from agent.migration import MigrationEngine
+        a.migration = MigrationEngine(agent_id="a", peer_address="", sessions=a.sessions,
+                                      engine=a.engine, hub=a.hub, identity=a.identity)
+        a.hub.sched_info, a.hub.worker_info = {"block_size": 32}, {"tp_size": 2}
+        a.hub._ready.set()
 
-    def peer_goodput(self, target):
-        return 1e6
-
-    def peer_stats(self):
-        from agent.telemetry import PeerStat
-        return [PeerStat("b", 1e6, 123, 0.001)]
-
-    def bytes_moved(self):
-        return [(("b", "sent"), 123.0)]
-
-    def blocks_held(self):
-        return 4
-
-    async def close(self):
-        self.closed = True
+        async def healthy():
+            return True
+        from agent import session
+        orig = session.Engine.health
+        session.Engine.health = lambda self: healthy()
+        try:
+            with pytest.raises(RuntimeError, match="tensor parallelism 2"):
+                await a.attach("http://127.0.0.1:1", timeout_s=2)
+        finally:
+            session.Engine.health = orig
+            await a.engine.close()
+    asyncio.run(go())
 
 
 def test_agent_serves_control_health_front_metrics(monkeypatch, capsys):
-    core = FakeCore()
+    """The whole agent wired by agent.app.Agent, vLLM replaced by a fake engine and the peer
+    by a recording target: health, a UE session over the front, a Commit with the session's
+    own scheme, the Telemetry stream, /metrics and JSON logs."""
+    from test_engine import Target, _served
 
-    async def fake_build(cfg, log):
-        return core
+    async def fake_attach(self, url, timeout_s=None):
+        self.vllm_url = url
+        self.engine = self.migration.engine = fk.FakeEngine()
+        self.hub.sched_info = {"block_size": 32, "free_blocks": 100, "num_blocks": 120}
+        self.hub.worker_info = {"block_bytes": 65536, "num_layers": 2, "model_dtype": "float32"}
 
-    monkeypatch.setattr(agent.core, "build_core", fake_build)
+    monkeypatch.setattr(Agent, "attach", fake_attach)
+    monkeypatch.setattr(agent.models, "weights_digest", lambda model: "d1")
     cp, fp = free_port(), free_port()
-    cfg = parse_args(["--model-preset", "tiny", "--agent-id", "a", "--control-port", str(cp),
-                      "--front-port", str(fp), "--host", "127.0.0.1", "--probe-prefill-tokens", "0"])
+    cfg = parse_args(["--model", "/m/fake", "--vllm-url", "http://127.0.0.1:1", "--agent-id", "a",
+                      "--control-port", str(cp), "--front-port", str(fp), "--peer-port", "0",
+                      "--host", "127.0.0.1", "--probe-prefill-tokens", "0"])
     configure_logging("INFO", json=True)
 
     async def go():
-        app = AgentApp(cfg)
+        target = Target()
+        server, tgt = await _served(target)
+        app = Agent(cfg)
         await app.start()
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{cp}") as ch:
@@ -104,25 +132,23 @@ def test_agent_serves_control_health_front_metrics(monkeypatch, capsys):
                                            "stream": False, "scheme": "full-copy"})
                     sid = r.json()["session_id"]
                     await asyncio.sleep(0.05)
-                    c1 = await ctl.Commit(pb.CommitRequest(session_id=sid, epoch=1,
-                                                           actual_target=pb.PeerEndpoint(agent_id="b", address="x:1")))
+                    c1 = await ctl.Commit(pb.CommitRequest(session_id=sid, epoch=1, actual_target=tgt))
                     rep = None
                     async for rep in ctl.Telemetry(pb.TelemetryRequest(period_ms=20)):
                         break
                     metrics = (await c.get(f"http://127.0.0.1:{fp}/metrics")).text
-            return h, c1, rep, metrics
+            return h, c1, rep, metrics, target
         finally:
             await app.stop()
+            await server.stop(0)
 
-    h, c1, rep, metrics = asyncio.run(asyncio.wait_for(go(), 30))
+    h, c1, rep, metrics, target = asyncio.run(asyncio.wait_for(go(), 30))
     assert h.status == health_pb2.HealthCheckResponse.SERVING
-    assert c1.status == pb.STATUS_OK and c1.scheme == pb.SCHEME_FULL_COPY  # the session's own scheme
-    assert core.migrator.calls[-1][5]["ship_blocks"] == "all"
-    assert rep.agent_id == "a" and rep.server.model.model == "fake" and rep.peers[0].bytes_sent == 123
-    assert 'pallas_bytes_moved_total{direction="sent",peer="b"} 123.0' in metrics
-    assert "pallas_kv_blocks_held 4.0" in metrics
-    assert core.closed
-    # Logs are JSON lines carrying session and epoch.
+    assert c1.status == pb.STATUS_OK and c1.scheme == pb.SCHEME_FULL_COPY, c1  # the session's own
+    (sync,) = [x[1] for x in target.calls if x[0] == "sync"]
+    assert sync.split_tokens == 0 and sync.scheme == pb.SCHEME_FULL_COPY
+    assert rep.agent_id == "a" and rep.server.model.model == "fake" and rep.server.model.weights_digest == "d1"
+    assert "pallas_kv_blocks_held 0.0" in metrics and "pallas_control_calls_total" in metrics
     lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
     commits = [x for x in lines if x.get("event") == "control_reply" and x.get("method") == "commit"]
     assert commits and commits[0]["epoch"] == 1 and commits[0]["session"]

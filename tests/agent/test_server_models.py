@@ -27,7 +27,8 @@ def test_server_command_carries_the_connector_and_the_cpu_settings(tmp_path):
     assert kv["kv_connector_extra_config"]["agent_address"] == "tcp://127.0.0.1:5"
     assert "min_step_ms" not in kv["kv_connector_extra_config"]  # pacing is off by default
     env = srv.environment()
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(2 << 30)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     paths = env["PYTHONPATH"].split(":")
     assert any(p.endswith("proto") for p in paths)
     assert srv.base_url == "http://127.0.0.1:18123"

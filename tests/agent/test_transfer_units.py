@@ -70,9 +70,9 @@ def test_block_store_checksum_epochs_and_accounting():
     assert st.num_blocks == 1 and st.get("s", 1, 3) is None
     assert st.put("s", 1, 6, 32, block_crc(d), d) == "stale"
     assert st.drop("s") == 1 and (st.num_blocks, st.num_bytes) == (0, 0)
-    # Negative-control knob: unverified storage accepts corrupted data.
-    st.verify = False
-    assert st.put("t", 1, 0, 32, 12345, d) == "ok"
+    # Negative control (a test double): unverified storage accepts corrupted data.
+    from tests.faults import UncheckedStore
+    assert UncheckedStore().put("t", 1, 0, 32, 12345, d) == "ok"
 
 
 def _ident(**kw):

@@ -21,3 +21,13 @@ def test_commit_moved_fields_are_control_reply_fields():
 
     names = set(pallas_pb2.ControlReply.DESCRIPTOR.fields_by_name)
     assert set(COMMIT_MOVED_FIELDS) <= names, set(COMMIT_MOVED_FIELDS) - names
+
+
+def test_commit_choice_of_a_reply_goes_to_the_event_log_whole():
+    from pallas_common.contract import commit_choice_of
+    pb = pallas_pb2
+    r = pb.ControlReply(status=pb.STATUS_OK)
+    assert commit_choice_of(r) == {} and commit_choice_of(None) == {}
+    r.choice.option, r.choice.finish_s, r.choice.ctho_s, r.choice.prefilled_tokens = "ctho", 2.5, 0.4, 64
+    assert commit_choice_of(r) == {"option": "ctho", "finish_s": 2.5, "ctho_s": 0.4,
+                                   "prefilled_tokens": 64}

@@ -229,6 +229,6 @@ def test_each_baseline_recovers_the_same_session_token_exactly(agents, scheme):
                             scheme=scheme))
     t, c = replies
     assert t.status == pb.STATUS_OK and c.status == pb.STATUS_OK, replies
-    from agent.schemes import scheme_value
+    from pallas_common.schemes import scheme_value
     assert c.scheme == scheme_value(scheme), c
     assert ue.token_ids == ref

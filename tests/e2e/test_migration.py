@@ -23,9 +23,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from agent.migration import MigrationConfig  # noqa: E402
 from agent.models import build_model  # noqa: E402
-from agent.node import AgentConfig, AgentNode  # noqa: E402
+from pallas_proto import pallas_pb2 as pb  # noqa: E402
+from tests.faults import UncheckedStore, corrupt_outgoing  # noqa: E402
+from agent.app import Agent as AgentNode  # noqa: E402
+from agent.app import AgentConfig as _AgentConfig  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
 
@@ -61,7 +63,12 @@ class Pair:
     cfg_b: AgentConfig
 
 
-MIG = MigrationConfig(resume_deadline_s=20.0, block_wait_s=10.0)
+def AgentConfig(agent_id: str, model: str, *, hub_address: str, peer_port: int = 0) -> _AgentConfig:
+    """An agent on loopback whose vLLM the test starts (resume and commit bounds generous for
+    a loaded 2-core host)."""
+    return _AgentConfig(agent_id=agent_id, model=model, hub_address=hub_address, host="127.0.0.1",
+                        peer_port=peer_port, vllm_url="attached by the test",
+                        resume_deadline_s=20.0, commit_deadline_s=30.0)
 
 # The engines' steps are spaced at least this far apart (the connector's min_step_ms): the tiny
 # model then decodes at about a real model's pace, so the source is still decoding when a case's
@@ -90,12 +97,11 @@ def pair():
     reuse = _reuse()
     hub_a = reuse[0] if reuse else f"tcp://127.0.0.1:{free_port()}"
     hub_b = reuse[2] if reuse else f"tcp://127.0.0.1:{free_port()}"
-    cfg_a = AgentConfig("gnb-a", model, hub_address=hub_a, migration=MIG)
-    cfg_b = AgentConfig("gnb-b", model, peer_listen=f"127.0.0.1:{free_port()}",
-                        hub_address=hub_b, migration=MIG)
+    cfg_a = AgentConfig("gnb-a", model, hub_address=hub_a)
+    cfg_b = AgentConfig("gnb-b", model, peer_port=free_port(), hub_address=hub_b)
     a, b = AgentNode(cfg_a), AgentNode(cfg_b)
-    lt.run(a.start())
-    lt.run(b.start())
+    lt.run(a.start_core())
+    lt.run(b.start_core())
     env = {"VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache for the eviction control
     srv_a = VLLMServer(ServerConfig(model=model, agent_address=a.hub.address,
                                     omp_threads_bind="0", env=env, min_step_ms=MIN_STEP_MS))
@@ -159,7 +165,7 @@ async def _finish(node: AgentNode, sid: str, timeout: float = 300.0) -> Session:
     while s.state not in (SessionState.FINISHED, SessionState.FAILED):
         assert time.monotonic() < t_end, "session did not finish"
         await asyncio.sleep(0.05)
-    assert s.state == SessionState.FINISHED, s.info
+    assert s.state == SessionState.FINISHED, s.error
     return s
 
 
@@ -168,7 +174,7 @@ async def _collect(node: AgentNode, sid: str, m: int, timeout: float = 300.0) ->
     s = node.sessions.get(sid)
     assert s is not None, "target holds no session"
     toks = await s.wait_tokens(m - 1, timeout)
-    assert toks, f"session stopped at {len(s.output_token_ids)} tokens: {s.state} {s.info}"
+    assert toks, f"session stopped at {len(s.output_token_ids)} tokens: {s.state} {s.error}"
     await node.engine.abort(s)
     return s
 
@@ -193,19 +199,19 @@ async def _migrate(p: Pair, *, prompt_len: int, trigger_at: int, commit_at: int,
     await _wait_outputs(s, trigger_at)
     split = split or (prompt_len + trigger_at) // BS * BS
     # split 0 (a prefix shorter than one block): nothing to prefill, stream every block.
-    rep = await p.a.migrator.trigger(s.session_id, 1, p.b.endpoint, split_tokens=split,
-                                     recompute_prefix=split > 0)
+    rep = await p.a.migration.trigger(s.session_id, 1, p.b.endpoint, split_tokens=split,
+                                     scheme=pb.SCHEME_PALLAS if split else pb.SCHEME_NO_RC)
     assert rep.status == 1, rep
     await _wait_outputs(s, commit_at)
     if before_commit is not None:
         await before_commit(s)
-    rep_c = await p.a.migrator.commit(s.session_id, 1, p.b.endpoint, ue_tokens=commit_at)
+    rep_c = await p.a.migration.commit(s.session_id, 1, p.b.endpoint, ue_tokens=commit_at)
     assert rep_c.status == 1, rep_c
     assert s.state == SessionState.HANDED_OVER
     t = await _collect(p.b, s.session_id, max_tokens)
     n = len(prompt) + t.resumed_from
     return {"ref": ref, "src": s, "tgt": t, "n": n, "split": rep.split_tokens,
-            "claim": t.info.get("claim", {}), "handover": s.info.get("handover", {})}
+            "claim": t.claim or {}, "handover": s.handover}
 
 
 def _check_exact(r: dict) -> None:
@@ -249,7 +255,7 @@ def test_token_exact_continuation(pair: Pair, name: str):
     _check_exact(r)
     _check_claim(r)
     if name == "kv_ends_on_block_boundary":
-        assert r["n"] == 97 and not r["handover"]["tail"]
+        assert r["n"] == 97 and not r["handover"].tail
     if name == "tokens_end_on_block_boundary":
         assert r["n"] % BS == 0
     if name == "suffix_partial_block_only":
@@ -265,7 +271,7 @@ def test_token_exact_continuation(pair: Pair, name: str):
 
 async def _held(p: Pair) -> dict:
     await asyncio.sleep(0.6)  # one hello period of the connectors
-    return {"a": p.a.migrator.held(), "b": p.b.migrator.held(),
+    return {"a": p.a.migration.held(), "b": p.b.migration.held(),
             "a_kv": p.a.hub.kv_stats(), "b_kv": p.b.hub.kv_stats()}
 
 
@@ -277,24 +283,24 @@ def test_chain_a_to_b_to_a(pair: Pair):
         s = await _start(pair.a, prompt, 300 + SLACK)
         sid = s.session_id
         await _wait_outputs(s, 10)
-        assert (await pair.a.migrator.trigger(sid, 1, pair.b.endpoint,
+        assert (await pair.a.migration.trigger(sid, 1, pair.b.endpoint,
                                               split_tokens=128)).status == 1
         await _wait_outputs(s, 60)
-        assert (await pair.a.migrator.commit(sid, 1, pair.b.endpoint, ue_tokens=60)).status == 1
+        assert (await pair.a.migration.commit(sid, 1, pair.b.endpoint, ue_tokens=60)).status == 1
         t = pair.b.sessions.get(sid)
         assert t is not None and t.state == SessionState.RESUMED
         await _wait_outputs(t, 80)
-        assert (await pair.b.migrator.trigger(sid, 2, pair.a.endpoint,
+        assert (await pair.b.migration.trigger(sid, 2, pair.a.endpoint,
                                               split_tokens=192)).status == 1
         await _wait_outputs(t, 150)
-        assert (await pair.b.migrator.commit(sid, 2, pair.a.endpoint, ue_tokens=150)).status == 1
+        assert (await pair.b.migration.commit(sid, 2, pair.a.endpoint, ue_tokens=150)).status == 1
         back = await _collect(pair.a, sid, 300)
         return ref, t, back
 
     ref, t, back = pair.lt.run(run())
     assert t.state == SessionState.HANDED_OVER and back.resumed_from == 150
     assert back.output_token_ids[:300] == ref
-    claim = back.info["claim"]
+    claim = back.claim
     assert claim["local"] + claim["external"] == 120 + 150 - 1, claim
 
 
@@ -305,19 +311,20 @@ def test_corrupted_block_is_caught_and_recomputed(pair: Pair):
         prompt = _prompt(100, _seed("case-7"))
         ref = await _reference(pair.a, prompt, 300)
         s = await _start(pair.a, prompt, 300 + SLACK)
-        pair.a.migrator.corrupt_blocks.add((s.session_id, 4))  # P = 96 -> blocks 3, 4, ...
+        corrupt = {(s.session_id, 4)}  # P = 96 -> blocks 3, 4, ...
+        corrupt_outgoing(pair.a.migration, corrupt)
         try:
             await _wait_outputs(s, 1)
-            rep = await pair.a.migrator.trigger(s.session_id, 1, pair.b.endpoint,
+            rep = await pair.a.migration.trigger(s.session_id, 1, pair.b.endpoint,
                                                 split_tokens=96)
             assert rep.status == 1 and rep.split_tokens == 96
             await _wait_outputs(s, 120)
-            assert (await pair.a.migrator.commit(s.session_id, 1, pair.b.endpoint,
+            assert (await pair.a.migration.commit(s.session_id, 1, pair.b.endpoint,
                                                  ue_tokens=120)).status == 1
             t = await _collect(pair.b, s.session_id, 300)
         finally:
-            pair.a.migrator.corrupt_blocks.clear()
-        return {"ref": ref, "tgt": t, "claim": t.info["claim"]}
+            corrupt.clear()
+        return {"ref": ref, "tgt": t, "claim": t.claim}
 
     r = pair.lt.run(run())
     _check_exact(r)
@@ -333,30 +340,31 @@ def test_corruption_without_checksum_diverges(pair: Pair):
         prompt = _prompt(100, _seed("case-8"))
         ref = await _reference(pair.a, prompt, 200)
         s = await _start(pair.a, prompt, 200 + SLACK)
-        pair.a.migrator.corrupt_blocks.add((s.session_id, 3))
-        pair.b.hub.store.verify = False
+        corrupt = {(s.session_id, 3)}
+        corrupt_outgoing(pair.a.migration, corrupt)
+        checked, pair.b.hub.store = pair.b.hub.store, UncheckedStore()
         try:
             await _wait_outputs(s, 1)
-            assert (await pair.a.migrator.trigger(s.session_id, 1, pair.b.endpoint,
+            assert (await pair.a.migration.trigger(s.session_id, 1, pair.b.endpoint,
                                                   split_tokens=96)).status == 1
             await _wait_outputs(s, 40)
-            assert (await pair.a.migrator.commit(s.session_id, 1, pair.b.endpoint,
+            assert (await pair.a.migration.commit(s.session_id, 1, pair.b.endpoint,
                                                  ue_tokens=40)).status == 1
             t = await _collect(pair.b, s.session_id, 200)
         finally:
-            pair.a.migrator.corrupt_blocks.clear()
-            pair.b.hub.store.verify = True
+            corrupt.clear()
+            pair.b.hub.store = checked
         return ref, t
 
     ref, t = pair.lt.run(run())
-    assert t.info["claim"]["external"] > 0
+    assert t.claim["external"] > 0
     assert t.output_token_ids[:200] != ref
 
 
 def test_evicted_prefix_is_recomputed(pair: Pair):
     """B's warmed prefix is evicted before the commit: B recomputes it, still exact."""
     async def evict(s):
-        inb = pair.b.migrator.inbound[s.session_id]
+        inb = pair.b.migration.inbound[s.session_id]
         if inb.warmup is not None:
             await inb.warmup
         async with httpx.AsyncClient() as c:
@@ -403,7 +411,7 @@ def test_cancel_mid_stream_releases_everything(pair: Pair):
         ref = await _reference(pair.a, prompt, LONG)
         s = await _start(pair.a, prompt, LONG)
         await _wait_outputs(s, 10)
-        rep = await pair.a.migrator.trigger(s.session_id, 1, pair.b.endpoint)
+        rep = await pair.a.migration.trigger(s.session_id, 1, pair.b.endpoint)
         assert rep.status == 1
         t_end = time.monotonic() + 60
         while pair.b.hub.store.num_blocks < 1:
@@ -411,7 +419,7 @@ def test_cancel_mid_stream_releases_everything(pair: Pair):
             await asyncio.sleep(0.02)
         mid = await _held(pair)
         k_cancel = len(s.output_token_ids)
-        rep = await pair.a.migrator.cancel(s.session_id, 2, "target changed")
+        rep = await pair.a.migration.cancel(s.session_id, 2, "target changed")
         assert rep.status == 1 and s.state == SessionState.SERVING
         k_after = len(s.output_token_ids)
         fin = await _finish(pair.a, s.session_id)
@@ -426,7 +434,7 @@ def test_cancel_mid_stream_releases_everything(pair: Pair):
     # Everything released: the target's buffers, its KV pool and the connector views.
     for side in ("a", "b"):
         assert after[side] == {"inbound": 0, "outbound": 0, "blocks": 0, "bytes": 0,
-                               "streams_queued": 0}, after
+                               "reserved_bytes": 0, "streams_queued": 0}, after
     assert after["b_kv"]["free_blocks"] == base["b_kv"]["free_blocks"]
     assert after["b_kv"]["avail_blocks"] == 0 and after["a_kv"]["exports"] == 0
 
@@ -440,17 +448,17 @@ def test_peer_killed_mid_stream(pair: Pair):
         ref = await _reference(pair.a, prompt, LONG)
         s = await _start(pair.a, prompt, LONG)
         await _wait_outputs(s, 10)
-        assert (await pair.a.migrator.trigger(s.session_id, 1, pair.b.endpoint)).status == 1
+        assert (await pair.a.migration.trigger(s.session_id, 1, pair.b.endpoint)).status == 1
         t_end = time.monotonic() + 60
         while pair.b.hub.store.num_blocks < 1:
             assert time.monotonic() < t_end, "no block reached B"
             await asyncio.sleep(0.02)
         k_kill = len(s.output_token_ids)
-        await pair.b.stop(grace_s=0)  # the target agent dies
+        await pair.b.stop()  # the target agent dies
         fin = await _finish(pair.a, s.session_id)
         # A restarted agent at B, same addresses.
         nb = AgentNode(pair.cfg_b)
-        await nb.start()
+        await nb.start_core()
         await nb.attach(pair.srv_b.base_url)
         pair.b = nb
         after = await _held(pair)
@@ -460,7 +468,7 @@ def test_peer_killed_mid_stream(pair: Pair):
     assert fin.output_token_ids == ref
     _no_stall(fin, k_kill)
     assert after["a"] == {"inbound": 0, "outbound": 0, "blocks": 0, "bytes": 0,
-                          "streams_queued": 0}, after
+                          "reserved_bytes": 0, "streams_queued": 0}, after
     assert after["a_kv"]["exports"] == 0
     assert after["b_kv"]["free_blocks"] == base["b_kv"]["free_blocks"]
     assert after["b_kv"]["avail_blocks"] == 0

@@ -80,14 +80,14 @@ def _agent_container_flags() -> set[str]:
 
 
 def test_every_flag_the_chart_passes_to_pallas_agent_exists():
-    """Read agent/main.py's argparse flags from its source (the agent's environment, not this
-    one, can import it) and check each flag the chart gives the agent container."""
+    """Read the agent's flags from its source (the agent's environment, not this one, can
+    import it): one flag per field of agent/app.py's AgentConfig, ``--<field-with-dashes>``;
+    check each flag the chart gives the agent container."""
     import ast
 
-    tree = ast.parse((REPO / "agent" / "main.py").read_text())
-    defined = {a.value for node in ast.walk(tree) if isinstance(node, ast.Call)
-               and getattr(node.func, "attr", "") == "add_argument"
-               for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")}
+    tree = ast.parse((REPO / "agent" / "app.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "AgentConfig")
+    defined = {"--" + n.target.id.replace("_", "-") for n in cls.body if isinstance(n, ast.AnnAssign)}
     used = _agent_container_flags()
     assert {"--agent-id", "--control-port", "--peer-port", "--front-port", "--hub-address"} <= used
     assert used <= defined, f"flags the agent does not define: {sorted(used - defined)}"

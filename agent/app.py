@@ -1,0 +1,549 @@
+"""``pallas-agent``: the sidecar beside one vLLM server (architecture.md, "Deployment picture").
+
+This module is the agent's one composition root. :class:`AgentConfig` holds every setting; each
+field is one flag ``--<field-with-dashes>`` and one environment variable ``PALLAS_<FIELD>``
+(upper case; the flag wins), both derived from the field's name in :func:`build_parser`, so a
+flag and its variable always agree. :class:`Agent` builds and owns every part of one process:
+
+- the local channel to the Pallas connector inside vLLM (:class:`agent.ipc.BlockHub`);
+- the migration engine (:class:`agent.migration.MigrationEngine`) behind the peer data plane
+  (gRPC ``pallas.v1.PeerTransfer``) on ``--peer-port``;
+- the xApp-facing Control service (gRPC ``pallas.v1.Control``, a thin servicer over the engine)
+  and gRPC health checking on ``--control-port``;
+- the UE session front (HTTP, agent/frontend.py) with ``/metrics`` on ``--front-port``;
+- vLLM itself, launched with the connector configured (default), or a running one given by
+  ``--vllm-url`` (it must load the connector pointed at ``--hub-address``).
+
+Logs are JSON lines on stderr (structlog).
+
+Example (two agents on one host, tiny random model)::
+
+    pallas-agent --agent-id a --model-preset tiny --front-port 8081 --control-port 50061 \\
+        --peer-port 50071 --omp-bind 0
+    pallas-agent --agent-id b --model-preset tiny --front-port 8082 --control-port 50062 \\
+        --peer-port 50072 --omp-bind 1 --peer-rate-mbps 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from pallas_proto import pallas_pb2
+
+from agent.ipc import BlockHub
+from agent.migration import MigrationConfig, MigrationEngine
+from agent.obs import BYTES_MOVED, KV_BLOCKS_HELD, configure_logging, get_logger, observe_resumed
+from agent.session import Engine, SessionStore
+from agent.transfer import serve_peer_transfer
+from agent.wire import tune_malloc_for_blocks
+from pallas_common.schemes import scheme_name, scheme_value
+
+__all__ = ["AgentConfig", "build_parser", "parse_args", "Agent", "main"]
+
+CONTROL_SERVICE = "pallas.v1.Control"
+
+
+def _f(default: Any, help: str, group: str = "migration", **kw: Any) -> Any:
+    """A config field with its flag's help text and group (see :func:`build_parser`)."""
+    meta = {"help": help, "group": group, **kw}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class AgentConfig:
+    """Every setting of one agent (flags and ``PALLAS_*`` environment).
+
+    Units: seconds (``*_s``), milliseconds (``*_ms``), Mbit/s (``peer_rate_mbps``, converted
+    once to bytes/s), GiB (``kv_cache_gib``, fractions allowed), bytes (``*_bytes``).
+    """
+
+    agent_id: str = _f(socket.gethostname(), "this agent's id (gNB / edge server)", "endpoints")
+    host: str = _f("0.0.0.0", "bind address of every endpoint", "endpoints")
+    advertise_host: str = _f("127.0.0.1", "host other agents and UEs use to reach this agent",
+                             "endpoints")
+    control_port: int = _f(50051, "xApp-facing Control gRPC + health", "endpoints")
+    peer_port: int = _f(50052, "PeerTransfer gRPC (agent to agent)", "endpoints")
+    front_port: int = _f(8080, "UE session front (HTTP) and /metrics", "endpoints")
+    metrics_port: int = _f(0, "extra Prometheus port (0 = only the front's /metrics)", "endpoints")
+    peer_front: dict[str, str] = _f({}, "another agent's front URL, ID=URL (repeatable or "
+                                    "comma-separated)", "endpoints", metavar="ID=URL")
+    vllm_url: str = _f("", "use this running vLLM server (started with the Pallas connector) "
+                       "instead of launching one", "vLLM")
+    hub_address: str = _f("tcp://127.0.0.1:0", "ZeroMQ endpoint of the agent's block hub (the "
+                          "connector connects to it)", "vLLM")
+    model: str = _f("", "model folder or served model name", "vLLM")
+    model_preset: str = _f("", "build (or reuse) a random-weight Llama preset and serve it",
+                           "vLLM", choices=["", "tiny", "m152"])
+    vllm_port: int = _f(0, "port of the launched vLLM (0 = any free port)", "vLLM")
+    kv_cache_gib: float = _f(1.0, "KV cache of the launched vLLM, GiB (fractions allowed)", "vLLM")
+    omp_bind: str = _f("auto", "VLLM_CPU_OMP_THREADS_BIND of the launched vLLM", "vLLM")
+    block_size: int = _f(32, "tokens per KV block", "vLLM")
+    max_model_len: int = _f(4096, "vLLM --max-model-len", "vLLM")
+    max_num_seqs: int = _f(8, "vLLM --max-num-seqs", "vLLM")
+    dtype: str = _f("float32", "vLLM --dtype", "vLLM")
+    min_step_ms: float = _f(0.0, "emulated minimum engine step of the launched vLLM (0 = off)",
+                            "vLLM")
+    kv_connector_module: str = _f("agent.connector", "module vLLM loads the KV connector from "
+                                  "(kv_connector_module_path)", "vLLM")
+    kv_connector_class: str = _f("PallasConnector", "KV connector class name", "vLLM")
+    kv_connector_extra: dict[str, Any] = _f({}, "JSON object merged into the connector's "
+                                            "kv_connector_extra_config", "vLLM")
+    vllm_args: str = _f("", "more `vllm serve` arguments (one string, shell-split), e.g. "
+                        "'--num-gpu-blocks-override 64'", "vLLM")
+    vllm_ready_timeout_s: float = _f(600.0, "how long vLLM and its connector may take to start",
+                                     "vLLM")
+    vllm_log: str = _f("", "file for the launched vLLM's output (default .cache/logs/vllm-PORT.log)",
+                       "vLLM")
+    tokenizer: str = _f("", "tokenizer folder for text prompts/outputs (default: the model's)",
+                        "vLLM")
+    peer_rate_mbps: float = _f(0.0, "token-bucket limit on the outgoing block stream, Mbit/s "
+                               "(0 = unlimited)")
+    scheme: str = _f("pallas", "default recovery scheme: pallas, full-copy, recomputation, ctho, "
+                     "detour, no-rc, no-sm")
+    telemetry_period_ms: int = _f(100, "default Telemetry period")
+    probe_prefill_tokens: int = _f(256, "measure r_p at start with one prefill of this many "
+                                   "tokens (0 = off)")
+    resume_wait_s: float = _f(30.0, "how long the front waits for a session to resume here")
+    session_ttl_s: float = _f(600.0, "forget finished / handed-over sessions after this long")
+    rpc_timeout_s: float = _f(10.0, "deadline of Prepare/Release calls to a peer")
+    commit_deadline_s: float = _f(10.0, "the longest a commit may freeze the session at the "
+                                  "source (block wait + Sync); past it the source serves on")
+    warmup_timeout_s: float = _f(60.0, "target: longest Sync waits for the prefix warm-up "
+                                 "(the source's commit-time choice usually bounds it first)")
+    resume_deadline_s: float = _f(5.0, "target: how long a resumed request waits for blocks "
+                                  "still in flight before vLLM recomputes what is missing")
+    inbound_idle_s: float = _f(30.0, "target: drop a prepared migration whose source sent "
+                               "nothing for this long")
+    max_inbound_session_bytes: int = _f(1 << 30, "target: KV bytes one incoming migration may "
+                                        "buffer")
+    max_inbound_bytes: int = _f(4 << 30, "target: KV bytes all incoming migrations may buffer")
+    relay_hop_s: float = _f(0.005, "expected one-way relay delay of Detour (commit-time choice)")
+    log_level: str = _f("INFO", "log level", "logging")
+    log_format: str = _f("json", "log format", "logging", choices=["json", "console"])
+
+    @property
+    def peer_rate_bytes_per_s(self) -> float:
+        """The peer link limit in bytes/s (0 = unlimited)."""
+        return self.peer_rate_mbps * 1e6 / 8.0
+
+    @property
+    def front_url(self) -> str:
+        """URL other agents and UEs use for this agent's session front."""
+        return f"http://{self.advertise_host}:{self.front_port}"
+
+    def migration(self) -> MigrationConfig:
+        """The migration engine's knobs."""
+        return MigrationConfig(
+            rpc_timeout_s=self.rpc_timeout_s, commit_deadline_s=self.commit_deadline_s,
+            warmup_timeout_s=self.warmup_timeout_s, resume_deadline_s=self.resume_deadline_s,
+            inbound_idle_s=self.inbound_idle_s,
+            max_inbound_session_bytes=self.max_inbound_session_bytes,
+            max_inbound_bytes=self.max_inbound_bytes, relay_hop_s=self.relay_hop_s,
+            link_rate_mbps=self.peer_rate_mbps or None,
+            default_scheme=scheme_value(self.scheme))
+
+
+def _parse_fronts(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        for part in filter(None, (p.strip() for p in item.split(","))):
+            if "=" not in part:
+                raise argparse.ArgumentTypeError(f"--peer-front wants AGENT_ID=URL, got {part!r}")
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip().rstrip("/")
+    return out
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    obj = json.loads(text) if text else {}
+    if not isinstance(obj, dict):
+        raise ValueError("--kv-connector-extra must be a JSON object")
+    return obj
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``pallas-agent`` parser: one flag per :class:`AgentConfig` field, its default read
+    from ``PALLAS_<FIELD>`` when set."""
+    p = argparse.ArgumentParser(prog="pallas-agent", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    groups: dict[str, Any] = {}
+    for f in dataclasses.fields(AgentConfig):
+        m = f.metadata
+        g = groups.get(m["group"]) or groups.setdefault(m["group"], p.add_argument_group(m["group"]))
+        env = os.environ.get("PALLAS_" + f.name.upper())
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if f.name == "peer_front":
+            g.add_argument(flag, action="append", default=[env] if env else [],
+                           metavar=m.get("metavar"), help=m["help"])
+            continue
+        typ = {int: int, float: float}.get(type(default), str)
+        if isinstance(default, dict):
+            default = env if env is not None else ""
+        elif env is not None:
+            default = env
+        g.add_argument(flag, type=typ, default=default, choices=m.get("choices"), help=m["help"])
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> AgentConfig:
+    """Parse flags (and ``PALLAS_*`` environment) into an :class:`AgentConfig`.
+
+    Raises:
+        SystemExit: bad flags (argparse prints why).
+    """
+    p = build_parser()
+    a = vars(p.parse_args(argv))
+    try:
+        scheme_value(a["scheme"])
+        a["peer_front"] = _parse_fronts(a["peer_front"])
+        a["kv_connector_extra"] = _json_object(a["kv_connector_extra"])
+        vargs = shlex.split(a["vllm_args"])
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        p.error(str(e))
+    if not a["vllm_url"] and not (a["model"] or a["model_preset"]):
+        p.error("give --model or --model-preset (to launch vLLM), or --vllm-url")
+    for k in ("peer_rate_mbps", "min_step_ms", "kv_cache_gib"):
+        if a[k] < 0:
+            p.error(f"--{k.replace('_', '-')} must be >= 0")
+    for k in ("rpc_timeout_s", "commit_deadline_s", "warmup_timeout_s", "resume_deadline_s",
+              "inbound_idle_s"):
+        if a[k] <= 0:
+            p.error(f"--{k.replace('_', '-')} must be > 0")
+    tp = tp_size_of(vargs)
+    if tp > 1:
+        p.error(f"--vllm-args asks for tensor parallelism {tp}: Pallas moves one KV copy per "
+                "block and cannot migrate a sharded cache; run vLLM with TP = 1")
+    return AgentConfig(**a)
+
+
+def tp_size_of(vllm_args: list[str]) -> int:
+    """The tensor-parallel size a ``vllm serve`` argument list asks for (1 if none)."""
+    for i, x in enumerate(vllm_args):
+        for flag in ("--tensor-parallel-size", "-tp"):
+            if x == flag and i + 1 < len(vllm_args):
+                return int(vllm_args[i + 1])
+            if x.startswith(flag + "="):
+                return int(x.split("=", 1)[1])
+    return 1
+
+
+def load_tokenizer(path: str | None):
+    """A transformers tokenizer from ``path`` if it has one, else None (token ids only)."""
+    if not path or not os.path.isdir(path):
+        return None
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any(os.path.exists(os.path.join(path, n)) for n in names):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+class Agent:
+    """One agent process: builds, starts and stops every part (the composition root).
+
+    Usage: ``agent = Agent(cfg); await agent.start(); ...; await agent.stop()`` or
+    ``await agent.run()`` until SIGINT/SIGTERM. Tests and benchmarks that run vLLM themselves
+    use the parts: ``await agent.start_core()`` (hub, engine, peer gRPC), start vLLM with
+    ``agent_address=agent.hub.address``, then ``await agent.attach(url)``.
+    """
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.log = get_logger("pallas.agent", agent=cfg.agent_id)
+        self.hub = BlockHub(cfg.hub_address)
+        self.sessions = SessionStore()
+        self.engine = Engine("http://127.0.0.1:1", cfg.model)  # pointed at vLLM by attach()
+        self.migration: MigrationEngine | None = None
+        self.peer_server: grpc.aio.Server | None = None
+        self.peer_address = ""
+        self.vllm: Any = None
+        self.vllm_url = ""
+        self.control: Any = None
+        self.front: Any = None
+        self.scraper: Any = None
+        self.grpc_control: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer()
+        self._identity: pallas_pb2.ModelIdentity | None = None
+        self._digest = ""
+        self._uvicorn: list[Any] = []
+        self._tasks: list[asyncio.Task] = []
+        self._stopped = False
+
+    @property
+    def endpoint(self) -> pallas_pb2.PeerEndpoint:
+        """Where peers reach this agent."""
+        return pallas_pb2.PeerEndpoint(agent_id=self.cfg.agent_id, address=self.peer_address)
+
+    def identity(self) -> pallas_pb2.ModelIdentity:
+        """This server's ModelIdentity (from the connector's hello and the weights digest).
+
+        Raises:
+            RuntimeError: the connector has not said hello yet.
+        """
+        if self._identity is not None:
+            return self._identity
+        w, sch = self.hub.worker_info, self.hub.sched_info
+        if w is None or sch is None:
+            raise RuntimeError("the vLLM connector has not connected yet")
+        bs = int(sch.get("block_size") or w.get("block_size"))
+        block_bytes = int(w["block_bytes"])
+        self._identity = pallas_pb2.ModelIdentity(
+            model=os.path.basename(os.path.normpath(self.cfg.model)),
+            weights_digest=self._digest, dtype=str(w.get("model_dtype", w.get("dtype"))),
+            kv_cache_dtype=str(w.get("kv_cache_dtype", "auto")), block_size=bs,
+            backend=str(w.get("backend", "")), kv_bytes_per_token=block_bytes // bs,
+            num_layers=int(w["num_layers"]), block_bytes=block_bytes)
+        return self._identity
+
+    # ------------------------------------------------------------------ parts
+    async def start_core(self, peer_listen: str | None = None) -> None:
+        """Bind the connector channel and start the migration engine's peer gRPC server."""
+        from agent.models import weights_digest
+
+        cfg = self.cfg
+        loop = asyncio.get_running_loop()
+        if cfg.model_preset and not cfg.model:
+            from agent.models import build_model
+
+            cfg.model = str(await loop.run_in_executor(None, build_model, cfg.model_preset))
+            self.engine.model = cfg.model
+        await self.hub.start()
+        self._digest = await loop.run_in_executor(None, weights_digest, cfg.model)
+        self.migration = MigrationEngine(agent_id=cfg.agent_id, peer_address="",
+                                         sessions=self.sessions, engine=self.engine, hub=self.hub,
+                                         identity=self.identity, config=cfg.migration())
+        listen = peer_listen or f"{cfg.host}:{cfg.peer_port}"
+        self.peer_server, bound = await serve_peer_transfer(self.migration, listen)
+        self.peer_address = f"{cfg.advertise_host}:{bound.rsplit(':', 1)[1]}"
+        self.migration.peer_address = self.peer_address
+
+    async def attach(self, vllm_url: str, timeout_s: float | None = None) -> None:
+        """Point the engine client at the local vLLM and wait for it and its connector.
+
+        Raises:
+            TimeoutError: not ready within ``timeout_s`` (default ``vllm_ready_timeout_s``).
+            RuntimeError: the launched vLLM exited, or it runs with tensor parallelism > 1.
+        """
+        assert self.migration is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout_s or self.cfg.vllm_ready_timeout_s)
+        self.vllm_url = vllm_url.rstrip("/")
+        await self.engine.close()
+        self.engine = self.migration.engine = Engine(self.vllm_url, self.cfg.model)
+        while not (await self.engine.health() and self.hub.ready):
+            proc = getattr(self.vllm, "proc", None)
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{self.vllm.log_tail()}")
+            if loop.time() > deadline:
+                raise TimeoutError(f"vLLM at {vllm_url} or its connector not ready")
+            await asyncio.sleep(0.5)
+        tp = int((self.hub.worker_info or {}).get("tp_size", 1))
+        if tp > 1:
+            raise RuntimeError(f"vLLM runs with tensor parallelism {tp}: Pallas moves one KV copy "
+                               "per block and cannot migrate a sharded cache; run it with TP = 1")
+
+    def _launch_vllm(self) -> str:
+        from agent.server import ServerConfig, VLLMServer
+
+        cfg = self.cfg
+        extra = {**cfg.kv_connector_extra}
+        if cfg.min_step_ms > 0:
+            extra.setdefault("min_step_ms", float(cfg.min_step_ms))
+        self.vllm = VLLMServer(ServerConfig(
+            model=cfg.model, port=cfg.vllm_port, agent_address=self.hub.address,
+            kv_cache_gib=cfg.kv_cache_gib, omp_threads_bind=cfg.omp_bind,
+            block_size=cfg.block_size, max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs, dtype=cfg.dtype,
+            connector_module=cfg.kv_connector_module, connector_class=cfg.kv_connector_class,
+            connector_extra=extra, extra_args=shlex.split(cfg.vllm_args),
+            log_path=cfg.vllm_log or None))
+        self.vllm.start()
+        self.log.info("vllm_launched", vllm_url=self.vllm.base_url, pid=self.vllm.proc.pid,
+                      log_path=self.vllm.log_path, hub=self.hub.address)
+        return self.vllm.base_url
+
+    async def _probe_prefill(self) -> None:
+        """Measure r_p once at start: a prefill of ``probe_prefill_tokens`` distinct tokens."""
+        n = self.cfg.probe_prefill_tokens
+        if n <= 0 or self.scraper is None:
+            return
+        ids = [3 + (i * 7919 + int(time.time())) % 997 for i in range(n)]  # fresh ids: no cache hit
+        t0 = time.perf_counter()
+        try:
+            await self.engine.prefill(ids)
+        except Exception as e:  # noqa: BLE001 - a failed probe leaves r_p unmeasured
+            self.log.warning("prefill_probe_failed", error=repr(e))
+            return
+        dt = time.perf_counter() - t0
+        self.scraper.observe_prefill(n, dt)
+        self.log.info("prefill_probe", tokens=n, seconds=round(dt, 4), prefill_rate=round(n / dt, 1))
+
+    async def _housekeeping(self) -> None:
+        """Every 0.1 s: record resumed sessions' SIT; every few s: forget old sessions and
+        expire inbound migrations whose source went silent."""
+        ttl, last = self.cfg.session_ttl_s, 0.0
+        while True:
+            await asyncio.sleep(0.1)
+            observe_resumed(list(self.sessions))
+            now = time.time()
+            if now - last < min(5.0, max(0.5, ttl / 4)):
+                continue
+            last = now
+            for s in list(self.sessions):
+                if s.done:
+                    s.ended_at = s.ended_at or now
+                    if now - max(s.token_times[-1] if s.token_times else 0.0, s.ended_at) > ttl:
+                        self.sessions.pop(s.session_id)
+                        self.migration.forget(s.session_id)
+            await self.migration.expire()
+
+    async def start(self) -> None:
+        """Start the core, vLLM (unless ``--vllm-url``), the gRPC services, front, telemetry."""
+        import uvicorn
+
+        from agent.control import ControlService, add_control_service
+        from agent.frontend import SessionFront
+        from agent.telemetry import TelemetryCollector, VllmScraper
+
+        cfg = self.cfg
+        await self.start_core()
+        try:
+            await self.attach(cfg.vllm_url or self._launch_vllm())
+        except BaseException:
+            await self.stop()
+            raise
+        mig = self.migration
+        self.scraper = VllmScraper(self.vllm_url, period_s=1.0)
+        self.scraper.start()
+        mig.prefill_rate = lambda: self.scraper.prefill_rate.value or 0.0
+        mig.observe_prefill = self.scraper.observe_prefill
+        BYTES_MOVED.fn = lambda: [((p.agent_id, "sent"), float(p.bytes_sent))
+                                  for p in mig.peers.telemetry()]
+        KV_BLOCKS_HELD.fn = lambda: [((), mig.held()["blocks"])]
+        collector = TelemetryCollector(cfg.agent_id, lambda: list(self.sessions),
+                                       scraper=self.scraper, identity=self._identity_or_none,
+                                       peers=lambda: list(mig.peers.telemetry()),
+                                       kv_blocks=self.hub.kv_blocks)
+        self.control = ControlService(mig, agent_id=cfg.agent_id, telemetry=collector.report,
+                                      default_period_s=cfg.telemetry_period_ms / 1000.0)
+        self.grpc_control = grpc.aio.server()
+        add_control_service(self.grpc_control, self.control)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_control)
+        self.grpc_control.add_insecure_port(f"{cfg.host}:{cfg.control_port}")
+        await self.grpc_control.start()
+
+        tok = load_tokenizer(cfg.tokenizer or cfg.model)
+        self.front = SessionFront(self.sessions, self.engine, agent_id=cfg.agent_id, tokenizer=tok,
+                                  on_open=lambda s, sch: mig.set_session_scheme(s.session_id, sch),
+                                  directory=cfg.peer_front, resume_wait_s=cfg.resume_wait_s,
+                                  scheme_of=mig.scheme_for)
+        for port in [cfg.front_port] + ([cfg.metrics_port] if cfg.metrics_port else []):
+            srv = uvicorn.Server(uvicorn.Config(self.front.app, host=cfg.host, port=port,
+                                                log_level="warning", access_log=False,
+                                                lifespan="off"))
+            self._uvicorn.append(srv)
+            self._tasks.append(asyncio.create_task(srv.serve(), name=f"http-{port}"))
+        while not all(s.started for s in self._uvicorn):
+            for t in self._tasks:
+                if t.done():
+                    t.result()  # raises the bind error
+            await asyncio.sleep(0.02)
+        await self._probe_prefill()
+        self._tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
+        for svc in ("", CONTROL_SERVICE):
+            await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
+        self.log.info("agent_ready", control_port=cfg.control_port, peer=self.peer_address,
+                      front_port=cfg.front_port, vllm_url=self.vllm_url,
+                      scheme=scheme_name(scheme_value(cfg.scheme)),
+                      peer_rate_mbps=cfg.peer_rate_mbps)
+
+    def _identity_or_none(self) -> pallas_pb2.ModelIdentity | None:
+        try:
+            return self.identity()
+        except RuntimeError:
+            return None
+
+    async def stop(self) -> None:
+        """Stop everything this agent started (vLLM too, if it launched it); idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for svc in ("", CONTROL_SERVICE):
+            with contextlib.suppress(Exception):
+                await self.health.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
+        for srv in self._uvicorn:
+            srv.should_exit = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(t, 5)
+        if self.grpc_control is not None:
+            await self.grpc_control.stop(1.0)
+        if self.scraper is not None:
+            await self.scraper.stop()
+        if self.front is not None:
+            await self.front.aclose()
+        if self.migration is not None:
+            await self.migration.close()
+        for s in list(self.sessions):
+            if s._task is not None and not s._task.done():
+                s._task.cancel()
+        if self.peer_server is not None:
+            await self.peer_server.stop(1.0)
+        await self.engine.close()
+        await self.hub.close()
+        if self.vllm is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.vllm.stop)
+        self.log.info("agent_stopped")
+
+    async def run(self) -> None:
+        """Start, serve until SIGINT/SIGTERM, stop."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        try:
+            await self.start()
+            await stop.wait()
+        finally:
+            await self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``pallas-agent``; returns the exit status."""
+    cfg = parse_args(argv)
+    configure_logging(cfg.log_level, json=cfg.log_format == "json")
+    # Block-sized buffers stay in the heap (halves the sender's CPU per block, agent/wire.py).
+    get_logger("pallas.agent").info("malloc_tuned", ok=tune_malloc_for_blocks())
+    try:
+        asyncio.run(Agent(cfg).run())
+    except KeyboardInterrupt:
+        pass
+    except Exception as e:  # noqa: BLE001 - report and exit non-zero
+        get_logger("pallas.agent").exception("agent_failed", error=repr(e))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

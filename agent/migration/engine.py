@@ -1,0 +1,429 @@
+"""The migration engine: one per agent, source and target of every scheme (paper section 4.3,
+model.md sections 5-8).
+
+The Control service (xApp) calls :meth:`MigrationEngine.trigger`, :meth:`~MigrationEngine.cancel`
+and :meth:`~MigrationEngine.commit`; the PeerTransfer service calls the target side
+(:class:`agent.migration.target.TargetRole`). The engine carries out the scheme the call names
+(or the session's pinned one, or the agent default; :data:`pallas_common.schemes.SCHEMES`):
+
+- a proactive scheme's Trigger prepares the target (prefix warm-up) and streams suffix blocks;
+  a reactive one's only records the epoch;
+- a Commit finishes a live attempt at the same target and epoch, choosing at the handover
+  between finishing it, a ctHO split of what the target lacks, or recomputation (model.md
+  section 8; the estimates go into the reply); any other commit prepares the actual target now
+  with the named scheme (the xApp names ctHO for a mispredicted target, Detour when no target
+  can serve; Detour moves nothing).
+- A commit the target refuses or fails is answered with a non-OK status (the session stays at
+  the source, unfrozen; the xApp binds it back there).
+
+One :class:`Ledger` holds the epochs: per (session, epoch) its closure and the replies that make
+calls idempotent, bounded in size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+from pallas_proto import pallas_pb2
+
+from agent.ipc import BlockHub
+from agent.migration.source import Outbound, SourceRole
+from agent.migration.target import Inbound, TargetRole
+from agent.obs import MIGRATIONS
+from agent.session import Engine, Session, SessionState, SessionStore
+from agent.telemetry import Ewma
+from agent.transfer import PeerPool
+from pallas_common.schemes import SCHEMES, Ship, scheme_name, scheme_value
+from pallas_common.timing import ctho_split
+
+log = structlog.get_logger("pallas.agent.migration")
+S = pallas_pb2
+
+
+@dataclasses.dataclass
+class MigrationConfig:
+    """Knobs of the migration engine (seconds unless noted; agent/app.py sets them from flags).
+
+    Attributes:
+        commit_deadline_s: the longest a commit keeps the session frozen at the source.
+        rpc_timeout_s: deadline of Prepare and of the stream's final ack.
+        release_timeout_s: deadline of the best-effort Release on cancel/failure.
+        warmup_timeout_s: target: upper bound of Sync's wait for the prefix warm-up.
+        resume_deadline_s: target: how long a resumed request waits for blocks in flight.
+        claim_wait_s: target: extra wait for the connector's claim report.
+        inbound_idle_s: target: an attempt whose source is silent this long expires.
+        max_inbound_session_bytes / max_inbound_bytes: target: buffered KV bounds, bytes.
+        link_rate_mbps: per-peer token-bucket limit on block streams (None = unlimited).
+        c_sync_s: c, the expected Sync cost in the commit-time choice.
+        relay_hop_s: Detour's expected relay hop (reported in the choice).
+        default_prefill_rate: r_p, tokens/s, when nothing was measured yet.
+        default_scheme: scheme when neither the call nor the session names one.
+        max_ledger: (session, epoch) entries remembered (oldest forgotten first).
+    """
+
+    commit_deadline_s: float = 10.0
+    rpc_timeout_s: float = 10.0
+    release_timeout_s: float = 5.0
+    warmup_timeout_s: float = 60.0
+    resume_deadline_s: float = 5.0
+    claim_wait_s: float = 5.0
+    inbound_idle_s: float = 30.0
+    max_inbound_session_bytes: int = 1 << 30
+    max_inbound_bytes: int = 4 << 30
+    link_rate_mbps: float | None = None
+    c_sync_s: float = 0.01
+    relay_hop_s: float = 0.005
+    default_prefill_rate: float = 5000.0
+    default_scheme: int = S.SCHEME_PALLAS
+    max_ledger: int = 10_000
+
+
+@dataclasses.dataclass
+class Entry:
+    """The ledger's record of one (session, epoch): its closure and its calls' replies."""
+
+    closed: str = ""  # "" | "cancelled" | "committed"
+    replies: dict[str, asyncio.Future] = dataclasses.field(default_factory=dict)
+
+
+class Ledger:
+    """Epochs per session, bounded (least recently used forgotten first; model.md section 5).
+
+    ``newest(sid)``: the newest epoch a Control call named (source side); ``newest_in(sid)``:
+    the newest a peer named (target side); ``entry(sid, epoch)``: the per-attempt record.
+    """
+
+    def __init__(self, max_entries: int = 10_000) -> None:
+        self.max_entries = max_entries
+        self._entries: collections.OrderedDict[tuple[str, int], Entry] = collections.OrderedDict()
+        self._newest: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
+
+    def _bump(self, d: collections.OrderedDict, key, value=None):
+        if value is not None:
+            d[key] = value
+        d.move_to_end(key)
+        while len(d) > self.max_entries:
+            d.popitem(last=False)
+
+    def entry(self, sid: str, epoch: int) -> Entry:
+        e = self._entries.get((sid, epoch))
+        if e is None:
+            e = Entry()
+        self._bump(self._entries, (sid, epoch), e)
+        return e
+
+    def newest(self, sid: str) -> int:
+        return self._newest.get((sid, "out"), 0)
+
+    def see(self, sid: str, epoch: int) -> None:
+        self._bump(self._newest, (sid, "out"), max(self.newest(sid), epoch))
+
+    def newest_in(self, sid: str) -> int:
+        return self._newest.get((sid, "in"), -1)
+
+    def see_in(self, sid: str, epoch: int) -> None:
+        self._bump(self._newest, (sid, "in"), max(self.newest_in(sid), epoch))
+
+    def forget(self, sid: str) -> None:
+        for k in [k for k in self._entries if k[0] == sid]:
+            del self._entries[k]
+        self._newest.pop((sid, "out"), None)
+        self._newest.pop((sid, "in"), None)
+
+    def __len__(self) -> int:
+        return len(self._entries) + len(self._newest)
+
+
+class MigrationEngine(SourceRole, TargetRole):
+    """Runs migrations of this agent's sessions (source) and accepts them (target).
+
+    Args:
+        agent_id: this agent's id; peer_address: ``host:port`` of its PeerTransfer service.
+        sessions: the agent's sessions; engine: client of the local vLLM server.
+        hub: the local channel to the connector (blocks, claims, KV-pool stats).
+        identity: returns this server's ModelIdentity.
+        config: :class:`MigrationConfig`; peers: per-peer clients (default a new pool).
+    """
+
+    def __init__(self, *, agent_id: str, peer_address: str, sessions: SessionStore,
+                 engine: Engine, hub: BlockHub, identity: Callable[[], pallas_pb2.ModelIdentity],
+                 config: MigrationConfig | None = None, peers: PeerPool | None = None) -> None:
+        self.agent_id = agent_id
+        self.peer_address = peer_address
+        self.sessions = sessions
+        self.engine = engine
+        self.hub = hub
+        self.identity = identity
+        self.cfg = config or MigrationConfig()
+        self.peers = peers or PeerPool(link_rate_mbps=self.cfg.link_rate_mbps,
+                                       timeout_s=self.cfg.rpc_timeout_s)
+        self.ledger = Ledger(self.cfg.max_ledger)
+        self.outbound: dict[str, Outbound] = {}
+        self.inbound: dict[str, Inbound] = {}
+        self.session_schemes: dict[str, int] = {}
+        # r_p: the agent's measured prefill rate (app: the vLLM scraper's), and the hook that
+        # feeds it each warm-up this agent ran as a target (a prefill under the present load).
+        self.prefill_rate: Callable[[], float] = lambda: 0.0
+        self.observe_prefill: Callable[[int, float], None] = lambda tokens, seconds: None
+        self.warmup_rate = Ewma(0.3)
+        self._claims: dict[tuple[str, int], asyncio.Future] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._bg: set[asyncio.Task] = set()
+        hub.on_block = self._on_local_block
+        hub.on_claim = self._on_claim
+        hub.on_loaded = self._on_loaded
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def endpoint(self) -> pallas_pb2.PeerEndpoint:
+        """This agent's PeerEndpoint."""
+        return pallas_pb2.PeerEndpoint(agent_id=self.agent_id, address=self.peer_address)
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block of the local engine."""
+        return int(self.identity().block_size)
+
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        t = asyncio.get_running_loop().create_task(coro, name=name)
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+        return t
+
+    def reply(self, status: int, s: Session | str, epoch: int, *, message: str = "",
+              split: int = 0, scheme: int = 0) -> pallas_pb2.ControlReply:
+        """A ControlReply carrying the session's current state."""
+        sid = s if isinstance(s, str) else s.session_id
+        sess = self.sessions.get(sid)
+        return pallas_pb2.ControlReply(status=status, message=message, session_id=sid,
+                                       epoch=epoch, split_tokens=split, scheme=scheme,
+                                       state=sess.state.value if sess is not None else "")
+
+    def set_session_scheme(self, session_id: str, scheme: int | str | None) -> None:
+        """Pin a scheme for one session (from the UE front); ``None`` clears it."""
+        if scheme in (None, 0, ""):
+            self.session_schemes.pop(session_id, None)
+        else:
+            self.session_schemes[session_id] = scheme_value(scheme)
+
+    def pinned_scheme(self, session_id: str) -> int:
+        """The scheme pinned here or carried from the previous agent; 0 when none."""
+        if session_id in self.session_schemes:
+            return self.session_schemes[session_id]
+        s = self.sessions.get(session_id)
+        return s.scheme if s is not None else 0
+
+    def scheme_for(self, session_id: str, requested: int | str | None = None) -> int:
+        """The call's scheme, else the session's, else the agent default."""
+        if requested not in (None, 0, ""):
+            return scheme_value(requested)
+        return self.pinned_scheme(session_id) or self.cfg.default_scheme
+
+    def forget(self, session_id: str) -> None:
+        """Drop every record of a session that ended here."""
+        self.ledger.forget(session_id)
+        self.session_schemes.pop(session_id, None)
+        self._locks.pop(session_id, None)
+
+    # ------------------------------------------------------------------ calls (xApp)
+    async def _once(self, method: str, sid: str, epoch: int,
+                    work: Callable[[Session], Awaitable[pallas_pb2.ControlReply]],
+                    allow_closed: tuple[str, ...] = ()) -> pallas_pb2.ControlReply:
+        """Run ``work`` once per (method, session, epoch) after the epoch checks; retries,
+        also concurrent ones, get the first call's reply."""
+        if not sid:
+            return self.reply(S.STATUS_INVALID, sid, epoch, message="session_id is empty")
+        e = self.ledger.entry(sid, epoch)
+        fut = e.replies.get(method)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        newest = self.ledger.newest(sid)
+        if epoch < newest:
+            return self.reply(S.STATUS_STALE_EPOCH, sid, epoch, message=f"epoch {epoch} is "
+                              f"older than the newest epoch {newest} seen for this session")
+        if e.closed and e.closed not in allow_closed:
+            return self.reply(S.STATUS_STALE_EPOCH, sid, epoch,
+                              message=f"epoch {epoch} was already {e.closed}; use a new epoch")
+        s = self.sessions.get(sid)
+        if s is None:
+            return self.reply(S.STATUS_UNKNOWN_SESSION, sid, epoch,
+                              message=f"agent {self.agent_id} does not serve session {sid}")
+        fut = e.replies[method] = asyncio.get_running_loop().create_future()
+        self.ledger.see(sid, epoch)
+        lock = self._locks.setdefault(sid, asyncio.Lock())
+        try:
+            async with lock:
+                rep = await work(s)
+        except Exception as exc:  # noqa: BLE001 - an internal failure is a reply
+            log.exception("control_failed", method=method, session=sid, epoch=epoch)
+            rep = self.reply(S.STATUS_ERROR, sid, epoch,
+                             message=f"{method} failed: {exc!r}; the source keeps serving")
+        fut.set_result(rep)
+        return rep
+
+    async def trigger(self, session_id: str, epoch: int, target: pallas_pb2.PeerEndpoint,
+                      split_tokens: int = 0, scheme: int | str | None = None
+                      ) -> pallas_pb2.ControlReply:
+        """Start preparing ``target`` for the handover (paper section 4.3, step 1).
+
+        Proactive schemes: Prepare (the block-aligned split P = ``split_tokens`` rounded down,
+        0 = every whole block so far; w/o RC: 0) then the suffix stream. Reactive schemes:
+        recorded only. A newer epoch abandons the older attempt (model.md section 5).
+        """
+        value = self.scheme_for(session_id, scheme)
+        spec = SCHEMES[value]
+
+        async def work(s: Session) -> pallas_pb2.ControlReply:
+            old = self.outbound.get(session_id)
+            if old is not None:
+                await self._abandon(old, f"superseded by epoch {epoch}")
+                if s.state == SessionState.MIGRATING:
+                    s.set_state(SessionState.SERVING)
+            s.epoch = epoch
+            if not spec.proactive:
+                MIGRATIONS.labels("source", spec.name, "recorded").inc()
+                return self.reply(S.STATUS_OK, s, epoch, scheme=value, message=f"{spec.name} "
+                                  "prepares nothing before the handover; recorded")
+            if s.state not in (SessionState.SERVING, SessionState.MIGRATING,
+                               SessionState.RESUMED):
+                return self.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
+            split = 0 if spec.full_transfer else self._split(s, int(split_tokens))
+            rep = await self._start(s, epoch, target, split, value, spec.stream_suffix)
+            MIGRATIONS.labels("source", spec.name, "triggered" if rep.status == S.STATUS_OK
+                              else "rejected").inc()
+            return rep
+
+        return await self._once("trigger", session_id, epoch, work)
+
+    async def cancel(self, session_id: str, epoch: int, reason: str = "") -> pallas_pb2.ControlReply:
+        """Abandon the attempt of ``epoch``: the target releases all it holds; decoding here
+        never stops. OK also when nothing was prepared."""
+        async def work(s: Session) -> pallas_pb2.ControlReply:
+            self.ledger.entry(session_id, epoch).closed = "cancelled"
+            out = self.outbound.get(session_id)
+            if out is None:
+                return self.reply(S.STATUS_OK, s, epoch, message="no migration running")
+            await self._abandon(out, reason or "cancelled")
+            if s.state == SessionState.MIGRATING:
+                s.set_state(SessionState.SERVING)
+            MIGRATIONS.labels("source", scheme_name(out.scheme), "cancelled").inc()
+            log.info("cancelled", session=session_id, epoch=epoch, reason=reason)
+            return self.reply(S.STATUS_OK, s, epoch, split=out.split, scheme=out.scheme,
+                              message=f"epoch {epoch} cancelled ({reason or 'no reason given'})")
+
+        return await self._once("cancel", session_id, epoch, work, allow_closed=("cancelled",))
+
+    async def commit(self, session_id: str, epoch: int, actual_target: pallas_pb2.PeerEndpoint,
+                     scheme: int | str | None = None, *, ue_tokens: int | None = None
+                     ) -> pallas_pb2.ControlReply:
+        """Hand the session over to ``actual_target`` with the named scheme (see the module).
+
+        ``ue_tokens``: output tokens the UE has received (the commit point; default all).
+        The session is frozen at most ``commit_deadline_s``; on any failure it serves on here
+        with no token lost and the reply is non-OK.
+        """
+        value = self.scheme_for(session_id, scheme)
+        spec = SCHEMES[value]
+
+        async def work(s: Session) -> pallas_pb2.ControlReply:
+            if not spec.migrates:  # Detour: the source serves on, the new agent relays
+                old = self.outbound.get(session_id)
+                if old is not None:
+                    await self._abandon(old, "detour")
+                    if s.state == SessionState.MIGRATING:
+                        s.set_state(SessionState.SERVING)
+                MIGRATIONS.labels("source", "detour", "committed").inc()
+                return self.reply(S.STATUS_OK, s, epoch, scheme=value,
+                                  message="detour: the source serves on, the new agent relays")
+            if s.state not in (SessionState.SERVING, SessionState.MIGRATING,
+                               SessionState.RESUMED, SessionState.FINISHED):
+                return self.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
+            s.epoch = epoch
+            use, out = spec, self.outbound.get(session_id)
+            if spec.proactive and not (out is not None and out.live and out.epoch == epoch
+                                       and out.target.address == actual_target.address):
+                # Nothing prepared at this target for this epoch (never triggered, another
+                # target, or the attempt failed since, which the xApp cannot know): ctHO
+                # recovers at the actual target (model.md section 6, fallback).
+                use = SCHEMES[S.SCHEME_CTHO]
+                log.info("commit_fallback_ctho", session=session_id, epoch=epoch,
+                         requested=spec.name)
+            split = None
+            if use.commit_split == "ctho":
+                split = await self._ctho(s, actual_target)
+            deadline = time.monotonic() + self.cfg.commit_deadline_s
+            s.freeze(ue_tokens)
+            back = s.state
+            if s.state != SessionState.FINISHED:
+                s.set_state(SessionState.COMMITTING)
+            try:
+                rep = await self._commit_attempt(s, epoch, actual_target, split,
+                                                 use.commit_ship, use.value,
+                                                 self.pinned_scheme(session_id), deadline)
+            except Exception as exc:  # never leave the source frozen
+                log.exception("commit_error", session=session_id, epoch=epoch)
+                out = self.outbound.get(session_id)
+                if out is not None:
+                    await self._abandon(out, "commit error")
+                rep = self.reply(S.STATUS_ERROR, s, epoch, scheme=use.value, message=repr(exc))
+            if rep.status == S.STATUS_OK:
+                self.ledger.entry(session_id, epoch).closed = "committed"
+                MIGRATIONS.labels("source", use.name,
+                                  "fallback" if use is not spec else "committed").inc()
+            else:
+                s.unfreeze()
+                if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
+                    s.set_state(SessionState.SERVING if back != SessionState.RESUMED else back)
+                rep.state = s.state.value
+                MIGRATIONS.labels("source", use.name, "error").inc()
+            return rep
+
+        return await self._once("commit", session_id, epoch, work, allow_closed=("cancelled",))
+
+    async def _ctho(self, s: Session, target: pallas_pb2.PeerEndpoint) -> int:
+        """ctHO's split p (model.md section 6) with the *target's* measured r_p (asked with a
+        Progress call; this agent's, then the default, when it does not say) and the measured
+        goodput to it; 0 (ship everything) without a model identity."""
+        client = self.peers.get(target)
+        try:
+            r_p = (await client.progress(pallas_pb2.ProgressRequest(session_id=s.session_id),
+                                         timeout_s=min(1.0, self.cfg.rpc_timeout_s))).prefill_rate
+        except Exception as exc:  # noqa: BLE001 - an unreachable target fails at Prepare
+            log.info("target_rate_unknown", session=s.session_id, error=repr(exc))
+            r_p = 0.0
+        r_p = r_p or self.prefill_rate() or self.cfg.default_prefill_rate
+        try:
+            ident = self.identity()
+            goodput = client.goodput_bytes_per_s or client.bucket.rate or 1e9
+            return int(ctho_split(s.num_tokens, int(ident.block_size), r_p,
+                                  float(ident.kv_bytes_per_token), goodput)[0])
+        except (ValueError, RuntimeError) as exc:
+            log.warning("ctho_rates_unavailable", session=s.session_id, error=repr(exc))
+            return 0
+
+    # ------------------------------------------------------------------ accounting
+    def held(self) -> dict[str, int]:
+        """What this agent holds for migrations (the cancel/kill tests check it returns to 0)."""
+        return {"inbound": len(self.inbound), "outbound": len(self.outbound),
+                "blocks": self.hub.store.num_blocks, "bytes": self.hub.store.num_bytes,
+                "reserved_bytes": self.reserved_bytes(),
+                "streams_queued": sum(o.stream.queued for o in self.outbound.values()
+                                      if o.stream is not None)}
+
+    async def close(self) -> None:
+        """Abandon every outbound attempt, drop every inbound one, close peer channels."""
+        for out in list(self.outbound.values()):
+            self.hub.stop_export(out.session.session_id)
+            if out.stream is not None:
+                out.stream.abort()
+        self.outbound.clear()
+        for inb in list(self.inbound.values()):
+            await self._drop_inbound(inb, "agent closing")
+        for t in list(self._bg):
+            t.cancel()
+        await self.peers.close()

@@ -1,0 +1,385 @@
+"""Source side of a migration (paper section 4.3; architecture.md steps 1 and 3).
+
+:class:`SourceRole` (mixed into :class:`agent.migration.engine.MigrationEngine`) prepares a
+target, streams each newly completed KV block of the session while it decodes on, and at the
+commit freezes the session at the commit point, ships what is left and sends Sync. A failed or
+cancelled attempt never stops the source's request; it is never frozen longer than the commit's
+deadline (``MigrationConfig.commit_deadline_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import structlog
+from pallas_proto import pallas_pb2
+
+from agent.ipc import LocalBlock
+from agent.migration.states import SourceState, check
+from agent.session import Handover, Session, SessionState
+from agent.transfer import BlockStream, PeerClient
+from agent.wire import Block
+from pallas_common.schemes import Ship
+from pallas_common.timing import CommitChoice, HandoverState, commit_choice
+
+log = structlog.get_logger("pallas.agent.migration")
+S = pallas_pb2
+# After the source's request ended, how long a commit still waits for a block copy in flight
+# on the local channel (the worker sends a step's copies before vLLM streams that step's token).
+BLOCK_FLUSH_GRACE_S = 0.05
+
+
+@dataclasses.dataclass(eq=False)
+class Outbound:
+    """Source-side state of one attempt (one session, one epoch)."""
+
+    session: Session
+    epoch: int
+    target: pallas_pb2.PeerEndpoint
+    client: PeerClient
+    split: int
+    first_block: int
+    scheme: int
+    proactive: bool
+    stream_suffix: bool
+    state: SourceState = SourceState.PLANNED
+    stream: BlockStream | None = None
+    full: set[int] = dataclasses.field(default_factory=set)
+    tail: LocalBlock | None = None
+    error: str = ""
+    changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    t_prepared: float = 0.0
+
+    def to(self, new: SourceState) -> None:
+        """Move to ``new`` (raises :class:`agent.migration.states.IllegalTransition`)."""
+        self.state = check(self.state, new)
+
+    @property
+    def live(self) -> bool:
+        """Prepared or streaming: usable by a commit."""
+        return self.state in (SourceState.PREPARED, SourceState.STREAMING)
+
+    def note(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def run_end(self, limit: int | None = None) -> int:
+        """The first block index from ``first_block`` on not yet copied out (at most ``limit``)."""
+        j = self.first_block
+        while j in self.full and (limit is None or j < limit):
+            j += 1
+        return j
+
+
+class SourceRole:
+    """The source half of the migration engine (attributes come from the engine)."""
+
+    # ------------------------------------------------------------------ local blocks
+    def _on_local_block(self, blk: LocalBlock) -> None:
+        out = self.outbound.get(blk.sid)
+        if out is None or out.epoch != blk.epoch or not (out.live or
+                                                         out.state == SourceState.COMMITTING):
+            return
+        if blk.tail:
+            if out.tail is None or blk.computed >= out.tail.computed:
+                out.tail = blk
+        elif blk.idx not in out.full:
+            out.full.add(blk.idx)
+            if out.stream is not None:
+                out.stream.send(self._outgoing(out, blk))
+        out.note()
+
+    def _outgoing(self, out: Outbound, blk: LocalBlock) -> Block:
+        """The block as it goes on the wire (tests override this to inject faults)."""
+        return Block(out.session.session_id, out.epoch, blk.idx, blk.fill, blk.crc, blk.data)
+
+    def _watch_stream(self, out: Outbound) -> None:
+        """A failed stream (peer gone) ends the attempt; the session serves on."""
+        stream = out.stream
+
+        def done(task: asyncio.Task) -> None:
+            if stream.error is not None and out.live:
+                out.to(SourceState.FAILED)
+                out.error = repr(stream.error)
+                self.hub.stop_export(out.session.session_id)
+                if self.outbound.get(out.session.session_id) is out:
+                    self.outbound.pop(out.session.session_id, None)
+                if out.session.state == SessionState.MIGRATING:
+                    out.session.set_state(SessionState.SERVING)
+                log.warning("migration_failed", session=out.session.session_id,
+                            epoch=out.epoch, peer=out.target.address, error=out.error)
+                out.note()
+
+        stream.task.add_done_callback(done)
+
+    def _open_stream(self, out: Outbound, start_block: int, tail: bool) -> None:
+        out.stream = out.client.open_stream(out.session.session_id, out.epoch)
+        self._watch_stream(out)
+        out.to(SourceState.STREAMING)
+        self.hub.export(out.session.session_id, out.epoch, start_block, stream=True, tail=tail)
+
+    async def _abandon(self, out: Outbound, reason: str) -> None:
+        """Stop an attempt: no more export, stream cancelled, the target released."""
+        sid = out.session.session_id
+        if self.outbound.get(sid) is out:
+            self.outbound.pop(sid, None)
+        if out.state in (SourceState.CANCELLED, SourceState.COMMITTED, SourceState.FAILED):
+            return
+        out.to(SourceState.CANCELLED)
+        self.hub.stop_export(sid)
+        if out.stream is not None:
+            out.stream.abort()
+        out.note()
+        try:
+            await out.client.release(pallas_pb2.ReleaseRequest(session_id=sid, epoch=out.epoch,
+                                                               reason=reason),
+                                     timeout_s=self.cfg.release_timeout_s)
+        except Exception as exc:  # the peer may be gone: its state expires there
+            log.warning("release_failed", session=sid, epoch=out.epoch,
+                        peer=out.target.address, error=repr(exc))
+
+    def _split(self, s: Session, split_tokens: int) -> int:
+        """The block-aligned split: ``split_tokens`` (0 = every whole block so far) rounded down."""
+        bs = self.block_size
+        p = s.num_tokens if split_tokens <= 0 else min(split_tokens, s.num_tokens)
+        return p // bs * bs
+
+    async def _prepare(self, out: Outbound) -> pallas_pb2.PrepareReply:
+        s = out.session
+        ident = self.identity()
+        req = pallas_pb2.PrepareRequest(
+            session_id=s.session_id, epoch=out.epoch, source=self.endpoint, model=ident,
+            prefix_token_ids=s.all_token_ids[:out.split],
+            expected_kv_bytes=int((s.num_tokens + s.remaining_tokens) * ident.kv_bytes_per_token),
+            scheme=out.scheme, ue_id=s.ue_id)
+        rep = await out.client.prepare(req)
+        if rep.status == S.STATUS_OK:
+            out.to(SourceState.PREPARED)
+            out.t_prepared = time.monotonic()
+        else:
+            out.to(SourceState.FAILED)
+        return rep
+
+    # ------------------------------------------------------------------ trigger
+    async def _start(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint, split: int,
+                     scheme: int, stream_suffix: bool) -> pallas_pb2.ControlReply:
+        """Prepare ``target`` and start the suffix stream (paper section 4.3, step 1)."""
+        sid = s.session_id
+        out = Outbound(session=s, epoch=epoch, target=target, client=self.peers.get(target),
+                       split=split, first_block=split // self.block_size, scheme=scheme,
+                       proactive=True, stream_suffix=stream_suffix)
+        self.outbound[sid] = out
+        try:
+            rep = await self._prepare(out)
+        except Exception as exc:
+            out.to(SourceState.FAILED)
+            self.outbound.pop(sid, None)
+            log.warning("prepare_failed", session=sid, epoch=epoch, error=repr(exc))
+            return self.reply(S.STATUS_ERROR, s, epoch, message=f"prepare failed: {exc!r}")
+        if rep.status != S.STATUS_OK:
+            self.outbound.pop(sid, None)
+            return self.reply(rep.status, s, epoch, message=rep.message)
+        if stream_suffix:
+            # Full blocks only: the partial tail block is copied out at the commit.
+            self._open_stream(out, out.first_block, tail=False)
+        if s.state in (SessionState.SERVING, SessionState.RESUMED):
+            s.set_state(SessionState.MIGRATING)
+        log.info("triggered", session=sid, epoch=epoch, peer=target.address, split=split,
+                 stream=stream_suffix)
+        return self.reply(S.STATUS_OK, s, epoch, split=split, scheme=scheme)
+
+    # ------------------------------------------------------------------ commit
+    async def _choose(self, out: Outbound, n: int) -> tuple[CommitChoice | None, float]:
+        """The commit-time choice (model.md section 8) for a prepared attempt with a warm-up;
+        returns (choice or None when nothing is to choose, the target's r_p)."""
+        if out.split <= 0:
+            return None, 0.0
+        try:
+            prog = await out.client.progress(pallas_pb2.ProgressRequest(
+                session_id=out.session.session_id, epoch=out.epoch),
+                timeout_s=min(1.0, self.cfg.commit_deadline_s / 4))
+        except Exception as exc:  # no answer: finish the prepared state, bounded as usual
+            log.warning("progress_failed", session=out.session.session_id, error=repr(exc))
+            return None, 0.0
+        if prog.status != S.STATUS_OK or prog.warmup_done:
+            return None, prog.prefill_rate
+        ident = self.identity()
+        r_p = prog.prefill_rate or self.prefill_rate() or self.cfg.default_prefill_rate
+        goodput = out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9
+        st = HandoverState(prefix_tokens=out.split,
+                           prefilled_tokens=min(out.split, prog.prefilled_tokens),
+                           received_blocks=prog.blocks_received, handover_tokens=n,
+                           block_size=self.block_size, s_kv=float(ident.kv_bytes_per_token),
+                           r_p=r_p, goodput=goodput, c_sync=self.cfg.c_sync_s,
+                           hop_delay_s=self.cfg.relay_hop_s)
+        return commit_choice(st), r_p
+
+    async def _commit_attempt(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
+                              split: int | None, ship: Ship, scheme: int, session_scheme: int,
+                              deadline: float) -> pallas_pb2.ControlReply:
+        """Hand ``s`` (frozen by the caller) over to ``target`` (paper section 4.3, step 3).
+
+        A live attempt at the same target and epoch is finished; otherwise the target is
+        prepared now (reactive schemes, fallbacks) with ``split``. Ships per ``ship``, sends
+        Sync with every token and the remaining sampling parameters, and on success stops the
+        request here. Returns before ``deadline`` (time.monotonic()) with a non-OK reply if
+        the target did not take over.
+        """
+        sid = s.session_id
+        bs = self.block_size
+        t0 = time.time()
+        out = self.outbound.get(sid)
+        prepared = (out is not None and out.epoch == epoch and out.proactive and out.live
+                    and out.target.address == target.address)
+        if out is not None and not prepared:
+            await self._abandon(out, "mispredicted target" if out.target.address
+                                != target.address else "superseded")
+            out = None
+        if not prepared:
+            split = 0 if ship == Ship.ALL else self._split(s, split) if split else 0
+            out = Outbound(session=s, epoch=epoch, target=target, client=self.peers.get(target),
+                           split=split, first_block=split // bs, scheme=scheme, proactive=False,
+                           stream_suffix=ship != Ship.NONE)
+            self.outbound[sid] = out
+            try:
+                rep = await asyncio.wait_for(self._prepare(out), deadline - time.monotonic())
+            except Exception as exc:
+                self.outbound.pop(sid, None)
+                return self.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
+                                  message=f"prepare at the target failed: {exc!r}")
+            if rep.status != S.STATUS_OK:
+                self.outbound.pop(sid, None)
+                return self.reply(rep.status, s, epoch, scheme=scheme,
+                                  message=f"target refused: {rep.message}")
+        if ship == Ship.ALL and out.first_block > 0:
+            ship = Ship.SUFFIX  # a prepared prefix is already at the target
+        n = s.num_tokens
+        need_end = n - 1  # the target needs KV for positions [0, n-1)
+        choice, r_p = await self._choose(out, n) if prepared else (None, 0.0)
+        warmup_wait = max(0.0, deadline - time.monotonic())
+        if choice is not None:
+            warmup_wait = min(warmup_wait, choice.wait_s)
+            if choice.option == "ctho":   # ship the prefix blocks the target has not prefilled
+                out.split, out.first_block = choice.ctho_split, choice.ctho_split // bs
+                ship = Ship.SUFFIX
+            elif choice.option == "recompute":
+                ship, warmup_wait = Ship.NONE, 0.0
+        finished_here = s.state == SessionState.FINISHED or s.request_done
+        shipping = ship != Ship.NONE and not finished_here
+        out.to(SourceState.COMMITTING)
+        if shipping and out.stream is None:
+            out.stream = out.client.open_stream(sid, epoch)
+            self._watch_stream(out)
+        if shipping:
+            # The engine's next step copies out what is missing from the run and the tail.
+            self.hub.export(sid, epoch, out.run_end(), stream=True, tail=True)
+            await self._wait_blocks(out, need_end, deadline)
+        self.hub.stop_export(sid)
+        tail_msg = None
+        last_full = need_end // bs
+        t = out.tail
+        if shipping and need_end % bs and last_full not in out.full and t is not None \
+                and t.idx == last_full and t.fill >= need_end % bs:
+            tail_msg = pallas_pb2.KVBlock(session_id=sid, epoch=epoch, block_index=t.idx,
+                                          fill=t.fill, checksum=t.crc, data=t.data)
+        streamed = 0
+        if out.stream is not None and shipping:
+            streamed = out.run_end((need_end + bs - 1) // bs) - out.first_block
+            # Close the stream before the Sync so that every block is at the target when it
+            # resumes (the Sync must not overtake blocks in flight); within the deadline.
+            ack = await out.stream.finish(max(0.01, deadline - time.monotonic()))
+            if ack is None:
+                log.warning("stream_not_acked", session=sid, epoch=epoch)
+        remaining = 0 if finished_here and not s.held_token_ids else s.remaining_tokens
+        sp = s.sampling
+        sync = pallas_pb2.SyncRequest(
+            session_id=sid, epoch=epoch, token_ids=s.all_token_ids[:n],
+            prompt_tokens=len(s.prompt_token_ids), tail=tail_msg, streamed_blocks=streamed,
+            sampling=pallas_pb2.SamplingParams(
+                max_tokens=remaining, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
+                min_tokens=s.remaining_min_tokens, stop_token_ids=sp.stop_token_ids,
+                ignore_eos=sp.ignore_eos, seed=sp.seed or 0, has_seed=sp.seed is not None),
+            scheme=scheme, split_tokens=out.split, ue_id=s.ue_id, session_scheme=session_scheme,
+            warmup_wait_s=warmup_wait, deadline_s=max(0.0, deadline - time.monotonic()))
+        t_sync = time.monotonic()
+        try:
+            rep = await out.client.sync(sync, timeout_s=max(0.01, deadline - time.monotonic()))
+            ok, msg = rep.status == S.STATUS_OK, rep.message
+        except Exception as exc:
+            ok, msg, rep = False, f"sync failed: {exc!r}", None
+        if not ok:
+            await self._abandon(out, "sync failed")
+            log.warning("commit_failed", session=sid, epoch=epoch, error=msg)
+            return self.reply(rep.status if rep is not None and rep.status != S.STATUS_OK
+                              else S.STATUS_ERROR, s, epoch, message=msg, split=out.split,
+                              scheme=scheme)
+        out.to(SourceState.COMMITTED)
+        self.outbound.pop(sid, None)
+        await self.engine.abort(s)
+        s.held_token_ids.clear()
+        s.handover = Handover(target=target.address, agent_id=target.agent_id, n_tokens=n,
+                              t_commit=t0, t_synced=time.time(), streamed_blocks=streamed,
+                              tail=tail_msg is not None, reused_tokens=rep.reused_tokens)
+        s.set_state(SessionState.HANDED_OVER)
+        log.info("committed", session=sid, epoch=epoch, n_tokens=n, streamed=streamed,
+                 tail=tail_msg is not None, reused=rep.reused_tokens,
+                 choice=choice.option if choice else None, took_s=round(time.time() - t0, 4))
+        r = self.reply(S.STATUS_OK, s, epoch, split=out.split, scheme=scheme, message=msg)
+        r.blocks_moved, r.kv_bytes_moved = rep.blocks_received, rep.bytes_received
+        r.reused_tokens = rep.reused_tokens
+        r.recomputed_tokens = max(0, n - rep.reused_tokens)
+        if choice is not None:
+            r.choice.CopyFrom(pallas_pb2.CommitChoice(
+                option=choice.option, finish_s=choice.finish_s, ctho_s=choice.ctho_s,
+                recompute_s=choice.recompute_s, detour_s=choice.detour_s,
+                ctho_split_tokens=choice.ctho_split, prefix_tokens=sync.split_tokens,
+                handover_tokens=n, prefill_rate=r_p, c_sync_s=self.cfg.c_sync_s,
+                goodput_bytes_per_s=out.client.goodput_bytes_per_s,
+                waited_s=time.monotonic() - t_sync))
+        return r
+
+    async def _wait_blocks(self, out: Outbound, need_end: int, deadline: float) -> None:
+        """Wait (until ``deadline``, time.monotonic()) for the engine to copy out what covers
+        positions < ``need_end``: the full blocks from ``first_block`` and the tail.
+
+        Event-driven: wakes on every block copied out and on the end of the session's request
+        (a finished request copies out nothing more; after it ends the wait keeps only
+        ``BLOCK_FLUSH_GRACE_S`` for copies still on the local channel). What is missing at the
+        return is recomputed by the target (logged ``blocks_missing_at_commit``).
+        """
+        bs = self.block_size
+        last_full, rem = need_end // bs, need_end % bs
+        while True:
+            have_full = all(j in out.full for j in range(out.first_block, last_full))
+            have_tail = (rem == 0 or last_full < out.first_block or last_full in out.full
+                         or (out.tail is not None and out.tail.idx == last_full
+                             and out.tail.fill >= rem))
+            if (have_full and have_tail) or out.state == SourceState.FAILED:
+                return
+            task = out.session._task
+            ended = task is not None and task.done()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self._missing(out, need_end, "deadline")
+            changed = asyncio.ensure_future(out.changed.wait())
+            waiters: list[asyncio.Future] = [changed]
+            if task is not None and not ended:
+                waiters.append(task)  # asyncio.wait never cancels it; its end wakes this loop
+            try:
+                done, _ = await asyncio.wait(
+                    waiters, timeout=min(left, BLOCK_FLUSH_GRACE_S) if ended else left,
+                    return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not changed.done():
+                    changed.cancel()
+            if ended and not done:
+                return self._missing(out, need_end, "request ended")
+
+    @staticmethod
+    def _missing(out: Outbound, need_end: int, why: str) -> None:
+        log.warning("blocks_missing_at_commit", session=out.session.session_id, epoch=out.epoch,
+                    why=why, need_end=need_end, first_block=out.first_block,
+                    have=sorted(out.full)[-4:],
+                    tail=None if out.tail is None else (out.tail.idx, out.tail.fill))

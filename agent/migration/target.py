@@ -1,0 +1,311 @@
+"""Target side of a migration (paper section 4.3; architecture.md steps 2-3).
+
+:class:`TargetRole` (mixed into :class:`agent.migration.engine.MigrationEngine`) admits an
+attempt at Prepare and reserves its KV memory from this agent's own accounting until the Sync
+or Release; warms the prefix cache; buffers streamed blocks within per-attempt and per-agent
+byte bounds (an oversized block is refused on arrival); and at Sync resumes the request here.
+An attempt whose source goes silent for ``inbound_idle_s`` expires (:meth:`expire`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import structlog
+from pallas_proto import pallas_pb2
+
+from agent.migration.states import TargetState, check
+from agent.session import SamplingSpec, Session, SessionState
+from agent.transfer import identity_mismatch
+from agent.wire import Block
+from pallas_common.aio import cancel_and_wait
+
+log = structlog.get_logger("pallas.agent.migration")
+S = pallas_pb2
+
+
+@dataclasses.dataclass(eq=False)
+class Inbound:
+    """Target-side state of one incoming attempt (one session, one epoch)."""
+
+    session_id: str
+    epoch: int
+    source: pallas_pb2.PeerEndpoint
+    prefix_len: int
+    scheme: int
+    ue_id: str
+    reserved_bytes: int
+    warmup: asyncio.Task | None = None
+    t_warmup: float = 0.0
+    blocks_in: int = 0
+    bytes_in: int = 0
+    blocks_rejected: int = 0
+    indices: set[int] = dataclasses.field(default_factory=set)
+    touched: float = dataclasses.field(default_factory=time.monotonic)
+    state: TargetState = TargetState.PREPARING
+
+    def to(self, new: TargetState) -> None:
+        """Move to ``new`` (raises :class:`agent.migration.states.IllegalTransition`)."""
+        self.state = check(self.state, new)
+
+
+class TargetRole:
+    """The target half of the migration engine (attributes come from the engine)."""
+
+    def reserved_bytes(self) -> int:
+        """KV bytes promised to admitted attempts not yet resumed or released."""
+        return sum(i.reserved_bytes for i in self.inbound.values()
+                   if i.state == TargetState.PREPARING)
+
+    def buffered_bytes(self) -> int:
+        """KV bytes buffered in this agent for incoming attempts."""
+        return sum(i.bytes_in for i in self.inbound.values())
+
+    async def on_prepare(self, req: pallas_pb2.PrepareRequest) -> pallas_pb2.PrepareReply:
+        """Admission, memory reservation and prefix warm-up (paper section 4.3, step 2)."""
+        sid, epoch = req.session_id, req.epoch
+        mine = self.identity()
+        newest = self.ledger.newest_in(sid)
+        if epoch < newest:
+            return pallas_pb2.PrepareReply(status=S.STATUS_STALE_EPOCH, model=mine,
+                                           message=f"newest epoch is {newest}")
+        inb = self.inbound.get(sid)
+        if inb is not None and inb.epoch == epoch:
+            return pallas_pb2.PrepareReply(status=S.STATUS_OK, model=mine,
+                                           message="already prepared")
+        if inb is not None:
+            await self._drop_inbound(inb, "superseded")
+        mismatch = identity_mismatch(req.model, mine)
+        if mismatch:
+            return pallas_pb2.PrepareReply(status=S.STATUS_REJECTED, model=mine,
+                                           message=f"model identity differs: {mismatch}")
+        free = int(self.hub.kv_stats().get("free_blocks", 0)) * int(mine.block_bytes)
+        free = max(0, free - self.reserved_bytes())  # what earlier admissions were promised
+        if req.expected_kv_bytes > free:
+            return pallas_pb2.PrepareReply(status=S.STATUS_REJECTED, model=mine,
+                                           free_kv_bytes=free,
+                                           message=f"needs {req.expected_kv_bytes} B of KV, "
+                                                   f"{free} B free after reservations")
+        bs = int(mine.block_size)
+        prefix = list(req.prefix_token_ids)
+        if len(prefix) % bs:
+            return pallas_pb2.PrepareReply(status=S.STATUS_INVALID, model=mine,
+                                           message=f"prefix of {len(prefix)} tokens is not "
+                                                   f"block-aligned ({bs})")
+        self.ledger.see_in(sid, epoch)
+        inb = Inbound(session_id=sid, epoch=epoch, source=req.source, prefix_len=len(prefix),
+                      scheme=req.scheme, ue_id=req.ue_id, reserved_bytes=req.expected_kv_bytes)
+        if prefix:
+            inb.t_warmup = time.monotonic()
+            inb.warmup = self._spawn(self._warm(inb, prefix), f"warmup-{sid}-{epoch}")
+        self.inbound[sid] = inb
+        log.info("prepared", session=sid, epoch=epoch, peer=req.source.address,
+                 prefix=len(prefix), reserved=req.expected_kv_bytes)
+        return pallas_pb2.PrepareReply(status=S.STATUS_OK, model=mine, free_kv_bytes=free)
+
+    async def _warm(self, inb: Inbound, prefix: list[int]) -> None:
+        """Prefill exactly the prefix; its duration measures r_p here, under the present load."""
+        await self.engine.prefill(prefix)
+        took = time.monotonic() - inb.t_warmup
+        if took > 0:
+            self.warmup_rate.update(len(prefix) / took)
+            self.observe_prefill(len(prefix), took)
+
+    def on_block(self, blk: Block | pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str:
+        """Store one streamed block: "ok", "stale" (no attempt of that epoch), "bad" (CRC),
+        "refused" (larger than a block, or over the per-attempt / per-agent byte bound)."""
+        inb = self.inbound.get(blk.session_id)
+        if inb is None or blk.epoch != inb.epoch or inb.state != TargetState.PREPARING:
+            return "stale"
+        inb.touched = time.monotonic()
+        n = len(blk.data)
+        why = ""
+        if n > int(self.identity().block_bytes):
+            why = f"{n} B is larger than a block"
+        elif inb.bytes_in + n > self.cfg.max_inbound_session_bytes:
+            why = "attempt over max_inbound_session_bytes"
+        elif self.buffered_bytes() + n > self.cfg.max_inbound_bytes:
+            why = "agent over max_inbound_bytes"
+        if why:
+            inb.blocks_rejected += 1
+            log.warning("block_refused", session=blk.session_id, epoch=blk.epoch,
+                        block=blk.block_index, why=why)
+            return "refused"
+        verdict = self.hub.put_block(blk.session_id, blk.epoch, blk.block_index, blk.fill,
+                                     blk.checksum, blk.data, crc_ok)
+        if verdict == "ok":
+            if blk.block_index not in inb.indices:
+                inb.indices.add(blk.block_index)
+                inb.blocks_in += 1
+                inb.bytes_in += n
+        else:
+            inb.blocks_rejected += 1
+            log.warning("block_rejected", session=blk.session_id, epoch=blk.epoch,
+                        block=blk.block_index, verdict=verdict)
+        return verdict
+
+    async def on_progress(self, req: pallas_pb2.ProgressRequest) -> pallas_pb2.ProgressReply:
+        """How far a prepared attempt got (for the source's commit-time choice), and this
+        agent's r_p (measured from its warm-ups, else its own prefill figures).
+
+        L_done is the whole prefix once the warm-up finished; before that it is estimated
+        from the time the warm-up has run at this agent's measured r_p (0 if unmeasured).
+        """
+        r_p = self.warmup_rate.value or self.prefill_rate()
+        inb = self.inbound.get(req.session_id)
+        if inb is None or inb.epoch != req.epoch:  # still says this agent's r_p (ctHO's split)
+            return pallas_pb2.ProgressReply(status=S.STATUS_UNKNOWN_SESSION, prefill_rate=r_p)
+        inb.touched = time.monotonic()
+        done = inb.warmup is None or (inb.warmup.done() and not inb.warmup.cancelled()
+                                      and inb.warmup.exception() is None)
+        l_done = inb.prefix_len if done else min(
+            inb.prefix_len, int(r_p * (time.monotonic() - inb.t_warmup)))
+        return pallas_pb2.ProgressReply(status=S.STATUS_OK, prefix_tokens=inb.prefix_len,
+                                        prefilled_tokens=l_done, warmup_done=done,
+                                        blocks_received=self._run(inb, inb.prefix_len),
+                                        bytes_received=inb.bytes_in, prefill_rate=r_p)
+
+    def _run(self, inb: Inbound, start_token: int) -> int:
+        """Blocks held in one run from the block of ``start_token`` on."""
+        j = first = start_token // self.block_size
+        while j in inb.indices:
+            j += 1
+        return j - first
+
+    async def on_sync(self, req: pallas_pb2.SyncRequest) -> pallas_pb2.SyncReply:
+        """Resume the session here: submit the request (prompt = every token so far)."""
+        sid, epoch = req.session_id, req.epoch
+        inb = self.inbound.get(sid)
+        if inb is None or inb.epoch != epoch or inb.state != TargetState.PREPARING:
+            status = (S.STATUS_STALE_EPOCH if epoch < self.ledger.newest_in(sid)
+                      else S.STATUS_UNKNOWN_SESSION)
+            return pallas_pb2.SyncReply(status=status, message="no prepared migration")
+        if req.prompt_tokens > len(req.token_ids) or not req.token_ids:
+            return pallas_pb2.SyncReply(status=S.STATUS_INVALID, message="bad token counts")
+        bs = self.block_size
+        t_in = time.monotonic()
+        if req.HasField("tail") and req.tail.data:
+            self.on_block(req.tail)
+        if inb.warmup is not None and not inb.warmup.done():
+            try:  # never longer than the source's choice allows (0: do not wait)
+                await asyncio.wait_for(asyncio.shield(inb.warmup),
+                                       min(req.warmup_wait_s, self.cfg.warmup_timeout_s))
+            except Exception as exc:  # a slow or failed warm-up only costs recomputation
+                log.info("warmup_not_awaited", session=sid, epoch=epoch, error=repr(exc))
+        tokens = list(req.token_ids)
+        n = len(tokens)
+        first = int(req.split_tokens) // bs
+        # Load only what arrived: a run of blocks from the split on (the source's count is
+        # checked against it; a block it claims but that never came is recomputed, not awaited).
+        arrived = self._run(inb, first * bs)
+        if int(req.streamed_blocks) != arrived:
+            log.warning("streamed_blocks_mismatch", session=sid, epoch=epoch,
+                        claimed=int(req.streamed_blocks), arrived=arrived)
+        last = first + min(int(req.streamed_blocks), arrived) - 1
+        if req.HasField("tail") and req.tail.data and req.tail.block_index in inb.indices \
+                and req.tail.block_index == last + 1:
+            last = int(req.tail.block_index)
+        sp = req.sampling
+        outputs = tokens[int(req.prompt_tokens):]
+        sampling = SamplingSpec(max_tokens=len(outputs) + int(sp.max_tokens),
+                                temperature=sp.temperature, top_p=sp.top_p or 1.0,
+                                top_k=sp.top_k or -1, min_tokens=len(outputs) + sp.min_tokens
+                                if sp.min_tokens else 0,
+                                stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
+                                seed=sp.seed if sp.has_seed else None)
+        now = time.time()
+        session = Session(session_id=sid, ue_id=req.ue_id or inb.ue_id,
+                          prompt_token_ids=tokens[:int(req.prompt_tokens)], sampling=sampling,
+                          output_token_ids=outputs, token_times=[now] * len(outputs),
+                          epoch=epoch, state=SessionState.RESUMED, resumed_from=len(outputs))
+        if req.session_scheme:
+            session.scheme = int(req.session_scheme)  # the UE's pin goes on with it
+        old = self.sessions.get(sid)
+        if old is not None and old._task is not None and not old._task.done():
+            await self.engine.abort(old)
+        self.sessions.add(session)
+        inb.to(TargetState.RESUMED)
+        if session.remaining_tokens <= 0:
+            session.set_state(SessionState.FINISHED, finish_reason="length")
+            await self._drop_inbound(inb, "finished at the source")
+            return pallas_pb2.SyncReply(status=S.STATUS_OK, message="finished",
+                                        blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
+        resume_s = min(self.cfg.resume_deadline_s, max(0.05, req.deadline_s or 1e9))
+        params = {"pallas": {"sid": sid, "load": {
+            "epoch": epoch, "prefix_len": inb.prefix_len, "first_block": first,
+            "last_block": last, "deadline": now + resume_s}}}
+        claim_fut = asyncio.get_running_loop().create_future()
+        self._claims[(sid, epoch)] = claim_fut
+        self.engine.start(session, kv_transfer_params=params)
+        self._spawn(self._release_after_first_token(inb, session), f"drop-{sid}-{epoch}")
+        reused = 0
+        try:
+            claim = await asyncio.wait_for(asyncio.shield(claim_fut),
+                                           resume_s + self.cfg.claim_wait_s)
+            reused = int(claim["local"]) + int(claim["external"])
+            session.reused_tokens = reused
+            session.claim = claim
+        except asyncio.TimeoutError:
+            log.warning("no_claim_report", session=sid, epoch=epoch)
+        finally:
+            self._claims.pop((sid, epoch), None)
+        log.info("resumed", session=sid, epoch=epoch, n_tokens=n, reused=reused,
+                 blocks_in=inb.blocks_in, rejected=inb.blocks_rejected,
+                 warmup_wait_s=round(time.monotonic() - t_in, 4))
+        return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=reused,
+                                    blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
+
+    async def _release_after_first_token(self, inb: Inbound, session: Session) -> None:
+        """Buffered blocks are loaded before the first token: release them then."""
+        try:
+            await session.wait_tokens(session.resumed_from)
+        finally:
+            await self._drop_inbound(inb, "resumed")
+
+    def _on_claim(self, hdr: dict) -> None:
+        fut = self._claims.get((str(hdr.get("sid", "")), int(hdr.get("epoch", -1))))
+        if fut is not None and not fut.done():
+            fut.set_result(hdr)
+
+    def _on_loaded(self, hdr: dict) -> None:
+        s = self.sessions.get(hdr.get("sid", ""))
+        if s is not None:
+            s.loaded = hdr
+
+    async def _drop_inbound(self, inb: Inbound, reason: str) -> int:
+        if self.inbound.get(inb.session_id) is inb:
+            self.inbound.pop(inb.session_id, None)
+        await cancel_and_wait(inb.warmup)
+        if inb.state != TargetState.RELEASED:
+            inb.to(TargetState.RELEASED)
+        held = self.hub.store.epoch(inb.session_id)
+        n = self.hub.drop(inb.session_id) if held is not None and held <= inb.epoch else 0
+        log.info("inbound_released", session=inb.session_id, epoch=inb.epoch, blocks=n,
+                 reason=reason)
+        return n
+
+    async def on_release(self, req: pallas_pb2.ReleaseRequest) -> pallas_pb2.ReleaseReply:
+        """Drop everything held for (session, epoch): blocks, buffers, reservation, warm-up."""
+        sid, epoch = req.session_id, req.epoch
+        newest = self.ledger.newest_in(sid)
+        if epoch < newest:
+            return pallas_pb2.ReleaseReply(status=S.STATUS_STALE_EPOCH,
+                                           message=f"newest epoch is {newest}")
+        self.ledger.see_in(sid, epoch)
+        inb = self.inbound.get(sid)
+        if inb is None or inb.state != TargetState.PREPARING:
+            return pallas_pb2.ReleaseReply(status=S.STATUS_OK, message="nothing held")
+        n = await self._drop_inbound(inb, req.reason or "released")
+        return pallas_pb2.ReleaseReply(status=S.STATUS_OK, blocks_released=n)
+
+    async def expire(self, now: float | None = None) -> int:
+        """Drop prepared attempts whose source sent nothing for ``inbound_idle_s``; returns
+        how many were dropped (a lost Release or a dead source frees the target this way)."""
+        now = time.monotonic() if now is None else now
+        stale = [i for i in self.inbound.values() if i.state == TargetState.PREPARING
+                 and now - i.touched > self.cfg.inbound_idle_s]
+        for inb in stale:
+            await self._drop_inbound(inb, "source silent")
+        return len(stale)

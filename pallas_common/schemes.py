@@ -1,0 +1,139 @@
+"""The one vocabulary of recovery schemes and session states (model.md section 6; paper
+section 5, "Baselines" and the ablations), shared by the agent, the xApp and the harness.
+
+A scheme is the ``pallas.v1.Scheme`` enum value; :data:`SCHEMES` says what each does at the
+Trigger and at the Commit:
+
+| scheme        | at Trigger                                  | at Commit                                   |
+| ------------- | ------------------------------------------- | ------------------------------------------- |
+| Pallas        | prefix prefill + suffix block stream        | tail + token ids (ship the rest of suffix)  |
+| w/o RC        | no prefix: stream every block from block 0  | as Pallas                                   |
+| w/o SM        | prefix prefill only, no stream              | token ids; window tokens recomputed         |
+| Full-Copy     | nothing                                     | every KV block (split 0)                    |
+| Recomputation | nothing                                     | token ids only (split 0, no blocks)         |
+| ctHO          | nothing                                     | prefix p* recomputed, blocks >= p* shipped  |
+| Detour        | nothing                                     | nothing: the source serves on, the new agent relays |
+
+Session states are ``pallas.v1.SessionState``; on the wire (ControlReply.state,
+SessionTelemetry.state) they travel as the lower-case name without ``SESSION_``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from pallas_proto import pallas_pb2 as _pb
+
+__all__ = ["Ship", "SchemeSpec", "SCHEMES", "scheme_value", "scheme_name", "spec_for",
+           "SessionState"]
+
+
+class Ship(str, enum.Enum):
+    """Which KV blocks a commit ships."""
+
+    SUFFIX = "suffix"  # those from the split on not yet sent, plus the tail
+    ALL = "all"        # every block (split 0)
+    NONE = "none"      # token ids only
+
+
+@dataclass(frozen=True)
+class SchemeSpec:
+    """What one recovery scheme does at Trigger and at Commit.
+
+    Attributes:
+        value: the ``pallas.v1.Scheme`` enum value.
+        name: CLI/HTTP name (``pallas``, ``full-copy``, ...).
+        proactive: works before the handover (Trigger starts preparation).
+        stream_suffix: at Trigger, ship each completed suffix KV block as it completes.
+        full_transfer: at Trigger, no prefix recompute: the "suffix" starts at block 0.
+        commit_ship: what the Commit ships (:class:`Ship`).
+        commit_split: the split at Commit: "keep" (the prepared one), "zero", "ctho"
+            (``pallas_common.timing.ctho_split`` on the rates at the commit).
+        migrates: False only for Detour (the session stays at the source).
+    """
+
+    value: int
+    name: str
+    proactive: bool
+    stream_suffix: bool = False
+    full_transfer: bool = False
+    commit_ship: Ship = Ship.SUFFIX
+    commit_split: str = "keep"
+    migrates: bool = True
+
+
+SCHEMES: dict[int, SchemeSpec] = {s.value: s for s in (
+    SchemeSpec(_pb.SCHEME_PALLAS, "pallas", proactive=True, stream_suffix=True),
+    SchemeSpec(_pb.SCHEME_NO_RC, "no-rc", proactive=True, stream_suffix=True, full_transfer=True),
+    SchemeSpec(_pb.SCHEME_NO_SM, "no-sm", proactive=True, commit_ship=Ship.NONE),
+    SchemeSpec(_pb.SCHEME_FULL_COPY, "full-copy", proactive=False, commit_ship=Ship.ALL,
+               commit_split="zero"),
+    SchemeSpec(_pb.SCHEME_RECOMPUTATION, "recomputation", proactive=False,
+               commit_ship=Ship.NONE, commit_split="zero"),
+    SchemeSpec(_pb.SCHEME_CTHO, "ctho", proactive=False, commit_split="ctho"),
+    SchemeSpec(_pb.SCHEME_DETOUR, "detour", proactive=False, commit_ship=Ship.NONE,
+               migrates=False),
+)}
+_BY_NAME = {s.name: s.value for s in SCHEMES.values()}
+_ALIASES = {"fullcopy": "full-copy", "full_copy": "full-copy", "recompute": "recomputation",
+            "no_rc": "no-rc", "norc": "no-rc", "no_sm": "no-sm", "nosm": "no-sm", "ct-ho": "ctho"}
+
+
+def scheme_value(x: int | str | None, default: int = _pb.SCHEME_PALLAS) -> int:
+    """A scheme given as enum value, enum name (``SCHEME_CTHO``) or CLI name, as its value.
+
+    ``None``, 0 (``SCHEME_UNSPECIFIED``) and "" give ``default``.
+
+    Raises:
+        ValueError: unknown scheme.
+    """
+    if x is None or x == 0 or x == "":
+        return default
+    if isinstance(x, int):
+        if x in SCHEMES:
+            return x
+        raise ValueError(f"unknown scheme value {x}")
+    key = x.strip().lower()
+    if key.startswith("scheme_"):
+        key = key[len("scheme_"):].replace("_", "-")
+    key = _ALIASES.get(key, key)
+    if key in _BY_NAME:
+        return _BY_NAME[key]
+    raise ValueError(f"unknown scheme {x!r}; choose from {sorted(_BY_NAME)}")
+
+
+def scheme_name(value: int) -> str:
+    """CLI name of a scheme value (``"pallas"``, ...); ``"unspecified"`` for 0."""
+    spec = SCHEMES.get(value)
+    return spec.name if spec else "unspecified"
+
+
+def spec_for(x: int | str | None, default: int = _pb.SCHEME_PALLAS) -> SchemeSpec:
+    """The :class:`SchemeSpec` of a scheme in any form :func:`scheme_value` accepts."""
+    return SCHEMES[scheme_value(x, default)]
+
+
+class SessionState(str, enum.Enum):
+    """A session's life cycle at one agent; values are the wire names of
+    ``pallas.v1.SessionState`` (lower case, without ``SESSION_``).
+
+    Source: ``SERVING`` -> ``MIGRATING`` (trigger) -> ``COMMITTING`` (frozen at the commit
+    point) -> ``HANDED_OVER``; a cancel or failed commit goes back to ``SERVING``. Target:
+    ``RESUMED`` after a Sync. Either side ends ``FINISHED`` or ``FAILED``.
+    """
+
+    NEW = "new"
+    SERVING = "serving"
+    MIGRATING = "migrating"
+    COMMITTING = "committing"
+    HANDED_OVER = "handed_over"
+    PREPARING = "preparing"
+    RESUMED = "resumed"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+    @property
+    def proto(self) -> int:
+        """The ``pallas.v1.SessionState`` enum value."""
+        return _pb.SessionState.Value("SESSION_" + self.name)

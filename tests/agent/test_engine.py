@@ -1,0 +1,539 @@
+"""The migration engine (agent/migration/) and its Control servicer, with fakes: a fake vLLM
+client, a BlockHub with no connector, and peer targets served over real gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pallas_proto import pallas_pb2 as pb
+
+from agent.control import ControlService
+from agent.ipc import BlockHub, LocalBlock, block_crc
+from agent.migration import MigrationConfig, MigrationEngine, Outbound
+from agent.migration.states import TERMINAL, TRANSITIONS, IllegalTransition, SourceState, TargetState, check
+from agent.session import SamplingSpec, Session, SessionState, SessionStore
+from agent.transfer import serve_peer_transfer
+from pallas_common.schemes import SCHEMES, scheme_name, scheme_value
+from pallas_common.timing import HandoverState, commit_choice, ctho_split
+
+IDENT = pb.ModelIdentity(model="tiny", weights_digest="ab", dtype="float32",
+                         kv_cache_dtype="auto", block_size=32, backend="cpu/CPU_ATTN/vec",
+                         kv_bytes_per_token=2048, num_layers=2, block_bytes=65536)
+
+
+class FakeEngine:
+    def __init__(self, prefill_s: float = 0.0):
+        self.prefill_s = prefill_s
+        self.prefills: list[list[int]] = []
+        self.started: list[tuple[Session, dict]] = []
+
+    async def prefill(self, ids, **kw):
+        self.prefills.append(list(ids))
+        await asyncio.sleep(self.prefill_s)
+        return {}
+
+    def start(self, session, *, kv_transfer_params=None):
+        self.started.append((session, kv_transfer_params))
+
+    async def abort(self, session):
+        pass
+
+
+def _engine(free_blocks=1000, **cfg):
+    hub = BlockHub()
+    hub.sched_info = {"free_blocks": free_blocks, "block_size": 32}
+    eng = FakeEngine()
+    kw = dict(claim_wait_s=0.05, resume_deadline_s=0.01, rpc_timeout_s=1.0, commit_deadline_s=2.0)
+    kw.update(cfg)
+    m = MigrationEngine(agent_id="b", peer_address="127.0.0.1:1", sessions=SessionStore(),
+                        engine=eng, hub=hub, identity=lambda: IDENT, config=MigrationConfig(**kw))
+    return m, hub, eng
+
+
+def _prep(epoch=1, prefix=64, model=IDENT, expected=1000, sid="s"):
+    return pb.PrepareRequest(session_id=sid, epoch=epoch, model=model,
+                             prefix_token_ids=list(range(prefix)), expected_kv_bytes=expected,
+                             source=pb.PeerEndpoint(agent_id="a", address="x:1"))
+
+
+def _blk(idx, epoch=1, data=b"\x01" * 16, crc=None, sid="s"):
+    return pb.KVBlock(session_id=sid, epoch=epoch, block_index=idx, fill=32,
+                      checksum=block_crc(data) if crc is None else crc, data=data)
+
+
+def _serving(m, sid="s", n_prompt=40, outputs=(5, 6, 7), max_tokens=50):
+    s = Session(sid, "ue", list(range(n_prompt)), SamplingSpec(max_tokens=max_tokens))
+    s.set_state(SessionState.SERVING)
+    s.append_tokens(list(outputs))
+    m.sessions.add(s)
+    return s
+
+
+class Target:
+    """A PeerTransfer handler: admits (or refuses) everything and records what it gets."""
+
+    def __init__(self, refuse_prepare=False, sync_status=pb.STATUS_OK, progress=None,
+                 sync_delay_s=0.0):
+        self.sync_delay_s = sync_delay_s
+        self.refuse_prepare = refuse_prepare
+        self.sync_status = sync_status
+        self.progress = progress
+        self.calls: list[tuple[str, object]] = []
+
+    async def on_prepare(self, req):
+        self.calls.append(("prepare", req))
+        if self.refuse_prepare:
+            return pb.PrepareReply(status=pb.STATUS_REJECTED, model=IDENT, message="no KV memory")
+        return pb.PrepareReply(status=pb.STATUS_OK, model=IDENT, free_kv_bytes=1 << 30)
+
+    def on_block(self, blk, crc_ok=None):
+        return "ok"
+
+    async def on_sync(self, req):
+        self.calls.append(("sync", req))
+        await asyncio.sleep(self.sync_delay_s)
+        return pb.SyncReply(status=self.sync_status, reused_tokens=40, blocks_received=1,
+                            bytes_received=65536, message="" if self.sync_status == pb.STATUS_OK
+                            else "resume failed")
+
+    async def on_release(self, req):
+        self.calls.append(("release", req))
+        return pb.ReleaseReply(status=pb.STATUS_OK)
+
+    async def on_progress(self, req):
+        self.calls.append(("progress", req))
+        return self.progress or pb.ProgressReply(status=pb.STATUS_OK, warmup_done=True)
+
+    def ops(self):
+        return [c[0] for c in self.calls]
+
+
+async def _served(handler):
+    server, addr = await serve_peer_transfer(handler, "127.0.0.1:0")
+    return server, pb.PeerEndpoint(agent_id="t", address=addr)
+
+
+# ------------------------------------------------------------------ states and vocabulary
+
+def test_transition_table_is_walked_and_enforced():
+    """Every state reaches a terminal one; every listed move is allowed, every other refused."""
+    for enum_ in (SourceState, TargetState):
+        states = list(enum_)
+        for a in states:
+            for b in states:
+                if b in TRANSITIONS[a]:
+                    assert check(a, b) is b
+                else:
+                    with pytest.raises(IllegalTransition):
+                        check(a, b)
+            seen, todo = set(), [a]
+            while todo:
+                x = todo.pop()
+                seen.add(x)
+                todo += [y for y in TRANSITIONS[x] if y not in seen]
+            assert seen & TERMINAL, a
+    assert TERMINAL == {SourceState.COMMITTED, SourceState.CANCELLED, SourceState.FAILED,
+                        TargetState.RELEASED}
+
+
+def test_scheme_names_roundtrip_and_session_states_match_the_proto():
+    for v, spec in SCHEMES.items():
+        assert scheme_value(spec.name) == v and scheme_name(v) == spec.name
+        assert scheme_value(pb.Scheme.Name(v)) == v
+    assert scheme_value(None, pb.SCHEME_CTHO) == pb.SCHEME_CTHO
+    with pytest.raises(ValueError):
+        scheme_value("teleport")
+    assert {"SESSION_" + s.name for s in SessionState} == set(pb.SessionState.keys()) - {"SESSION_UNSPECIFIED"}
+    assert SessionState.HANDED_OVER.proto == pb.SESSION_HANDED_OVER
+
+
+# ------------------------------------------------------------------ the commit-time choice
+
+def _hs(**kw):
+    base = dict(prefix_tokens=3200, prefilled_tokens=3200, received_blocks=10, handover_tokens=3540,
+                block_size=32, s_kv=2048.0, r_p=2000.0, goodput=1e6, c_sync=0.01)
+    base.update(kw)
+    return HandoverState(**base)
+
+
+def test_finished_warmup_commits_the_prepared_state():
+    c = commit_choice(_hs())
+    # 20 tokens missing at 2 KB over 1 MB/s: 41 ms + c; recomputing 340 tokens: 170 ms.
+    assert c.option == "finish" and c.finish_s == pytest.approx(0.01 + 20 * 2048 / 1e6)
+    assert c.recompute_s == pytest.approx(0.01 + 340 / 2000)
+
+
+def test_slow_warmup_picks_the_alternative_and_never_waits_longer_than_it():
+    # Only 320 of 3,200 prefix tokens prefilled at 200 tokens/s: finishing takes 14.4 s.
+    c = commit_choice(_hs(prefilled_tokens=320, r_p=200.0, goodput=50e6))
+    assert c.option == "ctho" and c.ctho_s < c.finish_s and c.ctho_split >= 320
+    assert c.wait_s == 0.0
+    # Over a slow link shipping the prefix is dear too: recomputation is chosen, keeping the
+    # 320 prefilled tokens (never redone).
+    c = commit_choice(_hs(prefilled_tokens=3100, received_blocks=0, handover_tokens=3300,
+                          r_p=2000.0, goodput=1e3))
+    assert c.option == "recompute" and c.recompute_s == pytest.approx(0.01 + (3300 - 3072) / 2000)
+    # A finish chosen may wait at most as long as the best alternative would take.
+    c = commit_choice(_hs(prefilled_tokens=3136, r_p=2000.0))
+    assert c.option == "finish" and 0 < c.wait_s <= min(c.ctho_s, c.recompute_s)
+    with pytest.raises(ValueError):
+        commit_choice(_hs(prefilled_tokens=4000))
+
+
+# ------------------------------------------------------------------ target side
+
+def test_prepare_admission_reservation_and_epochs():
+    async def run():
+        m, hub, eng = _engine(free_blocks=2)
+        other = pb.ModelIdentity()
+        other.CopyFrom(IDENT)
+        other.weights_digest = "cd"
+        r = await m.on_prepare(_prep(model=other))
+        assert r.status == pb.STATUS_REJECTED and "weights_digest" in r.message
+        r = await m.on_prepare(_prep(expected=10**9))
+        assert r.status == pb.STATUS_REJECTED and r.free_kv_bytes == 2 * 65536
+        assert (await m.on_prepare(_prep(prefix=40))).status == pb.STATUS_INVALID
+        assert (await m.on_prepare(_prep(epoch=2, expected=65536))).status == pb.STATUS_OK
+        assert (await m.on_prepare(_prep(epoch=2))).message == "already prepared"
+        # The reservation holds until Sync/Release: a second session sees only what is left.
+        r = await m.on_prepare(_prep(sid="s2", expected=2 * 65536))
+        assert r.status == pb.STATUS_REJECTED and r.free_kv_bytes == 65536
+        await asyncio.sleep(0)
+        assert eng.prefills == [list(range(64))]   # warm-up with exactly the prefix
+        assert (await m.on_prepare(_prep(epoch=1))).status == pb.STATUS_STALE_EPOCH
+        assert m.on_block(_blk(2, epoch=2)) == "ok"
+        assert m.on_block(_blk(3, epoch=1)) == "stale"
+        assert m.on_block(_blk(3, epoch=2, crc=5)) == "bad"
+        assert hub.store.num_blocks == 1
+        rel = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=1))
+        assert rel.status == pb.STATUS_STALE_EPOCH and hub.store.num_blocks == 1
+        rel = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=2))
+        assert rel.status == pb.STATUS_OK and rel.blocks_released == 1
+        assert m.held()["reserved_bytes"] == 0 and m.held()["blocks"] == 0
+        assert (await m.on_prepare(_prep(sid="s2", expected=2 * 65536))).status == pb.STATUS_OK
+        assert m.on_block(_blk(4, epoch=2)) == "stale"   # released: nothing is taken any more
+    asyncio.run(run())
+
+
+def test_oversized_and_over_budget_blocks_are_refused_on_arrival():
+    async def run():
+        m, hub, eng = _engine(max_inbound_session_bytes=40, max_inbound_bytes=50)
+        assert (await m.on_prepare(_prep())).status == pb.STATUS_OK
+        assert (await m.on_prepare(_prep(sid="s2"))).status == pb.STATUS_OK
+        assert m.on_block(_blk(2, data=b"\x00" * (65536 + 1))) == "refused"
+        assert m.on_block(_blk(2, data=b"\x01" * 30)) == "ok"
+        assert m.on_block(_blk(3, data=b"\x01" * 30)) == "refused"          # per attempt
+        assert m.on_block(_blk(2, sid="s2", data=b"\x01" * 30)) == "refused"  # per agent
+        assert hub.store.num_bytes == 30
+    asyncio.run(run())
+
+
+def test_inbound_state_expires_when_the_source_goes_silent():
+    async def run():
+        m, hub, eng = _engine(inbound_idle_s=0.05)
+        assert (await m.on_prepare(_prep(expected=65536))).status == pb.STATUS_OK
+        assert m.on_block(_blk(2)) == "ok"
+        assert await m.expire() == 0
+        await asyncio.sleep(0.1)
+        assert await m.expire() == 1
+        assert m.held() == {"inbound": 0, "outbound": 0, "blocks": 0, "bytes": 0,
+                            "reserved_bytes": 0, "streams_queued": 0}
+    asyncio.run(run())
+
+
+def test_ledger_is_bounded():
+    async def run():
+        m, hub, eng = _engine(max_ledger=8)
+        for i in range(50):
+            await m.on_release(pb.ReleaseRequest(session_id=f"s{i}", epoch=1))
+            await m.cancel(f"s{i}", 1)
+        assert len(m.ledger._entries) <= 8 and len(m.ledger._newest) <= 8
+    asyncio.run(run())
+
+
+def test_sync_loads_only_blocks_that_arrived():
+    """A streamed_blocks count above what arrived must not make the resume wait for blocks
+    that never come: the load range ends at the last block held."""
+    async def run():
+        m, hub, eng = _engine()
+        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        m.on_block(_blk(2))
+        tokens = list(range(200))
+        rep = await m.on_sync(pb.SyncRequest(
+            session_id="s", epoch=1, token_ids=tokens, prompt_tokens=170, streamed_blocks=4,
+            split_tokens=64, ue_id="ue", sampling=pb.SamplingParams(max_tokens=20)))
+        assert rep.status == pb.STATUS_OK
+        load = eng.started[0][1]["pallas"]["load"]
+        assert (load["first_block"], load["last_block"]) == (2, 2)
+    asyncio.run(run())
+
+
+def test_sync_resumes_with_reduced_sampling_and_load_params():
+    async def run():
+        m, hub, eng = _engine()
+        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        m.on_block(_blk(2))
+        tokens = list(range(100))       # 70 prompt + 30 generated
+        tail = _blk(3)
+        tail.fill = 3
+        rep = await m.on_sync(pb.SyncRequest(
+            session_id="s", epoch=1, token_ids=tokens, prompt_tokens=70, tail=tail,
+            streamed_blocks=1, split_tokens=64, ue_id="ue", session_scheme=pb.SCHEME_CTHO,
+            sampling=pb.SamplingParams(max_tokens=20, ignore_eos=True)))
+        assert rep.status == pb.STATUS_OK
+        s, params = eng.started[0]
+        assert s.state == SessionState.RESUMED and s.resumed_from == 30
+        assert m.pinned_scheme("s") == pb.SCHEME_CTHO   # the UE's pin goes on with the session
+        assert (rep.blocks_received, rep.bytes_received) == (2, len(_blk(2).data) + len(tail.data))
+        assert s.remaining_tokens == 20 and s.all_token_ids == tokens
+        load = params["pallas"]["load"]
+        assert (load["first_block"], load["last_block"], load["prefix_len"]) == (2, 3, 64)
+        bad = await m.on_sync(pb.SyncRequest(session_id="zz", epoch=1, token_ids=[1]))
+        assert bad.status == pb.STATUS_UNKNOWN_SESSION
+    asyncio.run(run())
+
+
+def test_sync_waits_for_the_warmup_no_longer_than_the_source_allows():
+    async def run():
+        m, hub, eng = _engine()
+        eng.prefill_s = 5.0
+        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        prog = await m.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
+        assert prog.status == pb.STATUS_OK and not prog.warmup_done and prog.prefix_tokens == 64
+        t0 = asyncio.get_running_loop().time()
+        rep = await m.on_sync(pb.SyncRequest(session_id="s", epoch=1, token_ids=list(range(80)),
+                                             prompt_tokens=70, split_tokens=64, warmup_wait_s=0.05,
+                                             sampling=pb.SamplingParams(max_tokens=5)))
+        assert rep.status == pb.STATUS_OK
+        assert asyncio.get_running_loop().time() - t0 < 1.0
+    asyncio.run(run())
+
+
+# ------------------------------------------------------------------ source side and Control
+
+def test_control_idempotent_stale_and_unknown():
+    async def run():
+        m, hub, eng = _engine()
+        target = Target()
+        server, tgt = await _served(target)
+        ctl = ControlService(m, agent_id="b")
+        s = _serving(m, n_prompt=100)
+        try:
+            req = pb.TriggerRequest(session_id="s", epoch=5, target=tgt, split_tokens=64)
+            r1, r2 = await asyncio.gather(ctl.Trigger(req, None), ctl.Trigger(req, None))
+            old = await ctl.Trigger(pb.TriggerRequest(session_id="s", epoch=4, target=tgt), None)
+            unknown = await ctl.Trigger(pb.TriggerRequest(session_id="x", epoch=1, target=tgt), None)
+            empty = await ctl.Trigger(pb.TriggerRequest(session_id="s", epoch=6), None)
+            c = await ctl.Cancel(pb.CancelRequest(session_id="s", epoch=5), None)
+            again = await ctl.Trigger(pb.TriggerRequest(session_id="s", epoch=5, target=tgt), None)
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r1 == r2 and r1.status == pb.STATUS_OK and r1.split_tokens == 64
+        assert target.ops().count("prepare") == 1            # the retry did no work
+        assert old.status == pb.STATUS_STALE_EPOCH and "newest epoch 5" in old.message
+        assert unknown.status == pb.STATUS_UNKNOWN_SESSION and empty.status == pb.STATUS_INVALID
+        assert c.status == pb.STATUS_OK and s.state == SessionState.SERVING
+        assert again == r1                                   # the cached reply, no new prepare
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("refuse_prepare,sync_status", [(True, pb.STATUS_OK),
+                                                         (False, pb.STATUS_ERROR)])
+def test_a_commit_the_target_refuses_or_fails_is_not_ok_and_the_source_serves_on(
+        refuse_prepare, sync_status):
+    """Issue 12 fault 1: the xApp moves a session back only on a non-OK reply."""
+    async def run():
+        m, hub, eng = _engine()
+        target = Target(refuse_prepare=refuse_prepare, sync_status=sync_status)
+        server, tgt = await _served(target)
+        s = _serving(m, outputs=(5, 6, 7, 8))
+        try:
+            r = await m.commit("s", 1, tgt, pb.SCHEME_RECOMPUTATION, ue_tokens=2)
+        finally:
+            await m.close()
+            await server.stop(0)
+        return r, s
+
+    r, s = asyncio.run(run())
+    assert r.status in (pb.STATUS_REJECTED, pb.STATUS_ERROR) and r.scheme == pb.SCHEME_RECOMPUTATION
+    assert s.state == SessionState.SERVING and s.frozen_at is None
+    assert s.output_token_ids == [5, 6, 7, 8] and r.state == "serving"
+
+
+def test_a_target_that_hangs_freezes_the_source_no_longer_than_the_commit_deadline():
+    """Issue 12 fault 6: the Sync used to wait out a fixed 60 s RPC timeout, session frozen."""
+    async def run():
+        m, hub, eng = _engine(commit_deadline_s=0.5)
+        server, tgt = await _served(Target(sync_delay_s=30.0))
+        s = _serving(m)
+        t0 = asyncio.get_running_loop().time()
+        try:
+            r = await m.commit("s", 1, tgt, pb.SCHEME_FULL_COPY)
+        finally:
+            took = asyncio.get_running_loop().time() - t0
+            await m.close()
+            await server.stop(0)
+        return r, s, took
+
+    r, s, took = asyncio.run(run())
+    assert r.status == pb.STATUS_ERROR and s.state == SessionState.SERVING
+    assert took < 1.5, took
+
+
+def test_commit_sends_the_sync_the_target_needs_and_reports_what_moved():
+    async def run():
+        m, hub, eng = _engine()
+        target = Target()
+        server, tgt = await _served(target)
+        s = _serving(m)
+        m.set_session_scheme("s", "ctho")
+        try:
+            r = await m.commit("s", 1, tgt, pb.SCHEME_RECOMPUTATION)
+            again = await m.commit("s", 1, tgt, pb.SCHEME_RECOMPUTATION)
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK and again == r, r
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        assert list(sync.token_ids) == list(range(40)) + [5, 6, 7] and sync.prompt_tokens == 40
+        assert sync.sampling.max_tokens == 47 and sync.scheme == pb.SCHEME_RECOMPUTATION
+        assert sync.session_scheme == pb.SCHEME_CTHO
+        assert (r.blocks_moved, r.kv_bytes_moved, r.reused_tokens, r.recomputed_tokens) == (1, 65536, 40, 3)
+        assert s.state == SessionState.HANDED_OVER
+    asyncio.run(run())
+
+
+def test_detour_moves_nothing_and_releases_a_prepared_target():
+    async def run():
+        m, hub, eng = _engine()
+        target = Target()
+        server, tgt = await _served(target)
+        s = _serving(m, n_prompt=100)
+        try:
+            assert (await m.trigger("s", 1, tgt)).status == pb.STATUS_OK
+            r = await m.commit("s", 2, tgt, "detour")
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK and r.scheme == pb.SCHEME_DETOUR
+        assert target.ops() == ["prepare", "release"] and s.state == SessionState.SERVING
+    asyncio.run(run())
+
+
+def test_prepared_commit_with_an_unfinished_warmup_takes_the_choice_and_reports_it():
+    """Issue 13 item 4: the source asks the target's progress and commits the fastest way."""
+    async def run():
+        m, hub, eng = _engine()
+        m.prefill_rate = lambda: 100.0
+        target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, prefix_tokens=96,
+                                                  prefilled_tokens=0, warmup_done=False,
+                                                  prefill_rate=10.0))
+        server, tgt = await _served(target)
+        s = _serving(m, n_prompt=100)
+        try:
+            assert (await m.trigger("s", 1, tgt, split_tokens=96)).status == pb.STATUS_OK
+            s._task = asyncio.ensure_future(asyncio.sleep(0))   # request ended: nothing to wait on
+            await asyncio.sleep(0.01)
+            r = await m.commit("s", 1, tgt)
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK and r.HasField("choice")
+        ch = r.choice
+        assert ch.option in ("ctho", "recompute") and ch.finish_s > max(0.0, min(ch.ctho_s, ch.recompute_s))
+        assert ch.prefix_tokens in (96, ch.ctho_split_tokens) and ch.handover_tokens == 103
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        assert sync.warmup_wait_s == 0.0       # it does not wait on a warm-up it chose against
+    asyncio.run(run())
+
+
+def test_commit_block_wait_ends_with_the_request_not_at_a_poll_timeout():
+    async def run():
+        m, hub, eng = _engine()
+        s = Session("s", "ue", list(range(40)), SamplingSpec(max_tokens=50))
+        s._task = asyncio.ensure_future(asyncio.sleep(0.02))
+        out = Outbound(session=s, epoch=1, target=pb.PeerEndpoint(agent_id="b", address="x:1"),
+                       client=None, split=32, first_block=1, scheme=pb.SCHEME_PALLAS,
+                       proactive=True, stream_suffix=True)
+        out.full.add(1)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.wait_for(m._wait_blocks(out, 70, loop.time() + 10), 5.0)
+        assert loop.time() - t0 < 0.3 and out.tail is None
+        # A tail copied out after the request ended is still taken.
+        s._task = asyncio.ensure_future(asyncio.sleep(30))
+        loop.call_later(0.02, lambda: (setattr(out, "tail", LocalBlock("s", 1, 2, 6, 0, b"t", True, 70)),
+                                       out.note()))
+        t0 = loop.time()
+        await asyncio.wait_for(m._wait_blocks(out, 70, loop.time() + 10), 5.0)
+        assert loop.time() - t0 < 0.3 and out.tail.idx == 2 and not s._task.done()
+        s._task.cancel()
+    asyncio.run(run())
+
+
+def test_ctho_split_uses_the_targets_measured_prefill_rate():
+    """Issue 13 item 3: the split used the source's (never written, 5,000 tokens/s) rate."""
+    async def run():
+        m, hub, eng = _engine()
+        m.prefill_rate = lambda: 1e6                    # the source prefills fast
+        target = Target(progress=pb.ProgressReply(status=pb.STATUS_UNKNOWN_SESSION,
+                                                  prefill_rate=50.0))
+        server, tgt = await _served(target)
+        m.peers.get(tgt).bucket.rate = 65536.0 * 4     # B: 4 blocks/s
+        s = _serving(m, n_prompt=300, outputs=())
+        try:
+            r = await m.commit("s", 1, tgt, "ctho")
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        want, _ = ctho_split(300, 32, 50.0, 2048.0, 65536.0 * 4)
+        assert sync.split_tokens == want and want < ctho_split(300, 32, 1e6, 2048.0, 65536.0 * 4)[0]
+    asyncio.run(run())
+
+
+def test_goodput_counts_time_spent_sending_not_waiting_for_blocks():
+    """Issue 13 item 3: B was bytes over the gap between sends (the decode rate, here 5
+    blocks/s); over loopback the link itself is far faster."""
+    from agent.transfer import PeerClient
+
+    async def run():
+        server, tgt = await _served(Target())
+        client = PeerClient(tgt.address)
+        stream = client.open_stream("s", 1)
+        data = b"\x01" * 65536
+        for i in range(4):
+            stream.send(pb.KVBlock(session_id="s", epoch=1, block_index=i, fill=32,
+                                   checksum=block_crc(data), data=data))
+            await asyncio.sleep(0.2)
+        await stream.finish(5)
+        b = client.goodput_bytes_per_s
+        measured_at = client.telemetry("t").measured_at
+        await client.close()
+        await server.stop(0)
+        return b, measured_at
+
+    b, measured_at = asyncio.run(run())
+    assert b > 20 * 65536 / 0.2, b       # not 65536 B / 0.2 s
+    assert measured_at > 0
+
+
+def test_a_proactive_commit_with_nothing_prepared_there_recovers_by_ctho():
+    """The xApp cannot know that a prepared attempt failed since, or was never made: the
+    engine recovers by ctHO at the actual target and says so in the reply."""
+    async def run():
+        m, hub, eng = _engine()
+        target = Target()
+        server, tgt = await _served(target)
+        _serving(m, n_prompt=100)
+        try:
+            r = await m.commit("s", 1, tgt)           # the agent default: pallas
+        finally:
+            await m.close()
+            await server.stop(0)
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        assert r.status == pb.STATUS_OK and r.scheme == pb.SCHEME_CTHO == sync.scheme
+    asyncio.run(run())

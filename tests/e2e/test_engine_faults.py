@@ -1,0 +1,178 @@
+"""The migration engine's faults of issue 12 and the commit-time choice of issue 13, on two
+real vLLM CPU servers with the Pallas connector (tiny random model, greedy, token-exact).
+
+- a commit the target refuses is answered non-OK and the source serves on, token-exact;
+- a prepared target whose source goes silent frees its blocks and its KV reservation;
+- a commit right after the trigger (the target's warm-up still running) takes the
+  commit-time choice, reports it, and continues token-exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+from agent.app import Agent, AgentConfig  # noqa: E402
+from agent.models import build_model  # noqa: E402
+from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
+from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
+from pallas_proto import pallas_pb2 as pb  # noqa: E402
+
+IDLE_S = 3.0  # B drops a prepared attempt whose source is silent this long
+
+
+class Loop:
+    """An asyncio loop in a thread (the agents live across tests)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout: float = 300.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def agents():
+    model = str(build_model("tiny"))
+    lt = Loop()
+    nodes, servers = [], []
+    try:
+        for i, name in enumerate(("ea", "eb")):
+            cfg = AgentConfig(agent_id=name, model=model, host="127.0.0.1", peer_port=free_port(),
+                              hub_address=f"tcp://127.0.0.1:{free_port()}", vllm_url="-",
+                              resume_deadline_s=20.0, commit_deadline_s=30.0,
+                              inbound_idle_s=IDLE_S)
+            a = Agent(cfg)
+            lt.run(a.start_core())
+            srv = VLLMServer(ServerConfig(model=model, agent_address=a.hub.address,
+                                          omp_threads_bind=str(i), min_step_ms=15.0))
+            srv.start()
+            nodes.append(a)
+            servers.append(srv)
+        for a, srv in zip(nodes, servers):
+            srv.wait_ready(600)
+            lt.run(a.attach(srv.base_url), 300)
+        yield lt, nodes[0], nodes[1]
+    finally:
+        for a in nodes:
+            try:
+                lt.run(a.stop(), 30)
+            except Exception:
+                pass
+        for srv in servers:
+            srv.stop()
+        lt.close()
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 2000) for _ in range(n)]
+
+
+async def _run(a: Agent, prompt: list[int], max_tokens: int) -> Session:
+    s = Session(uuid.uuid4().hex, "ue-1", prompt, SamplingSpec(max_tokens=max_tokens,
+                                                                ignore_eos=True))
+    a.sessions.add(s)
+    a.engine.start(s)
+    return s
+
+
+async def _reference(a: Agent, prompt: list[int], n: int) -> list[int]:
+    return await a.engine.complete(prompt, SamplingSpec(max_tokens=n, ignore_eos=True))
+
+
+async def _outputs(a: Agent, sid: str, n: int) -> list[int]:
+    s = a.sessions.get(sid)
+    assert s is not None
+    assert await s.wait_tokens(n - 1, 300), f"stopped at {len(s.output_token_ids)}: {s.state}"
+    await a.engine.abort(s)
+    return s.output_token_ids[:n]
+
+
+def test_a_refused_commit_is_not_ok_and_the_source_serves_on_token_exact(agents):
+    lt, a, b = agents
+
+    async def go():
+        prompt = _prompt(100, 11)
+        ref = await _reference(a, prompt, 120)
+        s = await _run(a, prompt, 10**6)     # asks for more KV than B has: B refuses
+        assert await s.wait_tokens(20, 120)
+        r = await a.migration.commit(s.session_id, 1, b.endpoint, pb.SCHEME_FULL_COPY)
+        out = await _outputs(a, s.session_id, 120)
+        return r, s, ref, out
+
+    r, s, ref, out = lt.run(go())
+    assert r.status == pb.STATUS_REJECTED and "target refused" in r.message, r
+    assert r.state == "serving" and b.sessions.get(s.session_id) is None
+    assert out == ref
+
+
+def test_a_prepared_target_whose_source_goes_silent_frees_what_it_holds(agents):
+    lt, a, b = agents
+
+    async def go():
+        base = b.hub.kv_blocks()
+        prompt = _prompt(300, 12)
+        s = await _run(a, prompt, 400)
+        assert await s.wait_tokens(5, 120)
+        assert (await a.migration.trigger(s.session_id, 1, b.endpoint, split_tokens=96)).status == 1
+        t_end = time.monotonic() + 60
+        while b.hub.store.num_blocks < 1:
+            assert time.monotonic() < t_end, "no block reached B"
+            await asyncio.sleep(0.05)
+        held = b.migration.held()
+        # The source goes silent: its stream stops, and no Release will come.
+        out = a.migration.outbound.pop(s.session_id)
+        a.hub.stop_export(s.session_id)
+        out.stream.abort()
+        await asyncio.sleep(IDLE_S + 0.5)
+        dropped = await b.migration.expire()
+        await a.engine.abort(s)
+        await asyncio.sleep(1.0)
+        return base, held, dropped, b.migration.held(), b.hub.kv_blocks()
+
+    base, held, dropped, after, kv = lt.run(go())
+    assert held["inbound"] == 1 and held["reserved_bytes"] > 0 and held["blocks"] >= 1
+    assert dropped == 1
+    assert after == {"inbound": 0, "outbound": 0, "blocks": 0, "bytes": 0, "reserved_bytes": 0,
+                     "streams_queued": 0}
+    assert kv is not None and base is not None and kv[0] >= base[0] - 1, (base, kv)
+
+
+def test_a_commit_during_the_warmup_takes_the_fastest_way_and_stays_exact(agents):
+    lt, a, b = agents
+
+    async def go():
+        prompt = _prompt(1500, 13)
+        ref = await _reference(a, prompt, 80)
+        s = await _run(a, prompt, 2000)
+        assert await s.wait_tokens(2, 120)
+        tr = await a.migration.trigger(s.session_id, 1, b.endpoint)
+        assert tr.status == 1 and tr.split_tokens >= 1472, tr
+        r = await a.migration.commit(s.session_id, 1, b.endpoint)    # at once: warm-up running
+        assert r.status == 1, r
+        assert s.state == SessionState.HANDED_OVER
+        out = await _outputs(b, s.session_id, 80)
+        return r, out, ref
+
+    r, out, ref = lt.run(go())
+    assert out == ref
+    if r.HasField("choice"):       # absent only when the warm-up had already finished
+        ch = r.choice
+        best = min(ch.finish_s, ch.ctho_s, ch.recompute_s)
+        assert ch.option in ("finish", "ctho", "recompute")
+        assert {"finish": ch.finish_s, "ctho": ch.ctho_s, "recompute": ch.recompute_s}[ch.option] == best
+        assert ch.prefill_rate > 0 and ch.handover_tokens >= 1502
