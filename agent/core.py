@@ -132,7 +132,7 @@ async def build_core(cfg: Any, log: Any) -> AgentCore:
     loop = asyncio.get_running_loop()
     model = cfg.model
     if cfg.model_preset and not model:
-        from agent.models import build_model
+        from pallas_eval.models import build_model  # test presets live in the harness
 
         model = str(await loop.run_in_executor(None, build_model, cfg.model_preset))
     node = AgentNode(NodeConfig(

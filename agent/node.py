@@ -27,7 +27,7 @@ from pallas_proto import pallas_pb2
 
 from agent.ipc import BlockHub
 from agent.migration import MigrationConfig, Migrator
-from agent.models import weights_digest
+from agent.weights import weights_digest
 from agent.session import Engine, SessionStore
 from agent.transfer import serve_peer_transfer
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from agent.models import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def tail_lines(path, n: int) -> str:
@@ -45,7 +45,7 @@ class ServerConfig:
     """How to run one vLLM server.
 
     Attributes:
-        model: model folder (see agent.models.build_model).
+        model: model folder (tests build one with pallas_eval.models.build_model).
         port: HTTP port (0 = pick a free one).
         agent_address: the agent's BlockHub endpoint given to the connector; None runs vLLM
             without the Pallas connector.

@@ -197,7 +197,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
             servers = rp.start_servers(sup, opts, opts.servers)
         con.print(f"servers ready after {time.time() - t_start:.0f} s: "
                   + ", ".join(f"{s.agent_id} (front {s.agent.front_url})" for s in servers))
-        from agent.models import build_model, model_config
+        from pallas_eval.models import build_model, model_config
         vocab = int(model_config(build_model(opts.model_preset)).get("vocab_size", 2048))
         runs = []
         before = rp.agent_counters(servers)
@@ -236,7 +236,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
         itl_by[r.scheme] = np.concatenate([s.itls() for s in r.sessions] or [np.zeros(0)])
     measured = rp.measured_rates(runs)
     if not measured.get("s_kv"):
-        from agent.models import build_model, model_config
+        from pallas_eval.models import build_model, model_config
         from pallas_common.timing import kv_bytes_per_token
         measured["s_kv"] = float(kv_bytes_per_token(model_config(build_model(opts.model_preset))))
         measured["block_size"] = measured.get("block_size") or 32.0

@@ -141,7 +141,7 @@ class Server:
     """One edge server of the replay: its agent (which launched its vLLM server)."""
 
     index: int
-    agent: Any            # agent.cluster.LocalAgent (ports, readiness, metrics)
+    agent: Any            # pallas_eval.cluster.LocalAgent (ports, readiness, metrics)
     child: Any            # pallas_eval.procs.Child
     vllm_port: int
 
@@ -157,8 +157,8 @@ class Server:
 def start_servers(sup: Supervisor, opts: ReplayOptions, n: int) -> list[Server]:
     """Start ``n`` agents (each with its vLLM server) under the supervisor and wait until all
     are ready. vLLM threads: server i is bound to core i mod (cores)."""
-    from agent.cluster import LocalAgent
-    from agent.models import build_model
+    from pallas_eval.cluster import LocalAgent
+    from pallas_eval.models import build_model
 
     model = str(build_model(opts.model_preset))
     cores = os.cpu_count() or 1

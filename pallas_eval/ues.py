@@ -1,6 +1,6 @@
 """The UEs of a replay: one asyncio task per UE of the trace.
 
-A UE streams LLM sessions from the agent of its serving cell (agent/client.py's UESession),
+A UE streams LLM sessions from the agent of its serving cell (pallas_eval/client.py's UESession),
 follows its handovers at the times the trace shows them (it switches to the new cell's agent
 and resumes from the first token it has not received, naming the old agent as the origin so
 the new one can relay while the session is not yet there, or for good under Detour), and
@@ -58,7 +58,7 @@ async def run_ue(plan: UEPlan, front_of_cell: Callable[[int], str], sessions: It
     started less than ``min_left_s`` before the UE leaves the trace; a session still running
     ``grace_s`` after it left is cut there (its tokens so far are kept and checked).
     """
-    from agent.client import SessionError, UESession
+    from pallas_eval.client import SessionError, UESession
 
     out = UEOutcome(plan.ue_id)
     cell_now = plan.cells[0][1]

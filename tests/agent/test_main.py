@@ -129,7 +129,7 @@ def test_agent_serves_control_health_front_metrics(monkeypatch, capsys):
 
 
 def test_local_agent_keeps_the_vllm_log_beside_its_own():
-    from agent.cluster import LocalAgent
+    from pallas_eval.cluster import LocalAgent
     a = LocalAgent("edge-1", "m", log_dir="/run/logs")
     cmd = a.command()
     assert cmd[cmd.index("--vllm-log") + 1] == a.vllm_log_path

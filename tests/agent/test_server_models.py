@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from agent.models import PRESETS, build_model, num_parameters, weights_digest
+from pallas_eval.models import PRESETS, build_model, num_parameters, weights_digest
 from agent.server import ServerConfig, VLLMServer
 
 

@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from agent.migration import MigrationConfig  # noqa: E402
-from agent.models import build_model  # noqa: E402
+from pallas_eval.models import build_model  # noqa: E402
 from agent.node import AgentConfig, AgentNode  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
