@@ -151,7 +151,9 @@ async def build_core(cfg: Any, log: Any) -> AgentCore:
                 model=model, port=cfg.vllm_port, agent_address=node.hub.address,
                 kv_cache_gib=cfg.kv_cache_gib, omp_threads_bind=cfg.omp_bind,
                 block_size=cfg.block_size, max_model_len=cfg.max_model_len,
-                max_num_seqs=cfg.max_num_seqs, dtype=cfg.dtype, min_step_ms=cfg.min_step_ms,
+                max_num_seqs=cfg.max_num_seqs, dtype=cfg.dtype,
+                kv_connector_module=cfg.kv_connector_module, kv_connector_class=cfg.kv_connector_class,
+                kv_connector_extra=cfg.kv_connector_extra, extra_args=list(cfg.vllm_args),
                 log_path=cfg.vllm_log))
             server.start()
             url = server.base_url

@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -71,7 +73,10 @@ class AgentConfig:
     max_model_len: int = 4096
     max_num_seqs: int = 8
     dtype: str = "float32"
-    min_step_ms: float = 0.0
+    kv_connector_module: str = "agent.connector"
+    kv_connector_class: str = "PallasConnector"
+    kv_connector_extra: dict[str, Any] = field(default_factory=dict)
+    vllm_args: list[str] = field(default_factory=list)
     vllm_ready_timeout_s: float = 600.0
     vllm_log: str | None = None
     peer_rate_mbps: float = 0.0
@@ -151,9 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-model-len", type=int, default=int(_env("max_model_len", d.max_model_len)))
     v.add_argument("--max-num-seqs", type=int, default=int(_env("max_num_seqs", d.max_num_seqs)))
     v.add_argument("--dtype", default=_env("dtype", d.dtype))
-    v.add_argument("--min-step-ms", type=float, default=float(_env("min_step_ms", d.min_step_ms)),
-                   help="emulated minimum engine step of the launched vLLM (0 = off): paces a tiny "
-                        "test model like a real one (e.g. 28 ms: Qwen3-32B on one H200)")
+    v.add_argument("--kv-connector-module", default=_env("kv_connector_module", d.kv_connector_module),
+                   help="module the launched vLLM loads its KV connector from (kv_connector_module_path)")
+    v.add_argument("--kv-connector-class", default=_env("kv_connector_class", d.kv_connector_class),
+                   help="KV connector class in that module (a PallasConnector or a subclass of it)")
+    v.add_argument("--kv-connector-extra", default=_env("kv_connector_extra", "{}"),
+                   help="JSON object merged into the connector's kv_connector_extra_config")
+    v.add_argument("--vllm-args", default=_env("vllm_args", ""),
+                   help="more arguments of the launched vLLM server (one string, split like a shell)")
     v.add_argument("--vllm-ready-timeout-s", type=float, default=float(_env("vllm_ready_timeout_s", d.vllm_ready_timeout_s)))
     v.add_argument("--vllm-log", default=_env("vllm_log", None),
                    help="file for the launched vLLM's stdout/stderr (default: .cache/logs/vllm-PORT.log)")
@@ -193,15 +203,21 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         p.error("give --model or --model-preset (to launch vLLM), or --vllm-url")
     if a.peer_rate_mbps < 0:
         p.error("--peer-rate-mbps must be >= 0")
-    if a.min_step_ms < 0:
-        p.error("--min-step-ms must be >= 0")
+    try:
+        kv_extra = json.loads(a.kv_connector_extra or "{}")
+        vllm_args = shlex.split(a.vllm_args or "")
+    except ValueError as e:
+        p.error(f"--kv-connector-extra / --vllm-args: {e}")
+    if not isinstance(kv_extra, dict):
+        p.error("--kv-connector-extra must be a JSON object")
     return AgentConfig(
         agent_id=a.agent_id, host=a.host, advertise_host=a.advertise_host, control_port=a.control_port,
         peer_port=a.peer_port, front_port=a.front_port, metrics_port=a.metrics_port, vllm_url=a.vllm_url,
         hub_address=a.hub_address, model=a.model, model_preset=a.model_preset, vllm_port=a.vllm_port,
         kv_cache_gib=a.kv_cache_gib, omp_bind=a.omp_bind, block_size=a.block_size,
         max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs, dtype=a.dtype,
-        min_step_ms=a.min_step_ms,
+        kv_connector_module=a.kv_connector_module, kv_connector_class=a.kv_connector_class,
+        kv_connector_extra=kv_extra, vllm_args=vllm_args,
         vllm_ready_timeout_s=a.vllm_ready_timeout_s, vllm_log=a.vllm_log, peer_rate_mbps=a.peer_rate_mbps,
         scheme=a.scheme, peer_fronts=fronts, telemetry_period_ms=a.telemetry_period_ms,
         probe_prefill_tokens=a.probe_prefill_tokens, resume_wait_s=a.resume_wait_s,

@@ -48,6 +48,24 @@ def test_flags_env_and_errors(monkeypatch, capsys):
     assert "unknown scheme" in capsys.readouterr().err
 
 
+def test_connector_and_vllm_args_flags(monkeypatch, capsys):
+    cfg = parse_args(["--model-preset", "tiny"])
+    assert (cfg.kv_connector_module, cfg.kv_connector_class) == ("agent.connector", "PallasConnector")
+    assert cfg.kv_connector_extra == {} and cfg.vllm_args == []
+    monkeypatch.setenv("PALLAS_KV_CONNECTOR_EXTRA", '{"decode_tokens_per_s": 25}')
+    cfg = parse_args(["--model-preset", "tiny", "--kv-connector-module", "pallas_eval.emulated_connector",
+                      "--kv-connector-class", "EmulatedPallasConnector",
+                      "--vllm-args", "--max-num-batched-tokens 4096 --disable-log-stats"])
+    assert cfg.kv_connector_module == "pallas_eval.emulated_connector"
+    assert cfg.kv_connector_class == "EmulatedPallasConnector"
+    assert cfg.kv_connector_extra == {"decode_tokens_per_s": 25}
+    assert cfg.vllm_args == ["--max-num-batched-tokens", "4096", "--disable-log-stats"]
+    for bad in (["--kv-connector-extra", "[1, 2]"], ["--kv-connector-extra", "{oops"], ["--vllm-args", "'open"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--model-preset", "tiny", *bad])
+    assert "--kv-connector-extra" in capsys.readouterr().err
+
+
 class FakeCore:
     """What agent.core.build_core returns, with fakes inside."""
 

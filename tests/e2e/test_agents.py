@@ -20,6 +20,7 @@ from pallas_proto import pallas_pb2_grpc
 
 from pallas_eval.client import UESession
 from pallas_eval.cluster import LocalAgent, start_agents
+from pallas_eval.emulation import E2E_PACE, agent_flags
 
 pytestmark = pytest.mark.vllm
 
@@ -31,9 +32,10 @@ def agents():
     from pallas_eval.models import build_model
 
     model = str(build_model("tiny"))
-    # Engine steps at least 15 ms apart (the connector's min_step_ms): the tiny model decodes at
-    # about a real model's pace, so every plan step comes while the source is still decoding.
-    flags = ["--probe-prefill-tokens", "128", "--resume-wait-s", "20", "--min-step-ms", "15"]
+    # Engines paced by the harness's emulation connector (decode steps 15 ms apart): the tiny
+    # model decodes at about a real model's pace, so every plan step comes while the source is
+    # still decoding.
+    flags = ["--probe-prefill-tokens", "128", "--resume-wait-s", "20", *agent_flags(*E2E_PACE)]
     a = LocalAgent("a", model, omp_bind="0", extra=flags)
     b = LocalAgent("b", model, omp_bind="1", extra=flags)
     start_agents([a, b], timeout_s=600)

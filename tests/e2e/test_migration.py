@@ -24,6 +24,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from agent.migration import MigrationConfig  # noqa: E402
+from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402
 from agent.node import AgentConfig, AgentNode  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
@@ -63,10 +64,10 @@ class Pair:
 
 MIG = MigrationConfig(resume_deadline_s=20.0, block_wait_s=10.0)
 
-# The engines' steps are spaced at least this far apart (the connector's min_step_ms): the tiny
+# The engines are paced by the harness's emulation connector (decode steps 15 ms apart): the tiny
 # model then decodes at about a real model's pace, so the source is still decoding when a case's
 # trigger and commit come, however quiet or loaded the machine is.
-MIN_STEP_MS = 15.0
+PACED = server_settings(*E2E_PACE)
 
 _attempts = itertools.count()
 
@@ -98,9 +99,9 @@ def pair():
     lt.run(b.start())
     env = {"VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache for the eviction control
     srv_a = VLLMServer(ServerConfig(model=model, agent_address=a.hub.address,
-                                    omp_threads_bind="0", env=env, min_step_ms=MIN_STEP_MS))
+                                    omp_threads_bind="0", env=env, **PACED))
     srv_b = VLLMServer(ServerConfig(model=model, agent_address=b.hub.address,
-                                    omp_threads_bind="1", env=env, min_step_ms=MIN_STEP_MS))
+                                    omp_threads_bind="1", env=env, **PACED))
     if reuse:
         srv_a.port = int(reuse[1].rsplit(":", 1)[1])
         srv_b.port = int(reuse[3].rsplit(":", 1)[1])
