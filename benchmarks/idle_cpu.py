@@ -66,7 +66,7 @@ def decode(front: str, seconds: float, r_d: float) -> None:
         await s.open(list(range(10, 138)), max_tokens=n)
         async for _ in s.tokens():
             pass
-        await s.aclose()
+        await s.close()
     asyncio.run(go())
 
 

@@ -454,20 +454,28 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
     rows, sits = [], []
     names = {s.index: s.agent_id for s in servers}
     hos = sorted(plan["handovers"], key=lambda h: h[1])
-    seen_gaps: set[tuple[str, float]] = set()
+    seen_gaps: dict[tuple[str, float], int] = {}
     for k, (ue, t, a, b) in enumerate(hos):
         nxt = min([h[1] for h in hos[k + 1:] if h[0] == ue] or [float("inf")])
         ho = Handover(ue, float(t) + run.offset, int(a), int(b))
         new_agent = names.get(mapping.get(int(b), -1))
         sit = sit_for_handover(ho, run.sessions, new_agent=new_agent, next_handover=nxt + run.offset)
-        # One interruption spanning several handovers (no token in between) counts once, at the
-        # first of them; the later ones record no SIT of their own.
+        # One interruption spanning several handovers (no token in between) is split at them:
+        # the earlier handover's SIT ends at the later one, the later one's runs from its own
+        # time to the first token after it. Every handover with a session gets a SIT, and the
+        # parts add up to the interruption the UE saw.
         gap_key = (sit.session_id, sit.last_before)
         shared = math.isfinite(sit.sit) and gap_key in seen_gaps
-        if math.isfinite(sit.sit):
-            seen_gaps.add(gap_key)
         if shared:
-            sit = HandoverSIT(ho, sit.session_id, tokens_at_ho=sit.tokens_at_ho)
+            k_prev = seen_gaps[gap_key]
+            prev = sits[k_prev]
+            cut = max(prev.last_before, ho.time)
+            sits[k_prev] = HandoverSIT(prev.handover, prev.session_id, cut - prev.last_before, prev.last_before, cut,
+                                       prev.tokens_at_ho)
+            rows[k_prev].sit_s = sits[k_prev].sit
+            sit = HandoverSIT(ho, sit.session_id, sit.first_after - cut, cut, sit.first_after, sit.tokens_at_ho)
+        if math.isfinite(sit.sit):
+            seen_gaps[gap_key] = len(sits)
         sits.append(sit)
         commit = next((e for e in run.events if e.get("kind") == "commit" and e.get("ue") == ue
                        and abs(float(e.get("trace_t", -1e18)) - float(t)) < 1e-6), None)
@@ -477,9 +485,7 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
                           and e.get("session") == commit.get("session") and e.get("epoch") == commit.get("epoch")), None)
         skipped = next((e for e in run.events if e.get("kind") == "commit_skipped" and e.get("ue") == ue
                         and abs(float(e.get("trace_t", -1e18)) - float(t)) < 1e-6), None)
-        if shared:
-            outcome = "in the previous interruption"
-        elif not math.isfinite(sit.sit):
+        if not math.isfinite(sit.sit):
             outcome = "no-session"
         elif commit is None:
             outcome = f"no-commit ({skipped.get('reason')})" if skipped else "no-commit"
@@ -619,7 +625,7 @@ def pacing_check(regime: Regime, stats: Sequence[dict | None], runs: Sequence[Sc
     r_d = tot["decode_steps"] / tot["decode_s"] if tot["decode_s"] > 0 else None
     r_d_ue = ue_decode_rate(runs)
     checks = {"prefill (engine)": (r_p, m.r_p), "decode (engine)": (r_d, m.r_d), "decode (UE)": (r_d_ue, m.r_d)}
-    bad = [f"{k} {v:,.1f} tok/s vs {want:,.1f}" for k, (v, want) in checks.items()
+    bad = [f"{k} {'unmeasured' if v is None else f'{v:,.1f} tok/s'} vs {want:,.1f}" for k, (v, want) in checks.items()
            if v is None or abs(v - want) > tolerance * want]
     held = not bad
     figures = ", ".join(f"{k} {'-' if v is None else f'{v:,.1f}'}" for k, (v, _) in checks.items())
