@@ -316,6 +316,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                   [float(h[1]) - float(plan["t_first"]) for h in plan["handovers"] if h[0] == ue0], t0=0.0)
     con.print(f"wrote {out}/handovers.csv, summary.csv, summary.json, sit_cdf.png, itl_cdf.png, timeline.png")
     return {**result, "summary": [s.as_dict() for s in summaries], "leftover_pids": sorted(leftover),
+            "pacing": pacing, "cpu": {r.scheme: r.cpu for r in runs},
             "started_pids": sorted(sup.started_pids), "runs": runs, "rows": rows_all, "errors": errors}
 
 
