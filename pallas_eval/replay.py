@@ -147,7 +147,7 @@ def tiny_kv_bytes_per_token(preset: str) -> float:
 
 def pace_stats_path(opts: ReplayOptions, index: int) -> Path:
     """Where server ``index``'s paced connector writes its step statistics."""
-    return opts.out_dir / "logs" / f"pace-edge-{index}.json"
+    return (opts.out_dir / "logs" / f"pace-edge-{index}.json").resolve()
 
 
 # ---------------------------------------------------------------------------------------------
