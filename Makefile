@@ -52,9 +52,10 @@ test-xapp: $(XAPP)/.ok
 
 test-agent: $(AGENT)/.ok
 	$(AGENT)/bin/python -m pytest -q tests/agent tests/common tests/eval
-	# The e2e tests start real vLLM servers, paced at 15 ms/step so a session is still decoding
-	# when a test acts on it; as a last guard a failure is retried twice before it counts.
-	$(AGENT)/bin/python -m pytest -q --reruns 2 tests/e2e
+	# The e2e tests start real vLLM servers, paced by the harness's emulation connector (decode
+	# steps 15 ms apart) so a session is still decoding when a test acts on it. No reruns: a
+	# flaky test is a fault to find.
+	$(AGENT)/bin/python -m pytest -q tests/e2e
 
 test: proto-check test-xapp test-agent
 

@@ -97,8 +97,6 @@ class AgentConfig:
     max_model_len: int = _f(4096, "vLLM --max-model-len", "vLLM")
     max_num_seqs: int = _f(8, "vLLM --max-num-seqs", "vLLM")
     dtype: str = _f("float32", "vLLM --dtype", "vLLM")
-    min_step_ms: float = _f(0.0, "emulated minimum engine step of the launched vLLM (0 = off)",
-                            "vLLM")
     kv_connector_module: str = _f("agent.connector", "module vLLM loads the KV connector from "
                                   "(kv_connector_module_path)", "vLLM")
     kv_connector_class: str = _f("PallasConnector", "KV connector class name", "vLLM")
@@ -219,7 +217,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         p.error(str(e))
     if not a["vllm_url"] and not (a["model"] or a["model_preset"]):
         p.error("give --model or --model-preset (to launch vLLM), or --vllm-url")
-    for k in ("peer_rate_mbps", "min_step_ms", "kv_cache_gib"):
+    for k in ("peer_rate_mbps", "kv_cache_gib"):
         if a[k] < 0:
             p.error(f"--{k.replace('_', '-')} must be >= 0")
     for k in ("rpc_timeout_s", "commit_deadline_s", "warmup_timeout_s", "resume_deadline_s",
@@ -316,12 +314,12 @@ class Agent:
     # ------------------------------------------------------------------ parts
     async def start_core(self, peer_listen: str | None = None) -> None:
         """Bind the connector channel and start the migration engine's peer gRPC server."""
-        from agent.models import weights_digest
+        from agent.weights import weights_digest
 
         cfg = self.cfg
         loop = asyncio.get_running_loop()
         if cfg.model_preset and not cfg.model:
-            from agent.models import build_model
+            from pallas_eval.models import build_model  # test presets live in the harness
 
             cfg.model = str(await loop.run_in_executor(None, build_model, cfg.model_preset))
             self.engine.model = cfg.model
@@ -364,16 +362,13 @@ class Agent:
         from agent.server import ServerConfig, VLLMServer
 
         cfg = self.cfg
-        extra = {**cfg.kv_connector_extra}
-        if cfg.min_step_ms > 0:
-            extra.setdefault("min_step_ms", float(cfg.min_step_ms))
         self.vllm = VLLMServer(ServerConfig(
             model=cfg.model, port=cfg.vllm_port, agent_address=self.hub.address,
             kv_cache_gib=cfg.kv_cache_gib, omp_threads_bind=cfg.omp_bind,
             block_size=cfg.block_size, max_model_len=cfg.max_model_len,
             max_num_seqs=cfg.max_num_seqs, dtype=cfg.dtype,
-            connector_module=cfg.kv_connector_module, connector_class=cfg.kv_connector_class,
-            connector_extra=extra, extra_args=shlex.split(cfg.vllm_args),
+            kv_connector_module=cfg.kv_connector_module, kv_connector_class=cfg.kv_connector_class,
+            kv_connector_extra=dict(cfg.kv_connector_extra), extra_args=shlex.split(cfg.vllm_args),
             log_path=cfg.vllm_log or None))
         self.vllm.start()
         self.log.info("vllm_launched", vllm_url=self.vllm.base_url, pid=self.vllm.proc.pid,

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from agent.models import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def tail_lines(path, n: int) -> str:
@@ -45,7 +45,7 @@ class ServerConfig:
     """How to run one vLLM server.
 
     Attributes:
-        model: model folder (see agent.models.build_model).
+        model: model folder (tests build one with pallas_eval.models.build_model).
         port: HTTP port (0 = pick a free one).
         agent_address: the agent's BlockHub endpoint given to the connector; None runs vLLM
             without the Pallas connector.
@@ -54,11 +54,11 @@ class ServerConfig:
         block_size: tokens per KV block (a multiple of 32 on CPU).
         max_model_len, max_num_seqs: engine limits.
         dtype: activation dtype ("float32" for token-exact tests).
-        min_step_ms: emulated minimum engine step (the connector's ``min_step_ms``; 0 = off):
-            paces a tiny test model like a real one.
-        connector_module, connector_class: where vLLM loads the KV connector from.
-        connector_extra: merged into ``kv_connector_extra_config``.
-        extra_args: more CLI arguments (after the agent's own).
+        kv_connector_module: module vLLM loads the connector from (``kv_connector_module_path``).
+        kv_connector_class: the connector class in that module (``kv_connector``).
+        kv_connector_extra: more ``kv_connector_extra_config`` entries (beside
+            ``agent_address``), e.g. an emulation connector's rates.
+        extra_args: more CLI arguments of ``vllm serve``.
         env: more environment variables.
         log_path: file for the server's stdout/stderr (default: a temp file under .cache).
     """
@@ -72,10 +72,9 @@ class ServerConfig:
     max_model_len: int = 4096
     max_num_seqs: int = 8
     dtype: str = "float32"
-    min_step_ms: float = 0.0
-    connector_module: str = "agent.connector"
-    connector_class: str = "PallasConnector"
-    connector_extra: dict[str, Any] = field(default_factory=dict)
+    kv_connector_module: str = "agent.connector"
+    kv_connector_class: str = "PallasConnector"
+    kv_connector_extra: dict[str, Any] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     log_path: str | None = None
@@ -118,12 +117,9 @@ class VLLMServer:
                "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
                "--kv-cache-memory-bytes", str(int(c.kv_cache_gib * (1 << 30)))]
         if c.agent_address:
-            cfg = {"kv_connector": c.connector_class, "kv_connector_module_path": c.connector_module,
+            cfg = {"kv_connector": c.kv_connector_class, "kv_connector_module_path": c.kv_connector_module,
                    "kv_role": "kv_both",
-                   "kv_connector_extra_config": {**c.connector_extra,
-                                                 "agent_address": c.agent_address}}
-            if c.min_step_ms > 0:
-                cfg["kv_connector_extra_config"]["min_step_ms"] = float(c.min_step_ms)
+                   "kv_connector_extra_config": {**c.kv_connector_extra, "agent_address": c.agent_address}}
             cmd += ["--kv-transfer-config", json.dumps(cfg)]
         return cmd + list(c.extra_args)
 

@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "proto")]
 import httpx  # noqa: E402
 from pallas_proto import pallas_pb2  # noqa: E402
 
-from agent.models import build_model  # noqa: E402
+from pallas_eval.models import build_model  # noqa: E402
 from agent.app import Agent as AgentNode, AgentConfig  # noqa: E402
 from agent.server import ServerConfig, VLLMServer  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402

@@ -38,8 +38,8 @@ import httpx  # noqa: E402
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
 from pallas_proto import pallas_pb2_grpc  # noqa: E402
 
-from agent.client import UESession  # noqa: E402
-from agent.cluster import LocalAgent, free_port, start_agents  # noqa: E402
+from pallas_eval.client import UESession  # noqa: E402
+from pallas_eval.cluster import LocalAgent, free_port, start_agents  # noqa: E402
 from pallas_common.schemes import SCHEMES, scheme_name, scheme_value  # noqa: E402
 
 ALL = ["pallas", "no-rc", "no-sm", "ctho", "recomputation", "full-copy", "detour"]
@@ -110,7 +110,7 @@ async def one_run(a: LocalAgent, b: LocalAgent, ids: list[int], args, scheme: st
 
 
 async def bench(args) -> list[dict]:
-    from agent.models import build_model, model_config, num_parameters
+    from pallas_eval.models import build_model, model_config, num_parameters
 
     model = str(build_model(args.model_preset))
     cfg = model_config(model)

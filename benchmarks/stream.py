@@ -309,7 +309,7 @@ def _isolate_source(sa, sb) -> None:
 
 
 async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3) -> None:
-    from agent.models import build_model
+    from pallas_eval.models import build_model
     from agent.app import Agent as AgentNode, AgentConfig
     from agent.server import ServerConfig, VLLMServer
     from agent.session import SamplingSpec, Session

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,8 +22,8 @@ import numpy as np
 from pallas_eval import replay as rp
 from pallas_eval.lengths import LengthSampler, ue_session_stream
 from pallas_eval.metrics import summarize
-from pallas_eval.report import (HandoverRow, handover_table, plot_cdfs, plot_timeline, summary_table, write_csv,
-                                write_json)
+from pallas_eval.report import (HandoverRow, cpu_table, handover_table, plot_cdfs, plot_timeline, summary_table,
+                                write_csv, write_json)
 from pallas_eval.simulate import PRESETS, Rates, SimHandover, measured_rates, simulate, summarize_sim
 
 
@@ -39,25 +40,34 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--servers", type=int, default=3, help="vLLM servers (each with an agent)")
     r.add_argument("--schemes", default=",".join(rp.SCHEMES), help="comma-separated")
     r.add_argument("--ablations", action="store_true", help="also run Pallas w/o RC and w/o SM")
-    r.add_argument("--ues", type=int, default=2, help="generated drive: UEs")
-    r.add_argument("--duration-s", type=float, default=45.0, help="generated drive: seconds")
+    r.add_argument("--ues", type=int, default=6, help="generated drive: UEs")
+    r.add_argument("--duration-s", type=float, default=90.0, help="generated drive: seconds")
     r.add_argument("--seed", type=int, default=2, help="drive and session-length seed")
     r.add_argument("--azure", help="Azure LLM trace CSV to draw session lengths from "
                    "(default: the bundled distribution derived from it)")
     r.add_argument("--model-preset", default="tiny", choices=["tiny", "m152"])
     r.add_argument("--max-model-len", type=int, default=2048)
     r.add_argument("--max-output", type=int, default=512, help="cap on a session's output tokens")
-    r.add_argument("--min-step-ms", type=float, default=0.0,
-                   help="emulated decode step of the engines (the connector's min_step_ms; 0, the default: "
-                        "the tiny model's own speed; 28 ms is Qwen3-32B's batch-1 step on one H200). It does "
-                        "not free CPU here: vLLM's CPU worker busy-polls for 1 s after each step")
-    r.add_argument("--peer-rate-mbps", type=float, default=0.0, help="agents' block-stream limit (0: none)")
+    r.add_argument("--regime", default="paper", choices=["paper", "native"],
+                   help="'paper': engines paced to the emulated model's prefill/decode rates, the peer link "
+                        "at 300 Mbit/s scaled by the KV size ratio, the paper's per-hop relay delay "
+                        "(model.md section 9); 'native': the tiny model's raw speed, unlimited link")
+    r.add_argument("--emulate", default="qwen3-32b", choices=["qwen3-32b", "qwen3-14b", "llama-3-8b"],
+                   help="--regime paper: the model whose rates the engines and link take")
+    r.add_argument("--peer-rate-mbps", type=float, default=None,
+                   help="agents' block-stream limit, Mbit/s (default: the regime's; 0: none)")
+    r.add_argument("--hop-delay-ms", type=float, default=None,
+                   help="delay of each relayed stream (default: the regime's, 30 ms in paper, 0 in native)")
+    r.add_argument("--engine-multiprocessing", action="store_true",
+                   help="vLLM's default engine/worker processes (busy-polls between steps); the default runs "
+                        "the worker inside the EngineCore process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
     r.add_argument("--out", default="runs/replay-" + time.strftime("%Y%m%d-%H%M%S"), help="output folder")
     r.add_argument("--no-verify", action="store_true", help="skip the no-handover reference check")
     r.add_argument("--simulate", action="store_true",
                    help="no engines: the same handovers through the timing model only (see --rates)")
-    r.add_argument("--rates", default="measured",
-                   help="timing-model rates: 'measured' (this run's), 'paper' (Qwen3-32B on the paper's GPU), "
+    r.add_argument("--rates", default="auto",
+                   help="timing-model rates: 'auto' (the emulated model's in paper regime, else measured), "
+                        "'emulated', 'measured' (this run's), 'paper' (Qwen3-32B on the paper's GPU), "
                         "or a benchmarks/results JSON as FILE:MODEL")
     r.add_argument("--lead-s", type=float, default=3.0,
                    help="--simulate without a live run: the prediction lead assumed for every handover")
@@ -140,7 +150,23 @@ def _rates_from_file(spec: str) -> Rates:
                  float(m["kv_bytes_per_token"]), 16, 0.02, 0.03)
 
 
-def _pick_rates(spec: str, measured: dict | None, block_size: int = 32, s_kv: float = 0.0) -> Rates:
+def emulated_rates(regime: rp.Regime, c_sync: float | None, block_size: int = 32) -> Rates:
+    """The timing model's rates in the paper regime: the emulated model's r_p and r_d, the
+    scaled link with the tiny model's s_kv (so K * s_kv / B is the emulated model's transfer
+    time), the relay hop delay, and c_sync as measured (20 ms if not)."""
+    m = regime.model
+    return Rates(f"emulated {m.name}", m.r_p, m.r_d, regime.peer_rate_mbps * 1e6 / 8.0, regime.s_kv_tiny,
+                 block_size, c_sync if c_sync and math.isfinite(c_sync) else 0.02, regime.hop_delay_s)
+
+
+def _pick_rates(spec: str, measured: dict | None, block_size: int = 32, s_kv: float = 0.0,
+                regime: rp.Regime | None = None) -> Rates:
+    if spec == "auto":
+        spec = "emulated" if regime is not None and regime.model is not None else "measured"
+    if spec == "emulated":
+        if regime is None or regime.model is None:
+            raise ValueError("--rates emulated needs --regime paper")
+        return emulated_rates(regime, (measured or {}).get("c_sync"), block_size)
     if spec == "measured":
         m = measured or {}
         return measured_rates(r_p=m.get("r_p"), r_d=m.get("r_d_xapp") or m.get("r_d_ue"), bandwidth=m.get("bandwidth"),
@@ -196,8 +222,10 @@ def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
     return rp.ReplayOptions(out_dir=Path(a.out), trace=a.trace, segment=a.segment, min_handovers=a.min_handovers,
                             servers=a.servers, schemes=schemes, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
                             azure=a.azure, model_preset=a.model_preset, max_model_len=a.max_model_len,
-                            max_output=a.max_output, peer_rate_mbps=a.peer_rate_mbps,
-                            min_step_ms=a.min_step_ms, verify=not a.no_verify,
+                            max_output=a.max_output, peer_rate_mbps=a.peer_rate_mbps, regime=a.regime,
+                            emulate=a.emulate,
+                            hop_delay_s=None if a.hop_delay_ms is None else a.hop_delay_ms / 1000.0,
+                            engine_multiprocessing=a.engine_multiprocessing, verify=not a.no_verify,
                             simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python, lead_s=a.lead_s)
 
 
@@ -232,7 +260,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                     "options": {k: str(v) for k, v in vars(opts).items()}, "cell_map": mapping}
 
     if opts.simulate_only:
-        rates = _pick_rates(opts.rates if opts.rates != "measured" else "paper", None)
+        rates = _pick_rates(opts.rates if opts.rates not in ("measured", "auto", "emulated") else "paper", None)
         hos = _sim_handovers_offline(plan, opts, rates, sampler, opts.lead_s)
         res = simulate(hos, rates, schemes)
         sm = summarize_sim(res)
@@ -246,13 +274,24 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
         write_json(opts.out_dir / "summary.json", out)
         return out
 
+    from pallas_eval.cpu import CpuSampler
     from pallas_eval.procs import Supervisor
-    with Supervisor(opts.out_dir / "logs") as sup:
+    from pallas_eval.relay import ProxyPool
+    regime = rp.regime_of(opts, rp.tiny_kv_bytes_per_token(opts.model_preset))
+    con.print(regime.describe())
+    result["regime"] = regime.describe()
+    with Supervisor(opts.out_dir / "logs") as sup, ProxyPool() as proxies:
         with con.status(f"starting {opts.servers} vLLM servers with agents (tiny model, first start builds it)"):
-            servers = rp.start_servers(sup, opts, opts.servers)
+            servers = rp.start_servers(sup, opts, opts.servers, regime)
         con.print(f"servers ready after {time.time() - t_start:.0f} s: "
                   + ", ".join(f"{s.agent_id} (front {s.agent.front_url})" for s in servers))
-        from agent.models import build_model, model_config
+        origin_of = None
+        if regime.hop_delay_s > 0:
+            relay = {s.agent.front_url: proxies.add(s.agent.front_url, regime.hop_delay_s).url for s in servers}
+            origin_of = lambda front: relay.get(front.rstrip("/"), front)  # noqa: E731
+        cpu = CpuSampler({s.agent_id: s.child.popen.pid for s in servers})
+        cpu.add("harness", os.getpid(), alone=True)
+        from pallas_eval.models import build_model, model_config
         vocab = int(model_config(build_model(opts.model_preset)).get("vocab_size", 2048))
         runs = []
         before = rp.agent_counters(servers)
@@ -262,7 +301,8 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
             for sch in schemes:
                 rp.end_sessions(servers)
                 rp.reset_prefix_caches(servers)
-                runs.append(rp.run_scheme(sup, opts, plan, mapping, servers, sch, sampler, vocab, prog))
+                runs.append(rp.run_scheme(sup, opts, plan, mapping, servers, sch, sampler, vocab, prog,
+                                          cpu=cpu, origin_of=origin_of))
                 after = rp.agent_counters(servers)
                 counters[sch] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
                 before = after
@@ -291,19 +331,25 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
         itl_by[r.scheme] = np.concatenate([s.itls() for s in r.sessions] or [np.zeros(0)])
     measured = rp.measured_rates(runs)
     if not measured.get("s_kv"):
-        from agent.models import build_model, model_config
+        from pallas_eval.models import build_model, model_config
         from pallas_common.timing import kv_bytes_per_token
         measured["s_kv"] = float(kv_bytes_per_token(model_config(build_model(opts.model_preset))))
         measured["block_size"] = measured.get("block_size") or 32.0
     rp.fill_migration_figures(rows_all, runs, rp.migration_figures(runs))
-    rates = _pick_rates(opts.rates, measured, s_kv=measured["s_kv"])
+    rates = _pick_rates(opts.rates, measured, s_kv=measured["s_kv"], regime=regime)
+    pacing = rp.pacing_check(regime, [rp.load_pace(opts, s.index) for s in servers], runs) if regime.model else {}
     for r in runs:
         rp.save_sessions(opts.out_dir / r.scheme / "sessions.jsonl", r)
     sim_hos = _sim_handovers_live([x for x in rows_all if x.scheme == runs[0].scheme])
     sim = summarize_sim(simulate(sim_hos, rates, schemes)) if sim_hos else {}
 
     con.print(handover_table(rows_all))
-    con.print(summary_table(summaries, title=f"Per scheme (live)  |  model: {rates.describe()}", simulated=sim))
+    con.print(summary_table(summaries, title=f"Per scheme (live, {regime.name} regime)  |  model: {rates.describe()}",
+                            simulated=sim))
+    con.print(cpu_table({r.scheme: r.cpu for r in runs}))
+    con.print(regime.describe())
+    if pacing:
+        con.print(("[green]" if pacing["held"] else "[red]") + pacing["verdict"] + "[/]")
     errors = {r.scheme: r.errors for r in runs if r.errors}
     if errors:
         con.print(f"[yellow]errors: {sum(len(v) for v in errors.values())} (see summary.json)[/]")
@@ -313,6 +359,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     write_csv(out / "summary.csv", [s.as_dict() for s in summaries])
     write_json(out / "summary.json", {**result, "summary": [s.as_dict() for s in summaries], "handovers":
                                       [vars(x) for x in rows_all], "measured_rates": measured, "model_rates": vars(rates),
+                                      "pacing": pacing, "cpu": {r.scheme: r.cpu for r in runs},
                                       "simulated": sim, "agent_counters": counters, "errors": errors,
                                       "leftover_pids": sorted(leftover), "wall_s": time.time() - t_start})
     plot_cdfs(out / "sit_cdf.png", sit_by, "SIT (ms)", log_x=True)
@@ -324,6 +371,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                   [float(h[1]) - float(plan["t_first"]) for h in plan["handovers"] if h[0] == ue0], t0=0.0)
     con.print(f"wrote {out}/handovers.csv, summary.csv, summary.json, sit_cdf.png, itl_cdf.png, timeline.png")
     return {**result, "summary": [s.as_dict() for s in summaries], "leftover_pids": sorted(leftover),
+            "pacing": pacing, "cpu": {r.scheme: r.cpu for r in runs},
             "started_pids": sorted(sup.started_pids), "runs": runs, "rows": rows_all, "errors": errors}
 
 

@@ -99,6 +99,11 @@ def sit_for_handover(ho: Handover, sessions: Sequence[SessionRecord], new_agent:
     token before the handover up to the first token ``new_agent`` served directly (before
     ``next_handover``); under Detour, where that never happens, it is the gap at the handover.
     Sessions are those of ``ho.ue_id`` only (others are ignored).
+
+    A session still in its prefill at the handover (opened before it, no token yet) is in
+    flight too (issue 13 item 6): its SIT runs from the handover to its first token, the part
+    of its wait that the handover's recovery is responsible for (``last_before`` is then the
+    handover's time and ``tokens_at_ho`` its prompt).
     """
     out = HandoverSIT(ho)
     for s in sessions:
@@ -106,6 +111,21 @@ def sit_for_handover(ho: Handover, sessions: Sequence[SessionRecord], new_agent:
             continue
         t = np.asarray(s.times)
         i = int(np.searchsorted(t, ho.time, side="left"))  # first token at/after the HO
+        if i == 0 and s.start < ho.time:
+            out.session_id = s.session_id
+            j = 0
+            if new_agent is not None and len(s.agents) == t.size:
+                rel = s.relayed if len(s.relayed) == t.size else [""] * t.size
+                local = [k for k in range(t.size) if t[k] < next_handover and s.agents[k] == new_agent and not rel[k]]
+                if local:
+                    j = local[0]
+            gaps = np.diff(np.concatenate(([ho.time], t[:j + 1])))
+            k = int(np.argmax(gaps))
+            out.last_before = float(ho.time if k == 0 else t[k - 1])
+            out.first_after = float(t[k])
+            out.sit = float(gaps[k])
+            out.tokens_at_ho = s.prompt_tokens
+            return out
         if 0 < i < t.size:
             out.session_id = s.session_id
             j = i

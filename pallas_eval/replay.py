@@ -59,14 +59,17 @@ class ReplayOptions:
     servers: int = 3
     schemes: tuple[str, ...] = SCHEMES
     seed: int = 2
-    ues: int = 2
-    duration_s: float = 45.0
+    ues: int = 6
+    duration_s: float = 90.0
     azure: str | None = None
     model_preset: str = "tiny"
     max_model_len: int = 2048
     max_output: int = 512
-    peer_rate_mbps: float = 0.0
-    min_step_ms: float = 0.0
+    regime: str = "paper"
+    emulate: str = "qwen3-32b"
+    peer_rate_mbps: float | None = None
+    hop_delay_s: float | None = None
+    engine_multiprocessing: bool = False
     start_delay_s: float = 10.0
     verify: bool = True
     simulate: bool = True
@@ -89,6 +92,62 @@ class SchemeRun:
     events: list[dict]
     errors: list[str]
     offset: float
+    cpu: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Regime:
+    """How the replay's engines and links behave (issue 13 item 1, model.md section 9).
+
+    ``paper``: engines paced to the emulated model's r_p / r_d (pallas_eval.emulated_connector),
+    the agents' peer link at the paper's 300 Mbit/s scaled by s_kv(tiny) / s_kv(emulated), and
+    every relayed stream ``hop_delay_s`` later (pallas_eval.relay). ``native``: the tiny model's
+    own speed, an unlimited link, no hop delay (unless given).
+    """
+
+    name: str
+    model: Any                     # pallas_eval.emulation.EmulatedModel, or None (native)
+    peer_rate_mbps: float          # 0 = unlimited
+    hop_delay_s: float
+    s_kv_tiny: float
+
+    def describe(self) -> str:
+        link = f"{self.peer_rate_mbps:.3g} Mbit/s" if self.peer_rate_mbps else "unlimited"
+        if self.model is None:
+            return f"regime native: the tiny model's own speed, peer link {link}, hop delay {self.hop_delay_s * 1000:.0f} ms"
+        m = self.model
+        return (f"regime paper: emulating {m.name} (r_p {m.r_p:,.0f} tok/s, r_d {m.r_d:g} tok/s; {m.source}), "
+                f"peer link {link} (= 300 Mbit/s x {self.s_kv_tiny:,.0f} / {m.s_kv:,.0f} B/token), "
+                f"relay hop delay {self.hop_delay_s * 1000:.0f} ms")
+
+
+def regime_of(opts: ReplayOptions, s_kv_tiny: float) -> Regime:
+    """The :class:`Regime` of ``opts`` for a model of ``s_kv_tiny`` KV bytes per token.
+
+    Raises:
+        ValueError: an unknown regime or emulated model.
+    """
+    from pallas_eval.emulation import PAPER_HOP_DELAY_S, emulated_model, emulated_peer_rate_mbps
+    if opts.regime == "native":
+        return Regime("native", None, float(opts.peer_rate_mbps or 0.0), float(opts.hop_delay_s or 0.0), s_kv_tiny)
+    if opts.regime != "paper":
+        raise ValueError(f"unknown regime {opts.regime!r}: 'paper' or 'native'")
+    m = emulated_model(opts.emulate)
+    rate = opts.peer_rate_mbps if opts.peer_rate_mbps is not None else emulated_peer_rate_mbps(s_kv_tiny, m)
+    hop = opts.hop_delay_s if opts.hop_delay_s is not None else PAPER_HOP_DELAY_S
+    return Regime("paper", m, float(rate), float(hop), s_kv_tiny)
+
+
+def tiny_kv_bytes_per_token(preset: str) -> float:
+    """s_kv of the served model preset (model.md Eq. 1), bytes per token."""
+    from pallas_common.timing import kv_bytes_per_token
+    from pallas_eval.models import build_model, model_config
+    return float(kv_bytes_per_token(model_config(build_model(preset))))
+
+
+def pace_stats_path(opts: ReplayOptions, index: int) -> Path:
+    """Where server ``index``'s paced connector writes its step statistics."""
+    return (opts.out_dir / "logs" / f"pace-edge-{index}.json").resolve()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,7 +200,7 @@ class Server:
     """One edge server of the replay: its agent (which launched its vLLM server)."""
 
     index: int
-    agent: Any            # agent.cluster.LocalAgent (ports, readiness, metrics)
+    agent: Any            # pallas_eval.cluster.LocalAgent (ports, readiness, metrics)
     child: Any            # pallas_eval.procs.Child
     vllm_port: int
 
@@ -154,13 +213,21 @@ class Server:
         return f"http://127.0.0.1:{self.vllm_port}"
 
 
-def start_servers(sup: Supervisor, opts: ReplayOptions, n: int) -> list[Server]:
+def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime | None = None) -> list[Server]:
     """Start ``n`` agents (each with its vLLM server) under the supervisor and wait until all
-    are ready. vLLM threads: server i is bound to core i mod (cores)."""
-    from agent.cluster import LocalAgent
-    from agent.models import build_model
+    are ready. vLLM threads: server i is bound to core i mod (cores). ``regime`` (default: that
+    of ``opts``) sets the connector's pacing and the peer link's rate."""
+    from pallas_eval.cluster import LocalAgent
+    from pallas_eval.emulation import agent_flags
+    from pallas_eval.models import build_model
 
     model = str(build_model(opts.model_preset))
+    regime = regime or regime_of(opts, tiny_kv_bytes_per_token(opts.model_preset))
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if not opts.engine_multiprocessing:
+        # EngineCore and its worker in one process: no shared-memory queue that busy-polls for
+        # a second after every step (benchmarks/idle_cpu.py measures both).
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     cores = os.cpu_count() or 1
     servers = []
     agents = []
@@ -168,12 +235,12 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int) -> list[Server]:
         vport = free_port()
         extra = ["--vllm-port", str(vport), "--max-model-len", str(opts.max_model_len), "--log-level", "INFO",
                  "--scheme", "pallas"]
-        if opts.peer_rate_mbps:
-            extra += ["--peer-rate-mbps", str(opts.peer_rate_mbps)]
-        if opts.min_step_ms:
-            extra += ["--min-step-ms", str(opts.min_step_ms)]
+        if regime.peer_rate_mbps:
+            extra += ["--peer-rate-mbps", f"{regime.peer_rate_mbps:.6g}"]
+        if regime.model is not None:
+            extra += agent_flags(regime.model.r_p, regime.model.r_d, pace_stats_path(opts, i))
         a = LocalAgent(f"edge-{i}", model, omp_bind=str(i % cores), extra=extra, log_dir=str(opts.out_dir / "logs"),
-                       env={"VLLM_SERVER_DEV_MODE": "1"})
+                       env=env)
         agents.append((a, vport))
     fronts = {a.agent_id: a.front_url for a, _ in agents}
     for i, (a, vport) in enumerate(agents):
@@ -256,8 +323,14 @@ def xapp_descriptor(plan: dict, mapping: dict[int, int], servers: Sequence[Serve
 
 
 def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[int, int], servers: Sequence[Server],
-               scheme: str, sampler: LengthSampler, vocab_size: int, progress: Any = None) -> SchemeRun:
-    """Replay the trace once under ``scheme``: xApp in test mode + every UE; returns raw results."""
+               scheme: str, sampler: LengthSampler, vocab_size: int, progress: Any = None,
+               cpu: Any = None, origin_of: Any = None) -> SchemeRun:
+    """Replay the trace once under ``scheme``: xApp in test mode + every UE; returns raw results.
+
+    ``cpu``: a pallas_eval.cpu.CpuSampler following the servers; the xApp is added to it for
+    this run, and the run's CPU share per process (from the UEs' start to their end) is
+    returned in ``SchemeRun.cpu``. ``origin_of(front)``: what a UE names as the relay origin at
+    a handover (pallas_eval.ues.run_ue)."""
     from pallas_eval.ues import UEPlan, run_ues
 
     d = opts.out_dir / scheme
@@ -274,6 +347,8 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
            "--start-at", f"{start_at:.6f}", "--events", str(events), "--nrt", str(opts.out_dir / "input" / "nrt.json"),
            "--linger-s", "5"]
     child = sup.start(f"xapp-{scheme}", cmd, env=_env_with_repo(), cwd=REPO)
+    if cpu is not None:
+        cpu.add("xapp", child.popen.pid)
     by_agent = {s.index: s.agent.front_url for s in servers}
 
     def front_of_cell(cell: int) -> str:
@@ -296,11 +371,17 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
         t = asyncio.create_task(tick())
         try:
             return await run_ues(plans, front_of_cell, streams, scheme=scheme,
-                                 on_token=lambda: tokens.__setitem__(0, tokens[0] + 1))
+                                 on_token=lambda: tokens.__setitem__(0, tokens[0] + 1), origin_of=origin_of)
         finally:
             t.cancel()
 
+    snap0 = cpu.snapshot() if cpu is not None else None
     outcomes = asyncio.run(main())
+    cpu_share = {}
+    if cpu is not None:
+        from pallas_eval.cpu import cpu_share as share
+        cpu_share = share(snap0, cpu.snapshot())
+        cpu.roots.pop("xapp", None)
     if progress:
         progress.update(task, completed=total)
     # The xApp ends by itself after the trace (+ linger) once its policy calls are answered
@@ -318,31 +399,38 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     for e in evs:
         if e.get("kind") == "late_start":
             errors.append(f"the xApp started {e.get('late_s', 0):.2f} s after the replay's start (raise start_delay_s)")
-    return SchemeRun(scheme, start_at, sessions, specs, evs, errors, offset)
+    return SchemeRun(scheme, start_at, sessions, specs, evs, errors, offset, cpu_share)
 
 
 # ---------------------------------------------------------------------------------------------
 # References, per-handover rows and summaries
 # ---------------------------------------------------------------------------------------------
 
-def references(servers: Sequence[Server], specs: dict[SessionSpec, None] | Sequence[SessionSpec]) -> dict[SessionSpec, list[int]]:
-    """The no-handover greedy continuation of every distinct session, from one vLLM server
-    (its OpenAI completions API with a token-id prompt), prefix cache reset first."""
+def references(servers: Sequence[Server], specs: dict[SessionSpec, None] | Sequence[SessionSpec],
+               per_server: int = 8) -> dict[SessionSpec, list[int]]:
+    """The no-handover greedy continuation of every distinct session (vLLM's OpenAI completions
+    API with a token-id prompt, prefix caches reset first by the caller), spread over the
+    servers, ``per_server`` at a time each (paced engines decode a batch in one step)."""
     import httpx
-    base = servers[0].vllm_url
-    models = httpx.get(base + "/v1/models", timeout=30).json()
+    models = httpx.get(servers[0].vllm_url + "/v1/models", timeout=30).json()
     model = models["data"][0]["id"]
+    todo = list(dict.fromkeys(specs))
     out: dict[SessionSpec, list[int]] = {}
-    with httpx.Client(timeout=600) as http:
-        for spec in specs:
-            if spec in out:
-                continue
-            body = {"model": model, "prompt": list(spec.prompt_ids), "max_tokens": spec.max_tokens,
-                    "temperature": 0.0, "ignore_eos": True, "return_token_ids": True, "stream": False}
-            r = http.post(base + "/v1/completions", json=body)
-            r.raise_for_status()
-            ch = r.json()["choices"][0]
-            out[spec] = list(ch.get("token_ids") or [])
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=1800) as http:
+            sems = [asyncio.Semaphore(per_server) for _ in servers]
+
+            async def one(k: int, spec: SessionSpec) -> None:
+                i = k % len(servers)
+                async with sems[i]:
+                    body = {"model": model, "prompt": list(spec.prompt_ids), "max_tokens": spec.max_tokens,
+                            "temperature": 0.0, "ignore_eos": True, "return_token_ids": True, "stream": False}
+                    r = await http.post(servers[i].vllm_url + "/v1/completions", json=body)
+                    r.raise_for_status()
+                    out[spec] = list(r.json()["choices"][0].get("token_ids") or [])
+            await asyncio.gather(*(one(k, sp) for k, sp in enumerate(todo)))
+    asyncio.run(run())
     return out
 
 
@@ -366,20 +454,28 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
     rows, sits = [], []
     names = {s.index: s.agent_id for s in servers}
     hos = sorted(plan["handovers"], key=lambda h: h[1])
-    seen_gaps: set[tuple[str, float]] = set()
+    seen_gaps: dict[tuple[str, float], int] = {}
     for k, (ue, t, a, b) in enumerate(hos):
         nxt = min([h[1] for h in hos[k + 1:] if h[0] == ue] or [float("inf")])
         ho = Handover(ue, float(t) + run.offset, int(a), int(b))
         new_agent = names.get(mapping.get(int(b), -1))
         sit = sit_for_handover(ho, run.sessions, new_agent=new_agent, next_handover=nxt + run.offset)
-        # One interruption spanning several handovers (no token in between) counts once, at the
-        # first of them; the later ones record no SIT of their own.
+        # One interruption spanning several handovers (no token in between) is split at them:
+        # the earlier handover's SIT ends at the later one, the later one's runs from its own
+        # time to the first token after it. Every handover with a session gets a SIT, and the
+        # parts add up to the interruption the UE saw.
         gap_key = (sit.session_id, sit.last_before)
         shared = math.isfinite(sit.sit) and gap_key in seen_gaps
-        if math.isfinite(sit.sit):
-            seen_gaps.add(gap_key)
         if shared:
-            sit = HandoverSIT(ho, sit.session_id, tokens_at_ho=sit.tokens_at_ho)
+            k_prev = seen_gaps[gap_key]
+            prev = sits[k_prev]
+            cut = max(prev.last_before, ho.time)
+            sits[k_prev] = HandoverSIT(prev.handover, prev.session_id, cut - prev.last_before, prev.last_before, cut,
+                                       prev.tokens_at_ho)
+            rows[k_prev].sit_s = sits[k_prev].sit
+            sit = HandoverSIT(ho, sit.session_id, sit.first_after - cut, cut, sit.first_after, sit.tokens_at_ho)
+        if math.isfinite(sit.sit):
+            seen_gaps[gap_key] = len(sits)
         sits.append(sit)
         commit = next((e for e in run.events if e.get("kind") == "commit" and e.get("ue") == ue
                        and abs(float(e.get("trace_t", -1e18)) - float(t)) < 1e-6), None)
@@ -389,9 +485,7 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
                           and e.get("session") == commit.get("session") and e.get("epoch") == commit.get("epoch")), None)
         skipped = next((e for e in run.events if e.get("kind") == "commit_skipped" and e.get("ue") == ue
                         and abs(float(e.get("trace_t", -1e18)) - float(t)) < 1e-6), None)
-        if shared:
-            outcome = "in the previous interruption"
-        elif not math.isfinite(sit.sit):
+        if not math.isfinite(sit.sit):
             outcome = "no-session"
         elif commit is None:
             outcome = f"no-commit ({skipped.get('reason')})" if skipped else "no-commit"
@@ -502,3 +596,43 @@ def measured_rates(runs: Sequence[SchemeRun]) -> dict[str, float]:
             "block_size": med("block_size"),
             "r_d_ue": float(np.median(rates)) if rates else None,
             "c_sync": float(np.median(lat)) if lat else None}
+
+
+def load_pace(opts: ReplayOptions, index: int) -> dict | None:
+    """The paced connector's last statistics of server ``index`` (None if it wrote none)."""
+    from pallas_eval.emulation import load_pace_stats
+    return load_pace_stats(pace_stats_path(opts, index))
+
+
+def ue_decode_rate(runs: Sequence[SchemeRun]) -> float | None:
+    """The decode rate the UEs saw: 1 / the median gap between consecutive tokens of a session
+    (handover gaps are few against thousands of steps), tokens/s; None without tokens."""
+    itl = np.concatenate([s.itls() for r in runs for s in r.sessions] or [np.zeros(0)])
+    itl = itl[itl > 0]
+    return float(1.0 / np.median(itl)) if itl.size else None
+
+
+def pacing_check(regime: Regime, stats: Sequence[dict | None], runs: Sequence[SchemeRun],
+                 tolerance: float = 0.10) -> dict:
+    """Whether the engines kept the emulated rates (issue 13 item 1): the prefill and decode
+    rates the paced connectors measured over their steps (all servers together), and the decode
+    rate the UEs saw, each within ``tolerance`` of the emulated model's. Returns the figures,
+    ``held`` and a one-line ``verdict`` for the summary."""
+    m = regime.model
+    tot = {k: sum(float((s or {}).get(k) or 0.0) for s in stats)
+           for k in ("prefill_tokens", "prefill_s", "decode_steps", "decode_s", "steps", "overruns", "overrun_s")}
+    r_p = tot["prefill_tokens"] / tot["prefill_s"] if tot["prefill_s"] > 0 else None
+    r_d = tot["decode_steps"] / tot["decode_s"] if tot["decode_s"] > 0 else None
+    r_d_ue = ue_decode_rate(runs)
+    checks = {"prefill (engine)": (r_p, m.r_p), "decode (engine)": (r_d, m.r_d), "decode (UE)": (r_d_ue, m.r_d)}
+    bad = [f"{k} {'unmeasured' if v is None else f'{v:,.1f} tok/s'} vs {want:,.1f}" for k, (v, want) in checks.items()
+           if v is None or abs(v - want) > tolerance * want]
+    held = not bad
+    figures = ", ".join(f"{k} {'-' if v is None else f'{v:,.1f}'}" for k, (v, _) in checks.items())
+    over = f"; {int(tot['overruns'])} of {int(tot['steps'])} steps overran ({tot['overrun_s']:.1f} s in all)"
+    if held:
+        verdict = f"pacing held (within {tolerance:.0%} of {m.name}'s rates): {figures}{over}"
+    else:
+        verdict = (f"THE MACHINE COULD NOT KEEP UP with {m.name}'s rates (more than {tolerance:.0%} off: "
+                   f"{'; '.join(bad)}){over}: live SITs are not in the paper's units")
+    return {"held": held, "verdict": verdict, "r_p": r_p, "r_d": r_d, "r_d_ue": r_d_ue, **tot}

@@ -92,7 +92,7 @@ def summary_table(summaries: Sequence[SchemeSummary], title: str = "Per scheme",
     from rich.table import Table
     t = Table(title=title)
     cols = ["scheme", "HOs (w/ session)", "SIT mean", "SIT p50", "SIT p99", "ITL mean", "ITL p99",
-            f"ITL>{ITL_SLO_S * 1000:.0f}ms", "T_early", "token-exact"]
+            f"ITL>{ITL_SLO_S * 1000:.0f}ms", "T_early", "token-exact", "prepared commits"]
     if simulated:
         cols += ["model SIT mean", "model SIT p99"]
     for c in cols:
@@ -102,7 +102,7 @@ def summary_table(summaries: Sequence[SchemeSummary], title: str = "Per scheme",
         row = [s.scheme, f"{s.handovers} ({s.handovers_with_session})", _ms(s.sit_mean), _ms(s.sit_p50),
                _ms(s.sit_p99), _ms(s.itl_mean), _ms(s.itl_p99),
                "-" if not math.isfinite(s.itl_over_slo) else f"{100 * s.itl_over_slo:.1f}%",
-               _ms(s.t_early_mean), f"{s.token_exact}/{s.token_checked}"]
+               _ms(s.t_early_mean), f"{s.token_exact}/{s.token_checked}", str(s.commits)]
         if simulated:
             m = simulated.get(s.scheme, {})
             row += [_ms(m.get("sit_mean", float("nan"))), _ms(m.get("sit_p99", float("nan")))]
@@ -182,3 +182,27 @@ def plot_timeline(path: Path, ue_id: str, per_scheme: dict[str, Sequence[Session
     for i, h in enumerate(handover_times):
         ax.axvline(h - t0, color="red", ls=":", lw=1, label="handover" if i == 0 else None)
     return _finish(fig, ax, path, "time since replay start (s)", f"tokens received by UE {ue_id}")
+
+
+def cpu_table(cpu: dict[str, dict[str, float]], title: str = "CPU per scheme (% of one core, while the UEs ran)"):
+    """A rich Table: one row per scheme, one column per process role summed over the servers
+    (``agent``, ``vllm-api``, ``vllm-engine``, ``vllm-worker``, ``xapp``, ``harness``) and the
+    total. ``cpu``: scheme -> ``root/label`` -> share of one core (pallas_eval.cpu.cpu_share)."""
+    from rich.table import Table
+    roles: dict[str, None] = {}
+    by: dict[str, dict[str, float]] = {}
+    for scheme, shares in cpu.items():
+        row = by.setdefault(scheme, {})
+        for key, v in shares.items():
+            root, _, label = key.partition("/")
+            role = "harness" if root == "harness" else label
+            roles.setdefault(role, None)
+            row[role] = row.get(role, 0.0) + v
+    t = Table(title=title)
+    t.add_column("scheme")
+    for r in roles:
+        t.add_column(r, justify="right")
+    t.add_column("total", justify="right")
+    for scheme, row in by.items():
+        t.add_row(scheme, *[f"{100 * row.get(r, 0.0):.1f}" for r in roles], f"{100 * sum(row.values()):.1f}")
+    return t

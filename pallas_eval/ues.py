@@ -1,6 +1,6 @@
 """The UEs of a replay: one asyncio task per UE of the trace.
 
-A UE streams LLM sessions from the agent of its serving cell (agent/client.py's UESession),
+A UE streams LLM sessions from the agent of its serving cell (pallas_eval/client.py's UESession),
 follows its handovers at the times the trace shows them (it switches to the new cell's agent
 and resumes from the first token it has not received, naming the old agent as the origin so
 the new one can relay while the session is not yet there, or for good under Detour), and
@@ -49,16 +49,18 @@ class UEOutcome:
 
 async def run_ue(plan: UEPlan, front_of_cell: Callable[[int], str], sessions: Iterator[SessionSpec], *,
                  scheme: str, http: httpx.AsyncClient, gap_s: float = 0.2, min_left_s: float = 2.0,
-                 grace_s: float = 3.0,
-                 on_token: Callable[[], None] | None = None) -> UEOutcome:
+                 grace_s: float = 3.0, on_token: Callable[[], None] | None = None,
+                 origin_of: Callable[[str], str] | None = None) -> UEOutcome:
     """Drive one UE through its plan; returns its outcome (never raises for a session's error:
     the error is recorded and the UE starts its next session).
 
     ``front_of_cell(cell)`` is the front URL of the agent serving that cell. A new session is not
     started less than ``min_left_s`` before the UE leaves the trace; a session still running
     ``grace_s`` after it left is cut there (its tokens so far are kept and checked).
+    ``origin_of(front)``: the URL the new agent relays the old front through at a handover
+    (default the front itself; the paper regime puts a delaying proxy there, pallas_eval.relay).
     """
-    from agent.client import SessionError, UESession
+    from pallas_eval.client import SessionError, UESession
 
     out = UEOutcome(plan.ue_id)
     cell_now = plan.cells[0][1]
@@ -79,7 +81,8 @@ async def run_ue(plan: UEPlan, front_of_cell: Callable[[int], str], sessions: It
                 ue = active["ue"]
                 if ue is not None and not ue.finished:
                     try:
-                        await ue.handover(front_of_cell(cell), relay=True)
+                        await ue.handover(front_of_cell(cell), relay=True,
+                                          origin=origin_of(ue.url) if origin_of else None)
                         log.info("ue_handover", ue=plan.ue_id, cell=cell, session=ue.session_id,
                                  next_index=ue.next_index)
                     except Exception as e:  # noqa: BLE001 - recorded, the UE goes on
@@ -135,9 +138,11 @@ async def run_ue(plan: UEPlan, front_of_cell: Callable[[int], str], sessions: It
 
 async def run_ues(plans: Sequence[UEPlan], front_of_cell: Callable[[int], str],
                   session_streams: dict[str, Iterator[SessionSpec]], *, scheme: str,
-                  on_token: Callable[[], None] | None = None) -> list[UEOutcome]:
+                  on_token: Callable[[], None] | None = None,
+                  origin_of: Callable[[str], str] | None = None) -> list[UEOutcome]:
     """Run every UE concurrently on one shared HTTP client; returns their outcomes in order."""
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=16)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=limits) as http:
         return list(await asyncio.gather(*(run_ue(p, front_of_cell, session_streams[p.ue_id], scheme=scheme,
-                                                  http=http, on_token=on_token) for p in plans)))
+                                                  http=http, on_token=on_token, origin_of=origin_of)
+                                             for p in plans)))

@@ -10,18 +10,13 @@ the agent over :mod:`agent.ipc`. ``agent_address`` may also come from the enviro
 ``PALLAS_AGENT_ADDRESS``. ``agent`` and ``proto`` must be on ``PYTHONPATH`` of every vLLM
 process (workers are spawned).
 
-``min_step_ms`` (extra config, default 0 = off) is an emulation knob for small test models: the
-scheduler side spaces the engine's steps at least that far apart, so a tiny model on a CPU
-decodes at a real model's pace (for example 28 ms: Qwen3-32B's batch-1 decode step at 1K
-tokens on one H200, benchmarks/results/README.md) and a handover plays out on the paper's time
-scale.
-Only steps that schedule tokens are paced; a step that is already slower is not delayed.
+Emulation (pacing a tiny model like a real one) is not here: the harness subclasses this class
+(pallas_eval/emulated_connector.py) and the agent loads it with ``--kv-connector-module``.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -66,33 +61,6 @@ def _agent_address(vllm_config: "VllmConfig") -> str:
         raise ValueError("PallasConnector needs kv_connector_extra_config.agent_address "
                          "or PALLAS_AGENT_ADDRESS")
     return str(addr)
-
-
-def _min_step_s(vllm_config: "VllmConfig") -> float:
-    """The emulated minimum step time in seconds (``min_step_ms`` of the extra config).
-
-    Raises:
-        ValueError: a negative or non-numeric value.
-    """
-    extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
-    v = float(extra.get("min_step_ms", 0) or 0)
-    if v < 0:
-        raise ValueError(f"min_step_ms must be >= 0, got {v}")
-    return v / 1000.0
-
-
-def pace(last_step: float, min_step_s: float, *, clock=time.monotonic, sleep=time.sleep) -> float:
-    """Sleep until ``min_step_s`` has passed since ``last_step`` (monotonic seconds).
-
-    Returns the new step's start time. With ``min_step_s <= 0`` it returns at once.
-    """
-    now = clock()
-    if min_step_s > 0:
-        wait = last_step + min_step_s - now
-        if wait > 0:
-            sleep(wait)
-            now = clock()
-    return now
 
 
 def _backend_name(vllm_config: "VllmConfig") -> str:
@@ -141,8 +109,6 @@ class PallasConnector(KVConnectorBase_V1):
         self._num_blocks = getattr(kv_cache_config, "num_blocks", None)
         self._pool = None
         self._requests: dict[str, "Request"] = {}
-        self._min_step_s = _min_step_s(vllm_config)
-        self._last_step = 0.0
         self.policy: SchedulerPolicy | None = None
         self.link: SchedulerLink | None = None
         self.worker: WorkerSide | None = None
@@ -213,8 +179,6 @@ class PallasConnector(KVConnectorBase_V1):
                 rid, req.num_computed_tokens, n,
                 (lambda rid=rid: list(kvm.get_block_ids(rid)[0])) if kvm is not None
                 else (lambda: [])))
-        if scheduler_output.num_scheduled_tokens and self._min_step_s > 0:
-            self._last_step = pace(self._last_step, self._min_step_s)
         saves, loads = self.policy.build(
             scheduled, engine_idle=not scheduler_output.num_scheduled_tokens)
         return PallasConnectorMetadata(saves=saves, loads=loads)

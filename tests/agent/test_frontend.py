@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from agent.client import SessionError, UESession
+from pallas_eval.client import SessionError, UESession
 from agent.frontend import SessionFront
 from agent.session import SessionState, SessionStore
 

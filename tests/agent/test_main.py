@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import socket
 
 import grpc
@@ -15,7 +16,7 @@ from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc
 
 import agent.app
-import agent.models
+import agent.weights
 from agent.app import Agent, parse_args
 from agent.obs import configure_logging
 from agent.session import SessionStore
@@ -60,8 +61,8 @@ def test_new_flags_and_their_variables(monkeypatch, capsys):
     assert cfg.migration().commit_deadline_s == 3.0
     from agent.server import ServerConfig, VLLMServer
     cmd = VLLMServer(ServerConfig(model="m", agent_address="tcp://h:1", kv_cache_gib=0.25,
-                                  connector_module=cfg.kv_connector_module,
-                                  connector_extra=cfg.kv_connector_extra,
+                                  kv_connector_module=cfg.kv_connector_module,
+                                  kv_connector_extra=cfg.kv_connector_extra,
                                   extra_args=["--num-gpu-blocks-override", "64"])).command()
     assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(1 << 28)
     kv = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
@@ -72,6 +73,25 @@ def test_new_flags_and_their_variables(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--model-preset", "tiny", "--vllm-args", "--tensor-parallel-size 2"])
     assert "tensor parallelism 2" in capsys.readouterr().err
+
+
+def test_connector_and_vllm_args_flags(monkeypatch, capsys):
+    cfg = parse_args(["--model-preset", "tiny"])
+    assert (cfg.kv_connector_module, cfg.kv_connector_class) == ("agent.connector", "PallasConnector")
+    assert cfg.kv_connector_extra == {} and cfg.vllm_args == ""
+    monkeypatch.setenv("PALLAS_KV_CONNECTOR_EXTRA", '{"decode_tokens_per_s": 25}')
+    cfg = parse_args(["--model-preset", "tiny", "--kv-connector-module", "pallas_eval.emulated_connector",
+                      "--kv-connector-class", "EmulatedPallasConnector",
+                      "--vllm-args", "--max-num-batched-tokens 4096 --disable-log-stats"])
+    assert cfg.kv_connector_module == "pallas_eval.emulated_connector"
+    assert cfg.kv_connector_class == "EmulatedPallasConnector"
+    assert cfg.kv_connector_extra == {"decode_tokens_per_s": 25}
+    assert shlex.split(cfg.vllm_args) == ["--max-num-batched-tokens", "4096", "--disable-log-stats"]
+    for bad in (["--kv-connector-extra", "[1, 2]"], ["--kv-connector-extra", "{oops"], ["--vllm-args", "'open"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--model-preset", "tiny", *bad])
+    assert "--kv-connector-extra" in capsys.readouterr().err
+
 
 
 def test_attach_refuses_a_vllm_with_tensor_parallelism():
@@ -110,7 +130,7 @@ def test_agent_serves_control_health_front_metrics(monkeypatch, capsys):
         self.hub.worker_info = {"block_bytes": 65536, "num_layers": 2, "model_dtype": "float32"}
 
     monkeypatch.setattr(Agent, "attach", fake_attach)
-    monkeypatch.setattr(agent.models, "weights_digest", lambda model: "d1")
+    monkeypatch.setattr(agent.weights, "weights_digest", lambda model: "d1")
     cp, fp = free_port(), free_port()
     cfg = parse_args(["--model", "/m/fake", "--vllm-url", "http://127.0.0.1:1", "--agent-id", "a",
                       "--control-port", str(cp), "--front-port", str(fp), "--peer-port", "0",
@@ -155,7 +175,7 @@ def test_agent_serves_control_health_front_metrics(monkeypatch, capsys):
 
 
 def test_local_agent_keeps_the_vllm_log_beside_its_own():
-    from agent.cluster import LocalAgent
+    from pallas_eval.cluster import LocalAgent
     a = LocalAgent("edge-1", "m", log_dir="/run/logs")
     cmd = a.command()
     assert cmd[cmd.index("--vllm-log") + 1] == a.vllm_log_path

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from agent.models import PRESETS, build_model, num_parameters, weights_digest
+from pallas_eval.models import PRESETS, build_model, num_parameters, weights_digest
 from agent.server import ServerConfig, VLLMServer
 
 
@@ -25,7 +25,7 @@ def test_server_command_carries_the_connector_and_the_cpu_settings(tmp_path):
     assert kv["kv_connector"] == "PallasConnector"
     assert kv["kv_connector_module_path"] == "agent.connector"
     assert kv["kv_connector_extra_config"]["agent_address"] == "tcp://127.0.0.1:5"
-    assert "min_step_ms" not in kv["kv_connector_extra_config"]  # pacing is off by default
+    assert kv["kv_connector_extra_config"] == {"agent_address": "tcp://127.0.0.1:5"}  # no pacing in the product
     env = srv.environment()
     assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(2 << 30)
     assert "VLLM_CPU_KVCACHE_SPACE" not in env and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
@@ -36,25 +36,20 @@ def test_server_command_carries_the_connector_and_the_cpu_settings(tmp_path):
     srv.stop()  # never started: a no-op
 
 
-def test_min_step_pacing_reaches_the_connector_and_spaces_steps(tmp_path):
-    srv = VLLMServer(ServerConfig(model="/m", agent_address="tcp://127.0.0.1:5", min_step_ms=28,
+def test_another_connector_and_vllm_args_reach_the_command(tmp_path):
+    srv = VLLMServer(ServerConfig(model="/m", agent_address="tcp://127.0.0.1:5",
+                                  kv_connector_module="pallas_eval.emulated_connector",
+                                  kv_connector_class="EmulatedPallasConnector",
+                                  kv_connector_extra={"decode_tokens_per_s": 25.0, "agent_address": "x"},
+                                  extra_args=["--max-num-batched-tokens", "4096"],
                                   log_path=str(tmp_path / "x.log")))
     cmd = srv.command()
     kv = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
-    assert kv["kv_connector_extra_config"]["min_step_ms"] == 28.0
-
-    pytest.importorskip("vllm")
-    from agent.connector.vllm_connector import pace
-    now, slept = [10.0], []
-
-    def sleep(dt):
-        slept.append(dt)
-        now[0] += dt
-    # 10 ms after the last step: waits the other 18 ms; a late step is not delayed; 0 = off.
-    assert pace(9.99, 0.028, clock=lambda: now[0], sleep=sleep) == pytest.approx(10.018)
-    assert slept == [pytest.approx(0.018)]
-    assert pace(9.0, 0.028, clock=lambda: now[0], sleep=sleep) == now[0] and len(slept) == 1
-    assert pace(now[0], 0.0, clock=lambda: now[0], sleep=sleep) == now[0] and len(slept) == 1
+    assert kv["kv_connector"] == "EmulatedPallasConnector"
+    assert kv["kv_connector_module_path"] == "pallas_eval.emulated_connector"
+    # the extra entries are merged; the agent's own address always wins
+    assert kv["kv_connector_extra_config"] == {"decode_tokens_per_s": 25.0, "agent_address": "tcp://127.0.0.1:5"}
+    assert cmd[-2:] == ["--max-num-batched-tokens", "4096"]
 
 
 def _fake_safetensors(path, shapes):

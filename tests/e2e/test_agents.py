@@ -2,7 +2,7 @@
 
 One module-scoped fixture starts both agents (``pallas-agent`` subprocesses) and every case
 reuses them. Each case drives one UE session through the agents' real endpoints: the UE
-client (agent/client.py) on the HTTP front, the xApp's calls on the Control gRPC service.
+client (pallas_eval/client.py) on the HTTP front, the xApp's calls on the Control gRPC service.
 Every case checks that the UE's full token sequence equals the same session served without
 any handover (greedy decoding, fp32: token-exact, vllm-notes.md pitfall 1).
 """
@@ -18,8 +18,9 @@ import pytest
 from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc
 
-from agent.client import UESession
-from agent.cluster import LocalAgent, start_agents
+from pallas_eval.client import UESession
+from pallas_eval.cluster import LocalAgent, start_agents
+from pallas_eval.emulation import E2E_PACE, agent_flags
 
 pytestmark = pytest.mark.vllm
 
@@ -28,12 +29,13 @@ MAX_TOKENS = 300   # with 15 ms steps the source is still decoding well past a p
 
 @pytest.fixture(scope="module")
 def agents():
-    from agent.models import build_model
+    from pallas_eval.models import build_model
 
     model = str(build_model("tiny"))
-    # Engine steps at least 15 ms apart (the connector's min_step_ms): the tiny model decodes at
-    # about a real model's pace, so every plan step comes while the source is still decoding.
-    flags = ["--probe-prefill-tokens", "128", "--resume-wait-s", "20", "--min-step-ms", "15"]
+    # Engines paced by the harness's emulation connector (decode steps 15 ms apart): the tiny
+    # model decodes at about a real model's pace, so every plan step comes while the source is
+    # still decoding.
+    flags = ["--probe-prefill-tokens", "128", "--resume-wait-s", "20", *agent_flags(*E2E_PACE)]
     a = LocalAgent("a", model, omp_bind="0", extra=flags)
     b = LocalAgent("b", model, omp_bind="1", extra=flags)
     start_agents([a, b], timeout_s=600)

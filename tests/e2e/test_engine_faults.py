@@ -20,7 +20,8 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 from agent.app import Agent, AgentConfig  # noqa: E402
-from agent.models import build_model  # noqa: E402
+from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
+from pallas_eval.models import build_model  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
@@ -58,7 +59,7 @@ def agents():
             a = Agent(cfg)
             lt.run(a.start_core())
             srv = VLLMServer(ServerConfig(model=model, agent_address=a.hub.address,
-                                          omp_threads_bind=str(i), min_step_ms=15.0))
+                                          omp_threads_bind=str(i), **server_settings(*E2E_PACE)))
             srv.start()
             nodes.append(a)
             servers.append(srv)

@@ -23,7 +23,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from agent.models import build_model  # noqa: E402
+from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
+from pallas_eval.models import build_model  # noqa: E402
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
 from tests.faults import UncheckedStore, corrupt_outgoing  # noqa: E402
 from agent.app import Agent as AgentNode  # noqa: E402
@@ -70,10 +71,10 @@ def AgentConfig(agent_id: str, model: str, *, hub_address: str, peer_port: int =
                         peer_port=peer_port, vllm_url="attached by the test",
                         resume_deadline_s=20.0, commit_deadline_s=30.0)
 
-# The engines' steps are spaced at least this far apart (the connector's min_step_ms): the tiny
+# The engines are paced by the harness's emulation connector (decode steps 15 ms apart): the tiny
 # model then decodes at about a real model's pace, so the source is still decoding when a case's
 # trigger and commit come, however quiet or loaded the machine is.
-MIN_STEP_MS = 15.0
+PACED = server_settings(*E2E_PACE)
 
 _attempts = itertools.count()
 
@@ -104,9 +105,9 @@ def pair():
     lt.run(b.start_core())
     env = {"VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache for the eviction control
     srv_a = VLLMServer(ServerConfig(model=model, agent_address=a.hub.address,
-                                    omp_threads_bind="0", env=env, min_step_ms=MIN_STEP_MS))
+                                    omp_threads_bind="0", env=env, **PACED))
     srv_b = VLLMServer(ServerConfig(model=model, agent_address=b.hub.address,
-                                    omp_threads_bind="1", env=env, min_step_ms=MIN_STEP_MS))
+                                    omp_threads_bind="1", env=env, **PACED))
     if reuse:
         srv_a.port = int(reuse[1].rsplit(":", 1)[1])
         srv_b.port = int(reuse[3].rsplit(":", 1)[1])

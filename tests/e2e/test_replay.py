@@ -58,5 +58,12 @@ def test_replay_short_generated_drive_two_servers(tmp_path):
             assert s.matches_reference(), (run.scheme, s.session_id, s.error)
             checked += 1
     assert checked >= 2
+    # The default regime is the paper's, emulated (issue 13 item 1): the engines were paced, the
+    # run says whether the pacing held, and each scheme's CPU is reported per process.
+    assert res["regime"].startswith("regime paper: emulating qwen3-32b")
+    assert res["pacing"]["steps"] > 0 and res["pacing"]["r_d"] is not None and "verdict" in res["pacing"]
+    for run in res["runs"]:
+        roles = {k.split("/", 1)[1] for k in res["cpu"][run.scheme]}
+        assert {"agent", "vllm-api", "vllm-engine", "xapp"} <= roles, (run.scheme, roles)
     for name in ("handovers.csv", "summary.csv", "summary.json", "sit_cdf.png", "itl_cdf.png", "timeline.png"):
         assert (opts.out_dir / name).stat().st_size > 0

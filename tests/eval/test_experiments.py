@@ -262,7 +262,7 @@ def test_cli_simulate_and_live_refusal(tmp_path, capsys):
     assert d["mode"] == "simulate" and d["plots"] == ["figure6.png"]
     # The live mode of an experiment without a driver refuses and runs nothing (never vLLM here).
     assert main(["experiment", "window", "--out", str(tmp_path / "live")]) == 2
-    msg = capsys.readouterr().out
+    msg = " ".join(capsys.readouterr().out.split())     # the console wraps long lines
     assert "live driver for 'window'" in msg and "Nothing was run" in msg
     if live.missing():          # this checkout's replay lacks the emulated regime: single refuses too
         assert main(["experiment", "single", "--out", str(tmp_path / "live")]) == 2

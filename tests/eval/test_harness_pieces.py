@@ -74,6 +74,23 @@ def test_sit_is_last_token_before_to_first_after():
     assert math.isnan(sit_for_handover(Handover("u2", 1.2, 7, 8), [s]).sit)
 
 
+def test_a_session_in_its_prefill_at_the_handover_gets_a_sit():
+    # opened at 0.9, the handover at 0.95 in its prefill, the first token at 1.4: the UE waited
+    # 0.45 s after the handover
+    s = _session("u1", "s1", [1.4, 1.45, 1.5])
+    s.start = 0.9
+    r = sit_for_handover(Handover("u1", 0.95, 7, 8), [s])
+    assert r.session_id == "s1" and r.sit == pytest.approx(0.45) and r.tokens_at_ho == 10
+    assert r.last_before == pytest.approx(0.95) and r.first_after == pytest.approx(1.4)
+    # relayed first, then served by the new agent: the longest gap up to its first own token
+    s.agents, s.relayed = ["B", "B", "B"], ["A", "", ""]
+    s.times = [1.0, 1.6, 1.65]
+    r = sit_for_handover(Handover("u1", 0.95, 7, 8), [s], new_agent="B")
+    assert r.sit == pytest.approx(0.6) and r.last_before == pytest.approx(1.0)
+    # a session opened after the handover was not in flight
+    assert math.isnan(sit_for_handover(Handover("u1", 0.85, 7, 8), [s]).sit)
+
+
 def test_summary_itl_and_slo_share():
     s1 = _session("u1", "a", [0.0, 0.05, 0.10, 0.30, 0.35])   # ITLs .05 .05 .2 .05
     s2 = _session("u2", "b", [0.0, 0.02, 0.04])               # ITLs .02 .02
@@ -227,3 +244,19 @@ def test_prediction_lead_is_the_time_the_right_target_was_held_before_the_handov
     assert _lead(ev, "u", 6.0, 7) == pytest.approx(2.0)     # held 7 since t=4 (withdrawn at 3)
     assert math.isnan(_lead(ev, "u", 6.0, 5))               # 5 was not named at the handover
     assert math.isnan(_lead(ev, "u", 0.5, 5))               # nothing before the handover
+
+
+def test_two_handovers_in_one_interruption_each_get_their_part_of_it():
+    """A ping-pong (two handovers 0.3 s apart, no token between them) used to give the second
+    handover no SIT at all; now the interruption is split at it and both parts count."""
+    from types import SimpleNamespace
+
+    from pallas_eval.replay import SchemeRun, handover_rows
+    s = _session("u1", "s1", [1.0, 1.05, 1.10, 1.90, 1.95])
+    run = SchemeRun("ctho", start_at=0.0, sessions=[s], specs={}, events=[], errors=[], offset=0.0)
+    plan = {"t_first": 0.0, "handovers": [["u1", 1.2, 7, 8], ["u1", 1.5, 8, 9], ["u1", 3.0, 9, 7]]}
+    servers = [SimpleNamespace(index=i, agent_id=f"edge-{i}") for i in range(3)]
+    rows, sits = handover_rows(run, plan, {7: 0, 8: 1, 9: 2}, servers)
+    assert [r.sit_s for r in rows[:2]] == [pytest.approx(0.4), pytest.approx(0.4)]   # 1.10->1.5, 1.5->1.9
+    assert sum(x.sit for x in sits[:2]) == pytest.approx(0.8)                        # the whole gap
+    assert rows[1].outcome != "no-session" and math.isnan(rows[2].sit_s)             # 3.0: session over

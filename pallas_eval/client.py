@@ -179,17 +179,18 @@ class UESession:
         self._reader = asyncio.create_task(self._read(
             "GET", f"{self.url}/v1/sessions/{self.session_id}/stream", None, params, None))
 
-    async def handover(self, new_url: str, *, relay: bool = True) -> HandoverRecord:
+    async def handover(self, new_url: str, *, relay: bool = True, origin: str | None = None) -> HandoverRecord:
         """Move the UE to the front at ``new_url``: drop the old stream and resume there.
 
-        With ``relay`` the old front's URL is passed as ``origin`` (the new agent relays it
-        while it does not hold the session). Returns the record of this handover."""
+        With ``relay`` the old front's URL (or ``origin``, e.g. a delaying proxy in front of
+        it) is passed as ``origin``: the new agent relays it while it does not hold the
+        session. Returns the record of this handover."""
         old = self.url
         rec = HandoverRecord(old, new_url.rstrip("/"), self.next_index, time.time(), time.perf_counter())
         await self._stop_reader()
         rec.next_index = self.next_index  # tokens that arrived while stopping still count
         self.handovers.append(rec)
-        await self.resume(new_url, origin=old if relay else None)
+        await self.resume(new_url, origin=(origin or old) if relay else None)
         return rec
 
     async def tokens(self) -> AsyncIterator[TokenRecord]:

@@ -14,11 +14,14 @@ Presets (parameter counts from the built model):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
+
+from agent.weights import weights_digest
+
+__all__ = ["PRESETS", "build_model", "num_parameters", "weights_digest", "model_config", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO_ROOT / ".cache" / "models"
@@ -94,30 +97,6 @@ def num_parameters(path: str | os.PathLike) -> int:
                 size *= d
             total += size
     return total
-
-
-def weights_digest(path: str | os.PathLike) -> str:
-    """SHA-256 (hex) over the model's weight files, in name order (ModelIdentity.weights_digest).
-
-    Cached in ``pallas-digest.txt`` beside the weights.
-    """
-    p = Path(path)
-    cache = p / "pallas-digest.txt"
-    if cache.exists():
-        return cache.read_text().strip()
-    h = hashlib.sha256()
-    files = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.bin"))
-    for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-    digest = h.hexdigest()
-    try:
-        cache.write_text(digest)
-    except OSError:
-        pass
-    return digest
 
 
 def model_config(path: str | os.PathLike) -> dict[str, Any]:

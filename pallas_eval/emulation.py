@@ -1,0 +1,242 @@
+"""The paper's setting emulated on a tiny model (model.md section 9): pacing and link scaling.
+
+A tiny model on a CPU is cheap to copy and dear to prefill, the opposite of a 32B model on a GPU
+behind a 300 Mbit/s link. To put the live system in the paper's regime *in absolute time*:
+
+- ``EmulatedPallasConnector`` (pallas_eval/emulated_connector.py, a subclass of the product's
+  :class:`agent.connector.PallasConnector`, loaded by an unmodified vLLM through
+  ``kv_connector_module_path = "pallas_eval.emulated_connector"``) stretches every engine step to what
+  the emulated model would take for it: ``P / r_p`` for the ``P`` prompt tokens it prefills plus
+  ``1 / r_d`` when it decodes (a batched decode step costs one step). The scheduler side works
+  out the step's emulated duration from vLLM's ``SchedulerOutput`` and sends it to the worker in
+  the connector metadata; the worker sleeps, after the forward pass and the block saves, until
+  that long after the step began. A step that is already slower is not delayed (and counted as
+  an overrun). Sleeping inside the step leaves the engine idle, not spinning.
+- :func:`emulated_peer_rate_mbps` scales the paper's 300 Mbit/s link by the KV size ratio, so a
+  tiny model's block takes as long to send as the emulated model's block would.
+
+Extra config of the connector (``kv_connector_extra_config``, beside the product's
+``agent_address``): ``prefill_tokens_per_s`` (r_p), ``decode_tokens_per_s`` (r_d), both > 0, and
+``stats_path`` (optional): a JSON file the worker rewrites at most every second with its step
+counts and measured rates (:class:`PaceStats`), which ``pallas replay`` checks against the
+emulated rates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+REPO = Path(__file__).resolve().parent.parent
+H200_RATES = REPO / "benchmarks" / "results" / "h200_rates.json"
+#: Where vLLM finds the paced connector (pallas_eval/emulated_connector.py; it imports vLLM).
+CONNECTOR_MODULE = "pallas_eval.emulated_connector"
+CONNECTOR_CLASS = "EmulatedPallasConnector"
+
+__all__ = ["EmulatedModel", "EMULATED", "emulated_model", "emulated_peer_rate_mbps", "step_seconds",
+           "PaceStats", "load_pace_stats", "connector_extra", "agent_flags", "server_settings", "PAPER_LINK_MBPS", "PAPER_HOP_DELAY_S",
+           "CONNECTOR_MODULE", "CONNECTOR_CLASS", "E2E_PACE"]
+
+#: The vLLM e2e tests' pacing (r_p, r_d tokens/s): decode steps 15 ms apart, a 300-token prefill
+#: in 15 ms, so a session is still decoding when a test's trigger and commit come.
+E2E_PACE = (20_000.0, 1000.0 / 15.0)
+#: The paper's inter-gNB goodput of the headline settings (Table 1, Figures 5 and 9).
+PAPER_LINK_MBPS = 300.0
+#: Detour's extra delay per forwarding hop: the paper's Figure 1 (P90 ITL about 130 ms at three
+#: hops against about 40 ms without, so about 30 ms a hop); pallas_eval.simulate uses the same.
+PAPER_HOP_DELAY_S = 0.03
+
+
+@dataclass(frozen=True)
+class EmulatedModel:
+    """One emulated model in the paper's testbed (RTX A6000).
+
+    Attributes:
+        name: ``qwen3-32b``, ``qwen3-14b`` or ``llama-3-8b``.
+        r_p: prefill rate, tokens/s.
+        r_d: decode rate per request, tokens/s.
+        s_kv: KV bytes per token (model.md Eq. 1, the model's bf16 cache).
+        source: where the figures come from.
+    """
+
+    name: str
+    r_p: float
+    r_d: float
+    s_kv: float
+    source: str
+
+
+def _h200(model: str) -> tuple[float, float, float]:
+    """(median prefill tokens/s, mean graphed batch-1 decode tokens/s, s_kv) of ``model`` as
+    measured on one H200 (benchmarks/results/h200_rates.json)."""
+    d = json.loads(H200_RATES.read_text())
+    m = next(x for x in d["models"] if x["model"] == model)
+    pre = sorted(float(x["tokens_per_s"]) for x in m["prefill"])
+    r_p = pre[len(pre) // 2]
+    dec = [float(x["tokens_per_s_per_request"]) for x in d["graphed_decode"][model]]
+    return r_p, sum(dec) / len(dec), float(m["kv_bytes_per_token"])
+
+
+def _paper_models() -> dict[str, EmulatedModel]:
+    """Qwen3-32B's rates are the paper's own (model.md section 6: Table 1's Recomputation row
+    implies r_p of about 1,850 tokens/s; Figure 5(d)'s 28-48 ms ITL about 25 tokens/s). The paper
+    gives no rates for Qwen3-14B and Llama-3-8B, so theirs are Qwen3-32B's scaled by the ratio
+    of the same models' rates measured on one H200 (benchmarks/results/h200_rates.json): the
+    relative speed of the three models is taken from the H200, the absolute level from the
+    paper's A6000."""
+    p32, d32, s32 = _h200("qwen3-32b")
+    out = {"qwen3-32b": EmulatedModel("qwen3-32b", 1850.0, 25.0, s32,
+                                      "paper Table 1 / Fig. 5(d) (model.md section 6)")}
+    for name in ("qwen3-14b", "llama-3-8b"):
+        p, d, s = _h200(name)
+        out[name] = EmulatedModel(name, round(1850.0 * p / p32, 0), round(25.0 * d / d32, 1), s,
+                                  "qwen3-32b's paper rates x the H200 ratio (benchmarks/results/h200_rates.json)")
+    return out
+
+
+EMULATED: dict[str, EmulatedModel] = _paper_models()
+
+
+def emulated_model(name: str) -> EmulatedModel:
+    """The emulated model ``name`` (a key of :data:`EMULATED`).
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+    """
+    try:
+        return EMULATED[name]
+    except KeyError:
+        raise ValueError(f"unknown emulated model {name!r}; known: {', '.join(sorted(EMULATED))}") from None
+
+
+def emulated_peer_rate_mbps(s_kv_tiny: float, model: EmulatedModel, paper_mbps: float = PAPER_LINK_MBPS) -> float:
+    """The link rate (Mbit/s) at which one token of the tiny model's KV (``s_kv_tiny`` bytes) takes
+    as long to send as one token of ``model``'s KV at ``paper_mbps`` (model.md section 9):
+    ``paper_mbps * s_kv_tiny / s_kv(model)``; e.g. 300 * 2,048 / 262,144 = 2.34 Mbit/s.
+
+    Raises:
+        ValueError: a size or rate that is not positive.
+    """
+    if s_kv_tiny <= 0 or model.s_kv <= 0 or paper_mbps <= 0:
+        raise ValueError("KV sizes and the link rate must be > 0")
+    return paper_mbps * s_kv_tiny / model.s_kv
+
+
+def step_seconds(num_scheduled: Mapping[str, int], r_p: float, r_d: float) -> tuple[int, int, float]:
+    """The emulated duration of one engine step.
+
+    Args:
+        num_scheduled: request id -> tokens scheduled this step (vLLM's
+            ``SchedulerOutput.num_scheduled_tokens``). A request with more than one token is
+            prefilling (speculative decoding is off); one token is a decode step (or the one
+            token left of a prefill whose prefix came from the cache, which costs the same).
+        r_p: prefill tokens/s; r_d: decode tokens/s per request (> 0).
+
+    Returns:
+        (prefill tokens, decoding requests, seconds): ``P / r_p + (1 / r_d if any decode)``;
+        a batched decode step costs one step, as on a GPU at batch sizes this small.
+    """
+    prefill = sum(n for n in num_scheduled.values() if n > 1)
+    decode = sum(1 for n in num_scheduled.values() if n == 1)
+    return prefill, decode, prefill / r_p + (1.0 / r_d if decode else 0.0)
+
+
+@dataclass
+class PaceStats:
+    """What the paced worker saw (times in seconds, from each step's start to its paced end).
+
+    Prefill-only steps measure r_p, decode-only steps measure r_d; mixed steps are counted but
+    not used for either. ``overruns``: steps whose real work took longer than the emulated time.
+    """
+
+    steps: int = 0
+    prefill_steps: int = 0
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_steps: int = 0
+    decode_s: float = 0.0
+    mixed_steps: int = 0
+    overruns: int = 0
+    overrun_s: float = 0.0
+    work_s: float = 0.0
+    r_p: float = 0.0
+    r_d: float = 0.0
+
+    def observe(self, prefill: int, decode: int, pace_s: float, work_s: float, total_s: float) -> None:
+        """Record one step: ``work_s`` the real work, ``total_s`` with the pacing sleep."""
+        self.steps += 1
+        self.work_s += work_s
+        if work_s > pace_s:
+            self.overruns += 1
+            self.overrun_s += work_s - pace_s
+        if prefill and not decode:
+            self.prefill_steps += 1
+            self.prefill_tokens += prefill
+            self.prefill_s += total_s
+        elif decode and not prefill:
+            self.decode_steps += 1
+            self.decode_s += total_s
+        elif prefill and decode:
+            self.mixed_steps += 1
+
+    def measured_r_p(self) -> float | None:
+        """Prefill tokens/s over prefill-only steps (None before any)."""
+        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else None
+
+    def measured_r_d(self) -> float | None:
+        """Decode steps/s over decode-only steps (None before any)."""
+        return self.decode_steps / self.decode_s if self.decode_s > 0 else None
+
+
+def extra_rate(extra: Mapping[str, Any], key: str) -> float:
+    """The positive number at ``extra[key]`` (the connector's extra config).
+
+    Raises:
+        ValueError: missing, not a number, or not > 0.
+    """
+    try:
+        v = float(extra[key])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"EmulatedPallasConnector needs kv_connector_extra_config.{key} (a number > 0)") from None
+    if not v > 0:
+        raise ValueError(f"kv_connector_extra_config.{key} must be > 0, got {v}")
+    return v
+
+
+def load_pace_stats(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The stats a paced worker last wrote to ``path`` (None if there are none yet)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+
+def connector_extra(r_p: float, r_d: float, stats_path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The paced connector's ``kv_connector_extra_config`` entries for rates ``r_p``, ``r_d``
+    (tokens/s) and an optional stats file.
+
+    Raises:
+        ValueError: a rate that is not > 0.
+    """
+    raw = {"prefill_tokens_per_s": r_p, "decode_tokens_per_s": r_d}
+    extra: dict[str, Any] = {k: extra_rate(raw, k) for k in raw}
+    if stats_path:
+        extra["stats_path"] = str(stats_path)
+    return extra
+
+
+def agent_flags(r_p: float, r_d: float, stats_path: str | os.PathLike | None = None) -> list[str]:
+    """``pallas-agent`` flags that launch its vLLM with the paced connector (rates in tokens/s)."""
+    return ["--kv-connector-module", CONNECTOR_MODULE, "--kv-connector-class", CONNECTOR_CLASS,
+            "--kv-connector-extra", json.dumps(connector_extra(r_p, r_d, stats_path))]
+
+
+def server_settings(r_p: float, r_d: float, stats_path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """:class:`agent.server.ServerConfig` fields that launch vLLM with the paced connector."""
+    return {"kv_connector_module": CONNECTOR_MODULE, "kv_connector_class": CONNECTOR_CLASS,
+            "kv_connector_extra": connector_extra(r_p, r_d, stats_path)}

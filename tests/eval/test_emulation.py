@@ -1,0 +1,133 @@
+"""The paper's regime emulated on a tiny model (pallas_eval/emulation.py, model.md section 9):
+the emulated models' rates, the link scaling, each step's emulated duration and the paced
+connector's worker side, with a fake clock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pallas_eval import emulation as emu
+
+
+def test_emulated_models_and_their_sources():
+    q32 = emu.emulated_model("qwen3-32b")
+    assert (q32.r_p, q32.r_d, q32.s_kv) == (1850.0, 25.0, 262_144.0)
+    d = json.loads(emu.H200_RATES.read_text())
+    pre = {m["model"]: sorted(x["tokens_per_s"] for x in m["prefill"]) for m in d["models"]}
+    med = {k: v[len(v) // 2] for k, v in pre.items()}
+    dec = {k: sum(x["tokens_per_s_per_request"] for x in v) / len(v) for k, v in d["graphed_decode"].items()}
+    for name in ("qwen3-14b", "llama-3-8b"):
+        m = emu.emulated_model(name)
+        assert m.r_p == pytest.approx(1850 * med[name] / med["qwen3-32b"], abs=1)
+        assert m.r_d == pytest.approx(25 * dec[name] / dec["qwen3-32b"], abs=0.1)
+        assert q32.r_p < m.r_p and q32.r_d < m.r_d   # smaller models are faster
+    assert emu.emulated_model("qwen3-14b").s_kv == 163_840 and emu.emulated_model("llama-3-8b").s_kv == 131_072
+    with pytest.raises(ValueError, match="known: llama-3-8b, qwen3-14b, qwen3-32b"):
+        emu.emulated_model("gpt-5")
+
+
+def test_link_scaled_by_the_kv_size_ratio():
+    # model.md section 9: 300 Mbit/s * 2,048 / 262,144 = 2.34 Mbit/s
+    assert emu.emulated_peer_rate_mbps(2048, emu.emulated_model("qwen3-32b")) == pytest.approx(2.34375)
+    # one token's KV then takes as long on the scaled link as the real model's on 300 Mbit/s
+    m = emu.emulated_model("llama-3-8b")
+    rate = emu.emulated_peer_rate_mbps(2048, m)
+    assert 2048 * 8 / (rate * 1e6) == pytest.approx(m.s_kv * 8 / 300e6)
+    with pytest.raises(ValueError):
+        emu.emulated_peer_rate_mbps(0, m)
+
+
+def test_step_seconds_prefill_and_decode():
+    # 1,850 prompt tokens at 1,850 tok/s: one second; a decode step of three requests: one step (40 ms)
+    assert emu.step_seconds({"a": 1850}, 1850, 25) == (1850, 0, pytest.approx(1.0))
+    assert emu.step_seconds({"a": 1, "b": 1, "c": 1}, 1850, 25) == (0, 3, pytest.approx(0.04))
+    p, d, s = emu.step_seconds({"a": 370, "b": 1}, 1850, 25)
+    assert (p, d) == (370, 1) and s == pytest.approx(0.2 + 0.04)
+    assert emu.step_seconds({}, 1850, 25) == (0, 0, 0.0)
+
+
+def test_connector_flags_and_rates_are_checked():
+    flags = emu.agent_flags(1850, 25, "/tmp/s.json")
+    assert flags[:4] == ["--kv-connector-module", "pallas_eval.emulated_connector",
+                         "--kv-connector-class", "EmulatedPallasConnector"]
+    assert json.loads(flags[5]) == {"prefill_tokens_per_s": 1850.0, "decode_tokens_per_s": 25.0,
+                                    "stats_path": "/tmp/s.json"}
+    assert emu.server_settings(10, 5)["kv_connector_extra"] == {"prefill_tokens_per_s": 10.0,
+                                                                 "decode_tokens_per_s": 5.0}
+    for bad in (0, -3, "x"):
+        with pytest.raises(ValueError, match="decode_tokens_per_s"):
+            emu.connector_extra(100, bad)
+
+
+def test_pace_stats_measure_rates_and_overruns():
+    st = emu.PaceStats()
+    st.observe(prefill=1000, decode=0, pace_s=0.5, work_s=0.1, total_s=0.5)
+    st.observe(prefill=0, decode=2, pace_s=0.04, work_s=0.05, total_s=0.05)   # overran by 10 ms
+    st.observe(prefill=0, decode=1, pace_s=0.04, work_s=0.01, total_s=0.03)
+    st.observe(prefill=10, decode=1, pace_s=0.05, work_s=0.01, total_s=0.05)  # mixed: in neither rate
+    assert st.measured_r_p() == pytest.approx(2000.0)
+    assert st.measured_r_d() == pytest.approx(2 / 0.08)
+    assert (st.steps, st.mixed_steps, st.overruns) == (4, 1, 1) and st.overrun_s == pytest.approx(0.01)
+    assert emu.PaceStats().measured_r_p() is None
+
+
+class _Clock:
+    def __init__(self):
+        self.now, self.slept = 100.0, []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, dt):
+        self.slept.append(dt)
+        self.now += dt
+
+
+def _worker(clock, stats_path=None):
+    """The paced connector's worker side without a vLLM config (its state set by hand)."""
+    ec = pytest.importorskip("pallas_eval.emulated_connector")
+    c = object.__new__(ec.EmulatedPallasConnector)
+    c._connector_metadata = None
+    c.worker, c.link, c.policy = None, None, None
+    c.r_p, c.r_d, c._stats_path = 1850.0, 25.0, stats_path
+    c._clock, c._sleep, c._t0, c._written = clock, clock.sleep, None, 0.0
+    c.pace_stats = emu.PaceStats()
+    return ec, c
+
+
+def test_worker_sleeps_to_the_emulated_step_end_in_absolute_time(tmp_path):
+    clock = _Clock()
+    ec, c = _worker(clock, stats_path=str(tmp_path / "pace.json"))
+    # a 925-token prefill: 0.5 s emulated; the forward pass took 0.2 s -> sleeps the other 0.3 s
+    c.bind_connector_metadata(ec.EmulatedMetadata(pace_s=0.5, prefill_tokens=925))
+    clock.now += 0.2
+    c.wait_for_save()
+    assert clock.slept == [pytest.approx(0.3)]
+    # a decode step slower than 40 ms is not delayed, and counts as an overrun
+    c.bind_connector_metadata(ec.EmulatedMetadata(pace_s=0.04, decode_reqs=1))
+    clock.now += 0.06
+    c.wait_for_save()
+    assert len(clock.slept) == 1
+    st = c.pace_stats
+    assert st.measured_r_p() == pytest.approx(1850.0) and st.overruns == 1
+    doc = json.loads((tmp_path / "pace.json").read_text())
+    assert doc["measured_r_p"] == pytest.approx(1850.0) and doc["r_d"] == 25.0
+    # the product metadata alone (no pace) never sleeps
+    from agent.connector.vllm_connector import PallasConnectorMetadata
+    c.bind_connector_metadata(PallasConnectorMetadata())
+    c.wait_for_save()
+    assert len(clock.slept) == 1 and c.pace_stats.steps == 2
+
+
+def test_scheduler_side_puts_the_step_duration_in_the_metadata():
+    ec, c = _worker(_Clock())
+    from types import SimpleNamespace
+
+    from agent.connector.policy import SchedulerPolicy
+    c.policy, c._requests, c._kv_cache_manager = SchedulerPolicy(32), {}, None
+    meta = c.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"a": 370, "b": 1}))
+    assert isinstance(meta, ec.EmulatedMetadata)
+    assert (meta.prefill_tokens, meta.decode_reqs) == (370, 1) and meta.pace_s == pytest.approx(0.24)
+    assert meta.saves == [] and meta.loads == []
