@@ -77,6 +77,8 @@ class AgentConfig:
     peer_rate_mbps: float = 0.0
     scheme: str = "pallas"
     peer_fronts: dict[str, str] = field(default_factory=dict)
+    front_operator_token_file: str | None = None
+    front_max_body_bytes: int = 1 << 20
     telemetry_period_ms: int = 100
     probe_prefill_tokens: int = 256
     resume_wait_s: float = 30.0
@@ -136,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra Prometheus port (0 = only the front's /metrics)")
     g.add_argument("--peer-front", action="append", default=[_env("peer_fronts", "")] if _env("peer_fronts", "") else [],
                    metavar="ID=URL", help="another agent's front URL (repeatable or comma-separated)")
+    g.add_argument("--front-operator-token-file", default=_env("front_operator_token_file", None),
+                   help="file holding the operator credential that lists sessions at the front (also "
+                        "PALLAS_FRONT_OPERATOR_TOKEN); unset: listing refused")
+    g.add_argument("--front-max-body-bytes", type=int,
+                   default=int(_env("front_max_body_bytes", d.front_max_body_bytes)),
+                   help="cap on an HTTP request body at the front (413 past it)")
     v = p.add_argument_group("vLLM")
     v.add_argument("--vllm-url", default=_env("vllm_url", None),
                    help="use this running vLLM server (started with the Pallas connector) instead of launching one")
@@ -203,7 +211,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs, dtype=a.dtype,
         min_step_ms=a.min_step_ms,
         vllm_ready_timeout_s=a.vllm_ready_timeout_s, vllm_log=a.vllm_log, peer_rate_mbps=a.peer_rate_mbps,
-        scheme=a.scheme, peer_fronts=fronts, telemetry_period_ms=a.telemetry_period_ms,
+        scheme=a.scheme, peer_fronts=fronts, front_operator_token_file=a.front_operator_token_file,
+        front_max_body_bytes=a.front_max_body_bytes, telemetry_period_ms=a.telemetry_period_ms,
         probe_prefill_tokens=a.probe_prefill_tokens, resume_wait_s=a.resume_wait_s,
         session_ttl_s=a.session_ttl_s, tokenizer=a.tokenizer, log_level=a.log_level,
         log_format=a.log_format)
@@ -301,7 +310,7 @@ class AgentApp:
 
         from agent.control import ControlService, add_control_service
         from agent.core import build_core
-        from agent.frontend import SessionFront
+        from agent.frontend import SessionFront, model_limits
         from agent.telemetry import TelemetryCollector, VllmScraper
 
         cfg = self.cfg
@@ -336,10 +345,17 @@ class AgentApp:
         await self.grpc_control.start()
 
         tok = load_tokenizer(cfg.tokenizer or core.model_path)
+        vocab, max_len = await asyncio.to_thread(model_limits, core.model_path, core.vllm_url)
+        operator = os.environ.get("PALLAS_FRONT_OPERATOR_TOKEN")
+        if cfg.front_operator_token_file:
+            with open(cfg.front_operator_token_file) as fh:
+                operator = fh.read().strip()
         self.front = SessionFront(core.sessions, core.engine, agent_id=cfg.agent_id, tokenizer=tok,
                                   on_open=lambda s, sch: self.runner.set_session_scheme(s.session_id, sch),
                                   directory=cfg.peer_fronts, resume_wait_s=cfg.resume_wait_s,
-                                  scheme_of=lambda sid: self.runner.scheme_for(sid))
+                                  scheme_of=lambda sid: self.runner.scheme_for(sid), vocab_size=vocab,
+                                  max_model_len=max_len, operator_token=operator,
+                                  max_body_bytes=cfg.front_max_body_bytes)
         ports = [cfg.front_port] + ([cfg.metrics_port] if cfg.metrics_port else [])
         for port in ports:
             srv = uvicorn.Server(uvicorn.Config(self.front.app, host=cfg.host, port=port, log_level="warning",
