@@ -208,7 +208,7 @@ class OpenRequest(BaseModel):
     @classmethod
     def _session_label(cls, v: str | None) -> str | None:
         if v is not None and not SESSION_LABEL_RE.fullmatch(v):
-            raise ValueError(f"session_id must be {SESSION_LABEL_RULE}, got {v[:80]!r}")
+            raise ValueError(f"must be {SESSION_LABEL_RULE} (the front appends its own suffix), got {v[:80]!r}")
         return v
 
     @model_validator(mode="after")
@@ -246,23 +246,31 @@ class OpenRequest(BaseModel):
         return SamplingSpec(**{k: getattr(self, k) for k in SAMPLING_FIELDS})
 
 
+_UNION_TAG = re.compile(r"(str|int|float|bool|list\[.*\]|constrained-.*)")
+
+
 def _request_error(e: ValidationError) -> RequestError:
-    """The first error of a pydantic ValidationError as a RequestError naming its field."""
-    for err in e.errors(include_url=False):
+    """A pydantic ValidationError as one RequestError naming its field: a cross-field
+    RequestError as raised, else the most specific error (for ``prompt: str | list[int]``, the
+    member that got deepest, e.g. ``prompt.1: Input should be a valid integer``)."""
+    errors = e.errors(include_url=False)
+    for err in errors:
         cause = (err.get("ctx") or {}).get("error")
         if isinstance(cause, RequestError):
             return cause
-        loc = [str(x) for x in err.get("loc", ())]
-        # A union (prompt: str | list[int]) reports its member in loc: keep field and index.
-        field = loc[0] if loc else None
-        where = ".".join(x for x in loc if not x.startswith(("list[", "str", "int")))
+    if not errors:
+        return RequestError(str(e))
+    err = max(errors, key=lambda x: len(x.get("loc", ())))
+    loc = [str(x) for x in err.get("loc", ())]
+    where = ".".join(loc[:1] + [x for x in loc[1:] if not _UNION_TAG.fullmatch(x)])
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, ValueError):
+        msg = str(cause)
+    elif err.get("type") == "extra_forbidden":
+        msg = "unknown field"
+    else:
         msg = err.get("msg", "invalid")
-        if isinstance(cause, ValueError) and not isinstance(cause, RequestError):
-            msg = str(cause)
-        elif err.get("type") == "extra_forbidden":
-            msg = "unknown field"
-        return RequestError(f"{where or 'body'}: {msg}", field)
-    return RequestError(str(e))
+    return RequestError(f"{where or 'body'}: {msg}", loc[0] if loc else None)
 
 
 def model_limits(model_path: str | None, vllm_url: str | None = None,
@@ -308,7 +316,7 @@ def _bearer(request: Request) -> str | None:
     """The bearer token of ``Authorization: Bearer <token>``, or None."""
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
 
 
 def _state(s: Session) -> str:

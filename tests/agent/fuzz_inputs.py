@@ -15,6 +15,7 @@ values, values of the wrong JSON type, out-of-range numbers, huge integers, unkn
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import strategies as st
@@ -144,3 +145,21 @@ def front_bodies(draw) -> Any:
     if draw(st.integers(0, 9)) == 0:
         body[draw(st.text(max_size=6))] = draw(_JSON_ANY)  # an unknown field
     return body
+
+
+@st.composite
+def front_raw_bodies(draw) -> bytes:
+    """Open-request bodies as bytes: JSON of :func:`front_bodies`, sometimes mutated byte-wise
+    (a flip, insertion or cut) or prefixed with deep nesting."""
+    raw = bytearray(json.dumps(draw(front_bodies())).encode())
+    kind = draw(st.sampled_from(["json"] * 6 + ["flip", "insert", "cut", "nest"]))
+    if kind == "flip" and raw:
+        raw[draw(st.integers(0, len(raw) - 1))] ^= draw(st.integers(1, 255))
+    elif kind == "insert":
+        raw.insert(draw(st.integers(0, len(raw))), draw(st.sampled_from(list(b'{}[]",:\\0-9eE+.\xff'))))
+    elif kind == "cut" and raw:
+        del raw[draw(st.integers(0, len(raw) - 1)):]
+    elif kind == "nest":
+        depth = draw(st.integers(1, 5000))
+        raw = bytearray(b'{"prompt_token_ids": ' + b"[" * depth + b"1" + b"]" * depth + b"}")
+    return bytes(raw)
