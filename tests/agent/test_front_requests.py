@@ -278,6 +278,43 @@ def test_origin_outside_the_peer_fronts_is_never_fetched():
     assert hits == []
 
 
+def test_a_peer_cannot_redirect_a_relay_outside_the_peer_fronts():
+    """A relayed origin's end event names ``moved_to_url``: followed only if it is a peer front."""
+    hits = []
+
+    async def recorder(scope, receive, send):
+        if scope["type"] == "http":
+            hits.append(scope["path"])
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+    b = front(agent_id="b")
+    sid, tok = new_session_credentials()
+
+    async def go():
+        async with fk.ServedApp(recorder) as evil:
+            async def origin(scope, receive, send):  # a peer whose stream ends "handed over" to evil
+                if scope["type"] != "http":
+                    return
+                end = {"object": "session.end", "session_id": sid, "next_index": 0, "state": "handed_over",
+                       "finish_reason": None, "agent_id": "a", "moved_to": "zzz", "moved_to_url": evil.url}
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-type", b"text/event-stream")]})
+                await send({"type": "http.response.body", "body": b"data: " + json.dumps(end).encode() + b"\n\n"
+                            + b"data: [DONE]\n\n"})
+
+            async with fk.ServedApp(origin) as sa, fk.ServedApp(b.app) as sb, httpx.AsyncClient() as c:
+                b.directory["a"] = sa.url
+                r = await c.get(f"{sb.url}/v1/sessions/{sid}/stream", params={"origin": sa.url},
+                                headers=bearer(tok))
+                return r
+
+    r = run(go())
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert r.status_code == 200 and events[-1]["state"] == "handed_over" and events[-1]["relayed_by"] == "b"
+    assert hits == []
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 def test_body_cap_at_limit_and_limit_plus_one(chunked):
     limit = 4096
