@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from pallas_proto import pallas_pb2 as pb
 
 from agent.wire import Block, decode_block, encode_block
