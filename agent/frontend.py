@@ -657,7 +657,10 @@ class SessionFront:
                                                  context={"vocab_size": self.vocab_size,
                                                           "max_model_len": self.max_model_len})
             except ValidationError as e:
-                raise _request_error(e) from None
+                err = _request_error(e)
+                if err.param == "prompt_token_ids":  # the tokenizer's ids of the text prompt
+                    err = RequestError(f"prompt (as tokenized) {str(err).split(': ', 1)[-1]}", "prompt")
+                raise err from None
         return req
 
     async def read_body(self, request: Request) -> bytes:

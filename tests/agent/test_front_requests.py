@@ -157,6 +157,18 @@ def test_context_length_is_checked_as_vllm_does():
     assert parse({"prompt_token_ids": list(range(10)), "max_tokens": 54}, max_model_len=64).max_tokens == 54
 
 
+def test_text_prompt_is_tokenized_then_held_to_the_same_rules():
+    class Tok:
+        def encode(self, text):
+            return [int(w) for w in text.split()]
+
+    f = front(tokenizer=Tok(), http=_NO_RELAY)
+    assert f.parse_open(b'{"prompt": "5 9 11"}').token_ids == [5, 9, 11]
+    with pytest.raises(RequestError, match=f"out of vocabulary \\(vocab_size {VOCAB}\\)") as e:
+        f.parse_open(json.dumps({"prompt": f"5 {VOCAB + 3}"}).encode())
+    assert e.value.param == "prompt"
+
+
 def test_valid_request_keeps_its_values():
     req = parse({"prompt_token_ids": [0, VOCAB - 1], "max_tokens": 9, "min_tokens": 9, "temperature": 1,
                  "top_p": 0.5, "top_k": 0, "seed": -(2**63), "stop_token_ids": [3], "ignore_eos": True,
