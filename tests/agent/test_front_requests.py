@@ -265,6 +265,26 @@ def test_listing_needs_the_operator_credential():
     assert op_delete == 200
 
 
+def test_the_replay_stops_leftover_sessions_with_the_operator_credential():
+    """pallas_eval.replay.end_sessions lists and deletes every live session at each agent."""
+    import types
+
+    from pallas_eval import replay as rp
+
+    f = SessionFront(SessionStore(), fk.FakeEngine(0.05), agent_id="a", operator_token=rp.OPERATOR_TOKEN)
+
+    async def go():
+        async with fk.ServedApp(f.app) as srv, httpx.AsyncClient() as c:
+            for _ in range(3):
+                await c.post(f"{srv.url}/v1/sessions", json={"prompt_token_ids": PROMPT, "max_tokens": 1000,
+                                                             "stream": False})
+            server = types.SimpleNamespace(agent=types.SimpleNamespace(front_url=srv.url), agent_id="a")
+            return await asyncio.to_thread(rp.end_sessions, [server], 10.0)
+
+    assert run(go()) == 3
+    assert [(s.state.value, s.finish_reason) for s in f.store] == [("finished", "abort")] * 3
+
+
 def test_origin_outside_the_peer_fronts_is_never_fetched():
     """SSRF: a resume's origin must be a configured peer agent's front."""
     hits = []
