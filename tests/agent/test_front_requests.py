@@ -132,6 +132,7 @@ def parse(body, **kw) -> OpenRequest:
     ({"prompt_token_ids": [1], "max_token": 5}, "max_token", "unknown field"),
     ({"prompt_token_ids": [1], "session_id": "a" * 65}, "session_id", SESSION_LABEL_RULE),
     ({"prompt_token_ids": [1], "ue_id": 7}, "ue_id", "string"),
+    ({"prompt_token_ids": [1], "ue_id": "u" * 129}, "ue_id", "at most 128"),
 ])
 def test_bad_field_is_refused_naming_it(body, param, fragment):
     with pytest.raises(RequestError) as e:
@@ -172,7 +173,7 @@ def test_text_prompt_is_tokenized_then_held_to_the_same_rules():
 def test_valid_request_keeps_its_values():
     req = parse({"prompt_token_ids": [0, VOCAB - 1], "max_tokens": 9, "min_tokens": 9, "temperature": 1,
                  "top_p": 0.5, "top_k": 0, "seed": -(2**63), "stop_token_ids": [3], "ignore_eos": True,
-                 "scheme": "ctho", "stream": False, "session_id": "ue-7.chat_1", "ue_id": "ue-7"})
+                 "scheme": "ctho", "stream": False, "session_id": "s" * 64, "ue_id": "u" * 128})
     sp = req.sampling()
     assert req.token_ids == [0, VOCAB - 1] and req.scheme == "ctho" and not req.stream
     assert (sp.max_tokens, sp.min_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed, sp.stop_token_ids,
