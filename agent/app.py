@@ -114,6 +114,11 @@ class AgentConfig:
                                "(0 = unlimited)")
     scheme: str = _f("pallas", "default recovery scheme: pallas, full-copy, recomputation, ctho, "
                      "detour, no-rc, no-sm")
+    front_operator_token_file: str = _f("", "file holding the operator credential that lists "
+                                        "sessions at the front (also PALLAS_FRONT_OPERATOR_TOKEN); "
+                                        "unset: listing refused", "endpoints")
+    front_max_body_bytes: int = _f(1 << 20, "cap on an HTTP request body at the front (413 past it)",
+                                   "endpoints")
     telemetry_period_ms: int = _f(100, "default Telemetry period")
     probe_prefill_tokens: int = _f(256, "measure r_p at start with one prefill of this many "
                                    "tokens (0 = off)")
@@ -415,7 +420,7 @@ class Agent:
         import uvicorn
 
         from agent.control import ControlService, add_control_service
-        from agent.frontend import SessionFront
+        from agent.frontend import SessionFront, model_limits
         from agent.telemetry import TelemetryCollector, VllmScraper
 
         cfg = self.cfg
@@ -446,10 +451,16 @@ class Agent:
         await self.grpc_control.start()
 
         tok = load_tokenizer(cfg.tokenizer or cfg.model)
+        vocab, max_len = await asyncio.to_thread(model_limits, cfg.model, self.vllm_url)
+        operator = os.environ.get("PALLAS_FRONT_OPERATOR_TOKEN")
+        if cfg.front_operator_token_file:
+            with open(cfg.front_operator_token_file) as fh:
+                operator = fh.read().strip()
         self.front = SessionFront(self.sessions, self.engine, agent_id=cfg.agent_id, tokenizer=tok,
                                   on_open=lambda s, sch: mig.set_session_scheme(s.session_id, sch),
                                   directory=cfg.peer_front, resume_wait_s=cfg.resume_wait_s,
-                                  scheme_of=mig.scheme_for)
+                                  scheme_of=mig.scheme_for, vocab_size=vocab, max_model_len=max_len,
+                                  operator_token=operator, max_body_bytes=cfg.front_max_body_bytes)
         for port in [cfg.front_port] + ([cfg.metrics_port] if cfg.metrics_port else []):
             srv = uvicorn.Server(uvicorn.Config(self.front.app, host=cfg.host, port=port,
                                                 log_level="warning", access_log=False,

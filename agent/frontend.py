@@ -9,12 +9,13 @@ agent serves the session from its own vLLM; under Detour (or while a commit is s
 flight) the new agent relays the old agent's stream, one extra hop per token (paper section
 2.2, "Source-side retention").
 
-Routes (JSON bodies; every field of the open request except the prompt is optional):
+Routes (JSON bodies; every field of the open request except the prompt is optional;
+:class:`OpenRequest` gives each field's rules):
 
-``POST /v1/sessions`` open a session. Body::
+``POST /v1/sessions`` open a session. Body (at most ``max_body_bytes``, else 413)::
 
-    {"ue_id": "ue-7", "session_id": "optional-own-id",
-     "prompt": "text" | [token ids],  "prompt_token_ids": [token ids]   (either one),
+    {"ue_id": "ue-7", "session_id": "optional-label",
+     "prompt": "text" | [token ids],  "prompt_token_ids": [token ids]   (exactly one),
      "max_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_tokens": 0,
      "stop_token_ids": [], "ignore_eos": false, "seed": null,
      "scheme": "pallas" | "full-copy" | "recomputation" | "ctho" | "detour" | "no-rc" | "no-sm",
@@ -22,14 +23,20 @@ Routes (JSON bodies; every field of the open request except the prompt is option
 
   With ``"stream": true`` (default) the answer is the event stream below, starting at index 0;
   with ``false`` it is the session object (``GET /v1/sessions/{id}``) and the UE streams with
-  the resume route. Errors: 400 (bad body; a text prompt without a tokenizer), 409 (the
-  session id exists), 503 (the engine refused).
+  the resume route. Both carry ``session_token``: every later call for the session sends it
+  as ``Authorization: Bearer <session_token>``, at this agent or any other (401 without it,
+  403 with another). The session id is assigned here (``label.`` + 32 hex digits when the
+  body names a ``session_id`` label; :func:`new_session_credentials`). Errors: 400 with
+  ``{"error": {"message", "param", "code"}}`` naming the field (bad type or range, a token id
+  outside the vocabulary, min_tokens > max_tokens, a text prompt without a tokenizer), 413
+  (body too large), 503 (the engine refused).
 
 ``GET /v1/sessions/{id}/stream?from_index=N&origin=URL`` resume (or first stream) from output
   index N (default 0). ``origin``: the front URL of the agent the UE streamed from before the
   handover; if this agent does not (yet) serve the session it relays ``origin``'s stream until
-  the session arrives here. 404 if neither this agent nor ``origin`` knows the session within
-  ``resume_wait_s``.
+  the session arrives here; ``origin`` must be one of the peer fronts of ``--peer-front``
+  (400 otherwise: the front never fetches an arbitrary URL). 404 if neither this agent nor
+  ``origin`` knows the session within ``resume_wait_s``.
 
 ``GET /v1/sessions/{id}`` the session object::
 
@@ -40,7 +47,8 @@ Routes (JSON bodies; every field of the open request except the prompt is option
   With ``?include_tokens=true`` it also carries ``output_token_ids`` and ``token_times`` (when
   each output token reached this agent; tokens copied in at a resume carry the resume time).
 
-``GET /v1/sessions`` ``{"sessions": [session objects]}``. ``DELETE /v1/sessions/{id}`` stops
+``GET /v1/sessions`` ``{"sessions": [session objects]}``, only with the operator credential
+(``Authorization: Bearer <operator token>``; 403 otherwise). ``DELETE /v1/sessions/{id}`` stops
 the session here (``{"session_id", "state"}``). ``GET /health`` ``{"status": "ok",
 "agent_id"}``. ``GET /metrics`` Prometheus text.
 
@@ -68,27 +76,230 @@ when the stream is itself relayed by another agent: resume there from ``next_ind
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
+import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from agent.obs import RELAYED_TOKENS, SESSIONS, get_logger
 from pallas_common.schemes import scheme_name, scheme_value
-from agent.session import SamplingSpec, Session, SessionState, new_session_id
+from agent.session import SamplingSpec, Session, SessionState
 from pallas_common.aio import cancel_and_wait
 
-__all__ = ["SessionFront", "sse", "SAMPLING_FIELDS"]
+__all__ = ["SessionFront", "OpenRequest", "RequestError", "new_session_credentials", "token_matches", "model_limits",
+           "sse", "SAMPLING_FIELDS", "MAX_BODY_BYTES"]
 
 _log = get_logger("pallas.agent.front")
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_tokens",
                    "stop_token_ids", "ignore_eos", "seed")
+# ---------------------------------------------------------------------------------- session tokens
+_TOKEN_BYTES = 32          # 256 random bits per session token
+_DIGEST_HEX = 32           # the session id carries 128 bits of the token's SHA-256
+SESSION_LABEL_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+SESSION_LABEL_RULE = "1-64 characters from A-Z a-z 0-9 . _ -"
+
+
+def _token_digest(token: str) -> str:
+    return hashlib.sha256(b"pallas-session-token/v1\0" + token.encode()).hexdigest()[:_DIGEST_HEX]
+
+
+def new_session_credentials(label: str | None = None) -> tuple[str, str]:
+    """A fresh ``(session_id, session_token)`` pair.
+
+    The token is 256 random bits (``secrets.token_urlsafe``, 43 characters). The session id is
+    the first 128 bits of the token's SHA-256 in hex, after ``label + "."`` when the client
+    named one: ``"ue-7.chat.3f9c..."``. Whoever holds the token can show it belongs to the id
+    (:func:`token_matches`) at *any* agent, with no key and no state: a session resumed after
+    a handover at another agent accepts the same token, and no proto field carries it.
+
+    What it protects: a session's reads, streams, resumes, relays and DELETE against anyone who
+    knows only its id (ids appear in logs, telemetry, the xApp and E2 reports); opening a
+    session with a known id elsewhere yields a *new* id, never a token for the old one; the
+    agents hold no secret that could mint tokens. What it does not: the front speaks plain HTTP,
+    so anyone on the path sees the token (put the front behind TLS); a token cannot be revoked
+    and stays valid for its session's lifetime; it does not authenticate the UE or the caller
+    of the open request (anyone who reaches the front can open sessions).
+    """
+    token = secrets.token_urlsafe(_TOKEN_BYTES)
+    digest = _token_digest(token)
+    return (f"{label}.{digest}" if label else digest), token
+
+
+def token_matches(session_id: str, token: str | None) -> bool:
+    """True when ``token`` is the session token of ``session_id`` (constant-time compare)."""
+    if not token or len(token) > 128:
+        return False
+    return hmac.compare_digest(session_id.rsplit(".", 1)[-1].encode(), _token_digest(token).encode())
+
+
+# ---------------------------------------------------------------------------------- open request
+MAX_BODY_BYTES = 1 << 20   # default cap on an HTTP request body (a 4096-token prompt is ~30 kB)
+_INT64 = (-(2**63), 2**63 - 1)
+_TokenId = Annotated[int, Field(strict=True, ge=0)]
+_Int = Annotated[int, Field(strict=True)]
+
+
+class RequestError(ValueError):
+    """A refused request: ``param`` names the field (None for the body as a whole)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class OpenRequest(BaseModel):
+    """The body of ``POST /v1/sessions``, validated as vLLM's OpenAI server validates a
+    completions request (vllm/entrypoints/openai/completion/protocol.py, the checks of
+    ``SamplingParams._verify_args`` and the renderer's vocabulary check), with stricter types:
+    JSON numbers only for numbers (no ``"8"`` for 8), booleans only for flags, unknown fields
+    refused (a typo is not silently dropped).
+
+    Validation context (``OpenRequest.model_validate(body, context=...)``): ``vocab_size``
+    (token ids must be below it) and ``max_model_len`` (prompt + max_tokens must fit), each
+    optional. Field rules: one of ``prompt_token_ids`` / ``prompt`` (text needs the agent's
+    tokenizer), non-empty; token ids in [0, vocab_size); ``max_tokens`` >= 1;
+    0 <= ``min_tokens`` <= ``max_tokens``; ``temperature`` in [0, 2]; ``top_p`` in (0, 1];
+    ``top_k`` = -1, 0 or >= 1; ``seed`` a 64-bit signed int; ``scheme`` one of
+    pallas_common.schemes' names; ``session_id`` a label of :data:`SESSION_LABEL_RULE` (the front
+    appends the token digest, :func:`new_session_credentials`); ``ue_id`` up to 128 characters.
+
+    Raises:
+        pydantic.ValidationError: on any bad field (:meth:`SessionFront.parse_open` turns it
+            into a :class:`RequestError` naming the field).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    prompt_token_ids: list[_TokenId] | None = Field(None, min_length=1)
+    prompt: str | list[_TokenId] | None = Field(None, min_length=1)
+    max_tokens: _Int = Field(128, ge=1, le=2**31 - 1)
+    min_tokens: _Int = Field(0, ge=0)
+    temperature: float = Field(0.0, ge=0.0, le=2.0, strict=True)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, strict=True)
+    top_k: _Int = Field(-1, ge=-1)
+    stop_token_ids: list[_TokenId] = Field(default_factory=list, max_length=1024)
+    ignore_eos: bool = Field(False, strict=True)
+    seed: _Int | None = Field(None, ge=_INT64[0], le=_INT64[1])
+    scheme: str | None = Field(None, strict=True)
+    stream: bool = Field(True, strict=True)
+    session_id: str | None = Field(None, strict=True)
+    ue_id: str = Field("", strict=True, max_length=128)
+
+    @field_validator("scheme")
+    @classmethod
+    def _known_scheme(cls, v: str | None) -> str | None:
+        if v:
+            scheme_value(v)  # ValueError names the known schemes
+        return v or None
+
+    @field_validator("session_id")
+    @classmethod
+    def _session_label(cls, v: str | None) -> str | None:
+        if v is not None and not SESSION_LABEL_RE.fullmatch(v):
+            raise ValueError(f"must be {SESSION_LABEL_RULE} (the front appends its own suffix), got {v[:80]!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _across_fields(self, info: ValidationInfo) -> "OpenRequest":
+        ctx = info.context or {}
+        if (self.prompt_token_ids is None) == (self.prompt is None):
+            raise RequestError("give exactly one of prompt_token_ids or prompt", "prompt_token_ids")
+        if self.min_tokens > self.max_tokens:
+            raise RequestError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})",
+                               "min_tokens")
+        vocab = ctx.get("vocab_size")
+        ids_field = "prompt_token_ids" if self.prompt_token_ids is not None else "prompt"
+        for name, ids in ((ids_field, self.token_ids), ("stop_token_ids", self.stop_token_ids)):
+            if vocab and ids and max(ids) >= vocab:
+                bad = max(ids)
+                raise RequestError(f"{name}: token id {bad} at index {ids.index(bad)} is out of vocabulary "
+                                   f"(vocab_size {vocab})", name)
+        limit = ctx.get("max_model_len")
+        if limit and self.token_ids is not None and len(self.token_ids) + self.max_tokens > limit:
+            raise RequestError(f"max_tokens: this model's maximum context length is {limit} tokens; the "
+                               f"request asks for {len(self.token_ids) + self.max_tokens} "
+                               f"({len(self.token_ids)} in the prompt, {self.max_tokens} in the output)",
+                               "max_tokens")
+        return self
+
+    @property
+    def token_ids(self) -> list[int] | None:
+        """The prompt's token ids (None for a text prompt)."""
+        if self.prompt_token_ids is not None:
+            return self.prompt_token_ids
+        return self.prompt if isinstance(self.prompt, list) else None
+
+    def sampling(self) -> SamplingSpec:
+        """The session's :class:`agent.session.SamplingSpec`."""
+        return SamplingSpec(**{k: getattr(self, k) for k in SAMPLING_FIELDS})
+
+
+_UNION_TAG = re.compile(r"(str|int|float|bool|list\[.*\]|constrained-.*)")
+
+
+def _request_error(e: ValidationError) -> RequestError:
+    """A pydantic ValidationError as one RequestError naming its field: a cross-field
+    RequestError as raised, else the most specific error (for ``prompt: str | list[int]``, the
+    member that got deepest, e.g. ``prompt.1: Input should be a valid integer``)."""
+    errors = e.errors(include_url=False)
+    for err in errors:
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, RequestError):
+            return cause
+    if not errors:
+        return RequestError(str(e))
+    err = max(errors, key=lambda x: len(x.get("loc", ())))
+    loc = [str(x) for x in err.get("loc", ())]
+    where = ".".join(loc[:1] + [x for x in loc[1:] if not _UNION_TAG.fullmatch(x)])
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, ValueError):
+        msg = str(cause)
+    elif err.get("type") == "extra_forbidden":
+        msg = "unknown field"
+    else:
+        msg = err.get("msg", "invalid")
+    return RequestError(f"{where or 'body'}: {msg}", loc[0] if loc else None)
+
+
+def model_limits(model_path: str | None, vllm_url: str | None = None,
+                 timeout_s: float = 5.0) -> tuple[int | None, int | None]:
+    """``(vocab_size, max_model_len)`` of the served model for :class:`OpenRequest`'s checks.
+
+    ``vocab_size`` from ``config.json`` in ``model_path`` (or its ``text_config``, as
+    transformers nests it for multimodal models); ``max_model_len`` from vLLM's
+    ``GET /v1/models`` at ``vllm_url``. Either is None when it cannot be read (that check is
+    then left to vLLM, which refuses the request later).
+    """
+    vocab = None
+    try:
+        with open(f"{model_path}/config.json") as fh:
+            cfg = json.load(fh)
+        vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    except (OSError, TypeError, ValueError, AttributeError):
+        pass
+    max_len = None
+    if vllm_url:
+        try:
+            models = httpx.get(f"{vllm_url.rstrip('/')}/v1/models", timeout=timeout_s).json()
+            max_len = models["data"][0].get("max_model_len")
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+            pass
+    return (int(vocab) if isinstance(vocab, int) and vocab > 0 else None,
+            int(max_len) if isinstance(max_len, int) and max_len > 0 else None)
+
+
 # States in which a session at this agent produces (or has produced) its own tokens.
 _LOCAL_STATES = {SessionState.SERVING, SessionState.MIGRATING, SessionState.COMMITTING,
                  SessionState.RESUMED, SessionState.FINISHED, SessionState.FAILED,
@@ -99,6 +310,13 @@ def sse(obj: Any) -> bytes:
     """One server-sent event carrying ``obj`` as JSON (or the literal ``[DONE]``)."""
     data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
+
+
+def _bearer(request: Request) -> str | None:
+    """The bearer token of ``Authorization: Bearer <token>``, or None."""
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
 
 
 def _state(s: Session) -> str:
@@ -125,7 +343,21 @@ class SessionFront:
             pins the session's scheme in its scheme runner).
         directory: agent id -> front URL of other agents (fills ``moved_to_url``).
         resume_wait_s: how long a resume waits for a session that is not here yet.
-        model: model name reported in the session object.
+        vocab_size: the model's vocabulary size; prompt token ids must lie below it (None: not
+            checked here, vLLM refuses them later).
+        max_model_len: the engine's context length; prompt + max_tokens must fit (None: not
+            checked here).
+        operator_token: the operator credential (``Authorization: Bearer ...``) that lists
+            sessions (``GET /v1/sessions``) and reads or deletes any session; None: listing is
+            refused to everyone.
+        max_body_bytes: cap on a request body; a larger one is refused with 413.
+
+    Access (issue 16): opening a session returns its ``session_token``
+    (:func:`new_session_credentials` says what it protects); every later call for the session
+    (GET, stream/resume, DELETE) needs ``Authorization: Bearer <session_token>`` (401 without,
+    403 with a wrong one), at this agent or at any other after a handover. A relaying agent
+    passes the UE's token on. ``origin`` (and a relayed stream's ``moved_to_url``) is followed
+    only to fronts of ``directory``: never to an arbitrary URL.
     """
 
     def __init__(
@@ -140,6 +372,10 @@ class SessionFront:
         resume_wait_s: float = 30.0,
         scheme_of: Callable[[str], int] | None = None,
         http: httpx.AsyncClient | None = None,
+        vocab_size: int | None = None,
+        max_model_len: int | None = None,
+        operator_token: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         self.store = store
         self.engine = engine
@@ -149,6 +385,10 @@ class SessionFront:
         self.directory = dict(directory or {})
         self.resume_wait_s = resume_wait_s
         self.scheme_of = scheme_of
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.operator_token = operator_token or None
+        self.max_body_bytes = int(max_body_bytes)
         # Created now, not at the first relay: building its TLS context blocks for ~0.3 s.
         self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
         self.app = self._build_app()
@@ -225,7 +465,7 @@ class SessionFront:
         return ev
 
     async def events(self, sid: str, start: int, origin: str | None, header: dict[str, Any] | None,
-                     relay: str | None = None) -> AsyncIterator[bytes]:
+                     relay: str | None = None, token: str | None = None) -> AsyncIterator[bytes]:
         """The event stream of session ``sid`` from output index ``start`` (see module doc).
 
         Serves local tokens while this agent holds the session; relays ``origin`` while it
@@ -236,6 +476,7 @@ class SessionFront:
         directory; the stream ends only where that is unknown. ``relay``: the id of the agent
         this stream is for, if it relays it; such a stream ends at a handover (with
         ``moved_to``/``moved_to_url``) and the relaying agent follows, so relays never chain.
+        ``token``: the session token, passed on to every agent relayed.
         """
         i = start
         if header is not None:
@@ -269,7 +510,7 @@ class SessionFront:
                 # Relay (Detour, or a commit still in flight): one extra hop per token.
                 end = None
                 arrived = False
-                async for kind, payload in self._relay_until_local(sid, i, origin):
+                async for kind, payload in self._relay_until_local(sid, i, origin, token):
                     if kind == "token":
                         i = payload["index"] + 1
                         RELAYED_TOKENS.inc()
@@ -286,7 +527,7 @@ class SessionFront:
                     relayed_from.add(origin)  # the session left the origin: look here (or follow)
                     moved = end.get("moved_to")
                     if moved and moved != self.agent_id:
-                        nxt = end.get("moved_to_url") or self.directory.get(moved)
+                        nxt = self.directory.get(moved) or self.peer_front(end.get("moved_to_url"))
                         if nxt:
                             origin = nxt
                             continue
@@ -308,13 +549,14 @@ class SessionFront:
                 break
         yield sse("[DONE]")
 
-    async def _relay_until_local(self, sid: str, start: int, origin: str) -> AsyncIterator[tuple[str, Any]]:
+    async def _relay_until_local(self, sid: str, start: int, origin: str,
+                                 token: str | None) -> AsyncIterator[tuple[str, Any]]:
         """:meth:`_relay`, cut short with ("local", None) as soon as the session arrives here
         (a commit to this agent completed while the origin's stream was still open)."""
         q: asyncio.Queue = asyncio.Queue()
 
         async def pump() -> None:
-            async for item in self._relay(sid, start, origin):
+            async for item in self._relay(sid, start, origin, token):
                 await q.put(item)
             await q.put(("closed", None))
 
@@ -335,12 +577,15 @@ class SessionFront:
         finally:
             await cancel_and_wait(*tasks)
 
-    async def _relay(self, sid: str, start: int, origin: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def _relay(self, sid: str, start: int, origin: str,
+                     token: str | None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Read ``origin``'s event stream of ``sid`` from ``start``; yield ("token"|"end", event)."""
         url = f"{origin.rstrip('/')}/v1/sessions/{sid}/stream"
         log = _log.bind(session=sid, peer=origin)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            async with self.http.stream("GET", url, params={"from_index": start, "relay": self.agent_id}) as r:
+            async with self.http.stream("GET", url, params={"from_index": start, "relay": self.agent_id},
+                                        headers=headers) as r:
                 if r.status_code != 200:
                     body = (await r.aread()).decode(errors="replace")[:300]
                     log.warning("relay_refused", status=r.status_code, body=body)
@@ -373,27 +618,75 @@ class SessionFront:
                           "finish_reason": None, "agent_id": self.agent_id, "error": f"relay failed: {e!r}"}
 
     # ------------------------------------------------------------------ app
-    def _parse_open(self, body: dict[str, Any]) -> tuple[list[int], SamplingSpec, int | None]:
-        if not isinstance(body, dict):
-            raise HTTPException(400, "body must be a JSON object")
-        prompt = body.get("prompt_token_ids", body.get("prompt"))
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise HTTPException(400, "text prompts need a tokenizer; send prompt_token_ids")
-            ids = list(self.tokenizer.encode(prompt))
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and t >= 0 for t in prompt):
-            ids = prompt
-        else:
-            raise HTTPException(400, "prompt must be a non-empty list of token ids or a string")
-        kw = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
+    def peer_front(self, url: str | None) -> str | None:
+        """``url`` if it is the front of an agent in the directory (``--peer-front``), else None."""
+        if not url or not isinstance(url, str):
+            return None
+        url = url.rstrip("/")
+        return url if url in {u.rstrip("/") for u in self.directory.values()} else None
+
+    def parse_open(self, raw: bytes) -> OpenRequest:
+        """Parse and validate an open-request body (:class:`OpenRequest` with this agent's
+        ``vocab_size`` and ``max_model_len``).
+
+        Raises:
+            RequestError: not JSON, not an object, or a bad field (``param`` names it).
+        """
         try:
-            sampling = SamplingSpec(**kw)
-            if int(sampling.max_tokens) < 1:
-                raise ValueError("max_tokens must be >= 1")
-            scheme = scheme_value(body["scheme"]) if body.get("scheme") else None
-        except (TypeError, ValueError) as e:
-            raise HTTPException(400, f"bad request: {e}") from e
-        return ids, sampling, scheme
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, deep nesting
+            raise RequestError(f"body is not JSON: {str(e)[:200]}") from None
+        if not isinstance(body, dict):
+            raise RequestError("body must be a JSON object")
+        try:
+            req = OpenRequest.model_validate(body, context={"vocab_size": self.vocab_size,
+                                                            "max_model_len": self.max_model_len})
+        except ValidationError as e:
+            raise _request_error(e) from None
+        if isinstance(req.prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("text prompts need a tokenizer; send prompt_token_ids", "prompt")
+            ids = list(self.tokenizer.encode(req.prompt))
+            try:  # the same rules on the tokenizer's ids (vocabulary, context length)
+                req = OpenRequest.model_validate(dict(body, prompt=None, prompt_token_ids=ids or None),
+                                                 context={"vocab_size": self.vocab_size,
+                                                          "max_model_len": self.max_model_len})
+            except ValidationError as e:
+                err = _request_error(e)
+                if err.param == "prompt_token_ids":  # the tokenizer's ids of the text prompt
+                    err = RequestError(f"prompt (as tokenized) {str(err).split(': ', 1)[-1]}", "prompt")
+                raise err from None
+        return req
+
+    async def read_body(self, request: Request) -> bytes:
+        """The request body, refused with 413 past ``max_body_bytes`` (read no further)."""
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise HTTPException(413, f"body larger than {self.max_body_bytes} bytes")
+        chunks, n = [], 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > self.max_body_bytes:
+                raise HTTPException(413, f"body larger than {self.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def authorize(self, request: Request, sid: str) -> None:
+        """Require the session token of ``sid`` (or the operator credential).
+
+        Raises:
+            HTTPException: 401 without a bearer token, 403 with a wrong one.
+        """
+        token = _bearer(request)
+        if token is None:
+            raise HTTPException(401, "this session needs its session_token: send Authorization: Bearer <token>")
+        if not token_matches(sid, token) and not self.is_operator(token):
+            raise HTTPException(403, f"the token is not session {sid[:100]}'s")
+
+    def is_operator(self, token: str | None) -> bool:
+        """True when ``token`` is the operator credential."""
+        return bool(self.operator_token and token
+                    and hmac.compare_digest(token.encode(), self.operator_token.encode()))
 
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="Pallas agent UE front", version="1")
@@ -410,15 +703,13 @@ class SessionFront:
 
         @app.post("/v1/sessions")
         async def open_session(request: Request):
-            try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise HTTPException(400, "body is not JSON")
-            ids, sampling, scheme = front._parse_open(body)
-            sid = str(body.get("session_id") or new_session_id())
-            if front.store.get(sid) is not None:
+            req = front.parse_open(await front.read_body(request))
+            ids, sampling = list(req.token_ids or ()), req.sampling()
+            scheme = scheme_value(req.scheme) if req.scheme else None
+            sid, token = new_session_credentials(req.session_id)
+            if front.store.get(sid) is not None:  # 128 random bits: never in practice
                 raise HTTPException(409, f"session {sid} exists")
-            s = Session(session_id=sid, ue_id=str(body.get("ue_id") or ""), prompt_token_ids=ids, sampling=sampling)
+            s = Session(session_id=sid, ue_id=req.ue_id, prompt_token_ids=ids, sampling=sampling)
             front.store.add(s)
             if front.on_open is not None:
                 front.on_open(s, scheme)
@@ -429,19 +720,24 @@ class SessionFront:
                 raise HTTPException(503, f"engine refused the session: {e!r}") from e
             _log.info("session_open", session=sid, ue=s.ue_id, prompt_tokens=len(ids),
                       max_tokens=sampling.max_tokens, scheme=scheme_name(scheme) if scheme else None)
-            if body.get("stream", True) is False:
-                return front.session_json(s)
+            if not req.stream:
+                return dict(front.session_json(s), session_token=token)
             header = {"object": "session", "session_id": sid, "ue_id": s.ue_id, "agent_id": front.agent_id,
                       "prompt_tokens": len(ids), "max_tokens": sampling.max_tokens, "from_index": 0,
-                      "scheme": scheme_name(scheme) if scheme else None}
-            return StreamingResponse(front.events(sid, 0, None, header), media_type="text/event-stream")
+                      "scheme": scheme_name(scheme) if scheme else None, "session_token": token}
+            return StreamingResponse(front.events(sid, 0, None, header, token=token),
+                                     media_type="text/event-stream")
 
         @app.get("/v1/sessions")
-        async def list_sessions():
+        async def list_sessions(request: Request):
+            if not front.is_operator(_bearer(request)):
+                raise HTTPException(403, "listing sessions needs the operator credential"
+                                         if front.operator_token else "listing sessions is disabled at this agent")
             return {"sessions": [front.session_json(s) for s in front.store]}
 
         @app.get("/v1/sessions/{sid}")
-        async def get_session(sid: str, include_tokens: bool = False):
+        async def get_session(request: Request, sid: str, include_tokens: bool = False):
+            front.authorize(request, sid)
             s = front.store.get(sid)
             if s is None:
                 raise HTTPException(404, f"session {sid} is not known here")
@@ -452,7 +748,8 @@ class SessionFront:
             return out
 
         @app.delete("/v1/sessions/{sid}")
-        async def delete_session(sid: str):
+        async def delete_session(request: Request, sid: str):
+            front.authorize(request, sid)
             s = front.store.get(sid)
             if s is None:
                 raise HTTPException(404, f"session {sid} is not known here")
@@ -462,10 +759,14 @@ class SessionFront:
             return {"session_id": sid, "state": _state(s)}
 
         @app.get("/v1/sessions/{sid}/stream")
-        async def stream_session(sid: str, from_index: int = 0, origin: str | None = None,
+        async def stream_session(request: Request, sid: str, from_index: int = 0, origin: str | None = None,
                                  relay: str | None = None):
+            front.authorize(request, sid)
             if from_index < 0:
                 raise HTTPException(400, "from_index must be >= 0")
+            if origin is not None and front.peer_front(origin) is None:
+                raise HTTPException(400, f"origin {origin[:200]!r} is not the front of a peer agent of this one "
+                                         "(--peer-front)")
             s = front.store.get(sid)
             if s is None and not origin:
                 s = await front._wait_local(sid, front.resume_wait_s)
@@ -481,11 +782,25 @@ class SessionFront:
                       "from_index": from_index, "scheme": None}
             if relay:
                 header = None  # a relaying agent sends its own header
-            return StreamingResponse(front.events(sid, from_index, origin, header, relay),
+            return StreamingResponse(front.events(sid, from_index, origin, header, relay, token=_bearer(request)),
                                      media_type="text/event-stream")
 
         @app.exception_handler(HTTPException)
         async def http_error(request: Request, exc: HTTPException):
-            return JSONResponse({"error": {"message": exc.detail, "code": exc.status_code}}, status_code=exc.status_code)
+            headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+            return JSONResponse({"error": {"message": exc.detail, "code": exc.status_code}},
+                                status_code=exc.status_code, headers=headers)
+
+        @app.exception_handler(RequestError)
+        async def request_error(request: Request, exc: RequestError):
+            return JSONResponse({"error": {"message": str(exc), "code": 400, "param": exc.param,
+                                           "type": "BadRequestError"}}, status_code=400)
+
+        @app.exception_handler(RequestValidationError)
+        async def query_error(request: Request, exc: RequestValidationError):
+            err = (exc.errors() or [{}])[0]
+            where = ".".join(str(x) for x in err.get("loc", ())[1:]) or "request"
+            return JSONResponse({"error": {"message": f"{where}: {err.get('msg', 'invalid')}", "code": 400,
+                                           "param": where, "type": "BadRequestError"}}, status_code=400)
 
         return app

@@ -19,8 +19,6 @@ import ctypes.util
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf.message import DecodeError
-
 from pallas_proto import pallas_pb2
 
 _FIELDS = pallas_pb2.KVBlock.DESCRIPTOR.fields_by_name
@@ -61,6 +59,8 @@ def _varint(n: int) -> bytes:
 
 
 _DATA_TAG = _varint((DATA_FIELD << 3) | _WT_LEN)
+_DATA_TAG_BYTE = _DATA_TAG[0]
+assert len(_DATA_TAG) == 1  # field 6: a one-byte tag
 
 
 def encode_block(blk: Any) -> bytes:
@@ -78,11 +78,15 @@ def encode_block(blk: Any) -> bytes:
     return b"".join((head, _DATA_TAG, _varint(memoryview(data).nbytes), data))
 
 
+class _Slow(Exception):
+    """The fast scan met something only protobuf's own parser decides (see decode_block)."""
+
+
 def _read_varint(buf: bytes, i: int, end: int) -> tuple[int, int]:
     shift = value = 0
     while True:
         if i >= end:
-            raise DecodeError("truncated varint")
+            raise _Slow
         b = buf[i]
         i += 1
         value |= (b & 0x7F) << shift
@@ -90,26 +94,28 @@ def _read_varint(buf: bytes, i: int, end: int) -> tuple[int, int]:
             return value, i
         shift += 7
         if shift > 63:
-            raise DecodeError("varint longer than 10 bytes")
+            raise _Slow
 
 
-def decode_block(buf: bytes) -> Block:
-    """Parse KVBlock wire bytes; ``data`` is a zero-copy ``memoryview`` of ``buf``.
-
-    Accepts any valid encoding of KVBlock (any field order, repeated fields: the last wins, as
-    in protobuf; unknown fields are skipped). Raises ``google.protobuf.message.DecodeError``
-    for a truncated or malformed message.
-    """
+def _decode_fast(buf: bytes) -> Block:
+    """The zero-copy scan of :func:`decode_block`; raises :class:`_Slow` where it cannot decide."""
     end = len(buf)
     i = 0
     head: list[bytes] = []
     data: bytes | memoryview = b""
     while i < end:
         start = i
+        if buf[i] == _DATA_TAG_BYTE:  # field 6, length-delimited, one-byte (canonical) tag
+            n, i = _read_varint(buf, i + 1, end)
+            if i + n > end:
+                raise _Slow
+            data = memoryview(buf)[i:i + n]
+            i += n
+            continue
         tag, i = _read_varint(buf, i, end)
-        field, wt = tag >> 3, tag & 7
-        if field == 0:
-            raise DecodeError("field number 0")
+        wt = tag & 7
+        if tag >> 3 == DATA_FIELD or tag >> 3 == 0 or tag > 0xFFFFFFFF:
+            raise _Slow  # a non-canonical tag of data, field 0 or an out-of-range tag
         if wt == _WT_VARINT:
             _, i = _read_varint(buf, i, end)
         elif wt == _WT_I64:
@@ -118,20 +124,37 @@ def decode_block(buf: bytes) -> Block:
             i += 4
         elif wt == _WT_LEN:
             n, i = _read_varint(buf, i, end)
-            if i + n > end:
-                raise DecodeError("truncated length-delimited field")
-            if field == DATA_FIELD:
-                data = memoryview(buf)[i:i + n]
-                i += n
-                continue
             i += n
         else:
-            raise DecodeError(f"unsupported wire type {wt}")
+            raise _Slow  # groups (wire types 3, 4) and the invalid wire types 6, 7
         if i > end:
-            raise DecodeError("truncated field")
+            raise _Slow
         head.append(buf[start:i])
     h = pallas_pb2.KVBlock.FromString(b"".join(head))
     return Block(h.session_id, h.epoch, h.block_index, h.fill, h.checksum, data)
+
+
+def decode_block(buf: bytes) -> Block:
+    """Parse KVBlock wire bytes exactly as the generated ``pallas_pb2.KVBlock`` does.
+
+    Accepts exactly the inputs ``pallas_pb2.KVBlock.FromString`` accepts and yields the same
+    field values (any field order; repeated fields: the last wins; unknown fields of every wire
+    type skipped, groups included; a field of a known number with another wire type is an
+    unknown field). Fast path: one scan over the tags; the small header fields go through the
+    generated class, ``data`` is a zero-copy ``memoryview`` of ``buf``. Anything the scan does
+    not decide itself (a group, a truncated or overlong varint, a length past the end, field 0,
+    an invalid wire type, a non-canonical tag of ``data``) is handed whole to the generated
+    class, which either raises or decodes it (then ``data`` is ``bytes``, a copy). Checked by a
+    differential test against the generated class (tests/agent/test_wire_differential.py).
+
+    Raises:
+        google.protobuf.message.DecodeError: where the generated class raises it.
+    """
+    try:
+        return _decode_fast(buf)
+    except _Slow:
+        h = pallas_pb2.KVBlock.FromString(buf)
+        return Block(h.session_id, h.epoch, h.block_index, h.fill, h.checksum, h.data)
 
 
 # glibc mallopt parameters (malloc.h).

@@ -90,7 +90,7 @@ async def one_run(a: LocalAgent, b: LocalAgent, ids: list[int], args, scheme: st
         # target's first own token, both timed where the engines produced them (one host clock).
         # The UE-side gap can hide part of it when the UE was still a few tokens behind the
         # source at the switch (those tokens then reach it from the target in a burst).
-        async with httpx.AsyncClient(timeout=30) as c:
+        async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {ue.token}"}) as c:
             sa = (await c.get(f"{a.front_url}/v1/sessions/{ue.session_id}", params={"include_tokens": True})).json()
             sb = (await c.get(f"{b.front_url}/v1/sessions/{ue.session_id}", params={"include_tokens": True})).json()
         n = sa["output_tokens"]

@@ -85,7 +85,10 @@ class UESession:
     Args:
         base_url: front URL of the agent the UE starts at, e.g. ``"http://127.0.0.1:8080"``.
         ue_id: the UE's id.
-        session_id: reuse an id (the front assigns one otherwise).
+        session_id: resume this session (with its ``token``); at :meth:`open`, a label the
+            front puts before the id it assigns.
+        token: the session token (the front returns it at :meth:`open`; sent with every later
+            call as ``Authorization: Bearer``, at every agent).
         http: an httpx.AsyncClient to share (one per UE is created otherwise).
         follow_moves: when an agent reports the session moved and gives the new agent's URL,
             resume there by itself.
@@ -94,6 +97,7 @@ class UESession:
     base_url: str
     ue_id: str = ""
     session_id: str | None = None
+    token: str | None = None
     http: httpx.AsyncClient | None = None
     follow_moves: bool = True
     records: list[TokenRecord] = field(default_factory=list)
@@ -162,6 +166,7 @@ class UESession:
         self._reader = asyncio.create_task(self._read("POST", f"{self.url}/v1/sessions", body, None, first))
         self.header = await first
         self.session_id = self.header["session_id"]
+        self.token = self.header.get("session_token")
         return self.header
 
     async def resume(self, base_url: str | None = None, *, origin: str | None = None) -> None:
@@ -225,7 +230,8 @@ class UESession:
                     first: asyncio.Future | None) -> None:
         """Read one event stream into :attr:`records`; push tokens to the queue."""
         try:
-            async with self.http.stream(method, url, json=body, params=params) as r:
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token and body is None else None
+            async with self.http.stream(method, url, json=body, params=params, headers=headers) as r:
                 if r.status_code != 200:
                     text = (await r.aread()).decode(errors="replace")[:500]
                     raise SessionError(f"{method} {url}: {r.status_code} {text}")

@@ -25,6 +25,7 @@ import asyncio
 import json
 import math
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -164,6 +165,10 @@ def xapp_python(opts: ReplayOptions) -> str:
     raise FileNotFoundError("the xApp environment is missing: run `make envs` (it makes .venv/xapp)")
 
 
+# The operator credential of the replay's agents' fronts (lists and stops sessions at the end).
+OPERATOR_TOKEN = os.environ.get("PALLAS_FRONT_OPERATOR_TOKEN") or secrets.token_urlsafe(32)
+
+
 def _env_with_repo() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "proto")] +
@@ -245,7 +250,7 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
     fronts = {a.agent_id: a.front_url for a, _ in agents}
     for i, (a, vport) in enumerate(agents):
         child = sup.start(f"agent-{a.agent_id}", a.command({k: v for k, v in fronts.items() if k != a.agent_id}),
-                          env={**_env_with_repo(), **a.env}, cwd=REPO)
+                          env={**_env_with_repo(), **a.env, "PALLAS_FRONT_OPERATOR_TOKEN": OPERATOR_TOKEN}, cwd=REPO)
         a.proc = child.popen
         servers.append(Server(i, a, child, vport))
     for s in servers:
@@ -265,7 +270,7 @@ def end_sessions(servers: Sequence[Server], timeout_s: float = 20.0) -> int:
     live_states = {"new", "serving", "migrating", "committing", "preparing", "resumed"}
     stopped = 0
     deadline = time.time() + timeout_s
-    with httpx.Client(timeout=10.0) as http:
+    with httpx.Client(timeout=10.0, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}) as http:
         while True:
             live = []
             for s in servers:

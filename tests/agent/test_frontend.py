@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from pallas_eval.client import SessionError, UESession
-from agent.frontend import SessionFront
+from agent.frontend import SessionFront, new_session_credentials
 from agent.session import SessionState, SessionStore
 
 import fakes_agent as fk
@@ -46,7 +46,7 @@ def test_open_streams_every_token_with_indices_and_header():
             hdr = await ue.open(prompt_token_ids=PROMPT, max_tokens=N, scheme="ctho")
             toks = await ue.run()
             await ue.close()
-            async with httpx.AsyncClient() as c:
+            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ue.token}"}) as c:
                 info = (await c.get(f"{srv.url}/v1/sessions/{ue.session_id}")).json()
                 full = (await c.get(f"{srv.url}/v1/sessions/{ue.session_id}",
                                     params={"include_tokens": "true"})).json()
@@ -77,18 +77,24 @@ def test_bad_requests_are_refused_clearly():
             r3 = await c.post(f"{srv.url}/v1/sessions", json={"prompt_token_ids": [1], "max_tokens": 0})
             r4 = await c.post(f"{srv.url}/v1/sessions", content=b"{not json")
             r5 = await c.post(f"{srv.url}/v1/sessions", json={"prompt_token_ids": [1], "scheme": "warp"})
-            r6 = await c.get(f"{srv.url}/v1/sessions/nope")
+            sid, token = new_session_credentials()
+            r6 = await c.get(f"{srv.url}/v1/sessions/{sid}", headers={"Authorization": f"Bearer {token}"})
             ok = await c.post(f"{srv.url}/v1/sessions", json={"prompt_token_ids": [1], "session_id": "x",
                                                               "stream": False})
-            dup = await c.post(f"{srv.url}/v1/sessions", json={"prompt_token_ids": [1], "session_id": "x"})
-            return r1, r2, r3, r4, r5, r6, ok, dup
+            again = await c.post(f"{srv.url}/v1/sessions", json={"prompt_token_ids": [1], "session_id": "x",
+                                                                 "stream": False})
+            return r1, r2, r3, r4, r5, r6, ok, again
 
-    r1, r2, r3, r4, r5, r6, ok, dup = run(go())
+    r1, r2, r3, r4, r5, r6, ok, again = run(go())
     assert r1.status_code == 400 and "tokenizer" in r1.json()["error"]["message"]
     for r in (r2, r3, r4, r5):
         assert r.status_code == 400, r.text
-    assert r6.status_code == 404 and dup.status_code == 409
-    assert ok.status_code == 200 and ok.json()["session_id"] == "x"
+    assert r6.status_code == 404
+    # A client's session_id is a label: the front appends the token's digest, so a second
+    # open with the same label is a new session (never a token for an existing id).
+    assert ok.status_code == 200 and ok.json()["session_id"].startswith("x.")
+    assert again.status_code == 200 and again.json()["session_id"].startswith("x.")
+    assert again.json()["session_id"] != ok.json()["session_id"]
 
 
 def test_session_outlives_the_ue_stream_and_resumes_from_an_index():
@@ -103,7 +109,7 @@ def test_session_outlives_the_ue_stream_and_resumes_from_an_index():
                     break
             await ue.close()  # the UE drops off; the session decodes on
             await asyncio.sleep(0.1)
-            ue2 = UESession(srv.url, ue_id="ue1", session_id=ue.session_id)
+            ue2 = UESession(srv.url, ue_id="ue1", session_id=ue.session_id, token=ue.token)
             ue2.records = list(ue.records)
             await ue2.resume()
             return await ue2.run(), ue2
@@ -120,6 +126,7 @@ def test_handover_with_commit_in_flight_relays_then_serves_locally():
 
     async def go():
         async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
+            b.front.directory["a"] = sa.url  # B relays A: A's front is a peer front of B
             ue = UESession(sa.url, ue_id="ue1")
             await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
             moved = None
@@ -148,6 +155,7 @@ def test_handover_after_commit_serves_locally_from_the_right_index():
 
     async def go():
         async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
+            b.front.directory["a"] = sa.url  # B relays A: A's front is a peer front of B
             ue = UESession(sa.url, ue_id="ue1")
             await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
             async for rec in ue.tokens():
@@ -169,6 +177,7 @@ def test_detour_relays_every_later_token_through_the_new_agent():
 
     async def go():
         async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
+            b.front.directory["a"] = sa.url  # B relays A: A's front is a peer front of B
             ue = UESession(sa.url, ue_id="ue1")
             await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
             async for rec in ue.tokens():
@@ -190,6 +199,7 @@ def test_a_to_b_to_a_with_stale_record_at_a():
 
     async def go():
         async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb:
+            a.front.directory["b"], b.front.directory["a"] = sb.url, sa.url
             ue = UESession(sa.url, ue_id="ue1")
             await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
             async for rec in ue.tokens():
@@ -274,7 +284,8 @@ def test_resume_of_unknown_session_without_origin_is_404():
 
     async def go():
         async with fk.ServedApp(a.front.app) as sa:
-            ue = UESession(sa.url, ue_id="ue1", session_id="ghost")
+            sid, token = new_session_credentials()  # a valid token of a session never opened
+            ue = UESession(sa.url, ue_id="ue1", session_id=sid, token=token)
             await ue.resume()
             with pytest.raises(SessionError, match="404"):
                 await ue.run()

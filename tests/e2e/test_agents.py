@@ -122,8 +122,9 @@ def run(coro, timeout=300):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-def session_info(agent: LocalAgent, sid: str) -> dict:
-    return httpx.get(f"{agent.front_url}/v1/sessions/{sid}", timeout=5).json()
+def session_info(agent: LocalAgent, ue: UESession) -> dict:
+    return httpx.get(f"{agent.front_url}/v1/sessions/{ue.session_id}", timeout=5,
+                     headers={"Authorization": f"Bearer {ue.token}"}).json()
 
 
 # ------------------------------------------------------------------ control calls
@@ -135,8 +136,8 @@ def test_trigger_then_commit(agents):
     assert t.status == pb.STATUS_OK and t.split_tokens % 32 == 0 and t.split_tokens > 0, t
     assert c.status == pb.STATUS_OK and c.scheme == pb.SCHEME_PALLAS, c
     assert ue.token_ids == ref
-    assert session_info(agents["b"], ue.session_id)["state"] in ("resumed", "finished")
-    assert session_info(agents["a"], ue.session_id)["state"] == "handed_over"
+    assert session_info(agents["b"], ue)["state"] in ("resumed", "finished")
+    assert session_info(agents["a"], ue)["state"] == "handed_over"
     assert ue.records[-1].agent_id == "b"
 
 
