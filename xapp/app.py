@@ -20,6 +20,14 @@ Only the transport differs between the modes:
   E2 trace at its recorded pace from a given wall-clock start (or as fast as possible).
 
 Every decision and policy outcome is written to the event log (:mod:`xapp.events`).
+
+Durable state (issue 16): the Scheduler Engine draws its migration epochs from the
+:class:`xapp.store.XappStore` (SDL in a RIC, memory in test mode), and a
+:class:`xapp.store.MigrationJournal` records every order and reply there; at start
+(:meth:`PallasXapp.recover`) the migrations an earlier process left in flight are cancelled
+(still preparing) or committed again (committing). The gRPC links to the agents open their
+channels through ``security`` (:class:`pallas_common.tls.LinkSecurity`: mutual TLS, or
+plaintext when chosen explicitly).
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ from xapp.control import ControlLoop, UEState
 from xapp.dispatch import ActionDispatcher
 from xapp.e2.transport import A1_POLICY_RESP, A1_POLICY_REQ, RIC_INDICATION, RmrMessage
 from xapp.events import EventLog
-from xapp.policy import AgentEndpoint, PolicyClient, TelemetryConsumer, scheme_value
+from xapp.policy import AgentEndpoint, PolicyClient, TelemetryConsumer, scheme_name, scheme_value
+from xapp.store import MemoryStore, MigrationJournal, XappStore, recovery_plan
 from xapp.tracks import TrackStore
 
 __all__ = ["EventLog", "PallasXapp", "UEState", "subscribe_all"]
@@ -107,12 +116,17 @@ class PallasXapp:
         a1: an ``xapp.a1.A1PolicyHandler`` (live mode) or None.
         subscriptions: an ``xapp.e2.subscription.SubscriptionManager`` (live mode) or None:
             synced with the configuration at start and on every change, emptied at stop.
+        store: the durable state (``xapp.store``; default a MemoryStore): the engine's epochs
+            (when ``engine`` is built here), the migration journal, the recovery at start.
+        security: a ``pallas_common.tls.LinkSecurity`` whose ``channel`` opens the policy and
+            telemetry channels (None: plaintext channels, as the library's default).
     """
 
     def __init__(self, config: XappConfig, transport: Any, *, policy: PolicyClient | None = None,
                  telemetry: TelemetryConsumer | None | bool = None, predictor: Any = None, engine: Any = None,
                  nrt: Mapping[int, int] | None = None, events: EventLog | None = None, offset: float = 0.0,
-                 a1: Any = None, ingest: Any = None, subscriptions: Any = None) -> None:
+                 a1: Any = None, ingest: Any = None, subscriptions: Any = None,
+                 store: XappStore | None = None, security: Any = None) -> None:
         from xapp.e2.ingest import Ingestor
 
         self.config = config
@@ -121,6 +135,9 @@ class PallasXapp:
         self.offset = offset
         self.a1 = a1
         self.subscriptions = subscriptions
+        self.store = store if store is not None else MemoryStore()
+        self.journal = MigrationJournal(self.store)
+        self.security = security
         self._lock = threading.RLock()
         self.predictor = predictor if predictor is not None else self._build_predictor(config, nrt)
         pcfg = getattr(self.predictor, "cfg", None)
@@ -128,12 +145,13 @@ class PallasXapp:
         self.tracks = TrackStore(capacity=getattr(pcfg, "window_reports", 32),
                                  silence_s=getattr(pcfg, "ue_silence_s", 30.0))
         self.ingest = ingest or Ingestor(self.tracks, self._ingest_config(config))
-        self.engine = engine if engine is not None else self._build_engine(config)
+        self.engine = engine if engine is not None else self._build_engine(config, self.store)
         endpoints = self._endpoints(config)
-        self.policy = policy or PolicyClient(endpoints)
+        channel = {} if security is None else {"channel_factory": security.channel}
+        self.policy = policy or PolicyClient(endpoints, **channel)
         tokens: dict[str, tuple[int, float]] = {}      # session -> (K, wall time) from telemetry
         self.dispatcher = ActionDispatcher(self.engine, self.policy, self.events, self._lock,
-                                           lambda: self.offset, tokens)
+                                           lambda: self.offset, tokens, journal=self.journal)
         if getattr(self.policy, "on_reply", None) is None:
             self.policy.on_reply = self.dispatcher.on_reply
         self.control = ControlLoop(lambda: self.config, self.tracks, self.ingest, self.predictor, self.engine,
@@ -141,7 +159,7 @@ class PallasXapp:
         self.on_telemetry = TelemetryHandler(self.control)
         if telemetry is None:
             telemetry = TelemetryConsumer(endpoints, self.on_telemetry,
-                                          period_ms=int(self.engine.cfg.control_period_s * 1000))
+                                          period_ms=int(self.engine.cfg.control_period_s * 1000), **channel)
         self.telemetry = telemetry or None
         self.handlers: dict[int, Callable[[RmrMessage], None]] = {RIC_INDICATION: IndicationHandler(self.control)}
         if a1 is not None:
@@ -151,6 +169,8 @@ class PallasXapp:
         self._stop = threading.Event()
         self._cycle_thread: threading.Thread | None = None
         self._telemetry_started = False
+        self._recovered: list | None = None
+        self._get_nodeb: Callable[[str], Any] | None = None
 
     # ------------------------------------------------------------------ construction helpers
     @staticmethod
@@ -200,12 +220,13 @@ class PallasXapp:
         return p
 
     @staticmethod
-    def _build_engine(config: XappConfig) -> Any:
+    def _build_engine(config: XappConfig, store: XappStore | None = None) -> Any:
         from xapp.scheduler import SchedulerConfig, SchedulerEngine
 
         sc = config.scheduler
         cfg = sc if isinstance(sc, SchedulerConfig) else SchedulerConfig.from_dict(dict(sc))
-        return SchedulerEngine(cfg, scheme=scheme_value(config.scheme), fallback=scheme_value(config.fallback))
+        return SchedulerEngine(cfg, scheme=scheme_value(config.scheme), fallback=scheme_value(config.fallback),
+                               epochs=None if store is None else store.allocate_epoch)
 
 
     # ------------------------------------------------------------------ the parts' faces
@@ -284,8 +305,73 @@ class PallasXapp:
             self.telemetry.set_agents(endpoints)
         if self.subscriptions is not None:
             self.subscriptions.sync(config)
+        if self._get_nodeb is not None:
+            self.declare_nodebs(self._get_nodeb)
         self.dispatcher.send(actions)
         log.info("configuration applied", scheme=config.scheme, agents=len(config.agents), cells=len(config.cells))
+
+    # ------------------------------------------------------------------ restart, R-NIB
+    def recover(self) -> list:
+        """Finish what an earlier process left in flight (``xapp.store.recovery_plan``), once:
+        a migration still preparing is cancelled at its source (which releases the target), one
+        committing has its Commit sent again (the agents answer a repeat with the first reply).
+        The orders go through the journal and the policy client before any new order, so each
+        reply ends its record (and a commit's rebinds the session); an unanswered one stays for
+        the next start. Returns the plan's steps (``RecoveryStep``). Never raises: a store that
+        cannot be read is logged and nothing is recovered."""
+        if self._recovered is not None:
+            return self._recovered
+        from xapp.scheduler import CancelAction, CommitAction
+        try:
+            steps = recovery_plan(self.store)
+        except Exception as e:
+            log.error("recovery plan unreadable", error=repr(e))
+            steps = []
+        self._recovered = steps
+        for step in steps:
+            m = step.migration
+            self.events.write("recover", action=step.action, session=m.session_id, epoch=m.epoch,
+                              source_agent=m.source, target_agent=m.target, phase=m.phase)
+            try:
+                if step.action == "commit":
+                    act = CommitAction(m.session_id, m.epoch, m.source, m.target, m.target,
+                                       m.scheme, m.t_ho)
+                    self.journal.sent(act)
+                    self.policy.commit(m.source, m.session_id, m.epoch, m.target,
+                                       scheme=scheme_name(m.scheme), handover_time=m.t_ho)
+                else:
+                    self.journal.sent(CancelAction(m.session_id, m.epoch, m.source, m.target,
+                                                   "xapp restarted"))
+                    self.policy.cancel(m.source, m.session_id, m.epoch, "xapp restarted")
+            except Exception as e:   # an agent no longer configured, a store failure
+                log.error("recovery step failed", action=step.action, session=m.session_id,
+                          epoch=m.epoch, error=repr(e))
+        if steps:
+            log.info("recovered", cancelled=sum(s.action == "cancel" for s in steps),
+                     committed=sum(s.action == "commit" for s in steps))
+        return steps
+
+    def declare_nodebs(self, get_nodeb: Callable[[str], Any]) -> dict[str, dict[int, tuple[str, str]]]:
+        """Read each configured agent's E2 node from the R-NIB (``get_nodeb(meid)``: ricxappframe's
+        ``RMRXapp.GetNodeb``) and record the RAN function versions it declares in the ingest
+        (``Ingestor.declare_nodeb``; the descriptor's ``controls.e2.sm_versions`` pins still win).
+        Kept for later configuration changes. A node that cannot be read, or has no record, is
+        logged and skipped. Returns {E2 node: {RAN function ID: (service model, version)}}."""
+        self._get_nodeb = get_nodeb
+        out: dict[str, dict[int, tuple[str, str]]] = {}
+        for node in self.config.e2_nodes:
+            try:
+                nodeb = get_nodeb(node)
+            except Exception as e:
+                log.warning("nodeb_unreadable", e2_node=node, error=repr(e))
+                continue
+            if nodeb is None:
+                log.warning("nodeb_unknown", e2_node=node, note="no R-NIB record; versions from the PDUs")
+                continue
+            out[node] = got = self.ingest.declare_nodeb(node, nodeb)
+            log.info("nodeb_declared", e2_node=node,
+                     ran_functions={rid: f"{sm} {v}" for rid, (sm, v) in got.items()})
+        return out
 
     # ------------------------------------------------------------------ run / stop
     def _cycle_loop(self) -> None:
@@ -298,7 +384,9 @@ class PallasXapp:
             self._stop.wait(max(0.0, self.engine.cfg.control_period_s - (time.monotonic() - t0)))
 
     def start_telemetry(self) -> None:
-        """Start reading the agents' Telemetry streams (idempotent)."""
+        """Recover what an earlier process left in flight (:meth:`recover`), then start reading
+        the agents' Telemetry streams (idempotent)."""
+        self.recover()
         if self.telemetry is not None and not self._telemetry_started:
             self.telemetry.start()
             self._telemetry_started = True
@@ -332,6 +420,7 @@ class PallasXapp:
             self.telemetry.stop()
         self.policy.close()
         self.events.close()
+        self.store.close()
 
 
 def subscribe_all(config: XappConfig, client: Any = None, ledger: Any = None) -> list[dict]:

@@ -179,7 +179,8 @@ class ControlLoop:
     # -- telemetry ----------------------------------------------------------------------------
     def on_telemetry(self, agent_id: str, rep: pb.TelemetryReport) -> None:
         """An agent's TelemetryReport: rates, server state and the sessions it serves go to the
-        Scheduler Engine (sessions the agent only prepares or handed over are left out)."""
+        Scheduler Engine (sessions the agent only prepares or handed over are left out); a
+        session tracked for the first time is bound to the agent in the journal."""
         keep = [s for s in rep.sessions if s.state in _PASS_STATES or s.state == "failed"]
         if len(keep) != len(rep.sessions):
             r2 = pb.TelemetryReport()
@@ -196,7 +197,9 @@ class ControlLoop:
             for s in rep.sessions:
                 if s.state != "finished":
                     self.tokens[s.session_id] = (int(s.tokens), float(rep.time or time.time()))
+            fresh = [s for s in rep.sessions if s.state != "finished" and not self._tracked(s.session_id)]
             actions = self.engine.ingest_telemetry(rep, time.time())
+            opened = [(s.session_id, s.ue_id) for s in fresh if self._tracked(s.session_id)]
             ended = [sid for sid in finishing if not self._tracked(sid)]
             for sid in ended:
                 self.tokens.pop(sid, None)
@@ -206,6 +209,8 @@ class ControlLoop:
             stale = [ue for ue, ho in self._pending_ho.items() if self.now() - ho[2] > self.PENDING_HO_S]
             for ue in stale:
                 del self._pending_ho[ue]
+        for sid, ue_id in opened:
+            self.dispatcher.opened(sid, rep.agent_id, ue_id)
         self.dispatcher.send(actions)
         for s in ended:
             self.dispatcher.forget_session(s)

@@ -5,6 +5,9 @@ has its sender (a table, not a chain of type tests), each writes its event (with
 estimates the evaluation reads) and remembers the action until its reply, which goes back to
 the engine (:meth:`SchedulerEngine.on_reply`). A session's actions decided while one of its
 commits is in flight wait in the :class:`~xapp.scheduler.gate.CommitGate` until that reply.
+Every order sent and every reply also go to the :class:`~xapp.store.MigrationJournal` (when
+one is given), which keeps the in-flight migrations in the xApp's store (SDL in a RIC) for a
+restart (issue 16).
 """
 
 from __future__ import annotations
@@ -39,11 +42,16 @@ class ActionDispatcher:
     ``tokens``: session -> (K, wall time) from telemetry (read only). Entries of
     :attr:`pending` (actions waiting for their reply) go when the reply is handled, or with
     their session (:meth:`forget_session`), so they are bounded by the live sessions.
+    ``journal``: an ``xapp.store.MigrationJournal`` told of every order before it is sent, of
+    every reply, and of sessions opening and ending (None: nothing kept). A failing store is
+    logged and never stops an order.
     """
 
     def __init__(self, engine: Any, policy: Any, events: EventLog, lock: threading.RLock,
-                 offset: Callable[[], float], tokens: dict[str, tuple[int, float]]) -> None:
+                 offset: Callable[[], float], tokens: dict[str, tuple[int, float]],
+                 journal: Any = None) -> None:
         self.engine, self.policy, self.events, self._lock = engine, policy, events, lock
+        self.journal = journal
         self._offset, self._tokens = offset, tokens
         self.gate: CommitGate = CommitGate()
         # session -> {(kind, epoch): (action, T_early of a trigger)}
@@ -64,10 +72,30 @@ class ActionDispatcher:
                                   session=a.session_id, epoch=a.epoch,
                                   behind_commit=self.gate.in_flight(a.session_id))
                 continue
+            self._journal("sent", a)
             try:
                 self._senders[type(a)](a, now, ho)
             except KeyError as e:
                 log.error("action for an unknown agent dropped", action=repr(a), error=repr(e))
+                if self.journal is not None and not isinstance(a, CancelAction):
+                    self._journal_call(self.journal.store.finish_migration, a.session_id, a.epoch)
+
+    def _journal(self, event: str, *args: Any, **kw: Any) -> None:
+        """``journal.<event>(*args)`` if there is a journal; a store failure is logged."""
+        if self.journal is not None:
+            self._journal_call(getattr(self.journal, event), *args, **kw)
+
+    @staticmethod
+    def _journal_call(fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
+        try:
+            fn(*args, **kw)
+        except Exception as e:  # the store (SDL) failing never stops the control path
+            log.error("journal write failed", call=getattr(fn, "__name__", "?"), error=repr(e))
+
+    def opened(self, session_id: str, agent_id: str, ue_id: str = "") -> None:
+        """A session newly tracked, served by ``agent_id`` (its binding is journalled)."""
+        self._journal("opened", session_id, agent_id, ue_id=ue_id, scheme=int(self.engine.scheme),
+                      fallback=int(self.engine.fallback))
 
     def _remember(self, kind: str, a: Any, extra: float | None = None) -> None:
         with self._lock:
@@ -140,6 +168,7 @@ class ActionDispatcher:
     def on_reply(self, out: CallOutcome) -> None:
         """A call's outcome (the PolicyClient's hook): logged, then handed to the engine; a
         commit's reply releases the session's held actions."""
+        self._journal("replied", out)
         r = out.reply
         # A commit's reply also says what the handover moved (blocks, bytes, reused/recomputed).
         moved = ({f: int(getattr(r, f)) for f in COMMIT_MOVED_FIELDS}
@@ -172,7 +201,9 @@ class ActionDispatcher:
             self.send([a], ho=ho)
 
     def forget_session(self, session_id: str) -> None:
-        """The session ended: drop what waits for its replies and its cached replies."""
+        """The session ended: drop what waits for its replies and its cached replies, and its
+        records in the journal's store."""
+        self._journal("ended", session_id)
         with self._lock:
             self.pending.pop(session_id, None)
             self.gate.forget(session_id)

@@ -19,6 +19,19 @@ replays the trace's records through the same xApp: the first record is delivered
 ``--start-at`` (wall clock) and the others at their recorded offsets (``--speed 0``: as fast as
 possible). It exits at the end of the trace plus ``--linger-s`` (policies still in flight finish)
 or on SIGTERM/SIGINT.
+
+Links and state (issue 16), both chosen at start:
+
+- gRPC to the agents: mutual TLS from the descriptor's ``controls.tls`` (certificate, key, CA
+  files, re-read when they change). ``--insecure`` is the explicit choice of plaintext (a
+  ``tls`` object is then ignored, with a warning). Live mode without ``--insecure`` refuses to
+  start unless ``controls.tls`` is present (``enabled: false`` in it is plaintext by choice).
+  Test mode without a ``tls`` object runs plaintext, as before (the local replay); with one,
+  it uses TLS.
+- The durable state (``xapp.store``): ``--store`` (``sdl`` or ``memory``) wins; otherwise live
+  mode takes ``controls.sdl.store`` (default ``sdl``: OSC SDL through ``DBAAS_SERVICE_HOST`` /
+  ``DBAAS_SERVICE_PORT``; the xApp does not start without it) and test mode uses memory.
+  Namespace: ``controls.sdl.namespace`` (default ``pallas``).
 """
 
 from __future__ import annotations
@@ -62,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", help="append the decision/event log (JSON lines) here")
     p.add_argument("--scheme", help="override the configured scheme (pallas, ctho, detour, ...)")
     p.add_argument("--rmr-port", type=int, default=4560)
+    p.add_argument("--insecure", action="store_true",
+                   help="plaintext gRPC to the agents (tests, the local replay); ignores controls.tls")
+    p.add_argument("--store", choices=["sdl", "memory"],
+                   help="durable state: sdl (DBAAS_SERVICE_HOST/PORT) or memory (default: live "
+                        "controls.sdl.store, else sdl; test: memory)")
     p.add_argument("--log-level", default=os.environ.get("PALLAS_LOG_LEVEL", "INFO"))
     return p
 
@@ -92,6 +110,35 @@ def _reloaded(doc, app, scheme: str | None, a1=None):
     return a1.rebase(new) if a1 is not None else new
 
 
+def link_security(controls, mode: str, insecure: bool):
+    """The xApp's choice for its gRPC links (module docstring): a
+    ``pallas_common.tls.LinkSecurity``. Raises ``pallas_common.tls.TlsError`` when live mode has
+    neither ``controls.tls`` nor ``insecure``, or the TLS files are unusable."""
+    from pallas_common.tls import LinkSecurity, TlsError
+    tls = controls.get("tls")
+    if insecure:
+        if tls and tls.get("enabled", True):
+            log.warning("tls_ignored", note="--insecure: plaintext gRPC to the agents; controls.tls not used")
+        return LinkSecurity(None, insecure=True)
+    if tls is None:
+        if mode != "test":
+            raise TlsError("controls.tls missing: the xApp's certificate, key and CA files (mutual "
+                           "TLS to the agents), or --insecure for plaintext")
+        log.warning("plaintext", note="test mode without controls.tls: plaintext gRPC to the agents")
+        return LinkSecurity(None, insecure=True)
+    return LinkSecurity.from_mapping(tls)
+
+
+def open_xapp_store(controls, mode: str, kind: str | None):
+    """The durable state of this run (module docstring): ``xapp.store.open_store`` of the chosen
+    kind and namespace. Raises ``xapp.store.StoreUnavailable`` when SDL cannot be reached."""
+    from xapp.store import DEFAULT_NAMESPACE, open_store
+    sdl = controls.get("sdl") or {}
+    if kind is None:
+        kind = sdl.get("store", "sdl") if mode != "test" else "memory"
+    return open_store(kind, sdl.get("namespace", DEFAULT_NAMESPACE))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the xApp; returns the exit status (2: bad configuration or arguments)."""
     a = build_parser().parse_args(argv)
@@ -101,7 +148,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
+    from pallas_common.tls import TlsError
     from xapp.app import EventLog, PallasXapp
+    from xapp.store import StoreError
+    if a.mode == "test" and not a.trace:
+        print("--mode test needs --trace", file=sys.stderr)
+        return 2
+    try:
+        security = link_security(cfg.controls, a.mode, a.insecure)
+    except TlsError as e:
+        print(f"TLS: {e}", file=sys.stderr)
+        return 2
+    try:
+        store = open_xapp_store(cfg.controls, a.mode, a.store)
+    except StoreError as e:
+        print(f"store: {e}", file=sys.stderr)
+        return 2
     nrt = {int(k): int(v) for k, v in json.load(open(a.nrt)).items()} if a.nrt else None
     events = EventLog(a.events)
     done = threading.Event()
@@ -113,9 +175,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     if a.mode == "test":
-        if not a.trace:
-            print("--mode test needs --trace", file=sys.stderr)
-            return 2
         from xapp.e2.trace import read_trace
         from xapp.e2.transport import TraceTransport
         first = next(iter(read_trace(a.trace)), None)
@@ -137,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         transport = TraceTransport(a.trace, speed=a.speed or None, threaded=True,
                                    clock=anchored_clock if a.speed else time.monotonic)
-        app = PallasXapp(cfg, transport, nrt=nrt, events=events, offset=offset)
+        app = PallasXapp(cfg, transport, nrt=nrt, events=events, offset=offset, store=store,
+                         security=security)
         events.write("start", mode="test", scheme=cfg.scheme, trace=a.trace, start_at=start_at, offset=offset)
         # Codecs loaded and telemetry flowing while waiting for the start time; then the replay.
         app.warm_up(first.payload, first.e2_node)
@@ -165,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a1 = A1PolicyHandler(cfg, load_policy_type(default_policy_type_path(cfg.a1.policy_type_id)))
     from xapp.e2.subscription import SubmgrClient, SubscriptionManager
     subscriptions = SubscriptionManager(SubmgrClient(cfg.e2.submgr_url))
-    app = PallasXapp(cfg, transport, nrt=nrt, events=events, a1=a1, subscriptions=subscriptions)
+    app = PallasXapp(cfg, transport, nrt=nrt, events=events, a1=a1, subscriptions=subscriptions,
+                     store=store, security=security)
     started = threading.Event()
     try:
         from xapp.httpd import serve_http
@@ -173,7 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    on_subscription_response=app.on_subscription_response)
     except OSError as e:
         log.error("http endpoints not served", port=cfg.e2.client_http_port, error=str(e))
-    app.start()          # subscribes (failed ones retried with backoff), telemetry, cycle, RMR
+    app.start()          # recovers, subscribes (retried with backoff), telemetry, cycle, RMR
+    get_nodeb = getattr(getattr(transport, "xapp", None), "GetNodeb", None)
+    if get_nodeb is not None:   # the RAN function versions each E2 node declared (R-NIB)
+        app.declare_nodebs(get_nodeb)
     started.set()
     transport.send(A1_POLICY_QUERY, a1.query_message())   # A1 resends every live instance
     events.write("start", mode="live", scheme=cfg.scheme)

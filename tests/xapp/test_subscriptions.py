@@ -210,7 +210,8 @@ def test_sigterm_deletes_the_subscriptions_through_submgr(tmp_path, monkeypatch)
 
     threading.Thread(target=send_sigterm_once_subscribed, daemon=True).start()
     try:
-        assert xmain.main(["--mode", "live", "--config", str(path), "--log-level", "WARNING"]) == 0
+        assert xmain.main(["--mode", "live", "--config", str(path), "--log-level", "WARNING",
+                           "--insecure", "--store", "memory"]) == 0
     finally:
         signal.signal(signal.SIGTERM, old[0])
         signal.signal(signal.SIGINT, old[1])

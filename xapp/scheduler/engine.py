@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import structlog
@@ -59,12 +59,16 @@ class SchedulerEngine:
     prepares ahead; a reactive baseline never triggers, every HO takes ``fallback``);
     ``fallback``: the reactive scheme for an unprepared target that can serve the model
     (Detour where it cannot); ``min_confidence``: predictions below it count as none.
+    ``epochs(session_id)``: fresh migration epochs for every session's state machine (the
+    xApp's ``XappStore.allocate_epoch``; default: each machine counts from 1).
     """
 
     def __init__(self, cfg: SchedulerConfig, telemetry: TelemetryStore | None = None, *,
                  scheme: int = pallas_pb2.SCHEME_PALLAS, fallback: int = pallas_pb2.SCHEME_CTHO,
-                 min_confidence: float = 0.0, capacity: int = 1024) -> None:
+                 min_confidence: float = 0.0, capacity: int = 1024,
+                 epochs: Callable[[str], int] | None = None) -> None:
         self.cfg = cfg
+        self._epochs = epochs
         self.telemetry = telemetry if telemetry is not None else TelemetryStore(cfg)
         self.scheme, self.fallback = scheme, fallback
         self.proactive = scheme in PROACTIVE_SCHEMES
@@ -228,7 +232,8 @@ class SchedulerEngine:
             self._slot[session_id] = slot
             sm = SessionMigration(session_id, source, ue_id=ue_id,
                                   scheme=self.scheme if self.proactive else pallas_pb2.SCHEME_PALLAS,
-                                  fallback=self._reactive, on_transition=self._on_transition)
+                                  fallback=self._reactive, on_transition=self._on_transition,
+                                  epochs=self._epochs)
             self._sm[slot] = sm
             self._ue_slots.setdefault(ue_id, []).append(slot)
             self._index_ue(ue_id)

@@ -22,12 +22,15 @@ States (:class:`MigrationState`):
 Epochs: ``epoch`` is the epoch of the attempt being planned or prepared. Every cancel carries
 the cancelled attempt's epoch and moves the session to the next one, so an agent that has
 seen epoch n+1 drops every later message of epoch n (model.md section 5). Commits carry the
-prepared epoch (or, for a fallback, a fresh one).
+prepared epoch (or, for a fallback, a fresh one). Fresh epochs come from the ``epochs``
+callable (the xApp passes ``xapp.store.XappStore.allocate_epoch``, so an epoch is never
+reissued across restarts: issue 16); a fresh epoch is always above the current one.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -154,19 +157,28 @@ class SessionMigration:
 
     ``source``: the agent serving the session now. ``scheme``: the proactive scheme
     (Pallas or an ablation); ``fallback``: the reactive scheme for an unprepared target that
-    can serve the model (ctHO by default; model.md section 6).
+    can serve the model (ctHO by default; model.md section 6). ``epochs(session_id)``: a
+    fresh epoch for the session, larger than every one it returned before (default: a counter
+    of this machine, 1, 2, 3, ...; the xApp gives ``XappStore.allocate_epoch``). The first
+    attempt's epoch is drawn at construction; each later one is ``max(epochs(), epoch + 1)``,
+    so an epoch moved up from an agent's report is never undercut.
     """
 
     def __init__(self, session_id: str, source: str, *, ue_id: str = "",
                  scheme: int = pallas_pb2.SCHEME_PALLAS,
                  fallback: int = pallas_pb2.SCHEME_CTHO,
-                 on_transition: Callable[["SessionMigration", MigrationState], None] | None = None) -> None:
+                 on_transition: Callable[["SessionMigration", MigrationState], None] | None = None,
+                 epochs: Callable[[str], int] | None = None) -> None:
         if scheme not in PROACTIVE_SCHEMES:
             raise ValueError(f"scheme {scheme} does not prepare before the handover")
         self.session_id, self.ue_id, self.source = session_id, ue_id, source
         self.scheme, self.fallback = scheme, fallback
         self.state = MigrationState.IDLE
-        self.epoch = 1
+        if epochs is None:
+            counter = itertools.count(1)
+            epochs = lambda _session: next(counter)  # noqa: E731
+        self._epochs = epochs
+        self.epoch = int(epochs(session_id))
         self.target: str | None = None          # planned or prepared target agent
         self.t_ho: float | None = None           # predicted handover time, s
         self.window_s: float | None = None       # T_w* at the trigger
@@ -188,10 +200,13 @@ class SessionMigration:
         if self._on_transition is not None:
             self._on_transition(self, old)
 
+    def _next_epoch(self) -> None:
+        self.epoch = max(int(self._epochs(self.session_id)), self.epoch + 1)
+
     def _cancel(self, reason: str) -> CancelAction:
         assert self.target is not None
         act = CancelAction(self.session_id, self.epoch, self.source, self.target, reason)
-        self.epoch += 1
+        self._next_epoch()
         return act
 
     # -- events -------------------------------------------------------------------------------
@@ -274,7 +289,7 @@ class SessionMigration:
         if self.state is MigrationState.PREPARING and actual_target == self.target:
             actions.append(CommitAction(self.session_id, self.epoch, self.source, actual_target,
                                         actual_target, self.scheme, now))
-            self.epoch += 1
+            self._next_epoch()
             self._rebind(actual_target, detour=False)
             self._to(MigrationState.COMMITTED, "handover to the prepared target")
             return actions
@@ -286,7 +301,7 @@ class SessionMigration:
         scheme = self.fallback if target_can_serve else pallas_pb2.SCHEME_DETOUR
         actions.append(CommitAction(self.session_id, self.epoch, self.source, actual_target,
                                     None, scheme, now))
-        self.epoch += 1
+        self._next_epoch()
         self._rebind(actual_target, detour=scheme == pallas_pb2.SCHEME_DETOUR)
         self._to(MigrationState.FALLBACK, reason)
         return actions

@@ -162,3 +162,23 @@ def test_transition_callback_sees_every_change():
     sm.handover("d", 10.0, True)
     assert seen == [(S.IDLE, S.PLANNED), (S.PLANNED, S.PREPARING), (S.PREPARING, S.PLANNED),
                     (S.PLANNED, S.FALLBACK)]
+
+
+def test_epochs_come_from_the_given_allocator_and_never_fall_below_the_current_one():
+    """Issue 16: the xApp's store hands out the epochs (generation << 38 | n); an epoch moved up
+    from an agent's report is never undercut by a smaller allocation."""
+    from xapp.store import EPOCH_COUNTER_BITS, MemoryStore
+    st = MemoryStore()
+    st.generation = 5
+    g = 5 << EPOCH_COUNTER_BITS
+    sm = SessionMigration("s1", "a", epochs=st.allocate_epoch)
+    assert sm.epoch == g | 1
+    sm.predict("b", 100.0)
+    sm.trigger(now=98.0, window_s=1.0, predicted_split_tokens=0)
+    cancel = sm.predict(None, None)[0]
+    assert (cancel.epoch, sm.epoch) == (g | 1, g | 2)
+    sm.epoch = g | 40                      # an agent reported epoch g|39 (engine.ingest_telemetry)
+    sm.predict("b", 100.0)
+    sm.trigger(now=98.0, window_s=1.0, predicted_split_tokens=0)
+    commit = sm.handover("b", 100.0, target_can_serve=True)[0]
+    assert (commit.epoch, sm.epoch) == (g | 40, g | 41)
