@@ -372,6 +372,9 @@ class MigrationEngine(SourceRole, TargetRole):
                     await self._abandon(out, "commit error")
                 rep = self.reply(S.STATUS_ERROR, s, epoch, scheme=use.value, message=repr(exc))
             if rep.status == S.STATUS_OK:
+                if use is not spec:
+                    rep.message = f"committed with {use.name} (fallback from {spec.name})" + (
+                        f": {rep.message}" if rep.message else "")
                 self.ledger.entry(session_id, epoch).closed = "committed"
                 MIGRATIONS.labels("source", use.name,
                                   "fallback" if use is not spec else "committed").inc()

@@ -249,10 +249,11 @@ class SourceRole:
                 self.outbound.pop(sid, None)
                 return self.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
                                   message=f"prepare at the target failed: {exc!r}")
-            if rep.status != S.STATUS_OK:
-                self.outbound.pop(sid, None)
-                return self.reply(rep.status, s, epoch, scheme=scheme,
-                                  message=f"target refused: {rep.message}")
+            if rep.status != S.STATUS_OK:  # any refusal there is REJECTED here (not the
+                self.outbound.pop(sid, None)  # xApp's stale epoch): the session stays here
+                return self.reply(S.STATUS_REJECTED, s, epoch, scheme=scheme,
+                                  message=f"target refused ({S.Status.Name(rep.status)}): "
+                                          f"{rep.message}")
         if ship == Ship.ALL and out.first_block > 0:
             ship = Ship.SUFFIX  # a prepared prefix is already at the target
         n = s.num_tokens

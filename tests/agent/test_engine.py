@@ -536,4 +536,5 @@ def test_a_proactive_commit_with_nothing_prepared_there_recovers_by_ctho():
             await server.stop(0)
         (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
         assert r.status == pb.STATUS_OK and r.scheme == pb.SCHEME_CTHO == sync.scheme
+        assert "fallback from pallas" in r.message
     asyncio.run(run())

@@ -109,7 +109,12 @@ def test_a_refused_commit_is_not_ok_and_the_source_serves_on_token_exact(agents)
     async def go():
         prompt = _prompt(100, 11)
         ref = await _reference(a, prompt, 120)
-        s = await _run(a, prompt, 10**6)     # asks for more KV than B has: B refuses
+        s = await _run(a, prompt, 400)
+        # B has seen a newer attempt of this session (epoch 9): it refuses epoch 1.
+        src = pb.PeerEndpoint(agent_id="x", address="127.0.0.1:9")
+        assert (await b.migration.on_prepare(pb.PrepareRequest(
+            session_id=s.session_id, epoch=9, model=b.identity(), source=src))).status == 1
+        await b.migration.on_release(pb.ReleaseRequest(session_id=s.session_id, epoch=9))
         assert await s.wait_tokens(20, 120)
         r = await a.migration.commit(s.session_id, 1, b.endpoint, pb.SCHEME_FULL_COPY)
         out = await _outputs(a, s.session_id, 120)
