@@ -182,18 +182,19 @@ class ControlLoop:
     # -- telemetry ----------------------------------------------------------------------------
     def on_telemetry(self, agent_id: str, rep: pb.TelemetryReport) -> None:
         """An agent's TelemetryReport: rates, server state and the sessions it serves go to the
-        Scheduler Engine (sessions the agent only prepares or handed over are left out)."""
-        keep = [s for s in rep.sessions
-                if SessionState.of(s.state) in _PASS_STATES | {SessionState.FAILED}]
-        if len(keep) != len(rep.sessions):
+        Scheduler Engine (sessions the agent only prepares or handed over are left out; a
+        failed one is passed on as finished)."""
+        states = [SessionState.of(s.state) for s in rep.sessions]
+        if any(st not in _PASS_STATES for st in states):
             r2 = pb.TelemetryReport()
             r2.CopyFrom(rep)
             del r2.sessions[:]
-            for s in keep:
-                x = r2.sessions.add()
-                x.CopyFrom(s)
-                if SessionState.of(s.state) is SessionState.FAILED:
-                    x.state = SessionState.FINISHED.value
+            for s, st in zip(rep.sessions, states):
+                if st in _PASS_STATES or st is SessionState.FAILED:
+                    x = r2.sessions.add()
+                    x.CopyFrom(s)
+                    if st is SessionState.FAILED:
+                        x.state = SessionState.FINISHED.value
             rep = r2
         with self._lock:
             finished = [s for s in rep.sessions if SessionState.of(s.state) is SessionState.FINISHED]
