@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from pallas_common.schemes import ABLATIONS, COMPARED
 from pallas_eval import replay as rp
 from pallas_eval.lengths import LengthSampler, ue_session_stream
 from pallas_eval.metrics import summarize
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--min-handovers handovers), START:END seconds, or '' for the whole trace")
     r.add_argument("--min-handovers", type=int, default=5)
     r.add_argument("--servers", type=int, default=3, help="vLLM servers (each with an agent)")
-    r.add_argument("--schemes", default=",".join(rp.SCHEMES), help="comma-separated")
+    r.add_argument("--schemes", default=",".join(COMPARED), help="comma-separated")
     r.add_argument("--ablations", action="store_true", help="also run Pallas w/o RC and w/o SM")
     r.add_argument("--ues", type=int, default=6, help="generated drive: UEs")
     r.add_argument("--duration-s", type=float, default=90.0, help="generated drive: seconds")
@@ -218,7 +219,7 @@ def _sim_handovers_offline(plan: dict, opts: rp.ReplayOptions, rates: Rates, sam
 
 def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
     """ReplayOptions from ``pallas replay``'s arguments."""
-    schemes = tuple(s.strip() for s in a.schemes.split(",") if s.strip()) + (rp.ABLATIONS if a.ablations else ())
+    schemes = tuple(s.strip() for s in a.schemes.split(",") if s.strip()) + (ABLATIONS if a.ablations else ())
     return rp.ReplayOptions(out_dir=Path(a.out), trace=a.trace, segment=a.segment, min_handovers=a.min_handovers,
                             servers=a.servers, schemes=schemes, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
                             azure=a.azure, model_preset=a.model_preset, max_model_len=a.max_model_len,

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import structlog
 
+from pallas_common.schemes import COMPARED, PALLAS, PROACTIVE_NAMES
 from pallas_eval.cellmap import map_cells_to_servers, shared_pairs
 from pallas_eval.lengths import LengthSampler, SessionSpec, ue_session_stream
 from pallas_eval.metrics import Handover, HandoverSIT, SchemeSummary, SessionRecord, sit_for_handover, summarize
@@ -45,8 +46,6 @@ from pallas_eval.report import HandoverRow
 log = structlog.get_logger("pallas.eval.replay")
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMES = ("pallas", "detour", "full-copy", "recomputation", "ctho")
-ABLATIONS = ("no-rc", "no-sm")
 
 
 @dataclass
@@ -58,7 +57,7 @@ class ReplayOptions:
     segment: str = "auto"
     min_handovers: int = 5
     servers: int = 3
-    schemes: tuple[str, ...] = SCHEMES
+    schemes: tuple[str, ...] = COMPARED
     seed: int = 2
     ues: int = 6
     duration_s: float = 90.0
@@ -239,7 +238,7 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
     for i in range(n):
         vport = free_port()
         extra = ["--vllm-port", str(vport), "--max-model-len", str(opts.max_model_len), "--log-level", "INFO",
-                 "--scheme", "pallas"]
+                 "--scheme", PALLAS]
         if regime.peer_rate_mbps:
             extra += ["--peer-rate-mbps", f"{regime.peer_rate_mbps:.6g}"]
         if regime.model is not None:
@@ -503,7 +502,7 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
             if commit.get("prepared") and used == run.scheme:
                 outcome = "commit"
             elif used == run.scheme:
-                outcome = "recovered" if run.scheme not in ("pallas", "no-rc", "no-sm") else f"fallback:{used}"
+                outcome = "recovered" if run.scheme not in PROACTIVE_NAMES else f"fallback:{used}"
             else:
                 outcome = f"fallback:{used}"
         row = HandoverRow(
