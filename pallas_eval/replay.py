@@ -38,6 +38,7 @@ import structlog
 
 from pallas_common.schemes import COMPARED, PALLAS, PROACTIVE_NAMES
 from pallas_eval.cellmap import map_cells_to_servers, shared_pairs
+from pallas_eval.experiments.presets import REPLAY_ANCHOR_MODEL
 from pallas_eval.lengths import LengthSampler, SessionSpec, ue_session_stream
 from pallas_eval.metrics import Handover, HandoverSIT, SchemeSummary, SessionRecord, sit_for_handover, summarize
 from pallas_eval.procs import Supervisor, free_port, tail_hint
@@ -66,7 +67,7 @@ class ReplayOptions:
     max_model_len: int = 2048
     max_output: int = 512
     regime: str = "paper"
-    emulate: str = "qwen3-32b"
+    emulate: str = REPLAY_ANCHOR_MODEL
     peer_rate_mbps: float | None = None
     hop_delay_s: float | None = None
     engine_multiprocessing: bool = False

@@ -14,8 +14,9 @@ equations (through ``pallas_common.timing``, the same code the xApp's Scheduler 
 Every target-side scheme's SIT includes c_sync and the first decode step at the target
 (1 / r_d), as Eq. 6 does for Pallas, so the schemes compare like with like.
 
-Rates come from the live run's own measurements (``Rates.from_measurements``) or a preset such
-as the paper's GPU setting (``PAPER_QWEN3_32B``).
+Rates come from the live run's own measurements (``measured_rates``) or a preset of
+``pallas_eval.experiments.presets`` (the one table of the paper's models and GPUs; the replay's
+``--rates paper`` is its ``PAPER_QWEN3_32B``).
 """
 
 from __future__ import annotations
@@ -53,23 +54,6 @@ class Rates:
         return (f"{self.name}: r_p {self.r_p:,.0f} tok/s, r_d {self.r_d:.1f} tok/s, "
                 f"B {self.bandwidth * 8 / 1e6:,.0f} Mbit/s, s_kv {self.s_kv:,.0f} B/token, "
                 f"block {self.block_size}, c_sync {self.c_sync * 1000:.0f} ms, hop {self.hop_delay_s * 1000:.0f} ms")
-
-
-PAPER_QWEN3_32B = Rates(
-    name="paper (Qwen3-32B, RTX A6000, 300 Mbit/s)",
-    # r_p implied by Table 1's Recomputation row (581 ms at 1K, 2,103 ms at 4K; model.md section 6).
-    r_p=1850.0,
-    # Pallas's average ITL is 28-48 ms in the paper's Figure 5(d): about 25 tokens/s per request.
-    r_d=25.0,
-    bandwidth=timing.mbit_per_s(300.0),
-    s_kv=262_144.0,        # Eq. 1: 2 * 64 layers * 8 KV heads * 128 * 2 bytes
-    block_size=16,         # vLLM's GPU default
-    c_sync=0.02,           # assumption: one control round trip plus admission
-    # Figure 1: P90 ITL at three hops is about 130 ms against about 40 ms without: ~30 ms/hop.
-    hop_delay_s=0.03,
-)
-
-PRESETS = {"paper": PAPER_QWEN3_32B}
 
 
 @dataclass(frozen=True)
