@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 import structlog
 
-from pallas_common.schemes import COMPARED, PALLAS, PROACTIVE_NAMES
+from pallas_common.schemes import COMPARED, PALLAS, PROACTIVE_NAMES, SessionState
 from pallas_eval.cellmap import map_cells_to_servers, shared_pairs
 from pallas_eval.experiments.presets import REPLAY_ANCHOR_MODEL
 from pallas_eval.lengths import LengthSampler, SessionSpec, ue_session_stream
@@ -267,7 +267,8 @@ def end_sessions(servers: Sequence[Server], timeout_s: float = 20.0) -> int:
     scheme's replay), so the next scheme's xApp and engines start clean; returns how many were
     stopped. Waits until no agent reports a live session (or ``timeout_s``)."""
     import httpx
-    live_states = {"new", "serving", "migrating", "committing", "preparing", "resumed"}
+    live_states = {SessionState.NEW, SessionState.SERVING, SessionState.MIGRATING, SessionState.COMMITTING,
+                   SessionState.PREPARING, SessionState.RESUMED}
     stopped = 0
     deadline = time.time() + timeout_s
     with httpx.Client(timeout=10.0, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}) as http:
@@ -276,7 +277,7 @@ def end_sessions(servers: Sequence[Server], timeout_s: float = 20.0) -> int:
             for s in servers:
                 try:
                     for x in http.get(s.agent.front_url + "/v1/sessions").json().get("sessions", []):
-                        if x.get("state") in live_states:
+                        if SessionState.of(x.get("state") or "") in live_states:
                             live.append((s, x["session_id"]))
                 except (httpx.HTTPError, ValueError) as e:
                     log.warning("sessions unavailable", server=s.agent_id, error=repr(e))
