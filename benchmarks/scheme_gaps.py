@@ -40,9 +40,10 @@ from pallas_proto import pallas_pb2_grpc  # noqa: E402
 
 from pallas_eval.client import UESession  # noqa: E402
 from pallas_eval.cluster import LocalAgent, free_port, start_agents  # noqa: E402
-from pallas_common.schemes import SCHEMES, scheme_name, scheme_value  # noqa: E402
+from pallas_common.schemes import (CTHO, DETOUR, FULL_COPY, NO_RC, NO_SM, PALLAS,  # noqa: E402
+                                   RECOMPUTATION, SCHEMES, scheme_name, scheme_value)
 
-ALL = ["pallas", "no-rc", "no-sm", "ctho", "recomputation", "full-copy", "detour"]
+ALL = [PALLAS, NO_RC, NO_SM, CTHO, RECOMPUTATION, FULL_COPY, DETOUR]
 
 
 async def reset_caches(urls: list[str]) -> None:
@@ -78,14 +79,14 @@ async def one_run(a: LocalAgent, b: LocalAgent, ids: list[int], args, scheme: st
                                   "rpc_s": round(time.perf_counter() - t0, 4), "message": r.message}
             if rec.index == args.commit_at:
                 t0 = time.perf_counter()
-                relay = scheme == "detour"
+                relay = scheme == DETOUR
                 commit = ctl.Commit(pb.CommitRequest(session_id=ue.session_id, epoch=1, actual_target=b.endpoint))
                 _, r = await asyncio.gather(ue.handover(b.front_url, relay=relay), commit)
                 out["commit"] = {"status": pb.Status.Name(r.status), "scheme": scheme_name(r.scheme),
                                  "split": r.split_tokens, "rpc_s": round(time.perf_counter() - t0, 4),
                                  "message": r.message}
         await ue.close()
-    if scheme is not None and scheme != "detour":
+    if scheme is not None and scheme != DETOUR:
         # Agent-side decode gap: the source's last decoded token (its frozen length n) to the
         # target's first own token, both timed where the engines produced them (one host clock).
         # The UE-side gap can hide part of it when the UE was still a few tokens behind the

@@ -25,8 +25,20 @@ from dataclasses import dataclass
 
 from pallas_proto import pallas_pb2 as _pb
 
-__all__ = ["Ship", "SchemeSpec", "SCHEMES", "scheme_value", "scheme_name", "spec_for",
+__all__ = ["Ship", "SchemeSpec", "SCHEMES", "scheme_value", "scheme_name", "spec_for", "label",
+           "PALLAS", "NO_RC", "NO_SM", "FULL_COPY", "RECOMPUTATION", "CTHO", "DETOUR",
+           "NAMES", "COMPARED", "ABLATIONS", "RECOVERING", "PROACTIVE", "PROACTIVE_NAMES", "REACTIVE_NAMES",
            "SessionState"]
+
+# The CLI/HTTP/config names (``SchemeSpec.name``), one constant each, for the code that keys
+# results or flags by name (the harness, the xApp's config).
+PALLAS = "pallas"
+NO_RC = "no-rc"
+NO_SM = "no-sm"
+FULL_COPY = "full-copy"
+RECOMPUTATION = "recomputation"
+CTHO = "ctho"
+DETOUR = "detour"
 
 
 class Ship(str, enum.Enum):
@@ -51,6 +63,7 @@ class SchemeSpec:
         commit_split: the split at Commit: "keep" (the prepared one), "zero", "ctho"
             (``pallas_common.timing.ctho_split`` on the rates at the commit).
         migrates: False only for Detour (the session stays at the source).
+        label: the paper's display name (``Pallas``, ``Pallas w/o RC``, ``Full-Copy``, ``ctHO``).
     """
 
     value: int
@@ -61,21 +74,39 @@ class SchemeSpec:
     commit_ship: Ship = Ship.SUFFIX
     commit_split: str = "keep"
     migrates: bool = True
+    label: str = ""
 
 
 SCHEMES: dict[int, SchemeSpec] = {s.value: s for s in (
-    SchemeSpec(_pb.SCHEME_PALLAS, "pallas", proactive=True, stream_suffix=True),
-    SchemeSpec(_pb.SCHEME_NO_RC, "no-rc", proactive=True, stream_suffix=True, full_transfer=True),
-    SchemeSpec(_pb.SCHEME_NO_SM, "no-sm", proactive=True, commit_ship=Ship.NONE),
-    SchemeSpec(_pb.SCHEME_FULL_COPY, "full-copy", proactive=False, commit_ship=Ship.ALL,
-               commit_split="zero"),
-    SchemeSpec(_pb.SCHEME_RECOMPUTATION, "recomputation", proactive=False,
-               commit_ship=Ship.NONE, commit_split="zero"),
-    SchemeSpec(_pb.SCHEME_CTHO, "ctho", proactive=False, commit_split="ctho"),
-    SchemeSpec(_pb.SCHEME_DETOUR, "detour", proactive=False, commit_ship=Ship.NONE,
-               migrates=False),
+    SchemeSpec(_pb.SCHEME_PALLAS, PALLAS, proactive=True, stream_suffix=True, label="Pallas"),
+    SchemeSpec(_pb.SCHEME_NO_RC, NO_RC, proactive=True, stream_suffix=True, full_transfer=True,
+               label="Pallas w/o RC"),
+    SchemeSpec(_pb.SCHEME_NO_SM, NO_SM, proactive=True, commit_ship=Ship.NONE,
+               label="Pallas w/o SM"),
+    SchemeSpec(_pb.SCHEME_FULL_COPY, FULL_COPY, proactive=False, commit_ship=Ship.ALL,
+               commit_split="zero", label="Full-Copy"),
+    SchemeSpec(_pb.SCHEME_RECOMPUTATION, RECOMPUTATION, proactive=False,
+               commit_ship=Ship.NONE, commit_split="zero", label="Recomputation"),
+    SchemeSpec(_pb.SCHEME_CTHO, CTHO, proactive=False, commit_split="ctho", label="ctHO"),
+    SchemeSpec(_pb.SCHEME_DETOUR, DETOUR, proactive=False, commit_ship=Ship.NONE,
+               migrates=False, label="Detour"),
 )}
 _BY_NAME = {s.name: s.value for s in SCHEMES.values()}
+
+NAMES: tuple[str, ...] = tuple(s.name for s in SCHEMES.values())
+"""Every scheme's name, in enum order."""
+COMPARED: tuple[str, ...] = (PALLAS, DETOUR, FULL_COPY, RECOMPUTATION, CTHO)
+"""The paper's five compared schemes (section 6, Figure 5 and Table 2), in the replay's order."""
+ABLATIONS: tuple[str, ...] = (NO_RC, NO_SM)
+"""Pallas without recomputation of the prefix / without the suffix stream (Figure 9)."""
+RECOVERING: tuple[str, ...] = (FULL_COPY, RECOMPUTATION, CTHO)
+"""The reactive baselines that recover the session at the target after the handover."""
+PROACTIVE: frozenset[int] = frozenset(v for v, s in SCHEMES.items() if s.proactive)
+"""Scheme values that Trigger before the handover; the others only Commit (recover) after it."""
+PROACTIVE_NAMES: frozenset[str] = frozenset(SCHEMES[v].name for v in PROACTIVE)
+"""The names of :data:`PROACTIVE`."""
+REACTIVE_NAMES: frozenset[str] = frozenset(NAMES) - PROACTIVE_NAMES
+"""The schemes that act only at the Commit (the xApp's ``fallback`` choices)."""
 _ALIASES = {"fullcopy": "full-copy", "full_copy": "full-copy", "recompute": "recomputation",
             "no_rc": "no-rc", "norc": "no-rc", "no_sm": "no-sm", "nosm": "no-sm", "ct-ho": "ctho"}
 
@@ -109,6 +140,15 @@ def scheme_name(value: int) -> str:
     return spec.name if spec else "unspecified"
 
 
+def label(x: int | str) -> str:
+    """The paper's display name of a scheme given in any form :func:`scheme_value` accepts;
+    an unknown name comes back unchanged (a plot legend never fails on it)."""
+    try:
+        return SCHEMES[scheme_value(x)].label
+    except ValueError:
+        return str(x)
+
+
 def spec_for(x: int | str | None, default: int = _pb.SCHEME_PALLAS) -> SchemeSpec:
     """The :class:`SchemeSpec` of a scheme in any form :func:`scheme_value` accepts."""
     return SCHEMES[scheme_value(x, default)]
@@ -132,6 +172,15 @@ class SessionState(str, enum.Enum):
     RESUMED = "resumed"
     FINISHED = "finished"
     FAILED = "failed"
+
+    @classmethod
+    def of(cls, wire: str) -> "SessionState | None":
+        """The state a ControlReply/SessionTelemetry ``state`` string names; None for ""
+        or a name this version does not know (a newer agent's)."""
+        try:
+            return cls(wire)
+        except ValueError:
+            return None
 
     @property
     def proto(self) -> int:

@@ -19,12 +19,14 @@ from typing import Sequence
 
 import numpy as np
 
+from pallas_common.schemes import ABLATIONS, COMPARED
 from pallas_eval import replay as rp
+from pallas_eval.experiments import presets as PR
 from pallas_eval.lengths import LengthSampler, ue_session_stream
 from pallas_eval.metrics import summarize
 from pallas_eval.report import (HandoverRow, cpu_table, handover_table, plot_cdfs, plot_timeline, summary_table,
                                 write_csv, write_json)
-from pallas_eval.simulate import PRESETS, Rates, SimHandover, measured_rates, simulate, summarize_sim
+from pallas_eval.simulate import Rates, SimHandover, measured_rates, simulate, summarize_sim
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--min-handovers handovers), START:END seconds, or '' for the whole trace")
     r.add_argument("--min-handovers", type=int, default=5)
     r.add_argument("--servers", type=int, default=3, help="vLLM servers (each with an agent)")
-    r.add_argument("--schemes", default=",".join(rp.SCHEMES), help="comma-separated")
+    r.add_argument("--schemes", default=",".join(COMPARED), help="comma-separated")
     r.add_argument("--ablations", action="store_true", help="also run Pallas w/o RC and w/o SM")
     r.add_argument("--ues", type=int, default=6, help="generated drive: UEs")
     r.add_argument("--duration-s", type=float, default=90.0, help="generated drive: seconds")
@@ -52,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'paper': engines paced to the emulated model's prefill/decode rates, the peer link "
                         "at 300 Mbit/s scaled by the KV size ratio, the paper's per-hop relay delay "
                         "(model.md section 9); 'native': the tiny model's raw speed, unlimited link")
-    r.add_argument("--emulate", default="qwen3-32b", choices=["qwen3-32b", "qwen3-14b", "llama-3-8b"],
+    r.add_argument("--emulate", default=PR.REPLAY_ANCHOR_MODEL, choices=PR.MODELS,
                    help="--regime paper: the model whose rates the engines and link take")
     r.add_argument("--peer-rate-mbps", type=float, default=None,
                    help="agents' block-stream limit, Mbit/s (default: the regime's; 0: none)")
@@ -89,7 +91,7 @@ def _add_experiment_parser(sub) -> None:
     e.add_argument("--gpu", default="rtx-a6000", choices=GPUS, help="rates: the paper's GPU or the measured H200")
     e.add_argument("--tiny", action="store_true", help="a tiny size of each experiment (seconds; for tests)")
     e.add_argument("--seed", type=int, default=17)
-    e.add_argument("--emulate", default="qwen3-32b", choices=["qwen3-32b", "qwen3-14b", "llama-3-8b"],
+    e.add_argument("--emulate", default=PR.REPLAY_ANCHOR_MODEL, choices=PR.MODELS,
                    help="live mode: the model the replay's engines and link emulate")
 
 
@@ -146,8 +148,8 @@ def _rates_from_file(spec: str) -> Rates:
         vals = [v for v in g.values() if isinstance(v, (int, float))]
         r_d = float(np.median(vals)) if vals else None
     r_d = r_d or float(np.median([x["tokens_per_s_per_request"] for x in m["decode"]]))
-    return Rates(f"{d.get('device', path)} {m['model']}", r_p, r_d, timing.mbit_per_s(300.0),
-                 float(m["kv_bytes_per_token"]), 16, 0.02, 0.03)
+    return Rates(f"{d.get('device', path)} {m['model']}", r_p, r_d, timing.mbit_per_s(PR.PAPER_GOODPUT_MBPS),
+                 float(m["kv_bytes_per_token"]), PR.BLOCK_SIZE, PR.REPLAY_C_SYNC_S, PR.HOP_DELAY_S)
 
 
 def emulated_rates(regime: rp.Regime, c_sync: float | None, block_size: int = 32) -> Rates:
@@ -156,7 +158,7 @@ def emulated_rates(regime: rp.Regime, c_sync: float | None, block_size: int = 32
     time), the relay hop delay, and c_sync as measured (20 ms if not)."""
     m = regime.model
     return Rates(f"emulated {m.name}", m.r_p, m.r_d, regime.peer_rate_mbps * 1e6 / 8.0, regime.s_kv_tiny,
-                 block_size, c_sync if c_sync and math.isfinite(c_sync) else 0.02, regime.hop_delay_s)
+                 block_size, c_sync if c_sync and math.isfinite(c_sync) else PR.REPLAY_C_SYNC_S, regime.hop_delay_s)
 
 
 def _pick_rates(spec: str, measured: dict | None, block_size: int = 32, s_kv: float = 0.0,
@@ -172,8 +174,8 @@ def _pick_rates(spec: str, measured: dict | None, block_size: int = 32, s_kv: fl
         return measured_rates(r_p=m.get("r_p"), r_d=m.get("r_d_xapp") or m.get("r_d_ue"), bandwidth=m.get("bandwidth"),
                               s_kv=float(m.get("s_kv") or s_kv or 16384.0), block_size=int(m.get("block_size") or block_size),
                               c_sync=m.get("c_sync"), hop_delay_s=None)
-    if spec in PRESETS:
-        return PRESETS[spec]
+    if spec in PR.RATE_PRESETS:
+        return PR.RATE_PRESETS[spec]
     return _rates_from_file(spec)
 
 
@@ -218,7 +220,7 @@ def _sim_handovers_offline(plan: dict, opts: rp.ReplayOptions, rates: Rates, sam
 
 def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
     """ReplayOptions from ``pallas replay``'s arguments."""
-    schemes = tuple(s.strip() for s in a.schemes.split(",") if s.strip()) + (rp.ABLATIONS if a.ablations else ())
+    schemes = tuple(s.strip() for s in a.schemes.split(",") if s.strip()) + (ABLATIONS if a.ablations else ())
     return rp.ReplayOptions(out_dir=Path(a.out), trace=a.trace, segment=a.segment, min_handovers=a.min_handovers,
                             servers=a.servers, schemes=schemes, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
                             azure=a.azure, model_preset=a.model_preset, max_model_len=a.max_model_len,

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from pallas_common.aio import cancel_and_wait
+from pallas_common.schemes import SessionState
 
 __all__ = ["TokenRecord", "HandoverRecord", "UESession", "SessionError"]
 
@@ -252,7 +253,8 @@ class UESession:
                         self.end = ev
             end = self.end or {}
             moved_url = end.get("moved_to_url")
-            if end.get("state") == "handed_over" and self.follow_moves and moved_url:
+            if (SessionState.of(end.get("state") or "") is SessionState.HANDED_OVER and self.follow_moves
+                    and moved_url):
                 # The agent handed the session over: follow it (the UE's own handover is
                 # :meth:`handover`; this covers a UE that stayed on the old front).
                 self.handovers.append(HandoverRecord(self.url, moved_url, self.next_index, time.time(),

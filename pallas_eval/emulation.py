@@ -31,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from pallas_eval.experiments import presets as PR
+
 REPO = Path(__file__).resolve().parent.parent
-H200_RATES = REPO / "benchmarks" / "results" / "h200_rates.json"
+H200_RATES = PR.H200_RESULTS
 #: Where vLLM finds the paced connector (pallas_eval/emulated_connector.py; it imports vLLM).
 CONNECTOR_MODULE = "pallas_eval.emulated_connector"
 CONNECTOR_CLASS = "EmulatedPallasConnector"
@@ -44,11 +46,12 @@ __all__ = ["EmulatedModel", "EMULATED", "emulated_model", "emulated_peer_rate_mb
 #: The vLLM e2e tests' pacing (r_p, r_d tokens/s): decode steps 15 ms apart, a 300-token prefill
 #: in 15 ms, so a session is still decoding when a test's trigger and commit come.
 E2E_PACE = (20_000.0, 1000.0 / 15.0)
-#: The paper's inter-gNB goodput of the headline settings (Table 1, Figures 5 and 9).
-PAPER_LINK_MBPS = 300.0
+#: The paper's inter-gNB goodput of the headline settings (Table 1, Figures 5 and 9), Mbit/s
+#: (pallas_eval.experiments.presets).
+PAPER_LINK_MBPS = PR.PAPER_GOODPUT_MBPS
 #: Detour's extra delay per forwarding hop: the paper's Figure 1 (P90 ITL about 130 ms at three
-#: hops against about 40 ms without, so about 30 ms a hop); pallas_eval.simulate uses the same.
-PAPER_HOP_DELAY_S = 0.03
+#: hops against about 40 ms without, so about 30 ms a hop); the presets' and the simulation's.
+PAPER_HOP_DELAY_S = PR.HOP_DELAY_S
 
 
 @dataclass(frozen=True)
@@ -70,31 +73,17 @@ class EmulatedModel:
     source: str
 
 
-def _h200(model: str) -> tuple[float, float, float]:
-    """(median prefill tokens/s, mean graphed batch-1 decode tokens/s, s_kv) of ``model`` as
-    measured on one H200 (benchmarks/results/h200_rates.json)."""
-    d = json.loads(H200_RATES.read_text())
-    m = next(x for x in d["models"] if x["model"] == model)
-    pre = sorted(float(x["tokens_per_s"]) for x in m["prefill"])
-    r_p = pre[len(pre) // 2]
-    dec = [float(x["tokens_per_s_per_request"]) for x in d["graphed_decode"][model]]
-    return r_p, sum(dec) / len(dec), float(m["kv_bytes_per_token"])
-
-
 def _paper_models() -> dict[str, EmulatedModel]:
-    """Qwen3-32B's rates are the paper's own (model.md section 6: Table 1's Recomputation row
-    implies r_p of about 1,850 tokens/s; Figure 5(d)'s 28-48 ms ITL about 25 tokens/s). The paper
-    gives no rates for Qwen3-14B and Llama-3-8B, so theirs are Qwen3-32B's scaled by the ratio
-    of the same models' rates measured on one H200 (benchmarks/results/h200_rates.json): the
-    relative speed of the three models is taken from the H200, the absolute level from the
-    paper's A6000."""
-    p32, d32, s32 = _h200("qwen3-32b")
-    out = {"qwen3-32b": EmulatedModel("qwen3-32b", 1850.0, 25.0, s32,
-                                      "paper Table 1 / Fig. 5(d) (model.md section 6)")}
-    for name in ("qwen3-14b", "llama-3-8b"):
-        p, d, s = _h200(name)
-        out[name] = EmulatedModel(name, round(1850.0 * p / p32, 0), round(25.0 * d / d32, 1), s,
-                                  "qwen3-32b's paper rates x the H200 ratio (benchmarks/results/h200_rates.json)")
+    """The replay's setting of ``pallas_eval.experiments.presets`` (``paper-replay``,
+    :func:`~pallas_eval.experiments.presets.replay_rates`; the one table of the paper's models):
+    Qwen3-32B at the rates model.md section 9 states for the replay (1,850 tokens/s prefill,
+    25 tokens/s decode), Qwen3-14B and Llama-3-8B at those times the ratio of the same models'
+    rates measured on one H200 (benchmarks/results/h200_rates.json): the relative speed of the
+    three models is taken from the H200, the absolute level from the paper's A6000."""
+    out = {}
+    for name in (PR.REPLAY_ANCHOR_MODEL, *(m for m in PR.MODELS if m != PR.REPLAY_ANCHOR_MODEL)):
+        r = PR.replay_rates(name)
+        out[name] = EmulatedModel(name, r.r_p, r.r_d, r.s_kv, PR.replay_source(name))
     return out
 
 

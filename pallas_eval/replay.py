@@ -36,7 +36,9 @@ from typing import Any, Sequence
 import numpy as np
 import structlog
 
+from pallas_common.schemes import COMPARED, PALLAS, PROACTIVE_NAMES, SessionState
 from pallas_eval.cellmap import map_cells_to_servers, shared_pairs
+from pallas_eval.experiments.presets import REPLAY_ANCHOR_MODEL
 from pallas_eval.lengths import LengthSampler, SessionSpec, ue_session_stream
 from pallas_eval.metrics import Handover, HandoverSIT, SchemeSummary, SessionRecord, sit_for_handover, summarize
 from pallas_eval.procs import Supervisor, free_port, tail_hint
@@ -45,8 +47,6 @@ from pallas_eval.report import HandoverRow
 log = structlog.get_logger("pallas.eval.replay")
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMES = ("pallas", "detour", "full-copy", "recomputation", "ctho")
-ABLATIONS = ("no-rc", "no-sm")
 
 
 @dataclass
@@ -58,7 +58,7 @@ class ReplayOptions:
     segment: str = "auto"
     min_handovers: int = 5
     servers: int = 3
-    schemes: tuple[str, ...] = SCHEMES
+    schemes: tuple[str, ...] = COMPARED
     seed: int = 2
     ues: int = 6
     duration_s: float = 90.0
@@ -67,7 +67,7 @@ class ReplayOptions:
     max_model_len: int = 2048
     max_output: int = 512
     regime: str = "paper"
-    emulate: str = "qwen3-32b"
+    emulate: str = REPLAY_ANCHOR_MODEL
     peer_rate_mbps: float | None = None
     hop_delay_s: float | None = None
     engine_multiprocessing: bool = False
@@ -239,7 +239,7 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
     for i in range(n):
         vport = free_port()
         extra = ["--vllm-port", str(vport), "--max-model-len", str(opts.max_model_len), "--log-level", "INFO",
-                 "--scheme", "pallas"]
+                 "--scheme", PALLAS]
         if regime.peer_rate_mbps:
             extra += ["--peer-rate-mbps", f"{regime.peer_rate_mbps:.6g}"]
         if regime.model is not None:
@@ -267,7 +267,8 @@ def end_sessions(servers: Sequence[Server], timeout_s: float = 20.0) -> int:
     scheme's replay), so the next scheme's xApp and engines start clean; returns how many were
     stopped. Waits until no agent reports a live session (or ``timeout_s``)."""
     import httpx
-    live_states = {"new", "serving", "migrating", "committing", "preparing", "resumed"}
+    live_states = {SessionState.NEW, SessionState.SERVING, SessionState.MIGRATING, SessionState.COMMITTING,
+                   SessionState.PREPARING, SessionState.RESUMED}
     stopped = 0
     deadline = time.time() + timeout_s
     with httpx.Client(timeout=10.0, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}) as http:
@@ -276,7 +277,7 @@ def end_sessions(servers: Sequence[Server], timeout_s: float = 20.0) -> int:
             for s in servers:
                 try:
                     for x in http.get(s.agent.front_url + "/v1/sessions").json().get("sessions", []):
-                        if x.get("state") in live_states:
+                        if SessionState.of(x.get("state") or "") in live_states:
                             live.append((s, x["session_id"]))
                 except (httpx.HTTPError, ValueError) as e:
                     log.warning("sessions unavailable", server=s.agent_id, error=repr(e))
@@ -503,7 +504,7 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
             if commit.get("prepared") and used == run.scheme:
                 outcome = "commit"
             elif used == run.scheme:
-                outcome = "recovered" if run.scheme not in ("pallas", "no-rc", "no-sm") else f"fallback:{used}"
+                outcome = "recovered" if run.scheme not in PROACTIVE_NAMES else f"fallback:{used}"
             else:
                 outcome = f"fallback:{used}"
         row = HandoverRow(

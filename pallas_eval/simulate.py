@@ -14,8 +14,9 @@ equations (through ``pallas_common.timing``, the same code the xApp's Scheduler 
 Every target-side scheme's SIT includes c_sync and the first decode step at the target
 (1 / r_d), as Eq. 6 does for Pallas, so the schemes compare like with like.
 
-Rates come from the live run's own measurements (``Rates.from_measurements``) or a preset such
-as the paper's GPU setting (``PAPER_QWEN3_32B``).
+Rates come from the live run's own measurements (``measured_rates``) or a preset of
+``pallas_eval.experiments.presets`` (the one table of the paper's models and GPUs; the replay's
+``--rates paper`` is its ``PAPER_QWEN3_32B``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from pallas_common import timing
+from pallas_common.schemes import (COMPARED, CTHO, DETOUR, FULL_COPY, NAMES, NO_RC, NO_SM, PALLAS,
+                                   PROACTIVE_NAMES, RECOMPUTATION)
 
 
 @dataclass(frozen=True)
@@ -51,23 +54,6 @@ class Rates:
         return (f"{self.name}: r_p {self.r_p:,.0f} tok/s, r_d {self.r_d:.1f} tok/s, "
                 f"B {self.bandwidth * 8 / 1e6:,.0f} Mbit/s, s_kv {self.s_kv:,.0f} B/token, "
                 f"block {self.block_size}, c_sync {self.c_sync * 1000:.0f} ms, hop {self.hop_delay_s * 1000:.0f} ms")
-
-
-PAPER_QWEN3_32B = Rates(
-    name="paper (Qwen3-32B, RTX A6000, 300 Mbit/s)",
-    # r_p implied by Table 1's Recomputation row (581 ms at 1K, 2,103 ms at 4K; model.md section 6).
-    r_p=1850.0,
-    # Pallas's average ITL is 28-48 ms in the paper's Figure 5(d): about 25 tokens/s per request.
-    r_d=25.0,
-    bandwidth=timing.mbit_per_s(300.0),
-    s_kv=262_144.0,        # Eq. 1: 2 * 64 layers * 8 KV heads * 128 * 2 bytes
-    block_size=16,         # vLLM's GPU default
-    c_sync=0.02,           # assumption: one control round trip plus admission
-    # Figure 1: P90 ITL at three hops is about 130 ms against about 40 ms without: ~30 ms/hop.
-    hop_delay_s=0.03,
-)
-
-PRESETS = {"paper": PAPER_QWEN3_32B}
 
 
 @dataclass(frozen=True)
@@ -100,8 +86,6 @@ class SimResult:
     outcome: str = ""
 
 
-SCHEMES = ("pallas", "detour", "full-copy", "recomputation", "ctho")
-ABLATIONS = ("no-rc", "no-sm")
 
 
 @dataclass
@@ -123,7 +107,7 @@ class SchemeArrays:
     fallback: np.ndarray
 
 
-def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = SCHEMES, *, hops=1,
+def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARED, *, hops=1,
                     bandwidth=None, est_bandwidth=None, ho_error_s=0.0, r_p=None, est_r_p=None,
                     alpha: float = 0.8, dt: float = 0.1, t_max: float = 5.0) -> SchemeArrays:
     """Every handover under every scheme, vectorised (the module docstring's rules).
@@ -144,9 +128,9 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = SCHEMES
     1 / r_d like Eq. 6. Raises ValueError for an unknown scheme.
     """
     schemes = tuple(schemes)
-    bad = [s for s in schemes if s not in SCHEMES + ABLATIONS]
+    bad = [s for s in schemes if s not in NAMES]
     if bad:
-        raise ValueError(f"unknown scheme(s) {bad}; known: {SCHEMES + ABLATIONS}")
+        raise ValueError(f"unknown scheme(s) {bad}; known: {NAMES}")
     B = rates.bandwidth if bandwidth is None else bandwidth
     k, lead, err, hops, B, rp = np.broadcast_arrays(*(np.atleast_1d(np.asarray(v, dtype=np.float64)) for v in
                                                        (k_ho, lead_s, ho_error_s, hops, B,
@@ -160,7 +144,7 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = SCHEMES
     fallback = np.ones(n, dtype=bool)
     sit_p, no_rc, no_sm = nan.copy(), nan.copy(), nan.copy()
     bytes_p, pre_p = np.zeros(n), np.zeros(n)
-    proactive = any(s in schemes for s in ("pallas",) + ABLATIONS)
+    proactive = any(s in schemes for s in PROACTIVE_NAMES)
     use = np.nonzero(lead > 0)[0] if proactive else np.zeros(0, dtype=np.int64)
     if use.size:
         # A session younger than the lead cannot trigger before it began: cap the usable lead at
@@ -182,27 +166,27 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = SCHEMES
             sit_p[idx], t_early[idx] = c.t_sit[:, 0], c.t_early[:, 0]
             bytes_p[idx] = c.n_full[:, 0] * P * rates.s_kv
             pre_p[idx] = c.l_hist[:, 0] + c.n_tail[:, 0]
-            if "no-rc" in schemes:
+            if NO_RC in schemes:
                 no_rc[idx] = timing.sit_no_rc(xr, w[:, None])[:, 0]
-            if "no-sm" in schemes:
+            if NO_SM in schemes:
                 no_sm[idx] = timing.sit_no_sm(xr, w[:, None])[:, 0]
     split, ctho_s = timing.ctho_split(k, P, rp, rates.s_kv, B)
     ctho_sit = rates.c_sync + ctho_s + first_step
     sit, moved, pre = {}, {}, {}
     for sch in schemes:
-        if sch in ("pallas", "no-rc", "no-sm"):
-            v = {"pallas": sit_p, "no-rc": no_rc, "no-sm": no_sm}[sch]
+        if sch in PROACTIVE_NAMES:
+            v = {PALLAS: sit_p, NO_RC: no_rc, NO_SM: no_sm}[sch]
             sit[sch] = np.where(fallback, ctho_sit, v)
-            own_b = {"pallas": bytes_p, "no-rc": k * rates.s_kv, "no-sm": np.zeros(n)}[sch]
-            own_p = {"pallas": pre_p, "no-rc": np.zeros(n), "no-sm": k}[sch]
+            own_b = {PALLAS: bytes_p, NO_RC: k * rates.s_kv, NO_SM: np.zeros(n)}[sch]
+            own_p = {PALLAS: pre_p, NO_RC: np.zeros(n), NO_SM: k}[sch]
             moved[sch] = np.where(fallback, (k - split) * rates.s_kv, own_b)
             pre[sch] = np.where(fallback, split, own_p)
-        elif sch == "ctho":
+        elif sch == CTHO:
             sit[sch], moved[sch], pre[sch] = ctho_sit, (k - split) * rates.s_kv, split.astype(np.float64)
-        elif sch == "full-copy":
+        elif sch == FULL_COPY:
             sit[sch] = timing.sit_full_copy(k, rates.s_kv, B, rates.c_sync) + first_step
             moved[sch], pre[sch] = k * rates.s_kv, np.zeros(n)
-        elif sch == "recomputation":
+        elif sch == RECOMPUTATION:
             sit[sch] = timing.sit_recomputation(k, rp, rates.c_sync) + first_step
             moved[sch], pre[sch] = np.zeros(n), k.copy()
         else:   # detour
@@ -211,7 +195,7 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = SCHEMES
     return SchemeArrays(sit, moved, pre, window, chosen, t_early, fallback)
 
 
-def simulate(handovers: Sequence[SimHandover], rates: Rates, schemes: Iterable[str] = SCHEMES, *,
+def simulate(handovers: Sequence[SimHandover], rates: Rates, schemes: Iterable[str] = COMPARED, *,
              alpha: float = 0.8, dt: float = 0.1, t_max: float = 5.0) -> list[SimResult]:
     """Every handover under every scheme (see the module docstring; :func:`simulate_arrays`
     does the work). Raises ValueError for an unknown scheme."""
@@ -224,12 +208,12 @@ def simulate(handovers: Sequence[SimHandover], rates: Rates, schemes: Iterable[s
     out: list[SimResult] = []
     for i, ho in enumerate(handovers):
         for sch in schemes:
-            if sch in ("pallas", "no-rc", "no-sm"):
+            if sch in PROACTIVE_NAMES:
                 outcome = "fallback:ctho" if a.fallback[i] else "commit"
             else:
-                outcome = {"ctho": "commit", "detour": "relay"}.get(sch, "recovered")
-            te = float(a.t_early[i]) if sch == "pallas" else float("nan")
-            win = float(a.window[i]) if sch in ("pallas", "no-rc", "no-sm") else float("nan")
+                outcome = {CTHO: "commit", DETOUR: "relay"}.get(sch, "recovered")
+            te = float(a.t_early[i]) if sch == PALLAS else float("nan")
+            win = float(a.window[i]) if sch in PROACTIVE_NAMES else float("nan")
             out.append(SimResult(sch, ho, float(a.sit[sch][i]), te, win, float(a.bytes_moved[sch][i]),
                                  float(a.prefill_tokens[sch][i]), outcome))
     return out

@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from pallas_common.schemes import SessionState
 from pallas_proto import pallas_pb2 as pb
 from xapp.config import XappConfig
 from xapp.dispatch import ActionDispatcher
@@ -34,9 +35,11 @@ __all__ = ["ControlLoop", "UEState"]
 
 log = structlog.get_logger("pallas.xapp.control")
 
-# Session states (agent/session.py SessionState values) passed to the Scheduler Engine: those in
-# which the reporting agent serves the session, and its end.
-_PASS_STATES = {"new", "serving", "migrating", "committing", "resumed", "finished"}
+# Session states (pallas_common.schemes.SessionState, as the agent reports them) passed to the
+# Scheduler Engine: those in which the reporting agent serves the session, and its end; a failed
+# session is passed on as finished.
+_PASS_STATES = frozenset({SessionState.NEW, SessionState.SERVING, SessionState.MIGRATING,
+                          SessionState.COMMITTING, SessionState.RESUMED, SessionState.FINISHED})
 
 
 @dataclass
@@ -179,25 +182,29 @@ class ControlLoop:
     # -- telemetry ----------------------------------------------------------------------------
     def on_telemetry(self, agent_id: str, rep: pb.TelemetryReport) -> None:
         """An agent's TelemetryReport: rates, server state and the sessions it serves go to the
-        Scheduler Engine (sessions the agent only prepares or handed over are left out); a
-        session tracked for the first time is bound to the agent in the journal."""
-        keep = [s for s in rep.sessions if s.state in _PASS_STATES or s.state == "failed"]
-        if len(keep) != len(rep.sessions):
+        Scheduler Engine (sessions the agent only prepares or handed over are left out; a
+        failed one is passed on as finished); a session tracked for the first time is bound to
+        the agent in the journal."""
+        states = [SessionState.of(s.state) for s in rep.sessions]
+        if any(st not in _PASS_STATES for st in states):
             r2 = pb.TelemetryReport()
             r2.CopyFrom(rep)
             del r2.sessions[:]
-            for s in keep:
-                x = r2.sessions.add()
-                x.CopyFrom(s)
-                if s.state == "failed":
-                    x.state = "finished"
+            for s, st in zip(rep.sessions, states):
+                if st in _PASS_STATES or st is SessionState.FAILED:
+                    x = r2.sessions.add()
+                    x.CopyFrom(s)
+                    if st is SessionState.FAILED:
+                        x.state = SessionState.FINISHED.value
             rep = r2
         with self._lock:
-            finishing = [s.session_id for s in rep.sessions if s.state == "finished" and self._tracked(s.session_id)]
+            finished = [s for s in rep.sessions if SessionState.of(s.state) is SessionState.FINISHED]
+            finishing = [s.session_id for s in finished if self._tracked(s.session_id)]
             for s in rep.sessions:
-                if s.state != "finished":
+                if SessionState.of(s.state) is not SessionState.FINISHED:
                     self.tokens[s.session_id] = (int(s.tokens), float(rep.time or time.time()))
-            fresh = [s for s in rep.sessions if s.state != "finished" and not self._tracked(s.session_id)]
+            fresh = [s for s in rep.sessions
+                     if SessionState.of(s.state) is not SessionState.FINISHED and not self._tracked(s.session_id)]
             actions = self.engine.ingest_telemetry(rep, time.time())
             opened = [(s.session_id, s.ue_id) for s in fresh if self._tracked(s.session_id)]
             ended = [sid for sid in finishing if not self._tracked(sid)]

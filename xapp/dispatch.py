@@ -20,9 +20,10 @@ import numpy as np
 import structlog
 
 from pallas_common.contract import COMMIT_MOVED_FIELDS, commit_choice_of
+from pallas_common.schemes import scheme_name
 from pallas_proto import pallas_pb2 as pb
 from xapp.events import EventLog
-from xapp.policy import CallOutcome, scheme_name
+from xapp.policy import CallOutcome
 from xapp.scheduler import CancelAction, CommitAction, TriggerAction
 from xapp.scheduler.gate import CommitGate
 

@@ -31,6 +31,7 @@ from typing import Callable, Mapping
 import grpc
 import structlog
 
+from pallas_common import schemes
 from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc as pbg
 
@@ -39,30 +40,16 @@ log = structlog.get_logger("pallas.xapp.policy")
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
               grpc.StatusCode.RESOURCE_EXHAUSTED}
 
-SCHEMES: dict[str, int] = {
-    "pallas": pb.SCHEME_PALLAS, "full-copy": pb.SCHEME_FULL_COPY, "recomputation": pb.SCHEME_RECOMPUTATION,
-    "ctho": pb.SCHEME_CTHO, "detour": pb.SCHEME_DETOUR, "no-rc": pb.SCHEME_NO_RC, "no-sm": pb.SCHEME_NO_SM,
-}
-"""CLI/config scheme names to the proto's Scheme enum."""
-
-PROACTIVE = {"pallas", "no-rc", "no-sm"}
-"""Schemes that trigger before the handover; the others only commit (recover) after it."""
-
-
 def scheme_value(name: str) -> int:
-    """The Scheme enum value of a scheme name (case-insensitive; ``_`` same as ``-``).
-    Raises ValueError with the valid names."""
-    key = name.strip().lower().replace("_", "-")
-    if key not in SCHEMES:
-        raise ValueError(f"unknown scheme {name!r}; one of {sorted(SCHEMES)}")
-    return SCHEMES[key]
+    """The Scheme enum value of a scheme name (case-insensitive; ``_`` same as ``-``), through
+    the one vocabulary (:func:`pallas_common.schemes.scheme_value`).
 
-
-def scheme_name(value: int) -> str:
-    for k, v in SCHEMES.items():
-        if v == value:
-            return k
-    return "unspecified"
+    Raises:
+        ValueError: an empty or unknown name, with the valid names.
+    """
+    if not name or not name.strip():
+        raise ValueError(f"unknown scheme {name!r}; one of {sorted(schemes.NAMES)}")
+    return schemes.scheme_value(name)
 
 
 @dataclass(frozen=True)
@@ -228,7 +215,7 @@ class PolicyClient:
 
     # --- the three orders (all return a Future of CallOutcome) -----------------------------
     def trigger(self, source_agent: str, session_id: str, epoch: int, target_agent: str, *,
-                split_tokens: int = 0, predicted_handover_time: float = 0.0, scheme: str = "pallas",
+                split_tokens: int = 0, predicted_handover_time: float = 0.0, scheme: str = schemes.PALLAS,
                 window_s: float = 0.0) -> "Future[CallOutcome]":
         """Trigger (architecture step 1) at the source agent: prepare ``target_agent`` for the
         session, with the block-aligned split (0: the source decides) and the chosen T_w*."""
@@ -242,7 +229,7 @@ class PolicyClient:
         return self._submit("Cancel", source_agent, pb.CancelRequest(session_id=session_id, epoch=epoch, reason=reason))
 
     def commit(self, source_agent: str, session_id: str, epoch: int, actual_target: str, *,
-               scheme: str = "pallas", handover_time: float = 0.0) -> "Future[CallOutcome]":
+               scheme: str = schemes.PALLAS, handover_time: float = 0.0) -> "Future[CallOutcome]":
         """Commit at the handover (architecture step 3); the actual target may differ from the
         prepared one, and with no trigger this asks for post-handover recovery under ``scheme``."""
         req = pb.CommitRequest(session_id=session_id, epoch=epoch, actual_target=self.agents[actual_target].peer(),

@@ -13,11 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 from pallas_common import timing
+from pallas_common.schemes import ABLATIONS, NO_RC, NO_SM, PALLAS
 from pallas_eval.experiments import presets as PR
 from pallas_eval.experiments import single as S
 from pallas_eval.experiments.base import Comparison, ExperimentResult
 
-VARIANTS = ("pallas", "no-rc", "no-sm")
+VARIANTS = (PALLAS, *ABLATIONS)
 
 
 def variants(on, rates) -> dict[str, np.ndarray]:
@@ -28,8 +29,8 @@ def variants(on, rates) -> dict[str, np.ndarray]:
         w = on.window[ok, 0]
         x = timing.WindowInputs(k_curr=on.k_trig[ok, 0], t_remain=w, block_size=rates.block_size, r_p=rates.r_p,
                                 r_d=rates.r_d, bandwidth=on.bandwidth[ok, 0], s_kv=rates.s_kv, c_sync=rates.c_sync)
-        sit["no-rc"][ok] = timing.sit_no_rc(x, w[:, None])[:, 0]
-        sit["no-sm"][ok] = timing.sit_no_sm(x, w[:, None])[:, 0]
+        sit[NO_RC][ok] = timing.sit_no_rc(x, w[:, None])[:, 0]
+        sit[NO_SM][ok] = timing.sit_no_sm(x, w[:, None])[:, 0]
     return sit
 
 
@@ -55,12 +56,12 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
     hit = [s for s in settings if s["model"] == "qwen3-14b" and s["goodput_mbps"] == 300.0]
     if hit:
         s = hit[0]
-        comps += [Comparison("ablation.pallas.qwen3-14b.300", 1000 * s["pallas"], _why("ablation.pallas")),
-                  Comparison("ablation.no_rc.qwen3-14b.300", 1000 * s["no-rc"], _why("ablation.no_rc")),
-                  Comparison("ablation.no_sm.qwen3-14b.300", 1000 * s["no-sm"], _why("ablation.no_sm"))]
-    comps += [Comparison("ablation.reduction_vs_no_rc", 100 * float(np.mean([1 - s["pallas"] / s["no-rc"] for s in settings])),
+        comps += [Comparison("ablation.pallas.qwen3-14b.300", 1000 * s[PALLAS], _why("ablation.pallas")),
+                  Comparison("ablation.no_rc.qwen3-14b.300", 1000 * s[NO_RC], _why("ablation.no_rc")),
+                  Comparison("ablation.no_sm.qwen3-14b.300", 1000 * s[NO_SM], _why("ablation.no_sm"))]
+    comps += [Comparison("ablation.reduction_vs_no_rc", 100 * float(np.mean([1 - s[PALLAS] / s[NO_RC] for s in settings])),
                          _why("ablation.reduction_vs_no_rc")),
-              Comparison("ablation.reduction_vs_no_sm", 100 * float(np.mean([1 - s["pallas"] / s["no-sm"] for s in settings])),
+              Comparison("ablation.reduction_vs_no_sm", 100 * float(np.mean([1 - s[PALLAS] / s[NO_SM] for s in settings])),
                          _why("ablation.reduction_vs_no_sm"))]
     notes = [f"{ctx.size} contexts x {len(S.GOODPUTS)} goodputs x {len(models)} models, {gpu} rates"]
     return ExperimentResult("ablation", "simulate", rows, {"settings": settings}, [plot], comps, notes)

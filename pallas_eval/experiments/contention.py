@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pallas_common.schemes import CTHO, PALLAS
 from pallas_eval.experiments import mobility as M
 from pallas_eval.experiments import presets as PR
 from pallas_eval.experiments import single as S
@@ -84,13 +85,13 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000") 
         per = {"pallas_mean": [], "pallas_worst": [], "ctho_mean": [], "ctho_worst": [], "tail_itl": []}
         for rep in range(reps):
             lead = rng.choice(leads, n) + rng.uniform(0, SPREAD_S, n)
-            a = simulate_arrays(np.full(n, CONTEXT), lead, r, ("pallas", "ctho"), bandwidth=b_n, r_p=rp_n)
-            pre = float(np.sum(a.prefill_tokens["pallas"]))
+            a = simulate_arrays(np.full(n, CONTEXT), lead, r, (PALLAS, CTHO), bandwidth=b_n, r_p=rp_n)
+            pre = float(np.sum(a.prefill_tokens[PALLAS]))
             tail = resident_tail_itl(r, n, m, pre)
-            per["pallas_mean"].append(float(a.sit["pallas"].mean()))
-            per["pallas_worst"].append(float(a.sit["pallas"].max()))
-            per["ctho_mean"].append(float(a.sit["ctho"].mean()))
-            per["ctho_worst"].append(float(a.sit["ctho"].max()))
+            per["pallas_mean"].append(float(a.sit[PALLAS].mean()))
+            per["pallas_worst"].append(float(a.sit[PALLAS].max()))
+            per["ctho_mean"].append(float(a.sit[CTHO].mean()))
+            per["ctho_worst"].append(float(a.sit[CTHO].max()))
             per["tail_itl"].append(tail)
             rows.append({"kind": kind, "migrations": n, "residents": m, "rep": rep,
                          "pallas_sit_mean_s": per["pallas_mean"][-1], "pallas_sit_worst_s": per["pallas_worst"][-1],

@@ -10,15 +10,16 @@ from typing import Sequence
 
 import numpy as np
 
+from pallas_common.schemes import (ABLATIONS, COMPARED, CTHO, DETOUR, FULL_COPY, NO_RC, NO_SM, PALLAS,
+                                   RECOMPUTATION, RECOVERING, label)
+
 
 # ---------------------------------------------------------------------------------------------
 # The paper's figures (pallas experiment): our values as bars/lines, the paper's as black marks
 # ---------------------------------------------------------------------------------------------
 
-SCHEME_COLOURS = {"pallas": "tab:green", "detour": "tab:purple", "full-copy": "tab:red",
-                  "recomputation": "tab:orange", "ctho": "tab:blue", "no-rc": "tab:brown", "no-sm": "tab:olive"}
-SCHEME_LABELS = {"pallas": "Pallas", "detour": "Detour", "full-copy": "Full-Copy", "recomputation": "Recomputation",
-                 "ctho": "ctHO", "no-rc": "Pallas w/o RC", "no-sm": "Pallas w/o SM"}
+SCHEME_COLOURS = {PALLAS: "tab:green", DETOUR: "tab:purple", FULL_COPY: "tab:red",
+                  RECOMPUTATION: "tab:orange", CTHO: "tab:blue", NO_RC: "tab:brown", NO_SM: "tab:olive"}
 PAPER_MARK = dict(marker="*", color="black", ms=11, ls="none", zorder=5)
 
 
@@ -49,7 +50,7 @@ def _bars(ax, groups: Sequence[str], series: dict[str, Sequence[float]], err: di
     for i, (name, vals) in enumerate(series.items()):
         e = None if not err or name not in err else np.asarray(err[name]) * scale
         ax.bar(xs - 0.4 + width * (i + 0.5), np.asarray(vals) * scale, width, yerr=e, capsize=2,
-               color=SCHEME_COLOURS.get(name), label=SCHEME_LABELS.get(name, name))
+               color=SCHEME_COLOURS.get(name), label=label(name))
     ax.set_xticks(xs)
     ax.set_xticklabels(groups)
     ax.grid(alpha=0.3, axis="y")
@@ -71,7 +72,7 @@ def plot_figure5(path: Path, settings: Sequence[dict], traces: Sequence[dict], m
     fig = plt.figure(figsize=(15.0, 8.0))
     gs = fig.add_gridspec(2, 3)
     top = [fig.add_subplot(gs[0, i]) for i in range(3)]
-    target = ("pallas", "full-copy", "recomputation", "ctho")
+    target = (PALLAS, *RECOVERING)
     for i, (ax, m) in enumerate(zip(top, models)):
         rows = [s for s in settings if s["model"] == m]
         xs = _bars(ax, [f"{s['goodput_mbps']:.0f}" for s in rows],
@@ -87,7 +88,7 @@ def plot_figure5(path: Path, settings: Sequence[dict], traces: Sequence[dict], m
         ax.legend(fontsize=7, ncol=2, loc="upper right")
     ax = fig.add_subplot(gs[1, 0])
     itl = {k: [np.mean([s["itl_mean_s"][k] for s in settings if s["model"] == m]) for m in models]
-           for k in ("pallas", "detour", "full-copy", "recomputation", "ctho")}
+           for k in COMPARED}
     _bars(ax, list(models), itl)
     ax.set_yscale("log")
     ax.axhline(100, color="grey", ls="--", lw=1, label="SLO 100 ms")
@@ -115,11 +116,11 @@ def plot_table2(path: Path, table: Sequence[dict], detour_hops: dict[str, dict],
     """Table 2 as a figure: mean and P99 SIT per scheme per model (log scale; the paper's Pallas
     range shaded), mean and P99 ITL, and Detour's ITL against the hop count."""
     fig, axes = _figures(1, 3, (15.0, 4.0))
-    schemes = ("pallas", "full-copy", "recomputation", "ctho", "detour")
+    schemes = (PALLAS, *RECOVERING, DETOUR)
     ax = axes[0][0]
     get = lambda s, col: [next(t[col] for t in table if t["model"] == m and t["scheme"] == s) / 1000 for m in models]  # noqa: E731
     xs = _bars(ax, list(models), {s: get(s, "sit_mean_ms") for s in schemes[:4]})
-    ax.plot(np.array(xs) - 0.3, [v * 1000 for v in get("pallas", "sit_p99_ms")], "v", color="tab:green",
+    ax.plot(np.array(xs) - 0.3, [v * 1000 for v in get(PALLAS, "sit_p99_ms")], "v", color="tab:green",
             ls="none", label="Pallas P99")
     ax.axhspan(153.8, 323.8, color="black", alpha=0.12, label="paper: Pallas mean 153.8-323.8 ms")
     ax.set_yscale("log")
@@ -128,10 +129,10 @@ def plot_table2(path: Path, table: Sequence[dict], detour_hops: dict[str, dict],
     _headroom(ax, 20.0)
     ax.legend(fontsize=7, ncol=2, loc="upper right")
     ax = axes[0][1]
-    _bars(ax, list(models), {s: get(s, "itl_mean_ms") for s in ("pallas", "detour")})
-    ax.plot(np.array(xs) - 0.2, [v * 1000 for v in get("pallas", "itl_p99_ms")], "v", color="tab:green", ls="none",
+    _bars(ax, list(models), {s: get(s, "itl_mean_ms") for s in (PALLAS, DETOUR)})
+    ax.plot(np.array(xs) - 0.2, [v * 1000 for v in get(PALLAS, "itl_p99_ms")], "v", color="tab:green", ls="none",
             label="Pallas P99")
-    ax.plot(np.array(xs) + 0.2, [v * 1000 for v in get("detour", "itl_p99_ms")], "v", color="tab:purple", ls="none",
+    ax.plot(np.array(xs) + 0.2, [v * 1000 for v in get(DETOUR, "itl_p99_ms")], "v", color="tab:purple", ls="none",
             label="Detour P99")
     ax.axhspan(25.1, 66.7, color="black", alpha=0.12, label="paper: Pallas mean 25.1-66.7 ms")
     ax.axhline(100, color="grey", ls="--", lw=1, label="SLO 100 ms")
@@ -232,7 +233,7 @@ def plot_figure9(path: Path, settings: Sequence[dict], models: Sequence[str]) ->
     for ax, m in zip(axes[0], models):
         rows = [s for s in settings if s["model"] == m]
         xs = _bars(ax, [f"{s['goodput_mbps']:.0f}" for s in rows],
-                   {v: [s[v] for s in rows] for v in ("pallas", "no-rc", "no-sm")})
+                   {v: [s[v] for s in rows] for v in (PALLAS, *ABLATIONS)})
         if m == "qwen3-14b":
             i = [s["goodput_mbps"] for s in rows].index(300.0)
             ax.plot([xs[i] - 0.27, xs[i], xs[i] + 0.27], [235, 12486, 655], label="paper (300 Mbit/s)", **PAPER_MARK)
@@ -252,8 +253,8 @@ def plot_stress(path: Path, curves: Sequence[dict]) -> Path:
     for ax, k in zip(axes[0], ctxs):
         cs = [c for c in curves if c["context"] == k]
         t = [c["t_avail_s"] for c in cs]
-        for s in ("pallas", "full-copy", "recomputation", "ctho"):
-            ax.plot(t, [c[s] * 1000 for c in cs], "o-", ms=3, color=SCHEME_COLOURS[s], label=SCHEME_LABELS[s])
+        for s in (PALLAS, *RECOVERING):
+            ax.plot(t, [c[s] * 1000 for c in cs], "o-", ms=3, color=SCHEME_COLOURS[s], label=label(s))
         ax.set_yscale("log")
         ax.set_xlabel("prediction lead T_avail (s)")
         ax.set_ylabel("mean SIT (ms, log)")
@@ -281,7 +282,7 @@ def plot_live_single(path: Path, rows: Sequence[dict], emulate: str) -> Path:
     ax.bar(xs + 0.2, [r["sit_mean_model_s"] * 1000 for r in rows], 0.4, color="tab:grey", label="timing model (mean)")
     ax.plot(xs - 0.2, [r["sit_p99_live_s"] * 1000 for r in rows], "v", color="darkgreen", ls="none", label="live P99")
     ax.set_xticks(xs)
-    ax.set_xticklabels([SCHEME_LABELS.get(n, n) for n in names])
+    ax.set_xticklabels([label(n) for n in names])
     ax.set_yscale("log")
     ax.set_ylabel("SIT (ms, log)")
     ax.grid(alpha=0.3, axis="y")

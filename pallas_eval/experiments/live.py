@@ -32,6 +32,7 @@ import json
 import math
 from pathlib import Path
 
+from pallas_common.schemes import COMPARED, PALLAS, RECOVERING
 from pallas_eval.experiments.base import ExperimentResult
 
 LIVE_SCALE = {
@@ -84,7 +85,7 @@ def run_single(out_dir: Path, con, *, emulate: str = "qwen3-32b", ues: int = LIV
     from pallas_eval.cli import run_replay
     from pallas_eval.experiments.figures import plot_live_single
     opts = rp.ReplayOptions(out_dir=out_dir / "replay", regime="paper", emulate=emulate, ues=ues,  # type: ignore[call-arg]
-                            duration_s=duration_s, seed=seed, schemes=rp.SCHEMES)
+                            duration_s=duration_s, seed=seed, schemes=COMPARED)
     res = run_replay(opts, con)
     if res.get("leftover_pids"):
         raise RuntimeError(f"the replay left processes running: {res['leftover_pids']}")
@@ -102,11 +103,11 @@ def run_single(out_dir: Path, con, *, emulate: str = "qwen3-32b", ues: int = LIV
 
     def factor(col: str, sch: str) -> float:
         a = next((r[col] for r in rows if r["scheme"] == sch), float("nan"))
-        b = next((r[col] for r in rows if r["scheme"] == "pallas"), float("nan"))
+        b = next((r[col] for r in rows if r["scheme"] == PALLAS), float("nan"))
         return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
 
     factors = {sch: {"live": factor("sit_mean_live_s", sch), "model": factor("sit_mean_model_s", sch)}
-               for sch in ("full-copy", "recomputation", "ctho")}
+               for sch in RECOVERING}
     pacing = summ.get("pacing") or {}
     held = bool(pacing.get("held", True))
     out_dir.mkdir(parents=True, exist_ok=True)

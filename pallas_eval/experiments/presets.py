@@ -27,6 +27,19 @@ GPUs:
 Detour's hop delay (both GPUs): 30 ms per forwarding hop, from Figure 1 (section 2.2: P90 ITL
 at three hops 126.68-130.54 ms against a decode step of 28-48 ms). Block size 16 (vLLM's
 GPU default).
+
+The replay's setting (``paper-replay``, :func:`replay_rates`): what ``pallas replay --regime
+paper`` emulates (``pallas_eval.emulation`` paces the tiny model to these rates and scales the
+300 Mbit/s link by the KV size ratio) and what ``--rates paper`` simulates with
+(:data:`PAPER_QWEN3_32B`). It keeps the figures model.md section 9 and issue 13 state for the
+replay: Qwen3-32B prefilling 1,850 tokens/s (Table 1's Recomputation row taken whole, fixed
+costs included) and decoding 25 tokens/s (about the middle of Figure 5(d)'s 28-48 ms ITL), with
+c_sync 20 ms (an assumption: one control round trip plus admission). The ``rtx-a6000`` rates
+above fit the same paper figures differently (c_sync 0.15 s taken out of Table 1, so r_p
+2,238 tokens/s; Qwen3-32B's ITL at the slow end of 28-48 ms, so r_d 20.8 tokens/s), because the
+experiments model c_sync and the first decode step separately and the replay's pacing does
+not. Qwen3-14B and Llama-3-8B in this setting: Qwen3-32B's rates times the measured H200 ratio
+of the same models (prefill and decode), rounded to whole tokens/s and 0.1 tokens/s.
 """
 
 from __future__ import annotations
@@ -60,6 +73,8 @@ GPUS = ("rtx-a6000", "h200")
 BLOCK_SIZE = 16
 HOP_DELAY_S = 0.030
 PAPER_C_SYNC_S = 0.150
+#: The paper's inter-gNB goodput in its headline settings (Table 1, Figures 2, 5 and 9), Mbit/s.
+PAPER_GOODPUT_MBPS = 300.0
 # Figure 5(d): Pallas mean ITL 28-48 ms (Qwen3-14B's 40 ms is between, an assumption).
 PAPER_ITL_S = {"llama-3-8b": 0.028, "qwen3-14b": 0.040, "qwen3-32b": 0.048}
 
@@ -90,7 +105,7 @@ def _h200() -> dict:
 
 def _paper_r_p(model: str) -> float:
     """The A6000 prefill rates derived from the paper's text (module docstring)."""
-    b300 = timing.mbit_per_s(300.0)
+    b300 = timing.mbit_per_s(PAPER_GOODPUT_MBPS)
     if model == "qwen3-32b":
         fixed = PAPER_C_SYNC_S + PAPER_ITL_S[model]              # c_sync + first decode step
         return (1024 + 4096) / ((0.581 - fixed) + (2.103 - fixed))
@@ -105,7 +120,7 @@ def _paper_r_p(model: str) -> float:
     return r_p14 * h[model]["r_p_4k"] / h[q14]["r_p_4k"]
 
 
-def rates(model: str, gpu: str = "rtx-a6000", goodput_mbps: float = 300.0) -> Rates:
+def rates(model: str, gpu: str = "rtx-a6000", goodput_mbps: float = PAPER_GOODPUT_MBPS) -> Rates:
     """The timing model's :class:`~pallas_eval.simulate.Rates` for ``model`` on ``gpu`` at
     ``goodput_mbps`` Mbit/s of inter-gNB goodput (module docstring for every figure's source).
 
@@ -123,6 +138,45 @@ def rates(model: str, gpu: str = "rtx-a6000", goodput_mbps: float = 300.0) -> Ra
         raise KeyError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
     return Rates(name=f"{LABELS[model]} on {gpu}", r_p=r_p, r_d=r_d, bandwidth=timing.mbit_per_s(goodput_mbps),
                  s_kv=float(s_kv(model)), block_size=BLOCK_SIZE, c_sync=PAPER_C_SYNC_S, hop_delay_s=HOP_DELAY_S)
+
+
+#: The replay's setting (module docstring): its name, its anchor model and the anchor's rates.
+REPLAY_SETTING = "paper-replay"
+REPLAY_ANCHOR_MODEL = "qwen3-32b"
+REPLAY_R_P = 1850.0        # tokens/s: Table 1's Recomputation row (model.md section 9, issue 13)
+REPLAY_R_D = 25.0          # tokens/s: Figure 5(d)'s 28-48 ms ITL
+REPLAY_C_SYNC_S = 0.020    # assumption: one control round trip plus admission
+_REPLAY_SOURCES = {True: "paper Table 1 / Fig. 5(d) (model.md section 6)",
+                   False: "qwen3-32b's paper rates x the H200 ratio (benchmarks/results/h200_rates.json)"}
+
+
+def replay_rates(model: str = REPLAY_ANCHOR_MODEL) -> Rates:
+    """The replay's setting (``paper-replay``, module docstring) for ``model``: the anchor's
+    rates for Qwen3-32B, the others' scaled by the H200 ratio; at 300 Mbit/s, block size 16,
+    c_sync 20 ms, 30 ms per Detour hop. KeyError for an unknown model."""
+    _check_model(model)
+    if model == REPLAY_ANCHOR_MODEL:
+        r_p, r_d = REPLAY_R_P, REPLAY_R_D
+        name = f"paper ({LABELS[model]}, RTX A6000, {PAPER_GOODPUT_MBPS:.0f} Mbit/s)"
+    else:
+        h = _h200()
+        a = h[REPLAY_ANCHOR_MODEL]
+        r_p = round(REPLAY_R_P * h[model]["r_p"] / a["r_p"], 0)
+        r_d = round(REPLAY_R_D * h[model]["r_d"] / a["r_d"], 1)
+        name = f"{REPLAY_SETTING} ({LABELS[model]}, {PAPER_GOODPUT_MBPS:.0f} Mbit/s)"
+    return Rates(name=name, r_p=r_p, r_d=r_d, bandwidth=timing.mbit_per_s(PAPER_GOODPUT_MBPS),
+                 s_kv=float(s_kv(model)), block_size=BLOCK_SIZE, c_sync=REPLAY_C_SYNC_S, hop_delay_s=HOP_DELAY_S)
+
+
+def replay_source(model: str) -> str:
+    """Where :func:`replay_rates`'s figures for ``model`` come from (one line)."""
+    return _REPLAY_SOURCES[_check_model(model) == REPLAY_ANCHOR_MODEL]
+
+
+#: The replay's ``--rates paper``: Qwen3-32B in the replay's setting.
+PAPER_QWEN3_32B = replay_rates(REPLAY_ANCHOR_MODEL)
+#: Named rate presets of ``pallas replay --rates``.
+RATE_PRESETS = {"paper": PAPER_QWEN3_32B}
 
 
 def with_goodput(r: Rates, goodput_mbps: float) -> Rates:

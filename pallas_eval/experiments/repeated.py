@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from pallas_common.schemes import COMPARED, DETOUR, PALLAS
 from pallas_eval.experiments import mobility as M
 from pallas_eval.experiments import presets as PR
 from pallas_eval.experiments.base import Comparison, ExperimentResult
 from pallas_eval.simulate import simulate_arrays
 
 PROMPT = 1000
-SCHEMES = ("pallas", "detour", "full-copy", "recomputation", "ctho")
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -88,7 +88,7 @@ def baseline_sits(d: M.Drives, rates, scheme: str, bw: np.ndarray) -> np.ndarray
         k = PROMPT + rates.r_d * np.maximum(0.0, t[ok] - stall[ok])
         a = simulate_arrays(k, 0.0, rates, (scheme,), hops=j + 1, bandwidth=bw[ok, j])
         out[ok, j] = a.sit[scheme]
-        if scheme != "detour":
+        if scheme != DETOUR:
             stall[ok] += a.sit[scheme]
     return out
 
@@ -106,12 +106,12 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
     for model in models:
         rates = PR.rates(model, gpu, 300.0)
         on = M.run_online(d, p, rates, np.full(d.n, float(PROMPT)), bw, t_avail_s=ta)
-        sits = {"pallas": on.sit}
-        for s in SCHEMES[1:]:
+        sits = {PALLAS: on.sit}
+        for s in COMPARED[1:]:
             sits[s] = baseline_sits(d, rates, s, bw)
         ok = np.isfinite(d.ho_time)
-        for s in SCHEMES:
-            v, w = session_itls(d, sits[s], rates, detour=(s == "detour"))
+        for s in COMPARED:
+            v, w = session_itls(d, sits[s], rates, detour=(s == DETOUR))
             x = sits[s][ok]
             table.append({"model": model, "scheme": s, "handovers": int(ok.sum()),
                           "sit_mean_ms": 1000 * float(x.mean()), "sit_p99_ms": 1000 * float(np.percentile(x, 99)),
@@ -124,7 +124,7 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
                          "goodput_mbps": g[i, j], "t_avail_s": ta[i, j], "k_ho": on.k_ho[i, j],
                          "committed": bool(on.committed[i, j]), "window_s": on.window[i, j],
                          "t_early_s": on.t_early[i, j], "discarded_s": on.discarded[i, j],
-                         **{f"sit_{s}_s": float(sits[s][i, j]) for s in SCHEMES}})
+                         **{f"sit_{s}_s": float(sits[s][i, j]) for s in COMPARED}})
     out_dir.mkdir(parents=True, exist_ok=True)
     plot = plot_table2(out_dir / "table2.png", table, detour_hops, models)
     comps = _comparisons(table, n_ho)
@@ -161,8 +161,8 @@ def _why(key: str) -> str:
 
 def _comparisons(table, n_ho) -> list[Comparison]:
     c = [Comparison("repeated.handovers_per_model", float(n_ho), _why("repeated.handovers_per_model"))]
-    pal = [t for t in table if t["scheme"] == "pallas"]
-    det = {t["model"]: t for t in table if t["scheme"] == "detour"}
+    pal = [t for t in table if t["scheme"] == PALLAS]
+    det = {t["model"]: t for t in table if t["scheme"] == DETOUR}
     for name, col in (("sit_mean", "sit_mean_ms"), ("sit_p99", "sit_p99_ms"), ("itl_mean", "itl_mean_ms"),
                       ("itl_p99", "itl_p99_ms")):
         v = [t[col] for t in pal]

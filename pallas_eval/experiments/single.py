@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from pallas_common.schemes import COMPARED, CTHO, DETOUR, FULL_COPY, PALLAS, RECOMPUTATION, RECOVERING
 from pallas_eval.experiments import mobility as M
 from pallas_eval.experiments import presets as PR
 from pallas_eval.experiments.base import Comparison, ExperimentResult
 from pallas_eval.simulate import simulate_arrays
 
 GOODPUTS = (100.0, 300.0, 500.0)
-TARGET_SCHEMES = ("pallas", "full-copy", "recomputation", "ctho")
-SCHEMES = ("pallas", "detour", "full-copy", "recomputation", "ctho")
 ITL_TOKENS = 256
 CONTEXT_BINS = ((500, 1500), (1500, 2500), (2500, 3500), (3500, 4500))
 TRACE_STEP_S = 0.1
@@ -124,15 +123,15 @@ def traces(seed: int, model: str, ctx: np.ndarray, d, p, gpu: str = "rtx-a6000")
         est = _mean_bw(cum, t_ho - np.minimum(lead, 5.0) - 2.0, t_ho - np.minimum(lead, 5.0))
         fc_t = _time_to_send(cum, t_ho, ctx * rates.s_kv)
         b_fc = ctx * rates.s_kv / np.maximum(fc_t, 1e-9)
-        a0 = simulate_arrays(ctx, 0.0, rates, ("ctho", "recomputation"), bandwidth=_mean_bw(cum, t_ho, t_ho + 1.0))
-        b_ctho = _mean_bw(cum, t_ho, t_ho + a0.sit["ctho"])
+        a0 = simulate_arrays(ctx, 0.0, rates, (CTHO, RECOMPUTATION), bandwidth=_mean_bw(cum, t_ho, t_ho + 1.0))
+        b_ctho = _mean_bw(cum, t_ho, t_ho + a0.sit[CTHO])
         b_pal = _mean_bw(cum, t_ho - np.minimum(lead, 2.0), t_ho + 0.3)
-        a_fc = simulate_arrays(ctx, 0.0, rates, ("full-copy",), bandwidth=b_fc)
-        a_ct = simulate_arrays(ctx, 0.0, rates, ("ctho", "recomputation"), bandwidth=b_ctho)
-        a_p = simulate_arrays(ctx, lead, rates, ("pallas",), bandwidth=b_pal, est_bandwidth=est)
+        a_fc = simulate_arrays(ctx, 0.0, rates, (FULL_COPY,), bandwidth=b_fc)
+        a_ct = simulate_arrays(ctx, 0.0, rates, (CTHO, RECOMPUTATION), bandwidth=b_ctho)
+        a_p = simulate_arrays(ctx, lead, rates, (PALLAS,), bandwidth=b_pal, est_bandwidth=est)
         row = {"model": model, "trace": kind, "trace_mean_mbps": float(tr.mean()),
-               "pallas": float(a_p.sit["pallas"].mean()), "full-copy": float(a_fc.sit["full-copy"].mean()),
-               "recomputation": float(a_ct.sit["recomputation"].mean()), "ctho": float(a_ct.sit["ctho"].mean())}
+               PALLAS: float(a_p.sit[PALLAS].mean()), FULL_COPY: float(a_fc.sit[FULL_COPY].mean()),
+               RECOMPUTATION: float(a_ct.sit[RECOMPUTATION].mean()), CTHO: float(a_ct.sit[CTHO].mean())}
         out.append(row)
     return out
 
@@ -140,8 +139,8 @@ def traces(seed: int, model: str, ctx: np.ndarray, d, p, gpu: str = "rtx-a6000")
 def table1(gpu: str = "rtx-a6000") -> dict[str, float]:
     """Table 1's cells (Qwen3-32B, 300 Mbit/s) from the model: SIT in s by 'scheme.1k|4k'."""
     r = PR.rates("qwen3-32b", gpu, 300.0)
-    a = simulate_arrays([1024.0, 4096.0], 0.0, r, ("full-copy", "recomputation", "ctho"))
-    return {f"{s}.{k}": float(a.sit[s][i]) for s in ("full-copy", "recomputation", "ctho") for i, k in enumerate(("1k", "4k"))}
+    a = simulate_arrays([1024.0, 4096.0], 0.0, r, RECOVERING)
+    return {f"{s}.{k}": float(a.sit[s][i]) for s in RECOVERING for i, k in enumerate(("1k", "4k"))}
 
 
 def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
@@ -157,17 +156,17 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
             rates = PR.rates(model, gpu, g)
             on = run_pallas(d, p, rates, ctx, rates.bandwidth)
             k_ho = on.k_ho[:, 0]
-            base = simulate_arrays(k_ho, 0.0, rates, ("detour", "full-copy", "recomputation", "ctho"), hops=1)
-            sits = {"pallas": on.sit[:, 0], **base.sit}
+            base = simulate_arrays(k_ho, 0.0, rates, (DETOUR, *RECOVERING), hops=1)
+            sits = {PALLAS: on.sit[:, 0], **base.sit}
             for i in range(ctx.size):
                 rows.append({"model": model, "goodput_mbps": g, "event": i, "context": ctx[i], "k_ho": k_ho[i],
                              "t_avail_s": on.t_avail[i, 0], "window_s": on.window[i, 0],
                              "committed": bool(on.committed[i, 0]), "t_early_s": on.t_early[i, 0],
-                             **{f"sit_{s}_s": float(sits[s][i]) for s in SCHEMES},
-                             **{f"itl_{s}_s": float(itl_after(sits[s][i], rates, 1 if s == "detour" else 0))
-                                for s in SCHEMES}})
-            mean = {s: float(np.mean(sits[s])) for s in SCHEMES}
-            itl = {s: float(np.mean(itl_after(sits[s], rates, 1 if s == "detour" else 0))) for s in SCHEMES}
+                             **{f"sit_{s}_s": float(sits[s][i]) for s in COMPARED},
+                             **{f"itl_{s}_s": float(itl_after(sits[s][i], rates, 1 if s == DETOUR else 0))
+                                for s in COMPARED}})
+            mean = {s: float(np.mean(sits[s])) for s in COMPARED}
+            itl = {s: float(np.mean(itl_after(sits[s], rates, 1 if s == DETOUR else 0))) for s in COMPARED}
             per_setting.append({"model": model, "goodput_mbps": g, "sit_mean_s": mean, "itl_mean_s": itl,
                                 "commit_share": float(on.committed[:, 0].mean())})
     tr = [row for m in models for row in traces(seed, m, ctx, d, p, gpu)]
@@ -183,7 +182,7 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
 
 
 def _factor_range(per_setting, scheme):
-    f = [s["sit_mean_s"][scheme] / s["sit_mean_s"]["pallas"] for s in per_setting]
+    f = [s["sit_mean_s"][scheme] / s["sit_mean_s"][PALLAS] for s in per_setting]
     return min(f), max(f)
 
 
@@ -227,22 +226,24 @@ def _comparisons(per_setting, tr, t1, models) -> list[Comparison]:
     add("table1.ctho.4k", t1["ctho.4k"] * 1000)
     hit = [s for s in per_setting if s["model"] == "qwen3-32b" and s["goodput_mbps"] == 100.0]
     if hit:
-        add("single.pallas_sit.qwen3-32b.100", hit[0]["sit_mean_s"]["pallas"] * 1000)
-    for sch, key in (("full-copy", "full_copy"), ("recomputation", "recomputation"), ("ctho", "ctho")):
+        add("single.pallas_sit.qwen3-32b.100", hit[0]["sit_mean_s"][PALLAS] * 1000)
+    for sch in RECOVERING:
+        key = sch.replace("-", "_")
         lo, hi = _factor_range(per_setting, sch)
         add(f"single.factor_{key}.min", lo)
         add(f"single.factor_{key}.max", hi)
-    itl = [s["itl_mean_s"]["pallas"] * 1000 for s in per_setting]
-    red = [100 * (1 - s["itl_mean_s"]["pallas"] / s["itl_mean_s"]["detour"]) for s in per_setting]
+    itl = [s["itl_mean_s"][PALLAS] * 1000 for s in per_setting]
+    red = [100 * (1 - s["itl_mean_s"][PALLAS] / s["itl_mean_s"][DETOUR]) for s in per_setting]
     add("single.pallas_itl.min", min(itl))
     add("single.pallas_itl.max", max(itl))
     add("single.itl_reduction_vs_detour.min", min(red))
     add("single.itl_reduction_vs_detour.max", max(red))
-    ps = [r["pallas"] * 1000 for r in tr]
+    ps = [r[PALLAS] * 1000 for r in tr]
     add("single.trace.pallas_sit.min", min(ps))
     add("single.trace.pallas_sit.max", max(ps))
-    for sch, key in (("full-copy", "full_copy"), ("recomputation", "recomputation"), ("ctho", "ctho")):
-        f = [r[sch] / r["pallas"] for r in tr]
+    for sch in RECOVERING:
+        key = sch.replace("-", "_")
+        f = [r[sch] / r[PALLAS] for r in tr]
         add(f"single.trace.factor_{key}.min", min(f))
         add(f"single.trace.factor_{key}.max", max(f))
     return c

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from pallas_common import timing
+from pallas_common.schemes import PALLAS, RECOVERING
 from pallas_eval.experiments import presets as PR
 from pallas_eval.experiments import single as S
 from pallas_eval.experiments.base import ExperimentResult
@@ -37,7 +38,7 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000") 
     for k in CONTEXTS:
         # the context plus a uniform part-block, so the handover does not always fall on a block edge
         ctx = float(k) + np.random.default_rng([seed, k]).uniform(0, r.block_size, n)
-        base = simulate_arrays(ctx, 0.0, r, ("full-copy", "recomputation", "ctho"))
+        base = simulate_arrays(ctx, 0.0, r, RECOVERING)
         for lead in leads:
             delay = np.full(d.ho_time.shape, lead)
             on = S.run_pallas_delayed(d, p, r, ctx, delay)
@@ -49,10 +50,10 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000") 
                 rows.append({"context": k, "t_avail_imposed_s": lead, "event": i, "t_avail_s": ta[i],
                              "committed": bool(on.committed[i, 0]), "window_s": on.window[i, 0],
                              "sit_pallas_s": sit[i], "discarded_s": disc[i], "discard_bound_s": bound[i],
-                             **{f"sit_{s}_s": float(base.sit[s][i]) for s in ("full-copy", "recomputation", "ctho")}})
-            curves.append({"context": k, "t_avail_s": lead, "pallas": float(sit.mean()),
+                             **{f"sit_{s}_s": float(base.sit[s][i]) for s in RECOVERING}})
+            curves.append({"context": k, "t_avail_s": lead, PALLAS: float(sit.mean()),
                            "commit_share": float(on.committed[:, 0].mean()), "discarded_s": float(disc.mean()),
-                           **{s: float(base.sit[s].mean()) for s in ("full-copy", "recomputation", "ctho")}})
+                           **{s: float(base.sit[s].mean()) for s in RECOVERING}})
     out_dir.mkdir(parents=True, exist_ok=True)
     plot = plot_stress(out_dir / "stress.png", curves)
     notes = [f"{n} events x {len(leads)} leads x {len(CONTEXTS)} contexts, {MODEL} at {GOODPUT:.0f} Mbit/s ({gpu}); "

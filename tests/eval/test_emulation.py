@@ -131,3 +131,27 @@ def test_scheduler_side_puts_the_step_duration_in_the_metadata():
     assert isinstance(meta, ec.EmulatedMetadata)
     assert (meta.prefill_tokens, meta.decode_reqs) == (370, 1) and meta.pace_s == pytest.approx(0.24)
     assert meta.saves == [] and meta.loads == []
+
+
+def test_emulated_models_are_the_presets_replay_setting():
+    """One table of the paper's models (issue 17): the replay's emulation and its ``--rates
+    paper`` read pallas_eval.experiments.presets' ``paper-replay`` setting, which keeps the
+    replay's Qwen3-32B at 1,850 / 25 tokens/s and 300 Mbit/s (issue 13) while the experiments'
+    ``rtx-a6000`` fit of the same paper figures differs (c_sync taken out)."""
+    from pallas_common import timing
+    from pallas_eval.experiments import presets as PR
+
+    assert set(emu.EMULATED) == set(PR.MODELS)
+    for name in PR.MODELS:
+        r, m = PR.replay_rates(name), emu.emulated_model(name)
+        assert (m.r_p, m.r_d, m.s_kv) == (r.r_p, r.r_d, float(PR.s_kv(name)))
+        assert m.source == PR.replay_source(name)
+    p = PR.PAPER_QWEN3_32B
+    assert (p.r_p, p.r_d, p.s_kv, p.block_size) == (1850.0, 25.0, 262_144.0, 16)
+    assert p.bandwidth == timing.mbit_per_s(300.0) and (p.c_sync, p.hop_delay_s) == (0.02, 0.03)
+    assert PR.RATE_PRESETS["paper"] is p
+    assert emu.PAPER_LINK_MBPS == PR.PAPER_GOODPUT_MBPS == 300.0
+    assert emu.PAPER_HOP_DELAY_S == PR.HOP_DELAY_S == 0.03
+    a6000 = PR.rates("qwen3-32b", "rtx-a6000")
+    assert a6000.r_p == pytest.approx(5120 / (0.581 + 2.103 - 2 * (0.15 + 0.048)))   # ~2,238 tokens/s
+    assert a6000.r_d == pytest.approx(1 / 0.048) and a6000.c_sync == 0.15

@@ -18,7 +18,8 @@ from pallas_common import timing
 from pallas_eval.experiments import NAMES, base, live
 from pallas_eval.experiments import mobility as M
 from pallas_eval.experiments import presets as PR
-from pallas_eval.simulate import PAPER_QWEN3_32B, SimHandover, simulate, simulate_arrays
+from pallas_eval.experiments.presets import PAPER_QWEN3_32B
+from pallas_eval.simulate import SimHandover, simulate, simulate_arrays
 
 
 @pytest.fixture(scope="module")

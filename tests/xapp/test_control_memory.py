@@ -160,3 +160,29 @@ def test_the_event_log_streams_to_its_file_and_keeps_a_bounded_tail(tmp_path):
     lines = (tmp_path / "e.jsonl").read_text().splitlines()
     assert len(lines) == 1000 and json.loads(lines[-1])["i"] == 999
     assert [e["i"] for e in log.events] == list(range(990, 1000)) and log.written == 1000
+
+
+@pytest.mark.parametrize("others", [[], [("s2", "2")]])
+def test_a_failed_session_ends_like_a_finished_one(others):
+    """An agent reports a session ``failed`` (pallas_common.schemes.SessionState.FAILED): the xApp
+    stops tracking it as if it had finished, also when no other session of the report is left
+    out (before, the failed state was rewritten to finished only when some other session was
+    dropped from the report, so a report of serving and failed sessions kept the failed one
+    tracked and its token count refreshed)."""
+    app = _app()
+    now = time.time()
+    ues = [("s1", "1"), *others]
+    for sid, ue in ues:
+        r = MeasurementReport(now, ue, CELL_A, -80.0)
+        app.tracks.add(r)
+        app.control.on_report(r)
+    app.on_telemetry("edge-a", _telemetry("edge-a", ues))
+    assert {s for s, _ in ues} <= set(app.tokens)
+    rep = _telemetry("edge-a", others)
+    rep.sessions.add(session_id="s1", ue_id="1", tokens=20001, decode_rate=50.0, state="failed",
+                     remaining_tokens=4999)
+    app.on_telemetry("edge-a", rep)
+    assert "s1" not in app.tokens
+    with pytest.raises(KeyError):
+        app.engine.session("s1")
+    assert [s for s, _ in others] == [s for s in app.tokens]

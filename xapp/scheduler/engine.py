@@ -30,12 +30,13 @@ import numpy as np
 import structlog
 from prometheus_client import Counter, Histogram
 
+from pallas_common.schemes import PROACTIVE, SessionState
 from pallas_common.timing import WindowInputs, decide
 from pallas_proto import pallas_pb2
 
 from .admission import ModelKey, admit
 from .config import SchedulerConfig
-from .state import (PROACTIVE_SCHEMES, Action, CancelAction, CommitAction, MigrationState,
+from .state import (Action, CancelAction, CommitAction, MigrationState,
                     SessionMigration, TriggerAction)
 from .telemetry import TelemetryStore
 
@@ -71,7 +72,7 @@ class SchedulerEngine:
         self._epochs = epochs
         self.telemetry = telemetry if telemetry is not None else TelemetryStore(cfg)
         self.scheme, self.fallback = scheme, fallback
-        self.proactive = scheme in PROACTIVE_SCHEMES
+        self.proactive = scheme in PROACTIVE
         # The scheme a handover without preparation uses where the target can serve.
         self._reactive = fallback if self.proactive else scheme
         self.min_confidence = float(min_confidence)
@@ -130,7 +131,7 @@ class SchedulerEngine:
             self._horizon = cfg.t_max_s + self._params.trigger_lookahead
             self.telemetry.reconfigure(cfg)
         if scheme is not None:
-            self.scheme, self.proactive = scheme, scheme in PROACTIVE_SCHEMES
+            self.scheme, self.proactive = scheme, scheme in PROACTIVE
         if fallback is not None:
             self.fallback = fallback
         self._reactive = self.fallback if self.proactive else self.scheme
@@ -308,7 +309,7 @@ class SchedulerEngine:
         actions: list[Action] = []
         for s in samples:
             slot = self._slot.get(s.session_id)
-            if s.state == "finished":
+            if s.state is SessionState.FINISHED:
                 # Only the agent serving the session ends it: after a commit the old source
                 # reports its stopped copy as finished while the new one decodes on.
                 if slot is not None and self._sm[slot].source == agent:  # type: ignore[union-attr]

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 import structlog
+
+from pallas_common.schemes import PROACTIVE
 from pallas_proto import pallas_pb2
 
 __all__ = [
@@ -45,15 +47,9 @@ __all__ = [
     "Action",
     "InvalidTransition",
     "SessionMigration",
-    "PROACTIVE_SCHEMES",
 ]
 
 log = structlog.get_logger(__name__)
-
-#: Schemes that prepare before the handover (Pallas and its two ablations).
-PROACTIVE_SCHEMES = frozenset({pallas_pb2.SCHEME_PALLAS, pallas_pb2.SCHEME_NO_RC,
-                               pallas_pb2.SCHEME_NO_SM})
-
 
 class MigrationState(str, enum.Enum):
     """A session's migration state (module docstring)."""
@@ -169,7 +165,7 @@ class SessionMigration:
                  fallback: int = pallas_pb2.SCHEME_CTHO,
                  on_transition: Callable[["SessionMigration", MigrationState], None] | None = None,
                  epochs: Callable[[str], int] | None = None) -> None:
-        if scheme not in PROACTIVE_SCHEMES:
+        if scheme not in PROACTIVE:
             raise ValueError(f"scheme {scheme} does not prepare before the handover")
         self.session_id, self.ue_id, self.source = session_id, ue_id, source
         self.scheme, self.fallback = scheme, fallback

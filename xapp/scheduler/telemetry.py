@@ -19,6 +19,8 @@ from typing import Any, Hashable, Iterable
 import numpy as np
 import structlog
 
+from pallas_common.schemes import SessionState
+
 from .admission import ModelKey, ServerState
 from .config import SchedulerConfig
 
@@ -121,7 +123,9 @@ class SessionSample:
     """One session as its serving agent reported it (``pallas_pb2.SessionTelemetry``).
 
     ``tokens``: K_curr; ``remaining_tokens``: tokens still to generate (None: unknown);
-    ``decode_rate``: tokens/s (0: not reported); ``time``: report time, s.
+    ``decode_rate``: tokens/s (0: not reported); ``state``: the agent's
+    ``SessionTelemetry.state`` read through :class:`pallas_common.schemes.SessionState` (None:
+    empty or a state this version does not know); ``time``: report time, s.
     """
 
     session_id: str
@@ -130,7 +134,7 @@ class SessionSample:
     tokens: int
     remaining_tokens: int | None
     decode_rate: float
-    state: str
+    state: SessionState | None
     epoch: int
     time: float
 
@@ -220,7 +224,7 @@ class TelemetryStore:
                 self.observe_decode_rate(s.session_id, s.decode_rate, t)
             remaining = int(s.remaining_tokens) if (s.remaining_tokens or s.max_tokens) else None
             out.append(SessionSample(s.session_id, s.ue_id, agent, int(s.tokens), remaining,
-                                     float(s.decode_rate), s.state, int(s.epoch), t))
+                                     float(s.decode_rate), SessionState.of(s.state), int(s.epoch), t))
         return out
 
     # -- reads --------------------------------------------------------------------------------
