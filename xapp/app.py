@@ -43,7 +43,8 @@ from xapp.control import ControlLoop, UEState
 from xapp.dispatch import ActionDispatcher
 from xapp.e2.transport import A1_POLICY_RESP, A1_POLICY_REQ, RIC_INDICATION, RmrMessage
 from xapp.events import EventLog
-from xapp.policy import AgentEndpoint, PolicyClient, TelemetryConsumer, scheme_name, scheme_value
+from pallas_common.schemes import scheme_name
+from xapp.policy import AgentEndpoint, PolicyClient, TelemetryConsumer, scheme_value
 from xapp.store import MemoryStore, MigrationJournal, XappStore, recovery_plan
 from xapp.tracks import TrackStore
 
