@@ -283,14 +283,21 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     con.print(regime.describe())
     result["regime"] = regime.describe()
     with Supervisor(opts.out_dir / "logs") as sup, ProxyPool() as proxies:
+        relay: dict[str, str] = {}       # front -> its delaying proxy (the paper regime's relay hop)
+
+        def peer_url(front: str) -> str:
+            if regime.hop_delay_s <= 0:
+                return front
+            key = front.rstrip("/")
+            if key not in relay:
+                relay[key] = proxies.add(key, regime.hop_delay_s).url
+            return relay[key]
+
         with con.status(f"starting {opts.servers} vLLM servers with agents (tiny model, first start builds it)"):
-            servers = rp.start_servers(sup, opts, opts.servers, regime)
+            servers = rp.start_servers(sup, opts, opts.servers, regime, peer_url=peer_url)
         con.print(f"servers ready after {time.time() - t_start:.0f} s: "
                   + ", ".join(f"{s.agent_id} (front {s.agent.front_url})" for s in servers))
-        origin_of = None
-        if regime.hop_delay_s > 0:
-            relay = {s.agent.front_url: proxies.add(s.agent.front_url, regime.hop_delay_s).url for s in servers}
-            origin_of = lambda front: relay.get(front.rstrip("/"), front)  # noqa: E731
+        origin_of = (lambda front: relay.get(front.rstrip("/"), front)) if relay else None  # noqa: E731
         cpu = CpuSampler({s.agent_id: s.child.popen.pid for s in servers})
         cpu.add("harness", os.getpid(), alone=True)
         from pallas_eval.models import build_model, model_config

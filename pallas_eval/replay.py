@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import structlog
@@ -218,10 +218,13 @@ class Server:
         return f"http://127.0.0.1:{self.vllm_port}"
 
 
-def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime | None = None) -> list[Server]:
+def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime | None = None,
+                  peer_url: Callable[[str], str] | None = None) -> list[Server]:
     """Start ``n`` agents (each with its vLLM server) under the supervisor and wait until all
     are ready. vLLM threads: server i is bound to core i mod (cores). ``regime`` (default: that
-    of ``opts``) sets the connector's pacing and the peer link's rate."""
+    of ``opts``) sets the connector's pacing and the peer link's rate. ``peer_url(front)``: the
+    URL the other agents know a front by (``--peer-front``; the paper regime's delaying relay
+    proxy, so that a relayed stream crosses the hop and the front accepts it as a peer's)."""
     from pallas_eval.cluster import LocalAgent
     from pallas_eval.emulation import agent_flags
     from pallas_eval.models import build_model
@@ -247,7 +250,7 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
         a = LocalAgent(f"edge-{i}", model, omp_bind=str(i % cores), extra=extra, log_dir=str(opts.out_dir / "logs"),
                        env=env)
         agents.append((a, vport))
-    fronts = {a.agent_id: a.front_url for a, _ in agents}
+    fronts = {a.agent_id: peer_url(a.front_url) if peer_url else a.front_url for a, _ in agents}
     for i, (a, vport) in enumerate(agents):
         child = sup.start(f"agent-{a.agent_id}", a.command({k: v for k, v in fronts.items() if k != a.agent_id}),
                           env={**_env_with_repo(), **a.env, "PALLAS_FRONT_OPERATOR_TOKEN": OPERATOR_TOKEN}, cwd=REPO)
