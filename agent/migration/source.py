@@ -269,19 +269,25 @@ class SourceRole:
                 ship, warmup_wait = Ship.NONE, 0.0
         finished_here = s.state == SessionState.FINISHED or s.request_done
         shipping = ship != Ship.NONE and not finished_here
+        # A prepared attempt's tail (the last, partial block) crosses the link only where that
+        # is faster than recomputing it at the target (model.md Eq. 6: s_kv / B against 1 / r_p).
+        ship_tail = shipping and (not prepared or self._tail_pays(out, r_p))
         out.to(SourceState.COMMITTING)
         if shipping and out.stream is None:
             out.stream = out.client.open_stream(sid, epoch)
             self._watch_stream(out)
         if shipping:
             # The engine's next step copies out what is missing from the run and the tail.
-            self.hub.export(sid, epoch, out.run_end(), stream=True, tail=True)
-            await self._wait_blocks(out, need_end, deadline)
+            self.hub.export(sid, epoch, out.run_end(), stream=True, tail=ship_tail)
+            # At most half of what is left of the deadline: the stream's end and the Sync
+            # (with the target's resume) need the rest; what is missing then is recomputed.
+            await self._wait_blocks(out, need_end, time.monotonic() + 0.5 * max(0.0, deadline - time.monotonic()),
+                                    tail=ship_tail)
         self.hub.stop_export(sid)
         tail_msg = None
         last_full = need_end // bs
         t = out.tail
-        if shipping and need_end % bs and last_full not in out.full and t is not None \
+        if ship_tail and need_end % bs and last_full not in out.full and t is not None \
                 and t.idx == last_full and t.fill >= need_end % bs:
             tail_msg = pallas_pb2.KVBlock(session_id=sid, epoch=epoch, block_index=t.idx,
                                           fill=t.fill, checksum=t.crc, data=t.data)
@@ -341,9 +347,19 @@ class SourceRole:
                 waited_s=time.monotonic() - t_sync))
         return r
 
-    async def _wait_blocks(self, out: Outbound, need_end: int, deadline: float) -> None:
+    def _tail_pays(self, out: Outbound, r_p: float) -> bool:
+        """Whether shipping the tail's KV beats recomputing it at the target: the link's
+        goodput B (bytes/s, measured, else the rate limit) above s_kv * r_p (the target's
+        prefill rate, measured; model.md section 3, Eq. 6)."""
+        ident = self.identity()
+        r_p = r_p or self.prefill_rate() or self.cfg.default_prefill_rate
+        goodput = out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9
+        return goodput > float(ident.kv_bytes_per_token) * r_p
+
+    async def _wait_blocks(self, out: Outbound, need_end: int, deadline: float, tail: bool = True) -> None:
         """Wait (until ``deadline``, time.monotonic()) for the engine to copy out what covers
-        positions < ``need_end``: the full blocks from ``first_block`` and the tail.
+        positions < ``need_end``: the full blocks from ``first_block`` and, with ``tail``, the
+        tail.
 
         Event-driven: wakes on every block copied out and on the end of the session's request
         (a finished request copies out nothing more; after it ends the wait keeps only
@@ -354,7 +370,7 @@ class SourceRole:
         last_full, rem = need_end // bs, need_end % bs
         while True:
             have_full = all(j in out.full for j in range(out.first_block, last_full))
-            have_tail = (rem == 0 or last_full < out.first_block or last_full in out.full
+            have_tail = (not tail or rem == 0 or last_full < out.first_block or last_full in out.full
                          or (out.tail is not None and out.tail.idx == last_full
                              and out.tail.fill >= rem))
             if (have_full and have_tail) or out.state == SourceState.FAILED:

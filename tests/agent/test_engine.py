@@ -44,7 +44,9 @@ def _engine(free_blocks=1000, **cfg):
     hub = BlockHub()
     hub.sched_info = {"free_blocks": free_blocks, "block_size": 32}
     eng = FakeEngine()
-    kw = dict(claim_wait_s=0.05, resume_deadline_s=0.01, rpc_timeout_s=1.0, commit_deadline_s=2.0)
+    # generous RPC and commit bounds: a loaded host must not turn a success case into a timeout
+    # (the deadline case sets its own, short one)
+    kw = dict(claim_wait_s=0.05, resume_deadline_s=0.01, rpc_timeout_s=5.0, commit_deadline_s=10.0)
     kw.update(cfg)
     m = MigrationEngine(agent_id="b", peer_address="127.0.0.1:1", sessions=SessionStore(),
                         engine=eng, hub=hub, identity=lambda: IDENT, config=MigrationConfig(**kw))
@@ -476,7 +478,7 @@ def test_commit_block_wait_ends_with_the_request_not_at_a_poll_timeout():
 def test_ctho_split_uses_the_targets_measured_prefill_rate():
     """Issue 13 item 3: the split used the source's (never written, 5,000 tokens/s) rate."""
     async def run():
-        m, hub, eng = _engine()
+        m, hub, eng = _engine(commit_deadline_s=4.0)   # no block comes: waits half of it
         m.prefill_rate = lambda: 1e6                    # the source prefills fast
         target = Target(progress=pb.ProgressReply(status=pb.STATUS_UNKNOWN_SESSION,
                                                   prefill_rate=50.0))
@@ -525,7 +527,7 @@ def test_a_proactive_commit_with_nothing_prepared_there_recovers_by_ctho():
     """The xApp cannot know that a prepared attempt failed since, or was never made: the
     engine recovers by ctHO at the actual target and says so in the reply."""
     async def run():
-        m, hub, eng = _engine()
+        m, hub, eng = _engine(commit_deadline_s=4.0)   # no block comes: waits half of it
         target = Target()
         server, tgt = await _served(target)
         _serving(m, n_prompt=100)
@@ -538,3 +540,18 @@ def test_a_proactive_commit_with_nothing_prepared_there_recovers_by_ctho():
         assert r.status == pb.STATUS_OK and r.scheme == pb.SCHEME_CTHO == sync.scheme
         assert "fallback from pallas" in r.message
     asyncio.run(run())
+
+
+def test_the_tail_crosses_the_link_only_where_that_beats_recomputing_it():
+    """model.md Eq. 6: the partial last block is recomputed at the target unless shipping its
+    KV is faster (B > s_kv * r_p). s_kv 2,048 B/token at r_p 1,850 tokens/s: 3.8 MB/s."""
+    from types import SimpleNamespace as NS
+
+    m, hub, eng = _engine()
+
+    def out(goodput, limit):
+        return NS(client=NS(goodput_bytes_per_s=goodput, bucket=NS(rate=limit)))
+    assert not m._tail_pays(out(0.0, 2.34e6 / 8), 1850.0)     # the paper regime's scaled link
+    assert not m._tail_pays(out(3.0e6, 0.0), 1850.0)          # measured, just below s_kv * r_p
+    assert m._tail_pays(out(5.0e6, 0.0), 1850.0)              # measured, above it
+    assert m._tail_pays(out(0.0, 0.0), 1850.0)                # unlimited loopback, nothing measured
