@@ -66,17 +66,18 @@ class TokenBucket:
 
     Args:
         rate: sustained rate, bytes/s; None or <= 0 means unlimited.
-        burst: bucket depth, bytes (default: 50 ms at ``rate``, at least 64 KiB). A request
-            larger than the bucket is allowed once the bucket is full and drives it negative
-            (debt), so the long-run rate still holds for any message size.
+        burst: bucket depth, bytes (default: 50 ms at ``rate``). A message is released when
+            the link would have carried its last byte: it takes its size from the bucket, and
+            a bucket driven negative (debt) is waited out before it goes, so an isolated block
+            pays its serialization time (size / rate beyond the burst) as on a real link, and
+            the long-run rate holds for any message size.
         clock: monotonic clock in seconds.
     """
 
     def __init__(self, rate: float | None, burst: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.rate = float(rate) if rate and rate > 0 else None
-        self.burst = float(burst) if burst else (max(65536.0, self.rate * 0.05)
-                                                 if self.rate else 0.0)
+        self.burst = float(burst) if burst else (self.rate * 0.05 if self.rate else 0.0)
         self._clock = clock
         self._level = self.burst
         self._t = clock()
@@ -93,10 +94,8 @@ class TokenBucket:
         if self.rate is None:
             return 0.0
         self._refill()
-        need = min(float(nbytes), self.burst)  # wait until at most a full bucket is needed
-        wait = 0.0 if self._level >= need else (need - self._level) / self.rate
         self._level -= float(nbytes)
-        return wait
+        return 0.0 if self._level >= 0 else -self._level / self.rate
 
     async def acquire(self, nbytes: int) -> None:
         """Wait until ``nbytes`` may be sent under the rate limit."""

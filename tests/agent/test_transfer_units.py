@@ -113,3 +113,14 @@ def test_session_wait_freeze_unfreeze():
         with pytest.raises(ValueError):
             await s.wait_tokens(-1)
     asyncio.run(run())
+
+
+def test_an_isolated_block_pays_its_serialization_time():
+    """A block after an idle link is released when the link would have carried it (issue 13:
+    the emulated 2.34 Mbit/s link sent isolated 64 KiB blocks at once, so the measured goodput
+    read as loopback speed)."""
+    clock = Clock()
+    rate = mbit_to_bytes_per_s(2.34)                  # 292.5 kB/s
+    tb = TokenBucket(rate, clock=clock)
+    clock.t = 100.0                                   # idle: the bucket is full (50 ms of rate)
+    assert tb.reserve(65536) == pytest.approx((65536 - 0.05 * rate) / rate)
