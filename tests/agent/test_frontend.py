@@ -129,15 +129,17 @@ def test_handover_with_commit_in_flight_relays_then_serves_locally():
             b.front.directory["a"] = sa.url  # B relays A: A's front is a peer front of B
             ue = UESession(sa.url, ue_id="ue1")
             await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
-            moved = None
+            committed = False
             async for rec in ue.tokens():
-                if rec.index == 14 and moved is None:
+                if rec.index == 14 and not ue.handovers:
                     await ue.handover(sb.url)
-                    async def commit():
-                        await asyncio.sleep(0.15)  # the xApp's commit arrives after the UE
-                        fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
-                    moved = asyncio.create_task(commit())
-            await moved
+                elif rec.relayed_by == "b" and not committed:
+                    # The xApp's commit lands after the UE reached B and B relayed A for a while
+                    # (on B's first relayed token, not after a fixed sleep: a loaded host may
+                    # take longer than any sleep to reconnect, and then nothing was relayed).
+                    committed = True
+                    fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
+            assert committed
             await ue.close()
             return ue
 
