@@ -96,7 +96,7 @@ def test_connector_and_vllm_args_flags(monkeypatch, capsys):
 
 def test_attach_refuses_a_vllm_with_tensor_parallelism():
     async def go():
-        a = Agent(parse_args(["--model", "m", "--vllm-url", "http://127.0.0.1:1"]))
+        a = Agent(parse_args(["--model", "m", "--vllm-url", "http://127.0.0.1:1", "--insecure"]))
         from agent.migration import MigrationEngine
         a.migration = MigrationEngine(agent_id="a", peer_address="", sessions=a.sessions,
                                       engine=a.engine, hub=a.hub, identity=a.identity)
@@ -123,18 +123,12 @@ def test_agent_serves_control_health_front_metrics(monkeypatch, capsys):
     own scheme, the Telemetry stream, /metrics and JSON logs."""
     from test_engine import Target, _served
 
-    async def fake_attach(self, url, timeout_s=None):
-        self.vllm_url = url
-        self.engine = self.migration.engine = fk.FakeEngine()
-        self.hub.sched_info = {"block_size": 32, "free_blocks": 100, "num_blocks": 120}
-        self.hub.worker_info = {"block_bytes": 65536, "num_layers": 2, "model_dtype": "float32"}
-
-    monkeypatch.setattr(Agent, "attach", fake_attach)
+    monkeypatch.setattr(Agent, "attach", fk.fake_attach)
     monkeypatch.setattr(agent.weights, "weights_digest", lambda model: "d1")
     cp, fp = free_port(), free_port()
     cfg = parse_args(["--model", "/m/fake", "--vllm-url", "http://127.0.0.1:1", "--agent-id", "a",
                       "--control-port", str(cp), "--front-port", str(fp), "--peer-port", "0",
-                      "--host", "127.0.0.1", "--probe-prefill-tokens", "0"])
+                      "--host", "127.0.0.1", "--probe-prefill-tokens", "0", "--insecure"])
     configure_logging("INFO", json=True)
 
     async def go():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import random
 
-import grpc
 import httpx
 import pytest
 from pallas_proto import pallas_pb2 as pb
@@ -72,7 +71,7 @@ def reference(agents, ids: list[int], max_tokens: int = MAX_TOKENS) -> list[int]
 async def drive(agents, ids, plan, *, scheme=None, start="a", max_tokens=MAX_TOKENS):
     """Run one UE session; ``plan`` maps an output index to an async action(ue, ctl) run when
     the UE has received that token. Returns (ue, replies)."""
-    chans = {k: grpc.aio.insecure_channel(v.control_address) for k, v in agents.items()}
+    chans = {k: v.channel(aio=True) for k, v in agents.items()}
     ctl = {k: pallas_pb2_grpc.ControlStub(c) for k, c in chans.items()}
     replies = []
     ue = UESession(agents[start].front_url, ue_id="ue-1")
@@ -156,7 +155,7 @@ def test_trigger_then_cancel_source_serves_on(agents):
     assert agents["b"].metrics().get("pallas_kv_blocks_held", 0.0) == held_before
     # Retries get the first answers again; an older epoch is refused.
     async def retries():
-        async with grpc.aio.insecure_channel(agents["a"].control_address) as ch:
+        async with agents["a"].channel(aio=True) as ch:
             s = pallas_pb2_grpc.ControlStub(ch)
             again = await s.Cancel(pb.CancelRequest(session_id=ue.session_id, epoch=1))
             t_again = await s.Trigger(pb.TriggerRequest(session_id=ue.session_id, epoch=1, target=agents["b"].endpoint))
