@@ -201,10 +201,12 @@ class LocalAgent:
 
 
 def provision_tls(agents: list[LocalAgent], directory: str | Path,
-                  xapp_identity: str = XAPP_IDENTITY) -> TlsFiles:
+                  xapp_identity: str = XAPP_IDENTITY,
+                  aliases: dict[str, list[str]] | None = None) -> TlsFiles:
     """Make a throwaway CA in ``directory`` and give every agent of ``agents`` that is not
-    ``insecure`` its certificate (CN and DNS name = its agent id; also ``localhost`` and
-    ``127.0.0.1``) and ``client_tls``, the xApp's certificate (CN ``xapp_identity``).
+    ``insecure`` its certificate (CN and DNS name = its agent id, more DNS names from
+    ``aliases[agent_id]``; also ``localhost`` and ``127.0.0.1``) and ``client_tls``, the xApp's
+    certificate (CN ``xapp_identity``).
 
     Returns the xApp's files (for its descriptor's ``controls.tls``). Needs ``cryptography``.
     """
@@ -214,7 +216,8 @@ def provision_tls(agents: list[LocalAgent], directory: str | Path,
     xapp = ca.write(d, xapp_identity)
     for a in agents:
         if not a.insecure:
-            a.tls, a.client_tls = ca.write(d, a.agent_id), xapp
+            names = [a.agent_id, *(aliases or {}).get(a.agent_id, []), "localhost", "127.0.0.1"]
+            a.tls, a.client_tls = ca.write(d, a.agent_id, names), xapp
     return xapp
 
 

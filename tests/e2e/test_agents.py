@@ -18,7 +18,7 @@ from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc
 
 from pallas_eval.client import UESession
-from pallas_eval.cluster import LocalAgent, start_agents
+from pallas_eval.cluster import LocalAgent, provision_tls, start_agents
 from pallas_eval.emulation import E2E_PACE, agent_flags
 
 pytestmark = pytest.mark.vllm
@@ -27,7 +27,7 @@ MAX_TOKENS = 300   # with 15 ms steps the source is still decoding well past a p
 
 
 @pytest.fixture(scope="module")
-def agents():
+def agents(tmp_path_factory):
     from pallas_eval.models import build_model
 
     model = str(build_model("tiny"))
@@ -35,8 +35,11 @@ def agents():
     # model decodes at about a real model's pace, so every plan step comes while the source is
     # still decoding.
     flags = ["--probe-prefill-tokens", "128", "--resume-wait-s", "20", *agent_flags(*E2E_PACE)]
-    a = LocalAgent("a", model, omp_bind="0", extra=flags)
+    # "b-other-cell": B known under a second directory id (its certificate names both), for
+    # the commit that lands at B under another identity than the prepared one.
+    a = LocalAgent("a", model, omp_bind="0", extra=flags + ["--peer-identity", "b-other-cell"])
     b = LocalAgent("b", model, omp_bind="1", extra=flags)
+    provision_tls([a, b], tmp_path_factory.mktemp("tls"), aliases={"b": ["b-other-cell"]})
     start_agents([a, b], timeout_s=600)
     try:
         yield {"a": a, "b": b}
