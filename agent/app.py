@@ -10,6 +10,12 @@ flag and its variable always agree. :class:`Agent` builds and owns every part of
   (gRPC ``pallas.v1.PeerTransfer``) on ``--peer-port``;
 - the xApp-facing Control service (gRPC ``pallas.v1.Control``, a thin servicer over the engine)
   and gRPC health checking on ``--control-port``;
+- the links' security (issue 16, :func:`link_security`): both gRPC servers serve mutual TLS from
+  ``PALLAS_TLS_CERT/KEY/CA`` (reloaded when cert-manager rotates them) and admit Control only
+  from the xApp's identity (``--xapp-identity``), PeerTransfer only from the directory's agents
+  (the ids of ``--peer-front`` and ``--peer-identity``), health from any certificate of the CA;
+  outgoing peer channels present the agent's certificate and check that the target's names the
+  agent id the xApp gave. Plaintext only with ``--insecure``; neither: the agent refuses to start;
 - the UE session front (HTTP, agent/frontend.py) with ``/metrics`` on ``--front-port``;
 - vLLM itself, launched with the connector configured (default), or a running one given by
   ``--vllm-url`` (it must load the connector pointed at ``--hub-address``).
@@ -19,9 +25,9 @@ Logs are JSON lines on stderr (structlog).
 Example (two agents on one host, tiny random model)::
 
     pallas-agent --agent-id a --model-preset tiny --front-port 8081 --control-port 50061 \\
-        --peer-port 50071 --omp-bind 0
+        --peer-port 50071 --omp-bind 0 --insecure
     pallas-agent --agent-id b --model-preset tiny --front-port 8082 --control-port 50062 \\
-        --peer-port 50072 --omp-bind 1 --peer-rate-mbps 300
+        --peer-port 50072 --omp-bind 1 --peer-rate-mbps 300 --insecure
 """
 
 from __future__ import annotations
@@ -48,13 +54,16 @@ from agent.ipc import BlockHub
 from agent.migration import MigrationConfig, MigrationEngine
 from agent.obs import BYTES_MOVED, KV_BLOCKS_HELD, configure_logging, get_logger, observe_resumed
 from agent.session import Engine, SessionStore
-from agent.transfer import serve_peer_transfer
+from agent.transfer import PeerClient, PeerPool, serve_peer_transfer
 from agent.wire import tune_malloc_for_blocks
 from pallas_common.schemes import scheme_name, scheme_value
+from pallas_common.tls import ANY_IDENTITY, LinkSecurity, TlsError, open_channel
 
-__all__ = ["AgentConfig", "build_parser", "parse_args", "Agent", "main"]
+__all__ = ["AgentConfig", "build_parser", "parse_args", "Agent", "link_security", "main"]
 
 CONTROL_SERVICE = "pallas.v1.Control"
+PEER_SERVICE = pallas_pb2.DESCRIPTOR.services_by_name["PeerTransfer"].full_name
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 
 def _f(default: Any, help: str, group: str = "migration", **kw: Any) -> Any:
@@ -137,8 +146,21 @@ class AgentConfig:
                                         "buffer")
     max_inbound_bytes: int = _f(4 << 30, "target: KV bytes all incoming migrations may buffer")
     relay_hop_s: float = _f(0.005, "expected one-way relay delay of Detour (commit-time choice)")
+    insecure: bool = _f(False, "plaintext gRPC on every link, no authorisation (tests, the local "
+                        "replay); without it the agent needs PALLAS_TLS_CERT/KEY/CA", "security")
+    xapp_identity: str = _f("pallas-xapp", "the identity (certificate CN or SAN) allowed to call "
+                            "Control", "security")
+    peer_identity: list[str] = _f([], "another directory agent's identity allowed on PeerTransfer "
+                                  "and as a migration target, besides the ids of --peer-front "
+                                  "(repeatable or comma-separated)", "security", metavar="ID")
     log_level: str = _f("INFO", "log level", "logging")
     log_format: str = _f("json", "log format", "logging", choices=["json", "console"])
+
+    @property
+    def directory(self) -> frozenset[str]:
+        """The directory's agents (ids of ``peer_front`` and ``peer_identity``): who may call
+        PeerTransfer here and whom a Trigger or Commit may name as target."""
+        return frozenset(self.peer_front) | frozenset(self.peer_identity)
 
     @property
     def peer_rate_bytes_per_s(self) -> float:
@@ -173,6 +195,22 @@ def _parse_fronts(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _parse_ids(items: list[str]) -> list[str]:
+    out: list[str] = []
+    for item in items:
+        out += [p.strip() for p in item.split(",") if p.strip() and p.strip() not in out]
+    return out
+
+
+def _truthy(text: str) -> bool:
+    v = text.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
 def _json_object(text: str) -> dict[str, Any]:
     obj = json.loads(text) if text else {}
     if not isinstance(obj, dict):
@@ -192,9 +230,16 @@ def build_parser() -> argparse.ArgumentParser:
         env = os.environ.get("PALLAS_" + f.name.upper())
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if f.name == "peer_front":
+        if f.name in ("peer_front", "peer_identity"):
             g.add_argument(flag, action="append", default=[env] if env else [],
                            metavar=m.get("metavar"), help=m["help"])
+            continue
+        if isinstance(default, bool):
+            try:
+                on = _truthy(env) if env is not None else default
+            except ValueError as e:
+                p.error(f"PALLAS_{f.name.upper()}: {e}")
+            g.add_argument(flag, action="store_true", default=on, help=m["help"])
             continue
         typ = {int: int, float: float}.get(type(default), str)
         if isinstance(default, dict):
@@ -216,6 +261,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     try:
         scheme_value(a["scheme"])
         a["peer_front"] = _parse_fronts(a["peer_front"])
+        a["peer_identity"] = _parse_ids(a["peer_identity"])
         a["kv_connector_extra"] = _json_object(a["kv_connector_extra"])
         vargs = shlex.split(a["vllm_args"])
     except (ValueError, argparse.ArgumentTypeError) as e:
@@ -247,6 +293,65 @@ def tp_size_of(vllm_args: list[str]) -> int:
     return 1
 
 
+def link_security(cfg: AgentConfig, environ: dict[str, str] | None = None) -> LinkSecurity:
+    """The agent's choice for its gRPC links (issue 16): mutual TLS from ``PALLAS_TLS_CERT``,
+    ``PALLAS_TLS_KEY``, ``PALLAS_TLS_CA`` (files read and checked now), or plaintext with
+    ``cfg.insecure``.
+
+    Raises:
+        TlsError: neither (the message names both options), both, only some of the three
+            variables, or files that cannot be used. The agent never falls back to plaintext.
+    """
+    try:
+        return LinkSecurity.from_env(insecure=cfg.insecure, environ=environ)
+    except TlsError as e:
+        raise TlsError(f"{e}. The agent serves mutual TLS from PALLAS_TLS_CERT, PALLAS_TLS_KEY and "
+                       "PALLAS_TLS_CA (the chart's tls.* values set them); plaintext only with "
+                       "--insecure (PALLAS_INSECURE=1)") from None
+
+
+class PinnedPeerPool(PeerPool):
+    """A :class:`agent.transfer.PeerPool` whose TLS channels check that the peer's server
+    certificate names the endpoint's agent id (``grpc.ssl_target_name_override``), not the
+    dialled host: the address in a Trigger/Commit comes from the caller, so a directory agent's id
+    with another address reaches nobody without that agent's certificate (issue 16).
+
+    One client per (address, agent id): an address named with another id gets a new channel
+    (the old one is closed with the pool).
+    """
+
+    def __init__(self, security: LinkSecurity, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.security = security
+        self._pinned: dict[str, str] = {}
+        self._retired: list[PeerClient] = []
+
+    def get(self, endpoint: pallas_pb2.PeerEndpoint) -> PeerClient:
+        addr, name = endpoint.address, endpoint.agent_id
+        c = self._clients.get(addr)
+        if c is not None and self._pinned.get(addr) != name:
+            self._retired.append(self._clients.pop(addr))
+            c = None
+        if c is None:
+            watcher = self.security.watcher
+
+            def factory(address: str, options: Any) -> Any:
+                return open_channel(address, watcher, aio=True, options=options,
+                                    server_name=name or None)
+            self._pinned[addr] = name
+            c = self._clients[addr] = PeerClient(addr, link_rate_mbps=self.link_rate_mbps,
+                                                 timeout_s=self.timeout_s, channel_factory=factory)
+        if name:
+            self._names[addr] = name
+        return c
+
+    async def close(self) -> None:
+        await super().close()
+        for c in self._retired:
+            await c.close()
+        self._retired.clear()
+
+
 def load_tokenizer(path: str | None):
     """A transformers tokenizer from ``path`` if it has one, else None (token ids only)."""
     if not path or not os.path.isdir(path):
@@ -266,10 +371,18 @@ class Agent:
     ``await agent.run()`` until SIGINT/SIGTERM. Tests and benchmarks that run vLLM themselves
     use the parts: ``await agent.start_core()`` (hub, engine, peer gRPC), start vLLM with
     ``agent_address=agent.hub.address``, then ``await agent.attach(url)``.
+
+    ``security``: the links' TLS choice (default :func:`link_security` of ``cfg``, from the
+    environment; raises TlsError as it does). With TLS the directory is enforced even when empty
+    (every peer and target refused: fail closed); with ``--insecure`` only when it is not empty.
     """
 
-    def __init__(self, cfg: AgentConfig) -> None:
+    def __init__(self, cfg: AgentConfig, security: LinkSecurity | None = None) -> None:
         self.cfg = cfg
+        self.security = security or link_security(cfg)
+        tls = self.security.watcher is not None
+        self.directory: frozenset[str] | None = (cfg.directory if tls or cfg.directory
+                                                 else None)
         self.log = get_logger("pallas.agent", agent=cfg.agent_id)
         self.hub = BlockHub(cfg.hub_address)
         self.sessions = SessionStore()
@@ -330,11 +443,16 @@ class Agent:
             self.engine.model = cfg.model
         await self.hub.start()
         self._digest = await loop.run_in_executor(None, weights_digest, cfg.model)
+        mcfg, sec = cfg.migration(), self.security
+        pool_kw = {"link_rate_mbps": mcfg.link_rate_mbps, "timeout_s": mcfg.rpc_timeout_s}
+        peers = PinnedPeerPool(sec, **pool_kw) if sec.watcher is not None else PeerPool(**pool_kw)
         self.migration = MigrationEngine(agent_id=cfg.agent_id, peer_address="",
                                          sessions=self.sessions, engine=self.engine, hub=self.hub,
-                                         identity=self.identity, config=cfg.migration())
+                                         identity=self.identity, config=mcfg, peers=peers)
         listen = peer_listen or f"{cfg.host}:{cfg.peer_port}"
-        self.peer_server, bound = await serve_peer_transfer(self.migration, listen)
+        self.peer_server, bound = await serve_peer_transfer(
+            self.migration, listen, credentials=sec.server_credentials(),
+            interceptors=tuple(sec.interceptors({PEER_SERVICE: self.directory or ()})))
         self.peer_address = f"{cfg.advertise_host}:{bound.rsplit(':', 1)[1]}"
         self.migration.peer_address = self.peer_address
 
@@ -443,11 +561,14 @@ class Agent:
                                        peers=lambda: list(mig.peers.telemetry()),
                                        kv_blocks=self.hub.kv_blocks)
         self.control = ControlService(mig, agent_id=cfg.agent_id, telemetry=collector.report,
-                                      default_period_s=cfg.telemetry_period_ms / 1000.0)
-        self.grpc_control = grpc.aio.server()
+                                      default_period_s=cfg.telemetry_period_ms / 1000.0,
+                                      directory=self.directory)
+        sec = self.security
+        self.grpc_control = grpc.aio.server(interceptors=sec.interceptors(
+            {CONTROL_SERVICE: [cfg.xapp_identity], HEALTH_SERVICE: [ANY_IDENTITY]}))
         add_control_service(self.grpc_control, self.control)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_control)
-        self.grpc_control.add_insecure_port(f"{cfg.host}:{cfg.control_port}")
+        sec.add_port(self.grpc_control, f"{cfg.host}:{cfg.control_port}")
         await self.grpc_control.start()
 
         tok = load_tokenizer(cfg.tokenizer or cfg.model)
@@ -478,6 +599,8 @@ class Agent:
             await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
         self.log.info("agent_ready", control_port=cfg.control_port, peer=self.peer_address,
                       front_port=cfg.front_port, vllm_url=self.vllm_url,
+                      tls=self.security.watcher is not None,
+                      directory=sorted(self.directory) if self.directory is not None else None,
                       scheme=scheme_name(scheme_value(cfg.scheme)),
                       peer_rate_mbps=cfg.peer_rate_mbps)
 
@@ -542,7 +665,12 @@ def main(argv: list[str] | None = None) -> int:
     # Block-sized buffers stay in the heap (halves the sender's CPU per block, agent/wire.py).
     get_logger("pallas.agent").info("malloc_tuned", ok=tune_malloc_for_blocks())
     try:
-        asyncio.run(Agent(cfg).run())
+        security = link_security(cfg)
+    except TlsError as e:
+        print(f"pallas-agent: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(Agent(cfg, security).run())
     except KeyboardInterrupt:
         pass
     except Exception as e:  # noqa: BLE001 - report and exit non-zero

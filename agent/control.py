@@ -5,7 +5,9 @@ which keeps the epochs and the idempotency contract (proto/pallas_proto/pallas.p
 "Conventions"): a retry of (method, session, epoch) gets the first call's reply; an epoch older
 than the newest seen is ``STATUS_STALE_EPOCH``; ``STATUS_INVALID`` for malformed requests,
 ``STATUS_UNKNOWN_SESSION`` when this agent does not hold the session, ``STATUS_REJECTED`` /
-``STATUS_ERROR`` when the target refused or failed (the source keeps serving). Telemetry
+``STATUS_ERROR`` when the target refused or failed (the source keeps serving); with a
+directory (issue 16), a Trigger or Commit naming a target outside it is ``STATUS_REJECTED``
+before the engine sees it (nothing is sent there, the source keeps serving). Telemetry
 streams the rates the xApp's window decision needs (model.md sections 2-4).
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import grpc
 from pallas_proto import pallas_pb2, pallas_pb2_grpc
@@ -38,12 +40,17 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         telemetry: ``telemetry() -> pallas_pb2.TelemetryReport`` (agent.telemetry).
         default_period_s: Telemetry period when the request gives 0.
         min_period_s: lower bound on a requested period (protects the agent).
+        directory: the agent ids a Trigger or Commit may name as target (issue 16: the source
+            would otherwise send the session's tokens and KV cache wherever a caller says);
+            None: no check (tests, plaintext without a directory).
     """
 
     def __init__(self, engine: MigrationEngine, *, agent_id: str,
                  telemetry: Callable[[], pallas_pb2.TelemetryReport] | None = None,
-                 default_period_s: float = 0.1, min_period_s: float = 0.02) -> None:
+                 default_period_s: float = 0.1, min_period_s: float = 0.02,
+                 directory: Collection[str] | None = None) -> None:
         self.engine = engine
+        self.directory = None if directory is None else frozenset(directory)
         self.agent_id = agent_id
         self.telemetry = telemetry
         self.default_period_s = default_period_s
@@ -58,12 +65,18 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
                   choice=reply.choice.option if reply.HasField("choice") else None)
         return reply
 
-    @staticmethod
-    def _no_endpoint(ep: pallas_pb2.PeerEndpoint, what: str, sid: str, epoch: int):
-        if ep.address:
-            return None
-        return S.ControlReply(status=S.STATUS_INVALID, message=f"{what} has no address",
-                              session_id=sid, epoch=epoch)
+    def _no_endpoint(self, ep: pallas_pb2.PeerEndpoint, what: str, sid: str, epoch: int):
+        """A refusal for a target without an address (INVALID) or, with a directory, one whose
+        agent id is not in it (REJECTED); None when the target may be used."""
+        if not ep.address:
+            return S.ControlReply(status=S.STATUS_INVALID, message=f"{what} has no address",
+                                  session_id=sid, epoch=epoch)
+        if self.directory is not None and ep.agent_id not in self.directory:
+            _log.warning("target_not_in_directory", what=what, session=sid, epoch=epoch,
+                         agent=ep.agent_id, address=ep.address)
+            return S.ControlReply(status=S.STATUS_REJECTED, session_id=sid, epoch=epoch,
+                                  message=f"{what} {ep.agent_id!r} is not a directory agent")
+        return None
 
     async def Trigger(self, request: pallas_pb2.TriggerRequest, context) -> pallas_pb2.ControlReply:
         """Start preparing ``request.session_id`` at ``request.target`` (epoch ``request.epoch``)."""

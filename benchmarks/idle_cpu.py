@@ -77,7 +77,7 @@ def run_variant(name: str, env: dict[str, str], args) -> dict:
     flags = ["--vllm-port", str(vport), "--probe-prefill-tokens", "0"]
     if not args.raw:
         flags += agent_flags(m.r_p, m.r_d)
-    a = LocalAgent(f"cpu-{name}", model, omp_bind="0", extra=flags, env=env)
+    a = LocalAgent(f"cpu-{name}", model, omp_bind="0", extra=flags, env=env, insecure=True)
     a.start({})
     try:
         a.wait_ready(600)

@@ -33,7 +33,6 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "proto")]
 
-import grpc  # noqa: E402
 import httpx  # noqa: E402
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
 from pallas_proto import pallas_pb2_grpc  # noqa: E402
@@ -62,7 +61,7 @@ async def one_run(a: LocalAgent, b: LocalAgent, ids: list[int], args, scheme: st
     """One session; scheme None = the reference run without a handover."""
     ue = UESession(a.front_url, ue_id="bench")
     out: dict = {"scheme": scheme or "none"}
-    async with grpc.aio.insecure_channel(a.control_address) as ch:
+    async with a.channel(aio=True) as ch:
         ctl = pallas_pb2_grpc.ControlStub(ch)
         await ue.open(prompt_token_ids=ids, max_tokens=args.max_tokens, ignore_eos=True, scheme=scheme)
         t_open = time.perf_counter()

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(model.md section 9); 'native': the tiny model's raw speed, unlimited link")
     r.add_argument("--emulate", default=PR.REPLAY_ANCHOR_MODEL, choices=PR.MODELS,
                    help="--regime paper: the model whose rates the engines and link take")
+    r.add_argument("--insecure", action="store_true",
+                   help="plaintext gRPC between the xApp and the agents and between agents (default: "
+                        "mutual TLS with a local CA made at start)")
     r.add_argument("--peer-rate-mbps", type=float, default=None,
                    help="agents' block-stream limit, Mbit/s (default: the regime's; 0: none)")
     r.add_argument("--hop-delay-ms", type=float, default=None,
@@ -228,7 +231,8 @@ def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
                             emulate=a.emulate,
                             hop_delay_s=None if a.hop_delay_ms is None else a.hop_delay_ms / 1000.0,
                             engine_multiprocessing=a.engine_multiprocessing, verify=not a.no_verify,
-                            simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python, lead_s=a.lead_s)
+                            simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python, lead_s=a.lead_s,
+                            tls=not a.insecure)
 
 
 def cmd_replay(a: argparse.Namespace) -> int:

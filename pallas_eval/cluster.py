@@ -5,6 +5,12 @@ its own process group, with its own vLLM server (launched by the agent), and giv
 access to its three endpoints: the Control gRPC stub, the UE front URL and ``/metrics``.
 :func:`start_agents` starts several at once (vLLM start-up dominates, so they overlap) with
 each one's front registered at the others (``--peer-front``).
+
+Links (issue 16): an agent serves mutual TLS unless it is told ``insecure``. :func:`provision_tls`
+makes a throwaway CA (pallas_common.localca) and gives each agent its certificate (CN = its
+agent id, through ``PALLAS_TLS_CERT/KEY/CA``) and the harness the xApp's (CN ``pallas-xapp``),
+which :meth:`LocalAgent.control` and the readiness check present; :func:`start_agents` does it
+for every agent that has neither certificate nor ``insecure``.
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
 from agent.server import free_port, tail_lines
+from pallas_common.tls import ENV_CA, ENV_CERT, ENV_KEY, TlsFiles, channel_credentials
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+XAPP_IDENTITY = "pallas-xapp"
+"""The xApp's certificate CN, the agents' default ``--xapp-identity``."""
 
-__all__ = ["LocalAgent", "start_agents", "free_port"]
+__all__ = ["LocalAgent", "start_agents", "provision_tls", "free_port", "XAPP_IDENTITY"]
 
 
 @dataclass
@@ -40,6 +49,10 @@ class LocalAgent:
         extra: more ``pallas-agent`` flags (e.g. ``["--peer-rate-mbps", "300"]``).
         env: more environment variables (inherited by its vLLM server too).
         log_dir: where the agent's log (JSON lines, with vLLM's log next to it) goes.
+        tls: the agent's certificate, key and CA (passed as ``PALLAS_TLS_*``); None with
+            ``insecure`` (plaintext, ``--insecure``) or until :func:`provision_tls` sets it.
+        client_tls: the certificate the harness presents to this agent's Control service and
+            health check (the xApp's; :func:`provision_tls` sets it).
     """
 
     agent_id: str
@@ -52,6 +65,25 @@ class LocalAgent:
     peer_port: int = field(default_factory=free_port)
     front_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    insecure: bool = False
+    tls: TlsFiles | None = None
+    client_tls: TlsFiles | None = None
+
+    @property
+    def tls_env(self) -> dict[str, str]:
+        """``PALLAS_TLS_CERT/KEY/CA`` of the agent's certificate (empty without one)."""
+        if self.tls is None:
+            return {}
+        return {ENV_CERT: str(self.tls.cert), ENV_KEY: str(self.tls.key), ENV_CA: str(self.tls.ca)}
+
+    def channel(self, aio: bool = False) -> grpc.Channel | grpc.aio.Channel:
+        """A channel to the Control port (``aio``: grpc.aio's): mutual TLS with ``client_tls``
+        (the server's certificate checked against the agent id), else plaintext."""
+        mod = grpc.aio if aio else grpc
+        if self.client_tls is None:
+            return mod.insecure_channel(self.control_address)
+        return mod.secure_channel(self.control_address, channel_credentials(self.client_tls.read()),
+                                  options=[("grpc.ssl_target_name_override", self.agent_id)])
 
     @property
     def front_url(self) -> str:
@@ -87,6 +119,8 @@ class LocalAgent:
                "--vllm-log", self.vllm_log_path]
         for k, v in (peer_fronts or {}).items():
             cmd += ["--peer-front", f"{k}={v}"]
+        if self.insecure:
+            cmd.append("--insecure")
         return cmd + list(self.extra)
 
     def start(self, peer_fronts: dict[str, str] | None = None) -> None:
@@ -94,6 +128,7 @@ class LocalAgent:
         Path(self.log_dir).mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(self.env)
+        env.update(self.tls_env)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "proto")] +
                                             ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         log = open(self.log_path, "wb")
@@ -114,7 +149,7 @@ class LocalAgent:
                 raise RuntimeError(f"agent {self.agent_id} exited:\n{self.log_tail()}")
             try:
                 if httpx.get(self.front_url + "/health", timeout=2.0).status_code == 200:
-                    with grpc.insecure_channel(self.control_address) as ch:
+                    with self.channel() as ch:
                         r = health_pb2_grpc.HealthStub(ch).Check(
                             health_pb2.HealthCheckRequest(service="pallas.v1.Control"), timeout=2.0)
                         if r.status == health_pb2.HealthCheckResponse.SERVING:
@@ -126,7 +161,7 @@ class LocalAgent:
 
     def control(self, channel: grpc.aio.Channel | grpc.Channel | None = None) -> pallas_pb2_grpc.ControlStub:
         """A Control stub (on ``channel``, or a new synchronous channel)."""
-        return pallas_pb2_grpc.ControlStub(channel or grpc.insecure_channel(self.control_address))
+        return pallas_pb2_grpc.ControlStub(channel or self.channel())
 
     def metrics(self) -> dict[str, float]:
         """This agent's Prometheus samples, ``name{labels}`` -> value."""
@@ -165,12 +200,38 @@ class LocalAgent:
         self.proc = None
 
 
+def provision_tls(agents: list[LocalAgent], directory: str | Path,
+                  xapp_identity: str = XAPP_IDENTITY,
+                  aliases: dict[str, list[str]] | None = None) -> TlsFiles:
+    """Make a throwaway CA in ``directory`` and give every agent of ``agents`` that is not
+    ``insecure`` its certificate (CN and DNS name = its agent id, more DNS names from
+    ``aliases[agent_id]``; also ``localhost`` and ``127.0.0.1``) and ``client_tls``, the xApp's
+    certificate (CN ``xapp_identity``).
+
+    Returns the xApp's files (for its descriptor's ``controls.tls``). Needs ``cryptography``.
+    """
+    from pallas_common.localca import LocalCA
+
+    ca, d = LocalCA("pallas-local-ca"), Path(directory)
+    xapp = ca.write(d, xapp_identity)
+    for a in agents:
+        if not a.insecure:
+            names = [a.agent_id, *(aliases or {}).get(a.agent_id, []), "localhost", "127.0.0.1"]
+            a.tls, a.client_tls = ca.write(d, a.agent_id, names), xapp
+    return xapp
+
+
 def start_agents(agents: list[LocalAgent], timeout_s: float = 600.0) -> list[LocalAgent]:
     """Start ``agents`` together (each knows the others' fronts) and wait until all are ready.
 
+    Agents without a certificate and not ``insecure`` get one from a new local CA
+    (:func:`provision_tls`, files under the first agent's ``log_dir``/tls-<port>).
     On failure every agent is stopped and the error re-raised.
     """
     fronts = {a.agent_id: a.front_url for a in agents}
+    need = [a for a in agents if a.tls is None and not a.insecure]
+    if need:
+        provision_tls(need, Path(agents[0].log_dir) / f"tls-{agents[0].front_port}")
     try:
         for a in agents:
             a.start({k: v for k, v in fronts.items() if k != a.agent_id})

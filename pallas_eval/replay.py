@@ -79,6 +79,10 @@ class ReplayOptions:
     lead_s: float = 3.0
     xapp_python: str = ""
     agent_ready_timeout_s: float = 600.0
+    # Mutual TLS on every gRPC link (issue 16): a local CA made at start, each agent's
+    # certificate by PALLAS_TLS_*, the xApp's in its descriptor's controls.tls. False: every
+    # process runs plaintext with an explicit --insecure.
+    tls: bool = True
     progress: bool = True
 
 
@@ -225,7 +229,7 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
     of ``opts``) sets the connector's pacing and the peer link's rate. ``peer_url(front)``: the
     URL the other agents know a front by (``--peer-front``; the paper regime's delaying relay
     proxy, so that a relayed stream crosses the hop and the front accepts it as a peer's)."""
-    from pallas_eval.cluster import LocalAgent
+    from pallas_eval.cluster import LocalAgent, provision_tls
     from pallas_eval.emulation import agent_flags
     from pallas_eval.models import build_model
 
@@ -248,12 +252,15 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
         if regime.model is not None:
             extra += agent_flags(regime.model.r_p, regime.model.r_d, pace_stats_path(opts, i))
         a = LocalAgent(f"edge-{i}", model, omp_bind=str(i % cores), extra=extra, log_dir=str(opts.out_dir / "logs"),
-                       env=env)
+                       env=env, insecure=not opts.tls)
         agents.append((a, vport))
+    if opts.tls:
+        provision_tls([a for a, _ in agents], opts.out_dir / "tls")
     fronts = {a.agent_id: peer_url(a.front_url) if peer_url else a.front_url for a, _ in agents}
     for i, (a, vport) in enumerate(agents):
         child = sup.start(f"agent-{a.agent_id}", a.command({k: v for k, v in fronts.items() if k != a.agent_id}),
-                          env={**_env_with_repo(), **a.env, "PALLAS_FRONT_OPERATOR_TOKEN": OPERATOR_TOKEN}, cwd=REPO)
+                          env={**_env_with_repo(), **a.env, **a.tls_env,
+                               "PALLAS_FRONT_OPERATOR_TOKEN": OPERATOR_TOKEN}, cwd=REPO)
         a.proc = child.popen
         servers.append(Server(i, a, child, vport))
     for s in servers:
@@ -328,6 +335,12 @@ def xapp_descriptor(plan: dict, mapping: dict[int, int], servers: Sequence[Serve
                               "peer_address": f"127.0.0.1:{s.agent.peer_port}"}
     c["agents"] = agents
     c["cells"] = {str(cell): servers[i].agent_id for cell, i in sorted(mapping.items())}
+    xapp_tls = servers[0].agent.client_tls if servers else None
+    if xapp_tls is not None:  # the agents serve mutual TLS: the xApp's certificate (issue 16)
+        c["tls"] = {"enabled": True, "cert_file": str(xapp_tls.cert), "key_file": str(xapp_tls.key),
+                    "ca_file": str(xapp_tls.ca)}
+    else:  # plaintext agents: the shipped descriptor's certificate paths do not apply here
+        c.pop("tls", None)
     return desc
 
 
@@ -354,7 +367,7 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     offset = start_at - t_first
     cmd = [xapp_python(opts), "-m", "xapp.main", "--mode", "test", "--config", str(cfg), "--trace", plan["trace"],
            "--start-at", f"{start_at:.6f}", "--events", str(events), "--nrt", str(opts.out_dir / "input" / "nrt.json"),
-           "--linger-s", "5", "--insecure"]
+           "--linger-s", "5"] + ([] if opts.tls else ["--insecure"])
     child = sup.start(f"xapp-{scheme}", cmd, env=_env_with_repo(), cwd=REPO)
     if cpu is not None:
         cpu.add("xapp", child.popen.pid)

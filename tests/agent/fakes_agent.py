@@ -96,3 +96,12 @@ class ServedApp:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(self.task, 5)
         self.sock.close()
+
+
+async def fake_attach(self, url: str, timeout_s: float | None = None) -> None:
+    """Stand-in for ``agent.app.Agent.attach`` (monkeypatched onto the class): no vLLM; a
+    FakeEngine and a connector hello of 32-token, 64 KiB blocks, 2 layers."""
+    self.vllm_url = url
+    self.engine = self.migration.engine = FakeEngine()
+    self.hub.sched_info = {"block_size": 32, "free_blocks": 100, "num_blocks": 120}
+    self.hub.worker_info = {"block_bytes": 65536, "num_layers": 2, "model_dtype": "float32"}

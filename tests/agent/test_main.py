@@ -96,7 +96,7 @@ def test_connector_and_vllm_args_flags(monkeypatch, capsys):
 
 def test_attach_refuses_a_vllm_with_tensor_parallelism():
     async def go():
-        a = Agent(parse_args(["--model", "m", "--vllm-url", "http://127.0.0.1:1"]))
+        a = Agent(parse_args(["--model", "m", "--vllm-url", "http://127.0.0.1:1", "--insecure"]))
         from agent.migration import MigrationEngine
         a.migration = MigrationEngine(agent_id="a", peer_address="", sessions=a.sessions,
                                       engine=a.engine, hub=a.hub, identity=a.identity)
@@ -123,18 +123,12 @@ def test_agent_serves_control_health_front_metrics(monkeypatch, capsys):
     own scheme, the Telemetry stream, /metrics and JSON logs."""
     from test_engine import Target, _served
 
-    async def fake_attach(self, url, timeout_s=None):
-        self.vllm_url = url
-        self.engine = self.migration.engine = fk.FakeEngine()
-        self.hub.sched_info = {"block_size": 32, "free_blocks": 100, "num_blocks": 120}
-        self.hub.worker_info = {"block_bytes": 65536, "num_layers": 2, "model_dtype": "float32"}
-
-    monkeypatch.setattr(Agent, "attach", fake_attach)
+    monkeypatch.setattr(Agent, "attach", fk.fake_attach)
     monkeypatch.setattr(agent.weights, "weights_digest", lambda model: "d1")
     cp, fp = free_port(), free_port()
     cfg = parse_args(["--model", "/m/fake", "--vllm-url", "http://127.0.0.1:1", "--agent-id", "a",
                       "--control-port", str(cp), "--front-port", str(fp), "--peer-port", "0",
-                      "--host", "127.0.0.1", "--probe-prefill-tokens", "0"])
+                      "--host", "127.0.0.1", "--probe-prefill-tokens", "0", "--insecure"])
     configure_logging("INFO", json=True)
 
     async def go():
@@ -181,3 +175,36 @@ def test_local_agent_keeps_the_vllm_log_beside_its_own():
     assert cmd[cmd.index("--vllm-log") + 1] == a.vllm_log_path
     assert os.path.dirname(a.vllm_log_path) == os.path.dirname(a.log_path) == "/run/logs"
     assert parse_args(cmd[3:]).vllm_log == a.vllm_log_path
+
+
+def test_local_agents_get_certificates_from_a_local_ca(tmp_path):
+    """pallas_eval's harness (issue 16): each agent gets its own certificate (CN = agent id)
+    through PALLAS_TLS_*, the harness the xApp's; an agent told `insecure` gets `--insecure` and
+    no certificate; the replay's descriptor carries the xApp's files in controls.tls."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    from pallas_eval.cluster import LocalAgent, provision_tls
+    from pallas_eval.replay import Server, xapp_descriptor
+
+    a, b, c = (LocalAgent(n, "m", log_dir=str(tmp_path)) for n in ("edge-0", "edge-1", "edge-2"))
+    c.insecure = True
+    xapp = provision_tls([a, b, c], tmp_path / "tls")
+
+    def cn(path):
+        cert = x509.load_pem_x509_certificate(open(path, "rb").read())
+        return cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+
+    assert cn(a.tls_env["PALLAS_TLS_CERT"]) == "edge-0" and cn(b.tls.cert) == "edge-1"
+    assert cn(xapp.cert) == "pallas-xapp" and a.client_tls == b.client_tls == xapp
+    assert a.tls.ca == b.tls.ca == xapp.ca
+    assert "--insecure" not in a.command() and "--insecure" in c.command()
+    assert c.tls is None and c.tls_env == {} and c.client_tls is None
+    # Each agent's own files make a LinkSecurity the agent would accept (read and checked).
+    for x in (a, b):
+        sec = agent.app.link_security(parse_args(x.command()[3:]), environ=x.tls_env)
+        assert sec.watcher is not None
+    desc = xapp_descriptor({"cells": []}, {}, [Server(0, a, None, 1)], "pallas")
+    assert desc["controls"]["tls"] == {"enabled": True, "cert_file": str(xapp.cert),
+                                       "key_file": str(xapp.key), "ca_file": str(xapp.ca)}
+    assert "tls" not in xapp_descriptor({"cells": []}, {}, [Server(0, c, None, 1)], "pallas")["controls"]

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import random
 
-import grpc
 import httpx
 import pytest
 from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc
 
 from pallas_eval.client import UESession
-from pallas_eval.cluster import LocalAgent, start_agents
+from pallas_eval.cluster import LocalAgent, provision_tls, start_agents
 from pallas_eval.emulation import E2E_PACE, agent_flags
 
 pytestmark = pytest.mark.vllm
@@ -28,7 +27,7 @@ MAX_TOKENS = 300   # with 15 ms steps the source is still decoding well past a p
 
 
 @pytest.fixture(scope="module")
-def agents():
+def agents(tmp_path_factory):
     from pallas_eval.models import build_model
 
     model = str(build_model("tiny"))
@@ -36,8 +35,11 @@ def agents():
     # model decodes at about a real model's pace, so every plan step comes while the source is
     # still decoding.
     flags = ["--probe-prefill-tokens", "128", "--resume-wait-s", "20", *agent_flags(*E2E_PACE)]
-    a = LocalAgent("a", model, omp_bind="0", extra=flags)
+    # "b-other-cell": B known under a second directory id (its certificate names both), for
+    # the commit that lands at B under another identity than the prepared one.
+    a = LocalAgent("a", model, omp_bind="0", extra=flags + ["--peer-identity", "b-other-cell"])
     b = LocalAgent("b", model, omp_bind="1", extra=flags)
+    provision_tls([a, b], tmp_path_factory.mktemp("tls"), aliases={"b": ["b-other-cell"]})
     start_agents([a, b], timeout_s=600)
     try:
         yield {"a": a, "b": b}
@@ -72,7 +74,7 @@ def reference(agents, ids: list[int], max_tokens: int = MAX_TOKENS) -> list[int]
 async def drive(agents, ids, plan, *, scheme=None, start="a", max_tokens=MAX_TOKENS):
     """Run one UE session; ``plan`` maps an output index to an async action(ue, ctl) run when
     the UE has received that token. Returns (ue, replies)."""
-    chans = {k: grpc.aio.insecure_channel(v.control_address) for k, v in agents.items()}
+    chans = {k: v.channel(aio=True) for k, v in agents.items()}
     ctl = {k: pallas_pb2_grpc.ControlStub(c) for k, c in chans.items()}
     replies = []
     ue = UESession(agents[start].front_url, ue_id="ue-1")
@@ -156,7 +158,7 @@ def test_trigger_then_cancel_source_serves_on(agents):
     assert agents["b"].metrics().get("pallas_kv_blocks_held", 0.0) == held_before
     # Retries get the first answers again; an older epoch is refused.
     async def retries():
-        async with grpc.aio.insecure_channel(agents["a"].control_address) as ch:
+        async with agents["a"].channel(aio=True) as ch:
             s = pallas_pb2_grpc.ControlStub(ch)
             again = await s.Cancel(pb.CancelRequest(session_id=ue.session_id, epoch=1))
             t_again = await s.Trigger(pb.TriggerRequest(session_id=ue.session_id, epoch=1, target=agents["b"].endpoint))

@@ -20,6 +20,8 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 from agent.app import Agent, AgentConfig  # noqa: E402
+from pallas_common.localca import LocalCA  # noqa: E402
+from pallas_common.tls import LinkSecurity  # noqa: E402
 from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
@@ -46,17 +48,19 @@ class Loop:
 
 
 @pytest.fixture(scope="module")
-def agents():
+def agents(tmp_path_factory):
     model = str(build_model("tiny"))
     lt = Loop()
     nodes, servers = [], []
+    names = ("ea", "eb")
+    ca, pki = LocalCA("pallas-e2e-ca"), tmp_path_factory.mktemp("tls")
     try:
-        for i, name in enumerate(("ea", "eb")):
+        for i, name in enumerate(names):
             cfg = AgentConfig(agent_id=name, model=model, host="127.0.0.1", peer_port=free_port(),
                               hub_address=f"tcp://127.0.0.1:{free_port()}", vllm_url="-",
                               resume_deadline_s=20.0, commit_deadline_s=30.0,
-                              inbound_idle_s=IDLE_S)
-            a = Agent(cfg)
+                              inbound_idle_s=IDLE_S, peer_identity=[n for n in names if n != name])
+            a = Agent(cfg, LinkSecurity(ca.write(pki, name)))  # mutual TLS on the peer links
             lt.run(a.start_core())
             srv = VLLMServer(ServerConfig(model=model, agent_address=a.hub.address,
                                           omp_threads_bind=str(i), **server_settings(*E2E_PACE)))

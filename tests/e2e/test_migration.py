@@ -27,8 +27,10 @@ from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
 from tests.faults import UncheckedStore, corrupt_outgoing  # noqa: E402
-from agent.app import Agent as AgentNode  # noqa: E402
+from agent.app import Agent as _AgentNode  # noqa: E402
 from agent.app import AgentConfig as _AgentConfig  # noqa: E402
+from pallas_common.localca import LocalCA  # noqa: E402
+from pallas_common.tls import LinkSecurity  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
 
@@ -64,12 +66,27 @@ class Pair:
     cfg_b: AgentConfig
 
 
+AGENTS = ("gnb-a", "gnb-b")
+_PKI: dict = {}
+
+
 def AgentConfig(agent_id: str, model: str, *, hub_address: str, peer_port: int = 0) -> _AgentConfig:
     """An agent on loopback whose vLLM the test starts (resume and commit bounds generous for
-    a loaded 2-core host)."""
+    a loaded 2-core host); both agents are the directory."""
     return _AgentConfig(agent_id=agent_id, model=model, hub_address=hub_address, host="127.0.0.1",
                         peer_port=peer_port, vllm_url="attached by the test",
-                        resume_deadline_s=20.0, commit_deadline_s=30.0)
+                        resume_deadline_s=20.0, commit_deadline_s=30.0,
+                        peer_identity=[a for a in AGENTS if a != agent_id])
+
+
+def AgentNode(cfg: _AgentConfig) -> _AgentNode:
+    """The agent of ``cfg`` with mutual TLS on its peer links (issue 16): a certificate for its
+    id from a throwaway CA made once per module."""
+    if not _PKI:
+        import tempfile
+        ca, d = LocalCA("pallas-e2e-ca"), tempfile.mkdtemp(prefix="pallas-e2e-tls-")
+        _PKI.update({a: ca.write(d, a) for a in AGENTS})
+    return _AgentNode(cfg, LinkSecurity(_PKI[cfg.agent_id]))
 
 # The engines are paced by the harness's emulation connector (decode steps 15 ms apart): the tiny
 # model then decodes at about a real model's pace, so the source is still decoding when a case's
