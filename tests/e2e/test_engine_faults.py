@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
 import uuid
 
@@ -24,6 +23,7 @@ from pallas_common.localca import LocalCA  # noqa: E402
 from pallas_common.tls import LinkSecurity  # noqa: E402
 from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402
+from tests.e2e.loops import LoopThread  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
@@ -31,26 +31,10 @@ from pallas_proto import pallas_pb2 as pb  # noqa: E402
 IDLE_S = 3.0  # B drops a prepared attempt whose source is silent this long
 
 
-class Loop:
-    """An asyncio loop in a thread (the agents live across tests)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout: float = 300.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-
-
 @pytest.fixture(scope="module")
 def agents(tmp_path_factory):
     model = str(build_model("tiny"))
-    lt = Loop()
+    lt = LoopThread()
     nodes, servers = [], []
     names = ("ea", "eb")
     ca, pki = LocalCA("pallas-e2e-ca"), tmp_path_factory.mktemp("tls")

@@ -12,7 +12,6 @@ import asyncio
 import itertools
 import os
 import random
-import threading
 import time
 import uuid
 import zlib
@@ -31,28 +30,13 @@ from agent.app import Agent as _AgentNode  # noqa: E402
 from agent.app import AgentConfig as _AgentConfig  # noqa: E402
 from pallas_common.localca import LocalCA  # noqa: E402
 from pallas_common.tls import LinkSecurity  # noqa: E402
+from tests.e2e.loops import LoopThread  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
 BS = 32
-
-
-class LoopThread:
-    """An asyncio loop in a thread, so sync tests can drive long-lived async agents."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout: float = 300.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
 
 
 @dataclass
