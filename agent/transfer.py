@@ -16,6 +16,7 @@ Rates are given in Mbit/s at the edges and converted once to bytes/s (model.md c
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -30,6 +31,7 @@ from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
 from agent.ipc import block_crc
 from agent.wire import Block, decode_block, encode_block
+from pallas_common.tls import peer_identities
 
 log = structlog.get_logger("pallas.agent.transfer")
 
@@ -38,6 +40,22 @@ GRPC_OPTIONS = [("grpc.max_send_message_length", 256 << 20),
 
 _PEER_SERVICE = pallas_pb2.DESCRIPTOR.services_by_name["PeerTransfer"].full_name
 STREAM_BLOCKS_METHOD = f"/{_PEER_SERVICE}/StreamBlocks"
+
+
+CALLER: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar(
+    "pallas_peer_caller", default=None)
+"""The verified identities (certificate CN and SANs) of the peer whose PeerTransfer call is being
+handled, set by :class:`PeerTransferService` for the handler's call (None: plaintext, no
+identity). The target binds an attempt to the peer that prepared it with it (issue 16)."""
+
+
+def _set_caller(context: Any) -> None:
+    """Set :data:`CALLER` for the current call from its gRPC auth context (None if none)."""
+    try:
+        ids = peer_identities(context.auth_context()) if context is not None else frozenset()
+    except Exception:  # noqa: BLE001 - a context without auth data (tests' fakes)
+        ids = frozenset()
+    CALLER.set(ids or None)
 
 
 def add_peer_transfer_to_server(servicer: pallas_pb2_grpc.PeerTransferServicer,
@@ -156,6 +174,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
                       if crc_threads > 0 else None)
 
     async def Prepare(self, request, context):  # noqa: N802 (gRPC names)
+        _set_caller(context)
         try:
             return await self.handler.on_prepare(request)
         except Exception as exc:
@@ -167,6 +186,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
         pending: deque = deque()
         counts = {"ok": 0, "bad": 0, "bytes": 0}
         sid, epoch = "", 0
+        _set_caller(context)
 
         def settle(blk, crc: int | None) -> None:
             try:
@@ -207,6 +227,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
                                     blocks_rejected=counts["bad"])
 
     async def Sync(self, request, context):  # noqa: N802
+        _set_caller(context)
         try:
             return await self.handler.on_sync(request)
         except Exception as exc:
@@ -214,6 +235,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
             return pallas_pb2.SyncReply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
 
     async def Release(self, request, context):  # noqa: N802
+        _set_caller(context)
         try:
             return await self.handler.on_release(request)
         except Exception as exc:
@@ -221,6 +243,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
             return pallas_pb2.ReleaseReply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
 
     async def Progress(self, request, context):  # noqa: N802
+        _set_caller(context)
         try:
             return await self.handler.on_progress(request)
         except Exception as exc:

@@ -5,6 +5,12 @@ attempt at Prepare and reserves its KV memory from this agent's own accounting u
 or Release; warms the prefix cache; buffers streamed blocks within per-attempt and per-agent
 byte bounds (an oversized block is refused on arrival); and at Sync resumes the request here.
 An attempt whose source goes silent for ``inbound_idle_s`` expires (:meth:`expire`).
+
+Who may touch an attempt (issue 16): with mutual TLS the Prepare's ``source`` must be one of the
+calling peer's verified identities, and only that peer may stream blocks to, Sync or Release the
+attempt; a Prepare of the same epoch from another source is refused; neither Prepare nor Sync
+may take over a session that lives here (one this agent serves and has not handed over or
+ended): such calls are ``STATUS_REJECTED`` and change nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pallas_proto import pallas_pb2
 
 from agent.migration.states import TargetState, check
 from agent.session import SamplingSpec, Session, SessionState
-from agent.transfer import identity_mismatch
+from agent.transfer import CALLER, identity_mismatch
 from agent.wire import Block
 from pallas_common.aio import cancel_and_wait
 
@@ -51,8 +57,25 @@ class Inbound:
         self.state = check(self.state, new)
 
 
+def _not_source(source: pallas_pb2.PeerEndpoint) -> str:
+    """Why the peer of the call being handled may not act for ``source`` ("" if it may, or if
+    the call carries no verified identity: plaintext links, in-process calls)."""
+    caller = CALLER.get()
+    if caller is None or source.agent_id in caller:
+        return ""
+    return f"peer {sorted(caller)} is not the attempt's source {source.agent_id!r}"
+
+
 class TargetRole:
     """The target half of the migration engine (attributes come from the engine)."""
+
+    def _lives_here(self, sid: str) -> str:
+        """Why session ``sid`` may not be taken over by a peer ("" if it may): it lives here
+        (served by this agent, not handed over, finished or failed)."""
+        s = self.sessions.get(sid)
+        if s is None or s.done:
+            return ""
+        return f"session {sid} lives at this agent ({s.state.value})"
 
     def reserved_bytes(self) -> int:
         """KV bytes promised to admitted attempts not yet resumed or released."""
@@ -71,7 +94,16 @@ class TargetRole:
         if epoch < newest:
             return pallas_pb2.PrepareReply(status=S.STATUS_STALE_EPOCH, model=mine,
                                            message=f"newest epoch is {newest}")
+        why = _not_source(req.source) or self._lives_here(sid)
         inb = self.inbound.get(sid)
+        if not why and inb is not None and inb.epoch == epoch and (
+                inb.source.agent_id, inb.source.address) != (req.source.agent_id,
+                                                             req.source.address):
+            why = f"epoch {epoch} was prepared by {inb.source.agent_id!r}"
+        if why:
+            log.warning("prepare_refused", session=sid, epoch=epoch, source=req.source.agent_id,
+                        why=why)
+            return pallas_pb2.PrepareReply(status=S.STATUS_REJECTED, model=mine, message=why)
         if inb is not None and inb.epoch == epoch:
             return pallas_pb2.PrepareReply(status=S.STATUS_OK, model=mine,
                                            message="already prepared")
@@ -119,6 +151,11 @@ class TargetRole:
         inb = self.inbound.get(blk.session_id)
         if inb is None or blk.epoch != inb.epoch or inb.state != TargetState.PREPARING:
             return "stale"
+        if _not_source(inb.source):
+            inb.blocks_rejected += 1
+            log.warning("block_refused", session=blk.session_id, epoch=blk.epoch,
+                        block=blk.block_index, why=_not_source(inb.source))
+            return "refused"
         inb.touched = time.monotonic()
         n = len(blk.data)
         why = ""
@@ -182,6 +219,10 @@ class TargetRole:
             status = (S.STATUS_STALE_EPOCH if epoch < self.ledger.newest_in(sid)
                       else S.STATUS_UNKNOWN_SESSION)
             return pallas_pb2.SyncReply(status=status, message="no prepared migration")
+        why = _not_source(inb.source) or self._lives_here(sid)
+        if why:
+            log.warning("sync_refused", session=sid, epoch=epoch, why=why)
+            return pallas_pb2.SyncReply(status=S.STATUS_REJECTED, message=why)
         if req.prompt_tokens > len(req.token_ids) or not req.token_ids:
             return pallas_pb2.SyncReply(status=S.STATUS_INVALID, message="bad token counts")
         bs = self.block_size
@@ -293,8 +334,11 @@ class TargetRole:
         if epoch < newest:
             return pallas_pb2.ReleaseReply(status=S.STATUS_STALE_EPOCH,
                                            message=f"newest epoch is {newest}")
-        self.ledger.see_in(sid, epoch)
         inb = self.inbound.get(sid)
+        if inb is not None and _not_source(inb.source):  # before the epoch is recorded
+            return pallas_pb2.ReleaseReply(status=S.STATUS_REJECTED,
+                                           message=_not_source(inb.source))
+        self.ledger.see_in(sid, epoch)
         if inb is None or inb.state != TargetState.PREPARING:
             return pallas_pb2.ReleaseReply(status=S.STATUS_OK, message="nothing held")
         n = await self._drop_inbound(inb, req.reason or "released")

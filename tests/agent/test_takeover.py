@@ -1,0 +1,130 @@
+"""Prepare and Sync cannot take over what is not theirs (issue 16, authorisation): a session
+that lives at the target, an attempt prepared by another peer, an attempt of another epoch.
+
+The target engine of test_engine (fake vLLM client, BlockHub without a connector); the calling
+peer's identity is what agent.transfer.CALLER says (set from the verified certificate by the
+PeerTransfer service); the last case goes through real gRPC with mutual TLS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pallas_proto import pallas_pb2 as pb
+
+from agent.session import SessionState
+from agent.transfer import CALLER, PeerPool, serve_peer_transfer
+from pallas_common import tls
+from pallas_common.localca import LocalCA
+
+from test_engine import _blk, _engine, _prep, _serving
+
+PEER_SERVICE = pb.DESCRIPTOR.services_by_name["PeerTransfer"].full_name
+
+
+def _sync(epoch=1, sid="s", n=70):
+    return pb.SyncRequest(session_id=sid, epoch=epoch, token_ids=list(range(n)), prompt_tokens=64,
+                          split_tokens=64, sampling=pb.SamplingParams(max_tokens=10))
+
+
+def test_prepare_and_sync_cannot_take_over_a_session_that_lives_here():
+    async def run():
+        m, hub, eng = _engine()
+        live = _serving(m)                      # "s" is decoding at this agent
+        r = await m.on_prepare(_prep())
+        assert r.status == pb.STATUS_REJECTED and "lives at this agent" in r.message, r
+        assert m.inbound == {} and eng.prefills == [] and m.ledger.newest_in("s") == -1
+        # An attempt prepared before the session appeared here: its Sync does not replace it.
+        live.set_state(SessionState.HANDED_OVER)
+        assert (await m.on_prepare(_prep())).status == pb.STATUS_OK
+        live.set_state(SessionState.SERVING)
+        r = await m.on_sync(_sync())
+        assert r.status == pb.STATUS_REJECTED and "lives at this agent" in r.message, r
+        assert m.sessions.get("s") is live and live.state == SessionState.SERVING
+        assert eng.started == []
+        # Handed over (or ended) here, the session may come back: the same Sync now resumes it.
+        live.set_state(SessionState.HANDED_OVER)
+        r = await m.on_sync(_sync())
+        assert r.status == pb.STATUS_OK, r
+        assert m.sessions.get("s") is not live and m.sessions.get("s").state == SessionState.RESUMED
+    asyncio.run(run())
+
+
+def test_another_peer_cannot_prepare_stream_sync_or_release_an_attempt():
+    async def run():
+        m, hub, eng = _engine()
+        tok = CALLER.set(frozenset({"c"}))
+        r = await m.on_prepare(_prep())        # claims source "a", the caller is "c"
+        assert r.status == pb.STATUS_REJECTED and "not the attempt's source 'a'" in r.message
+        assert m.inbound == {}
+        CALLER.reset(tok)
+        tok = CALLER.set(frozenset({"a", "a.example"}))
+        assert (await m.on_prepare(_prep(expected=65536))).status == pb.STATUS_OK
+        CALLER.reset(tok)
+        tok = CALLER.set(frozenset({"c"}))
+        same_epoch = _prep()
+        same_epoch.source.agent_id = "c"
+        r = await m.on_prepare(same_epoch)     # c's own claim, but epoch 1 is a's
+        assert r.status == pb.STATUS_REJECTED and "prepared by 'a'" in r.message
+        assert m.on_block(_blk(2)) == "refused"
+        assert (await m.on_sync(_sync())).status == pb.STATUS_REJECTED
+        rel = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=5))
+        assert rel.status == pb.STATUS_REJECTED
+        assert m.ledger.newest_in("s") == 1    # the refused Release recorded no epoch
+        assert m.sessions.get("s") is None and m.inbound["s"].blocks_in == 0
+        assert m.held()["reserved_bytes"] == 65536
+        CALLER.reset(tok)
+        tok = CALLER.set(frozenset({"a"}))
+        assert m.on_block(_blk(2)) == "ok"
+        assert (await m.on_sync(_sync())).status == pb.STATUS_OK
+        CALLER.reset(tok)
+    asyncio.run(run())
+
+
+def test_a_sync_of_another_epoch_changes_nothing():
+    async def run():
+        m, hub, eng = _engine()
+        assert (await m.on_prepare(_prep(epoch=3))).status == pb.STATUS_OK
+        assert (await m.on_sync(_sync(epoch=2))).status == pb.STATUS_STALE_EPOCH
+        assert (await m.on_sync(_sync(epoch=4))).status == pb.STATUS_UNKNOWN_SESSION
+        assert m.sessions.get("s") is None and m.inbound["s"].epoch == 3 and eng.started == []
+    asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ca = LocalCA("pallas-test-ca")
+    return {n: ca.write(d, n) for n in ("a", "b", "c")}
+
+
+def test_over_mutual_tls_only_the_preparing_peer_syncs(pki):
+    """Two directory agents "a" and "c" call the target "b": c's Sync of a's attempt is refused
+    (the caller's identity comes from its certificate), a's goes through."""
+    async def run():
+        m, hub, eng = _engine()
+        sec = tls.LinkSecurity(pki["b"])
+        server, addr = await serve_peer_transfer(
+            m, "127.0.0.1:0", credentials=sec.server_credentials(),
+            interceptors=tuple(sec.interceptors({PEER_SERVICE: ["a", "c"]})))
+        me = pb.PeerEndpoint(agent_id="b", address=addr)
+        pools = {n: PeerPool(channel_factory=tls.LinkSecurity(pki[n], server_name="b").aio_channel)
+                 for n in ("a", "c")}
+        try:
+            spoof = _prep()                    # c claims to be a
+            r_spoof = await pools["c"].get(me).prepare(spoof)
+            r_a = await pools["a"].get(me).prepare(_prep(expected=65536))
+            r_c = await pools["c"].get(me).sync(_sync())
+            r_a2 = await pools["a"].get(me).sync(_sync())
+        finally:
+            for p in pools.values():
+                await p.close()
+            await server.stop(0)
+        return r_spoof, r_a, r_c, r_a2
+
+    r_spoof, r_a, r_c, r_a2 = asyncio.run(asyncio.wait_for(run(), 30))
+    assert r_spoof.status == pb.STATUS_REJECTED and "not the attempt's source" in r_spoof.message
+    assert r_a.status == pb.STATUS_OK
+    assert r_c.status == pb.STATUS_REJECTED and "'c'" in r_c.message, r_c
+    assert r_a2.status == pb.STATUS_OK, r_a2
