@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 
 import grpc
 from pallas_proto import pallas_pb2, pallas_pb2_grpc
@@ -55,6 +55,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         self.telemetry = telemetry
         self.default_period_s = default_period_s
         self.min_period_s = min_period_s
+        self._running: set[asyncio.Future] = set()
 
     def _done(self, method: str, reply: pallas_pb2.ControlReply) -> pallas_pb2.ControlReply:
         CONTROL_CALLS.labels(method, _STATUS_NAME.get(reply.status, str(reply.status))).inc()
@@ -78,24 +79,55 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
                                   message=f"{what} {ep.agent_id!r} is not a directory agent")
         return None
 
+    async def _detached(self, call: Awaitable[pallas_pb2.ControlReply]) -> pallas_pb2.ControlReply:
+        """Run an engine call to its end even if the caller goes away.
+
+        gRPC cancels a handler whose client disconnected (an xApp killed mid-call): the engine's
+        work must not be cut there, or a commit would leave the session frozen at the source and
+        the epoch's reply unset (every retry of the restarted xApp would wait on it forever).
+        The call runs as its own task; the handler only awaits it (shielded)."""
+        task = asyncio.ensure_future(call)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
+
     async def Trigger(self, request: pallas_pb2.TriggerRequest, context) -> pallas_pb2.ControlReply:
         """Start preparing ``request.session_id`` at ``request.target`` (epoch ``request.epoch``)."""
         sid, epoch = request.session_id, int(request.epoch)
-        rep = self._no_endpoint(request.target, "target", sid, epoch) or await self.engine.trigger(
-            sid, epoch, request.target, int(request.split_tokens), request.scheme or None)
+        rep = self._no_endpoint(request.target, "target", sid, epoch) or await self._detached(
+            self.engine.trigger(sid, epoch, request.target, int(request.split_tokens),
+                                request.scheme or None))
         return self._done("trigger", rep)
 
     async def Cancel(self, request: pallas_pb2.CancelRequest, context) -> pallas_pb2.ControlReply:
-        """Cancel the attempt of ``request.epoch``; the target releases all it holds."""
-        rep = await self.engine.cancel(request.session_id, int(request.epoch), request.reason)
-        return self._done("cancel", rep)
+        """Cancel the attempt of ``request.epoch``. At the source the target is told to release
+        all it holds; at the target (an agent holding an attempt prepared here for the session,
+        of this epoch or older) the attempt is released here too, so an xApp that restarted
+        cleans both ends even when the source can no longer reach the target (issue 16)."""
+        return self._done("cancel", await self._detached(self._cancel(request)))
+
+    async def _cancel(self, request: pallas_pb2.CancelRequest) -> pallas_pb2.ControlReply:
+        sid, epoch = request.session_id, int(request.epoch)
+        rep = await self.engine.cancel(sid, epoch, request.reason)
+        if self.engine.inbound.get(sid) is None:
+            return rep
+        rel = await self.engine.on_release(pallas_pb2.ReleaseRequest(
+            session_id=sid, epoch=epoch, reason=request.reason or "cancelled by the xApp"))
+        _log.info("cancel_released_inbound", session=sid, epoch=epoch,
+                  status=_STATUS_NAME.get(rel.status), blocks=rel.blocks_released)
+        if rep.status == S.STATUS_UNKNOWN_SESSION:  # only the attempt lives here
+            rep = S.ControlReply(status=rel.status, session_id=sid, epoch=epoch,
+                                 message=f"released the attempt prepared here "
+                                         f"({rel.blocks_released} blocks) {rel.message}".strip())
+        return rep
 
     async def Commit(self, request: pallas_pb2.CommitRequest, context) -> pallas_pb2.ControlReply:
         """Hand the session over to ``request.actual_target`` with the named scheme."""
         sid, epoch = request.session_id, int(request.epoch)
         t0 = time.perf_counter()
         rep = self._no_endpoint(request.actual_target, "actual_target", sid, epoch) or \
-            await self.engine.commit(sid, epoch, request.actual_target, request.scheme or None)
+            await self._detached(self.engine.commit(sid, epoch, request.actual_target,
+                                                    request.scheme or None))
         COMMIT_SECONDS.labels(scheme_name(rep.scheme)).observe(time.perf_counter() - t0)
         return self._done("commit", rep)
 
