@@ -314,7 +314,9 @@ class PallasXapp:
     # ------------------------------------------------------------------ restart, R-NIB
     def recover(self) -> list:
         """Finish what an earlier process left in flight (``xapp.store.recovery_plan``), once:
-        a migration still preparing is cancelled at its source (which releases the target), one
+        a migration still preparing is cancelled at its source and at its target (the source
+        releases the target, and the target releases its attempt itself in case the source
+        cannot reach it; the record ends when both answered), one
         committing has its Commit sent again (the agents answer a repeat with the first reply).
         The orders go through the journal and the policy client before any new order, so each
         reply ends its record (and a commit's rebinds the session); an unanswered one stays for
@@ -343,7 +345,15 @@ class PallasXapp:
                 else:
                     self.journal.sent(CancelAction(m.session_id, m.epoch, m.source, m.target,
                                                    "xapp restarted"))
-                    self.policy.cancel(m.source, m.session_id, m.epoch, "xapp restarted")
+                    agents = [a for a in dict.fromkeys((m.source, m.target)) if a]
+                    self.journal.cancelling(m.session_id, m.epoch, agents)
+                    for a in agents:    # the target too: the source may not reach it
+                        try:
+                            self.policy.cancel(a, m.session_id, m.epoch, "xapp restarted")
+                        except KeyError:
+                            log.error("recovery cancel: agent no longer configured", agent=a,
+                                      session=m.session_id, epoch=m.epoch)
+                            self.journal.not_sent(m.session_id, m.epoch, a)
             except Exception as e:   # an agent no longer configured, a store failure
                 log.error("recovery step failed", action=step.action, session=m.session_id,
                           epoch=m.epoch, error=repr(e))

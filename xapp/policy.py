@@ -2,7 +2,7 @@
 
 - :class:`PolicyClient`: Trigger / Cancel / Commit to an agent's Control service over gRPC, with
   a deadline per attempt and retries with backoff on transient failures (UNAVAILABLE,
-  DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED). Calls are idempotent by (kind, session, epoch): a call
+  DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED). Calls are idempotent by (kind, agent, session, epoch): a call
   already answered is answered again from the cache and not sent twice (the agent is idempotent
   too, proto header). Calls of one session are sent in order (a Commit never overtakes the
   Trigger before it), calls of different sessions run at once on a shared pool, so a 60 s
@@ -114,7 +114,9 @@ class PolicyClient:
         self._channels: dict[str, tuple[str, grpc.Channel, pbg.ControlStub]] = {}
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="policy")
         self._tails: dict[str, Future] = {}       # session -> its last call's Future
-        self._done: OrderedDict[tuple[str, str, int], CallOutcome] = OrderedDict()
+        # (kind, agent, session, epoch) -> outcome: the same order sent to two agents (a
+        # Cancel at the source and at the target) is two calls, each answered by its agent.
+        self._done: OrderedDict[tuple[str, str, str, int], CallOutcome] = OrderedDict()
         self._lock = threading.Lock()
 
     def set_agents(self, agents: Mapping[str, AgentEndpoint]) -> None:
@@ -139,11 +141,11 @@ class PolicyClient:
     def forget_session(self, session_id: str) -> None:
         """Drop the cached replies of a session that ended."""
         with self._lock:
-            for key in [k for k in self._done if k[1] == session_id]:
+            for key in [k for k in self._done if k[2] == session_id]:
                 del self._done[key]
 
     def _call(self, kind: str, agent_id: str, request) -> CallOutcome:
-        key = (kind, request.session_id, int(request.epoch))
+        key = (kind, agent_id, request.session_id, int(request.epoch))
         with self._lock:
             prev = self._done.get(key)
         if prev is not None and prev.reply is not None:

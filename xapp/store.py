@@ -124,8 +124,8 @@ class InFlightMigration:
 
 @dataclass(frozen=True)
 class RecoveryStep:
-    """What a restarted xApp does about one in-flight migration: ``cancel`` (at the source,
-    which releases the target) or ``commit`` (sent again; the agents answer a repeated
+    """What a restarted xApp does about one in-flight migration: ``cancel`` (at the source
+    and at the target) or ``commit`` (sent again; the agents answer a repeated
     (Commit, session, epoch) with the first reply)."""
 
     action: str
@@ -369,7 +369,9 @@ def open_store(kind: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> X
 
 def recovery_plan(store: XappStore) -> list[RecoveryStep]:
     """What a restarted xApp owes each migration it had in flight (issue 16): a ``preparing``
-    one is cancelled (its handover has not been seen; the source releases the target), a
+    one is cancelled at both agents (its handover has not been seen; the source stops its
+    stream and releases the target, the target releases what it holds even if the source
+    cannot reach it), a
     ``committing`` one is committed again (the handover happened; a repeat is answered from the
     agents' reply cache). The caller sends them and calls :meth:`XappStore.finish_migration`
     with each one's epoch when the agent has answered."""
@@ -389,8 +391,9 @@ class MigrationJournal:
       Commit a ``committing`` one (a Cancel changes nothing: the record stays until the agent
       answers, so a restart in between cancels again, which the agents treat as a repeat);
     - :meth:`replied` with each outcome: an answered Cancel or Commit ends the record of its
-      epoch (an unanswered call leaves it for the recovery); a Commit answered OK rebinds the
-      session to the actual target, or, for Detour, adds a relay hop;
+      epoch (an unanswered call leaves it for the recovery; a Cancel sent to several agents,
+      :meth:`cancelling`, ends it once every one of them answered); a Commit answered OK
+      rebinds the session to the actual target, or, for Detour, adds a relay hop;
     - :meth:`opened` / :meth:`ended` when a session appears or ends.
 
     ``clock``: wall clock, seconds since 1970 (``started_at``).
@@ -400,6 +403,8 @@ class MigrationJournal:
         self.store = store
         self._clock = clock
         self._commits: dict[tuple[str, int], Any] = {}  # commits sent, by (session, epoch)
+        # (session, epoch) -> (agents yet to answer its Cancel, whether one answered already)
+        self._cancels: dict[tuple[str, int], tuple[set[str], list[bool]]] = {}
         self._lock = threading.Lock()  # replies arrive on the policy client's worker threads
 
     def opened(self, session_id: str, agent_id: str, *, ue_id: str = "", scheme: int = 0,
@@ -411,8 +416,9 @@ class MigrationJournal:
         """The session ended (:meth:`XappStore.end_session`)."""
         self.store.end_session(session_id)
         with self._lock:
-            for key in [k for k in self._commits if k[0] == session_id]:
-                del self._commits[key]
+            for d in (self._commits, self._cancels):
+                for key in [k for k in d if k[0] == session_id]:
+                    del d[key]
 
     def sent(self, action: Any) -> None:
         """Record ``action`` before it is sent."""
@@ -428,10 +434,41 @@ class MigrationJournal:
                 action.session_id, int(action.epoch), action.source, action.actual_target,
                 "committing", int(action.scheme), float(action.handover_time), self._clock()))
 
+    def cancelling(self, session_id: str, epoch: int, agents: list[str]) -> None:
+        """A Cancel of ``epoch`` goes to each of ``agents`` (the source and the target, at the
+        recovery): the record ends only when all of them answered."""
+        with self._lock:
+            self._cancels[(session_id, int(epoch))] = (set(agents), [False])
+
+    def not_sent(self, session_id: str, epoch: int, agent_id: str) -> None:
+        """The Cancel of ``epoch`` could not be sent to ``agent_id`` (no longer configured): it
+        is not waited for; the record ends if every other agent has answered (it stays if none
+        answered, for the next start)."""
+        key = (session_id, int(epoch))
+        with self._lock:
+            entry = self._cancels.get(key)
+            if entry is None:
+                return
+            entry[0].discard(agent_id)
+            if entry[0] or not entry[1][0]:
+                return
+            del self._cancels[key]
+        self.store.finish_migration(session_id, int(epoch))
+
     def replied(self, outcome: Any) -> None:
         """Record an agent's answer (a ``CallOutcome``; no reply: nothing changes)."""
         if outcome.reply is None or outcome.kind not in ("Cancel", "Commit"):
             return
+        key = (outcome.session_id, int(outcome.epoch))
+        if outcome.kind == "Cancel":
+            with self._lock:
+                entry = self._cancels.get(key)
+                if entry is not None:
+                    entry[0].discard(outcome.agent_id)
+                    entry[1][0] = True
+                    if entry[0]:
+                        return
+                    del self._cancels[key]
         self.store.finish_migration(outcome.session_id, int(outcome.epoch))
         with self._lock:
             commit = self._commits.pop((outcome.session_id, int(outcome.epoch)), None)

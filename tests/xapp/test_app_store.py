@@ -82,11 +82,21 @@ def test_at_start_the_migrations_left_in_flight_are_cancelled_or_committed_once(
     app = _app(st, policy)
     app.start_telemetry()
     app.start_telemetry()
-    assert policy.calls == [("Cancel", "edge-a", "s1", 11, None), ("Commit", "edge-b", "s2", 12, "edge-a")]
-    for kind, agent, sid, epoch in (("Cancel", "edge-a", "s1", 11), ("Commit", "edge-b", "s2", 12)):
+    # A preparing migration is cancelled at its source and at its target (the source may not
+    # reach the target); one whose source is no longer configured, at its target alone.
+    assert policy.calls == [("Cancel", "edge-a", "s1", 11, None), ("Cancel", "edge-b", "s1", 11, None),
+                            ("Commit", "edge-b", "s2", 12, "edge-a"), ("Cancel", "edge-a", "s3", 13, None)]
+
+    def reply(kind, agent, sid, epoch):
         app.dispatcher.on_reply(CallOutcome(kind, agent, sid, epoch, pb.ControlReply(
             status=pb.STATUS_OK, session_id=sid, epoch=epoch)))
-    assert [m.session_id for m in st.migrations()] == ["s3"]     # its agent is no longer configured
+
+    reply("Cancel", "edge-a", "s1", 11)
+    reply("Commit", "edge-b", "s2", 12)
+    assert [m.session_id for m in st.migrations()] == ["s1", "s3"]   # s1: the target has not answered
+    reply("Cancel", "edge-b", "s1", 11)
+    reply("Cancel", "edge-a", "s3", 13)
+    assert st.migrations() == []
     assert st.binding("s2").agent_id == "edge-a"                 # the repeated commit rebound it
 
 

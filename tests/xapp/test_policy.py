@@ -104,12 +104,36 @@ def test_the_reply_cache_is_bounded_and_forgets_a_session(agent):
     try:
         for i in range(5):
             c.trigger("edge-a", f"s{i}", 1, "edge-b").result(timeout=5)
-        assert [k[1] for k in c._done] == ["s2", "s3", "s4"]
+        assert [k[2] for k in c._done] == ["s2", "s3", "s4"]
         c.forget_session("s3")
-        assert [k[1] for k in c._done] == ["s2", "s4"]
+        assert [k[2] for k in c._done] == ["s2", "s4"]
         assert not c._tails                      # no Future kept once answered
     finally:
         c.close()
+
+
+def test_the_same_order_to_two_agents_reaches_both(agent):
+    """The restart's Cancel goes to the source and to the target with the same session and
+    epoch: the reply cache is per agent, so the second is sent, not answered from the first."""
+    b = SlowAgent("edge-b")
+    srv = grpc.server(futures.ThreadPoolExecutor(4))
+    pbg.add_ControlServicer_to_server(b, srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    c = PolicyClient({"edge-a": AgentEndpoint("edge-a", agent.address, "127.0.0.1:1"),
+                      "edge-b": AgentEndpoint("edge-b", f"127.0.0.1:{port}", "127.0.0.1:2")})
+    try:
+        first = c.cancel("edge-a", "s1", 7, "xapp restarted").result(timeout=5)
+        second = c.cancel("edge-b", "s1", 7, "xapp restarted").result(timeout=5)
+        again = c.cancel("edge-b", "s1", 7, "xapp restarted").result(timeout=5)
+    finally:
+        c.close()
+        srv.stop(0)
+    assert (first.agent_id, first.cached, second.agent_id, second.cached) == \
+        ("edge-a", False, "edge-b", False)
+    assert again.cached                          # a repeat to the same agent is answered
+    assert agent.order.get_nowait() == ("Cancel", "s1", 7)
+    assert b.order.get_nowait() == ("Cancel", "s1", 7) and b.order.empty()
 
 
 def test_an_agents_address_change_is_followed(agent):

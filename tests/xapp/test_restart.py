@@ -7,7 +7,12 @@ Trigger prepared until a Cancel or Commit of that epoch releases it). A UE drive
 cell towards B's; once the migration is in flight (Trigger sent, or Commit sent and its reply
 held back) the xApp is killed with SIGKILL and started again on the same Redis, replaying the
 drive up to the handover. Checked: every epoch ordered after the restart is above every epoch
-ordered before it (per session), and nothing is left prepared at any agent.
+ordered before it (per session), and nothing is left prepared or frozen at any agent: the
+fakes keep both ends of an attempt (the source's outbound and the attempt its Prepare left at
+the target), and the source's Release to the target is lost (the source cannot reach it), so
+only a Cancel the restarted xApp sends to the target itself frees the target. (The agents' own
+side of this, a Cancel at the target releasing its attempt and a commit whose caller died
+running to its end, is tested on the real engine in tests/agent/test_control_recovery.py.)
 """
 
 from __future__ import annotations
@@ -44,18 +49,35 @@ class PreparingAgent(pbg.ControlServicer):
         self.agent_id, self.serves, self.reports_epoch = agent_id, serves, reports_epoch
         self.run = 1
         self.calls: list[tuple[int, str, str, int]] = []     # (run, kind, session, epoch)
-        self.prepared: set[tuple[str, int]] = set()
+        self.prepared: set[tuple[str, int]] = set()   # source side: attempts streaming out
+        self.inbound: set[tuple[str, int]] = set()    # target side: attempts prepared here
+        self.frozen: set[tuple[str, int]] = set()     # sessions frozen by a commit in flight
+        self.peer: "PreparingAgent | None" = None     # the target its Triggers prepare
+        self.reaches_peer = True                       # False: its Release to the target is lost
         self.hold_commits = threading.Event()
         self.released = threading.Event()
         self._lock = threading.Lock()
 
-    def _record(self, kind: str, req) -> None:
+    def _record(self, kind: str, req, *, logged: bool = False) -> None:
+        key = (req.session_id, int(req.epoch))
         with self._lock:
-            self.calls.append((self.run, kind, req.session_id, int(req.epoch)))
+            if not logged:
+                self.calls.append((self.run, kind, req.session_id, int(req.epoch)))
             if kind == "Trigger":
-                self.prepared.add((req.session_id, int(req.epoch)))
-            else:   # a Cancel or Commit of an epoch releases what that epoch prepared
-                self.prepared.discard((req.session_id, int(req.epoch)))
+                self.prepared.add(key)
+                if self.peer is not None:
+                    self.peer.inbound.add(key)     # its Prepare reached the target
+            elif kind == "Cancel":
+                # At the source: stop the stream and tell the target (lost if it cannot reach
+                # it); at the target: release the attempt prepared here.
+                if key in self.prepared and self.peer is not None and self.reaches_peer:
+                    self.peer.inbound.discard(key)
+                self.prepared.discard(key)
+                self.inbound.discard(key)
+            else:   # a Commit hands the prepared attempt over: the target resumes the session
+                self.prepared.discard(key)
+                if self.peer is not None:
+                    self.peer.inbound.discard(key)
 
     def _reply(self, req, state: str) -> pb.ControlReply:
         return pb.ControlReply(status=pb.STATUS_OK, session_id=req.session_id, epoch=req.epoch,
@@ -71,9 +93,15 @@ class PreparingAgent(pbg.ControlServicer):
 
     def Commit(self, request, context):
         held = self.hold_commits.is_set()
-        self._record("Commit", request)
+        key = (request.session_id, int(request.epoch))
+        with self._lock:
+            self.calls.append((self.run, "Commit", request.session_id, int(request.epoch)))
+            self.frozen.add(key)                 # frozen at the commit point until it ends
         if held:
             self.released.wait(30.0)
+        self._record("Commit", request, logged=True)
+        with self._lock:
+            self.frozen.discard(key)
         return self._reply(request, "handed_over")
 
     def Telemetry(self, request, context):
@@ -142,6 +170,7 @@ def test_killed_mid_migration_the_restarted_xapp_never_reissues_an_epoch_and_lea
         tmp_path, phase, reports_epoch):
     redis_or_skip()
     a, b = PreparingAgent("edge-a", True, reports_epoch), PreparingAgent("edge-b", False)
+    a.peer = b
     (sa, pa), (sb, pb_) = _grpc_agent(a), _grpc_agent(b)
     desc = json.loads((REPO / "descriptors" / "config-file.json").read_text())
     c = desc["controls"]
@@ -165,15 +194,18 @@ def test_killed_mid_migration_the_restarted_xapp_never_reissues_an_epoch_and_lea
                 a.hold_commits.set()
             first = _xapp(tmp_path, 1, full if phase == "committing" else approach, port, 30.0)
             procs.append(first)
-            kind = "Commit" if phase == "committing" else "Trigger"
-            _wait_for(lambda: any(k == kind for _, k, _, _ in a.calls), 60.0, kind, first,
-                      tmp_path / "xapp-1.log")
+            if phase == "committing":
+                _wait_for(lambda: a.frozen, 60.0, "Commit", first, tmp_path / "xapp-1.log")
+            else:
+                _wait_for(lambda: any(k == "Trigger" for _, k, _, _ in a.calls), 60.0, "Trigger",
+                          first, tmp_path / "xapp-1.log")
             first.send_signal(signal.SIGKILL)      # no clean stop: nothing flushed, nothing sent
             first.wait(10)
-            left = set(a.prepared)
-            before = a.epochs(1)
+            left, left_in = set(a.prepared), set(b.inbound)
+            before = a.epochs(1) + [e for _, e in a.frozen]
             in_flight = max(before)
-            assert left == {(SESSION, in_flight)} or phase == "committing"
+            assert left == left_in == {(SESSION, in_flight)}, (left, left_in)
+            a.reaches_peer = False        # from now on A's Release never reaches B
             a.hold_commits.clear()
             a.released.set()
             a.run = b.run = 2
@@ -195,7 +227,12 @@ def test_killed_mid_migration_the_restarted_xapp_never_reissues_an_epoch_and_lea
     after = a.epochs(2)[1:] if phase == "committing" else a.epochs(2)
     assert after and min(after) > max(before), (before, run2)
     assert [k for k, _ in run2[1:]][:1] == ["Trigger"] and run2[-1][0] == "Commit", run2
-    assert a.prepared == set() and b.prepared == set() and b.calls == []
+    # Nothing prepared, streaming or frozen at either agent: a preparing attempt was cancelled
+    # at the target too (B was told by the xApp, A's Release never came), a committing one ended.
+    assert a.prepared == b.prepared == a.inbound == b.inbound == a.frozen == b.frozen == set(), \
+        (a.prepared, b.inbound, a.frozen)
+    b_calls = [(r, k, s, e) for r, k, s, e in b.calls]
+    assert b_calls == ([(2, "Cancel", SESSION, in_flight)] if phase == "preparing" else []), b_calls
     ev = [json.loads(x) for x in (tmp_path / "events-2.jsonl").read_text().splitlines()]
     rec = [e for e in ev if e["kind"] == "recover"]
     assert [(e["action"], e["epoch"], e["phase"]) for e in rec] == \
