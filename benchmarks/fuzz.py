@@ -1,6 +1,9 @@
 """Fuzz the agent's input parsers for a long run by hand (issue 16, "Fuzzing with a budget").
 
-    .venv/agent/bin/python benchmarks/fuzz.py [--n 100000] [--parser kvblock|front|all] [--seed S]
+    .venv/agent/bin/python benchmarks/fuzz.py [--n 100000] [--parser kvblock|front|a1|descriptor|all]
+        [--seed S] [--n-descriptor 20000]
+
+(E2 indications have their own long run, in the xApp's environment: benchmarks/e2_fuzz.py.)
 
 Parsers and what counts as a crash:
 - ``kvblock``: ``agent.wire.decode_block`` (the PeerTransfer block stream) on KVBlock messages
@@ -11,6 +14,15 @@ Parsers and what counts as a crash:
   with valid, wrongly typed and out-of-range fields, byte-mutated JSON and deep nesting.
   A crash: any exception other than ``RequestError`` (a 400), or an accepted request that
   breaks a rule of ``OpenRequest`` (token ids outside [0, vocab), min > max, context length).
+- ``a1``: ``xapp.a1.A1PolicyHandler.process`` (A1_POLICY_REQ bodies, both the contract's and the
+  OSC mediator's form, valid and not) through one long-lived handler. A crash: an exception, an
+  answer outside the A1-xApp contract, an ERROR that changed the configuration, a window grid
+  over its cap or more live instances than ``MAX_INSTANCES``.
+- ``descriptor``: ``xapp.config.load_config_file`` on descriptor files (the shipped
+  descriptors/config-file.json edited and byte-mutated). A crash: an exception other than
+  ``ConfigError``, an error naming no field, or loader and descriptors/schema.json disagreeing.
+  Each input costs a schema validation (ms): ``--n-descriptor`` sets its own budget.
+  (Inputs and checks of both: tests/xapp/deploy/descriptor_fuzz.py, shared with the tests.)
 
 Prints, per parser: inputs tried, crashes (each crashing input is written to
 ``--out``/crash-<parser>-<n>.bin for a regression test), the slowest input's parse time (CPU time
@@ -29,6 +41,7 @@ import argparse
 import gc
 import heapq
 import json
+import logging
 import random
 import resource
 import sys
@@ -37,8 +50,10 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "proto"), str(ROOT / "tests" / "agent")]
+sys.path[:0] = [str(ROOT), str(ROOT / "proto"), str(ROOT / "tests" / "agent"),
+                str(ROOT / "tests" / "xapp" / "deploy")]
 
+import structlog  # noqa: E402
 from google.protobuf.message import DecodeError  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings  # noqa: E402
 
@@ -46,7 +61,9 @@ from pallas_proto import pallas_pb2 as pb  # noqa: E402
 from agent.wire import decode_block  # noqa: E402
 from agent.frontend import RequestError, SessionFront  # noqa: E402
 from agent.session import SessionStore  # noqa: E402
-from fuzz_inputs import FRONT_FIELDS, front_raw_bodies, kvblock_messages, kvblock_mutants  # noqa: E402
+from fuzz_inputs import front_raw_bodies, kvblock_messages, kvblock_mutants  # noqa: E402
+from descriptor_fuzz import (a1_requests, descriptor_files, make_check_a1,  # noqa: E402
+                             make_check_descriptor)
 from hypothesis import strategies as st  # noqa: E402
 
 VOCAB, MAX_LEN = 2048, 4096
@@ -119,15 +136,24 @@ def mutate_bytes(rng: random.Random, buf: bytes, pool: list[bytes]) -> bytes:
     return bytes(b)
 
 
-def mutate_front(rng: random.Random, buf: bytes, pool: list[bytes]) -> bytes:
-    """Half the time set one field of a JSON body to an edge value; else byte mutations."""
+def mutate_json(rng: random.Random, buf: bytes, pool: list[bytes]) -> bytes:
+    """Half the time set one field of a JSON object, at any depth of nested objects, to an edge
+    value (or drop it); else byte mutations."""
     if rng.random() < 0.5:
         try:
             body = json.loads(buf)
         except (ValueError, RecursionError):
             body = None
-        if isinstance(body, dict):
-            body[rng.choice(sorted(FRONT_FIELDS))] = rng.choice(EDGE_VALUES)
+        node = body
+        while isinstance(node, dict) and node:
+            key = rng.choice(sorted(node))
+            if isinstance(node[key], dict) and node[key] and rng.random() < 0.6:
+                node = node[key]
+                continue
+            if rng.random() < 0.15:
+                del node[key]
+            else:
+                node[key] = rng.choice(EDGE_VALUES)
             return json.dumps(body).encode()
     return mutate_bytes(rng, buf, pool)
 
@@ -201,22 +227,34 @@ def rss_mib() -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000, help="inputs per parser")
-    ap.add_argument("--parser", choices=["kvblock", "front", "all"], default="all")
+    ap.add_argument("--parser", choices=["kvblock", "front", "a1", "descriptor", "all"], default="all")
+    ap.add_argument("--n-descriptor", type=int, default=20_000,
+                    help="inputs for the descriptor loader (a schema validation each)")
     ap.add_argument("--seeds", type=int, default=5000, help="inputs drawn from the hypothesis strategies")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ap.add_argument("--out", type=Path, default=ROOT / ".cache" / "fuzz")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    # The parsers log each refusal (a warning per bad A1 request, ...): silenced for the run.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    logging.disable(logging.CRITICAL)
     runs = []
     if a.parser in ("kvblock", "all"):
-        runs.append(("kvblock", st.one_of(kvblock_messages(), kvblock_mutants()), check_kvblock, mutate_bytes))
+        runs.append(("kvblock", st.one_of(kvblock_messages(), kvblock_mutants()), check_kvblock,
+                     mutate_bytes, a.n))
     if a.parser in ("front", "all"):
-        runs.append(("front", front_raw_bodies(), make_check_front(), mutate_front))
-    print(f"seed {a.seed}, {a.n} inputs per parser, crashing inputs to {a.out}", flush=True)
-    for name, strategy, check, mutate in runs:
-        s = fuzz(name, strategy, check, mutate, a.n, a.seeds, a.seed, a.out)
+        runs.append(("front", front_raw_bodies(), make_check_front(), mutate_json, a.n))
+    if a.parser in ("a1", "all"):
+        runs.append(("a1", a1_requests(), make_check_a1(), mutate_json, a.n))
+    if a.parser in ("descriptor", "all"):
+        runs.append(("descriptor", descriptor_files(), make_check_descriptor(), mutate_json,
+                     a.n_descriptor))
+    print(f"seed {a.seed}, {a.n} inputs per parser ({a.n_descriptor} descriptors), crashing "
+          f"inputs to {a.out}", flush=True)
+    for name, strategy, check, mutate, n in runs:
+        s = fuzz(name, strategy, check, mutate, n, min(a.seeds, n), a.seed, a.out)
         now, peak = rss_mib()
-        print(f"{name:8s}: tried {s['tried']} ({s['generated']} generated, the rest mutated), crashes {s['crashes']}, slowest input "
+        print(f"{name:10s}: tried {s['tried']} ({s['generated']} generated, the rest mutated), crashes {s['crashes']}, slowest input "
               f"{s['slowest_s'] * 1e3:.3f} ms CPU ({s['slowest_len']} B; observed in the run "
               f"{s['observed_s'] * 1e3:.1f} ms), {s['tried'] / s['wall_s']:.0f} inputs/s "
               f"(wall {s['wall_s']:.0f} s), RSS after {now:.0f} MiB (peak {peak:.0f} MiB)", flush=True)

@@ -58,6 +58,7 @@ __all__ = [
     "apply_instance",
     "default_policy_type_path",
     "load_policy_type",
+    "MAX_INSTANCES",
 ]
 
 
@@ -67,6 +68,9 @@ _MAX_TYPE_ID = 2147483647
 #: instance of the Pallas type is a few hundred. Larger ones are answered ERROR unparsed.
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_PAYLOAD_CHARS = MAX_REQUEST_BYTES
+#: Live policy instances kept at most (each is overlaid on the descriptor at every change); a
+#: CREATE of one more is answered ERROR (an UPDATE of a live one is taken).
+MAX_INSTANCES = 64
 
 log = structlog.get_logger("xapp.a1")
 
@@ -309,6 +313,9 @@ class A1PolicyHandler:
         if errs:
             why = "; ".join(".".join(["payload", *map(str, e.absolute_path)]) + ": " + e.message for e in errs)
             return self._answer(op, tid, iid, "ERROR", f"payload violates policy type {tid}: {why}", False)
+        if iid not in self._instances and len(self._instances) >= MAX_INSTANCES:
+            return self._answer(op, tid, iid, "ERROR", f"{len(self._instances)} policy instances "
+                                f"are live, the most this xApp keeps ({MAX_INSTANCES})", False)
         staged = dict(self._instances)
         staged[iid] = copy.deepcopy(payload)  # an UPDATE (or a repeated CREATE) keeps its place
         try:

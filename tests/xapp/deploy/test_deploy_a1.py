@@ -3,9 +3,10 @@
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
 
 from deploy_paths import DESCRIPTORS
+from descriptor_fuzz import a1_objects, a1_response
 from xapp.a1 import (A1_POLICY_QUERY, A1_POLICY_REQ, A1_POLICY_RESP, A1PolicyHandler,
                      apply_instance, default_policy_type_path, load_policy_type)
 from xapp.config import load_config_file
@@ -35,16 +36,7 @@ def req(op, iid="inst-1", payload=None, type_id=TYPE_ID):
                        "payload": {} if payload is None else payload}).encode()
 
 
-def resp(raw: bytes) -> dict:
-    """Decode an A1_POLICY_RESP and check it against the A1-xApp contract (ric-plt-a1
-    docs/a1_xapp_contract_openapi.yaml downstream_notification_schema: exactly these four
-    fields, status one of OK/ERROR/DELETED)."""
-    body = json.loads(raw)
-    assert set(body) == {"policy_type_id", "policy_instance_id", "handler_id", "status"}
-    assert isinstance(body["policy_type_id"], int) and 1 <= body["policy_type_id"] <= 2**31 - 1
-    assert isinstance(body["policy_instance_id"], str) and isinstance(body["handler_id"], str)
-    assert body["status"] in ("OK", "ERROR", "DELETED")
-    return body
+resp = a1_response
 
 
 def test_message_types_are_the_rmr_ones():
@@ -195,41 +187,8 @@ def test_the_policy_type_id_must_match_the_configuration(base):
         A1PolicyHandler(base, dict(ptype, policy_type_id=1))
 
 
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
-    max_leaves=12)
-_payloads = st.fixed_dictionaries({}, optional={
-    "alpha": _json | st.floats(), "t_max_s": _json | st.floats(), "dt_s": st.floats(),
-    "fallback": st.sampled_from(["ctho", "detour", "x"]),
-    "proactive": st.fixed_dictionaries({}, optional={
-        "enabled": _json, "cells": st.dictionaries(st.sampled_from(["1", "x", "01"]), _json),
-        "slices": _json})})
-# Both forms: the contract's (integer id, object payload) and the mediator's (the id's digits in a
-# string, the payload's JSON text in a string, "" on DELETE), and mixtures and mutations of both.
-_requests = st.fixed_dictionaries(
-    {}, optional={"operation": st.sampled_from(["CREATE", "UPDATE", "DELETE", "READ", "PATCH"]) | _json,
-                  "policy_type_id": st.sampled_from([TYPE_ID, str(TYPE_ID), "026001", 0, -1, 2**31, 10**30])
-                  | _json,
-                  "policy_instance_id": st.sampled_from(["i", ""]) | _json,
-                  "payload": _payloads | _payloads.map(json.dumps) | st.just("") | _json})
-
-# Well-formed requests of both forms with knobs anywhere in (and at the edges of) their ranges,
-# so that the fuzzing also walks the accepted path (overlays, configuration build, reverts).
-_knobs = st.fixed_dictionaries({}, optional={
-    "alpha": st.floats(0, 1), "t_max_s": st.floats(1e-3, 60) | st.just(60.0),
-    "dt_s": st.floats(0.01, 1) | st.just(0.01), "fallback": st.sampled_from(["ctho", "detour", "full_copy"]),
-    "proactive": st.fixed_dictionaries({}, optional={"enabled": st.booleans(), "slices": st.dictionaries(
-        st.sampled_from(["1", "1-000001", "255-ABCDEF"]), st.booleans(), max_size=2)})})
-_valid = st.fixed_dictionaries({
-    "operation": st.sampled_from(["CREATE", "UPDATE", "DELETE", "READ"]),
-    "policy_type_id": st.sampled_from([TYPE_ID, str(TYPE_ID)]),
-    "policy_instance_id": st.sampled_from(["a", "b", "c"]),
-    "payload": _knobs | _knobs.map(json.dumps)})
-
-
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(request=_valid | _requests | _json)
+@given(request=a1_objects)
 def test_fuzzed_requests_never_raise_and_answer_per_the_contract(handler, request):
     """Any JSON request: an answer that satisfies the A1-xApp contract, and an ERROR changes
     nothing (the live configuration stays the last good one)."""
@@ -328,3 +287,16 @@ def test_a1_caps_the_window_grid(handler, payload, status):
         assert handler.config.scheduler.dt_s == 0.1
     else:
         assert (handler.config.scheduler.dt_s, handler.config.scheduler.t_max_s) == (0.01, 60.0)
+
+
+def test_live_instances_are_capped_and_one_more_is_refused(handler):
+    from xapp.a1 import MAX_INSTANCES
+    for i in range(MAX_INSTANCES):
+        assert handler.process(req("CREATE", iid=f"i{i}", payload={"alpha": 0.5})).status == "OK"
+    out = handler.process(req("CREATE", iid="one-more", payload={"alpha": 0.5}))
+    assert out.status == "ERROR" and f"the most this xApp keeps ({MAX_INSTANCES})" in out.reason
+    assert len(handler.instances) == MAX_INSTANCES and "one-more" not in handler.instances
+    # A live one may still change, and a deleted one frees its place.
+    assert handler.process(req("UPDATE", iid="i0", payload={"alpha": 0.4})).status == "OK"
+    assert handler.process(req("DELETE", iid="i1")).status == "DELETED"
+    assert handler.process(req("CREATE", iid="one-more", payload={"alpha": 0.5})).status == "OK"

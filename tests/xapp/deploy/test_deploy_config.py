@@ -8,10 +8,12 @@ from hypothesis import event, given, settings, strategies as st
 from jsonschema import Draft7Validator
 
 from deploy_paths import DESCRIPTORS
+from descriptor_fuzz import descriptor_files, make_check_descriptor
 from xapp.config import (AgentEndpoint, ConfigError, XappConfig, from_descriptor,
                          load_config_file, load_controls, reload_descriptor)
 
 SCHEMA = json.loads((DESCRIPTORS / "schema.json").read_text())
+_CHECK_DESCRIPTOR = make_check_descriptor()
 BASE = json.loads((DESCRIPTORS / "config-file.json").read_text())["controls"]
 
 
@@ -236,3 +238,13 @@ def test_every_scheme_the_schema_allows_maps_to_the_wire_enum():
     for key in ("scheme", "fallback"):
         for name in SCHEMA["definitions"][key]["enum"]:
             assert scheme_value(name) == pallas_pb2.Scheme.Value(f"SCHEME_{name.upper()}"), name
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(raw=descriptor_files())
+def test_mutated_descriptor_files_load_or_are_refused_with_a_clear_error(raw):
+    """Fuzzing with a fixed budget (issue 16): descriptor files (the shipped one edited and
+    byte-mutated) read as $CONFIG_FILE: a configuration exactly when the schema accepts the
+    controls, else a ConfigError naming the field or the file; never another exception. The
+    long run by hand is benchmarks/fuzz.py --parser descriptor."""
+    _CHECK_DESCRIPTOR(raw)
