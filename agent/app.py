@@ -56,6 +56,8 @@ from agent.obs import BYTES_MOVED, KV_BLOCKS_HELD, configure_logging, get_logger
 from agent.session import Engine, SessionStore
 from agent.transfer import PeerClient, PeerPool, serve_peer_transfer
 from agent.wire import tune_malloc_for_blocks
+from pallas_common.msglimits import (DEFAULT_MAX_BLOCK_BYTES, DEFAULT_MAX_TOKENS, RpcLimits,
+                                     control_limits, peer_limits)
 from pallas_common.schemes import scheme_name, scheme_value
 from pallas_common.tls import ANY_IDENTITY, LinkSecurity, TlsError, open_channel
 
@@ -145,6 +147,9 @@ class AgentConfig:
     max_inbound_session_bytes: int = _f(1 << 30, "target: KV bytes one incoming migration may "
                                         "buffer")
     max_inbound_bytes: int = _f(4 << 30, "target: KV bytes all incoming migrations may buffer")
+    max_block_bytes: int = _f(DEFAULT_MAX_BLOCK_BYTES, "largest KV block (all layers) the peer "
+                              "server's transport takes; each PeerTransfer RPC is then bounded by "
+                              "the engine's own block size (pallas_common.msglimits)")
     relay_hop_s: float = _f(0.005, "expected one-way relay delay of Detour (commit-time choice)")
     insecure: bool = _f(False, "plaintext gRPC on every link, no authorisation (tests, the local "
                         "replay); without it the agent needs PALLAS_TLS_CERT/KEY/CA", "security")
@@ -340,7 +345,8 @@ class PinnedPeerPool(PeerPool):
                                     server_name=name or None)
             self._pinned[addr] = name
             c = self._clients[addr] = PeerClient(addr, link_rate_mbps=self.link_rate_mbps,
-                                                 timeout_s=self.timeout_s, channel_factory=factory)
+                                                 timeout_s=self.timeout_s, channel_factory=factory,
+                                                 limits=self.limits())
         if name:
             self._names[addr] = name
         return c
@@ -402,11 +408,26 @@ class Agent:
         self._uvicorn: list[Any] = []
         self._tasks: list[asyncio.Task] = []
         self._stopped = False
+        self.max_tokens = cfg.max_model_len   # the engine's context length, once it is known
+        self._cap_tokens = max(cfg.max_model_len, DEFAULT_MAX_TOKENS)
+        self._peer_cap = peer_limits(cfg.max_block_bytes, self._cap_tokens)
 
     @property
     def endpoint(self) -> pallas_pb2.PeerEndpoint:
         """Where peers reach this agent."""
         return pallas_pb2.PeerEndpoint(agent_id=self.cfg.agent_id, address=self.peer_address)
+
+    def peer_limits(self) -> RpcLimits:
+        """PeerTransfer's per-RPC message limits (pallas_common.msglimits): from the engine's
+        block bytes and the context length once the connector reported them, else from
+        ``--max-block-bytes`` (the peer server's transport bound, which they never exceed)."""
+        ident = self._identity_or_none()
+        if ident is None or not ident.block_bytes:
+            return self._peer_cap
+        if ident.block_bytes > self.cfg.max_block_bytes:
+            self.log.error("block_over_max_block_bytes", block_bytes=ident.block_bytes,
+                           max_block_bytes=self.cfg.max_block_bytes)
+        return peer_limits(min(int(ident.block_bytes), self.cfg.max_block_bytes), self.max_tokens)
 
     def identity(self) -> pallas_pb2.ModelIdentity:
         """This server's ModelIdentity (from the connector's hello and the weights digest).
@@ -444,7 +465,8 @@ class Agent:
         await self.hub.start()
         self._digest = await loop.run_in_executor(None, weights_digest, cfg.model)
         mcfg, sec = cfg.migration(), self.security
-        pool_kw = {"link_rate_mbps": mcfg.link_rate_mbps, "timeout_s": mcfg.rpc_timeout_s}
+        pool_kw = {"link_rate_mbps": mcfg.link_rate_mbps, "timeout_s": mcfg.rpc_timeout_s,
+                   "limits": self.peer_limits}
         peers = PinnedPeerPool(sec, **pool_kw) if sec.watcher is not None else PeerPool(**pool_kw)
         self.migration = MigrationEngine(agent_id=cfg.agent_id, peer_address="",
                                          sessions=self.sessions, engine=self.engine, hub=self.hub,
@@ -452,7 +474,8 @@ class Agent:
         listen = peer_listen or f"{cfg.host}:{cfg.peer_port}"
         self.peer_server, bound = await serve_peer_transfer(
             self.migration, listen, credentials=sec.server_credentials(),
-            interceptors=tuple(sec.interceptors({PEER_SERVICE: self.directory or ()})))
+            interceptors=tuple(sec.interceptors({PEER_SERVICE: self.directory or ()})),
+            limits=self.peer_limits, transport=self._peer_cap)
         self.peer_address = f"{cfg.advertise_host}:{bound.rsplit(':', 1)[1]}"
         self.migration.peer_address = self.peer_address
 
@@ -564,8 +587,9 @@ class Agent:
                                       default_period_s=cfg.telemetry_period_ms / 1000.0,
                                       directory=self.directory)
         sec = self.security
-        self.grpc_control = grpc.aio.server(interceptors=sec.interceptors(
-            {CONTROL_SERVICE: [cfg.xapp_identity], HEALTH_SERVICE: [ANY_IDENTITY]}))
+        self.grpc_control = grpc.aio.server(
+            options=control_limits().server_options(), interceptors=sec.interceptors(
+                {CONTROL_SERVICE: [cfg.xapp_identity], HEALTH_SERVICE: [ANY_IDENTITY]}))
         add_control_service(self.grpc_control, self.control)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_control)
         sec.add_port(self.grpc_control, f"{cfg.host}:{cfg.control_port}")
@@ -573,6 +597,8 @@ class Agent:
 
         tok = load_tokenizer(cfg.tokenizer or cfg.model)
         vocab, max_len = await asyncio.to_thread(model_limits, cfg.model, self.vllm_url)
+        if max_len:   # token ids in Prepare/Sync: the context the engine really serves
+            self.max_tokens = min(int(max_len), self._cap_tokens)
         operator = os.environ.get("PALLAS_FRONT_OPERATOR_TOKEN")
         if cfg.front_operator_token_file:
             with open(cfg.front_operator_token_file) as fh:

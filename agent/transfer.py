@@ -31,15 +31,59 @@ from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
 from agent.ipc import block_crc
 from agent.wire import Block, decode_block, encode_block
+from pallas_common.msglimits import (DEFAULT_MAX_BLOCK_BYTES, DEFAULT_MAX_TOKENS, RpcLimits,
+                                     peer_limits)
 from pallas_common.tls import peer_identities
 
 log = structlog.get_logger("pallas.agent.transfer")
 
-GRPC_OPTIONS = [("grpc.max_send_message_length", 256 << 20),
-                ("grpc.max_receive_message_length", 256 << 20)]
+DEFAULT_LIMITS = peer_limits(DEFAULT_MAX_BLOCK_BYTES, DEFAULT_MAX_TOKENS)
+"""PeerTransfer's per-RPC limits before an engine reported its KV geometry (and for tests and
+benchmarks): 64 MiB blocks, 131,072-token contexts (pallas_common.msglimits)."""
+
+GRPC_OPTIONS = [("grpc.max_send_message_length", DEFAULT_LIMITS.max_request),
+                ("grpc.max_receive_message_length", DEFAULT_LIMITS.max_request)]
+"""One flat transport bound at the largest default message, for tests and benchmarks that
+open raw channels; the agent's own channels and servers are sized per RPC."""
 
 _PEER_SERVICE = pallas_pb2.DESCRIPTOR.services_by_name["PeerTransfer"].full_name
 STREAM_BLOCKS_METHOD = f"/{_PEER_SERVICE}/StreamBlocks"
+
+
+@dataclass(frozen=True)
+class Oversize:
+    """A request message larger than its method's limit, in place of the decoded request (it
+    is never parsed); the service refuses the call with RESOURCE_EXHAUSTED."""
+
+    method: str
+    size: int
+    limit: int
+
+    def __str__(self) -> str:
+        return f"{self.method} message of {self.size} bytes is over its limit of {self.limit}"
+
+
+def _bounded(method: str, decode: Callable[[bytes], Any],
+             limits: Callable[[], RpcLimits] | None) -> Callable[[bytes], Any]:
+    """``decode`` preceded by the method's size check against ``limits()`` (None: no check
+    beyond the transport's)."""
+    if limits is None:
+        return decode
+
+    def decode_bounded(buf: bytes) -> Any:
+        limit = limits().request[method]
+        if len(buf) > limit:
+            return Oversize(method, len(buf), limit)
+        return decode(buf)
+    return decode_bounded
+
+
+async def _refuse_oversize(request: Any, context: Any) -> None:
+    """Abort the call with RESOURCE_EXHAUSTED if ``request`` is an :class:`Oversize`."""
+    if isinstance(request, Oversize):
+        log.warning("message_over_limit", method=request.method, size=request.size,
+                    limit=request.limit)
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(request))
 
 
 CALLER: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar(
@@ -59,19 +103,30 @@ def _set_caller(context: Any) -> None:
 
 
 def add_peer_transfer_to_server(servicer: pallas_pb2_grpc.PeerTransferServicer,
-                                server: grpc.aio.Server) -> None:
+                                server: grpc.aio.Server,
+                                limits: Callable[[], RpcLimits] | None = None) -> None:
     """Register the PeerTransfer service with StreamBlocks read by :func:`agent.wire.decode_block`.
 
     The servicer's StreamBlocks gets :class:`agent.wire.Block` items (payload as a memoryview of
     the received message) instead of parsed ``KVBlock`` messages; the wire format is the same.
-    The StreamBlocks handler is registered ahead of the generated ones, which serve the rest.
+    ``limits``: the per-RPC message limits in force (called at each message, so they follow
+    the engine's KV geometry once it is known); a larger request is handed to the servicer as
+    an :class:`Oversize`, which refuses it, and is never parsed.
     """
-    blocks = grpc.stream_unary_rpc_method_handler(
-        servicer.StreamBlocks, request_deserializer=decode_block,
-        response_serializer=pallas_pb2.StreamAck.SerializeToString)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(_PEER_SERVICE, {"StreamBlocks": blocks}),))
-    pallas_pb2_grpc.add_PeerTransferServicer_to_server(servicer, server)
+    m = pallas_pb2
+    handlers = {
+        "StreamBlocks": grpc.stream_unary_rpc_method_handler(
+            servicer.StreamBlocks, request_deserializer=_bounded("StreamBlocks", decode_block, limits),
+            response_serializer=m.StreamAck.SerializeToString)}
+    for name, req, rep in (("Prepare", m.PrepareRequest, m.PrepareReply),
+                           ("Sync", m.SyncRequest, m.SyncReply),
+                           ("Release", m.ReleaseRequest, m.ReleaseReply),
+                           ("Progress", m.ProgressRequest, m.ProgressReply)):
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name), request_deserializer=_bounded(name, req.FromString, limits),
+            response_serializer=rep.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_PEER_SERVICE,
+                                                                          handlers),))
 
 
 def mbit_to_bytes_per_s(mbit_per_s: float) -> float:
@@ -175,6 +230,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
 
     async def Prepare(self, request, context):  # noqa: N802 (gRPC names)
         _set_caller(context)
+        await _refuse_oversize(request, context)
         try:
             return await self.handler.on_prepare(request)
         except Exception as exc:
@@ -213,6 +269,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
             settle(blk, crc)
 
         async for blk in request_iterator:
+            await _refuse_oversize(blk, context)
             sid, epoch = blk.session_id, blk.epoch
             if self._pool is None:
                 settle(blk, None)
@@ -228,6 +285,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
 
     async def Sync(self, request, context):  # noqa: N802
         _set_caller(context)
+        await _refuse_oversize(request, context)
         try:
             return await self.handler.on_sync(request)
         except Exception as exc:
@@ -236,6 +294,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
 
     async def Release(self, request, context):  # noqa: N802
         _set_caller(context)
+        await _refuse_oversize(request, context)
         try:
             return await self.handler.on_release(request)
         except Exception as exc:
@@ -244,6 +303,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
 
     async def Progress(self, request, context):  # noqa: N802
         _set_caller(context)
+        await _refuse_oversize(request, context)
         try:
             return await self.handler.on_progress(request)
         except Exception as exc:
@@ -368,14 +428,18 @@ class PeerClient:
         timeout_s: deadline of unary calls, seconds.
         channel_factory: ``(address, options) -> grpc.aio channel`` (default plaintext); mutual
             TLS: ``pallas_common.tls.open_channel(address, watcher, aio=True, options=options)``.
+        limits: the per-RPC message limits of the channel (default :data:`DEFAULT_LIMITS`);
+            gRPC refuses a larger request before it is sent, and a larger reply.
     """
 
     def __init__(self, address: str, *, link_rate_mbps: float | None = None,
-                 timeout_s: float = 30.0, channel_factory: Callable | None = None) -> None:
+                 timeout_s: float = 30.0, channel_factory: Callable | None = None,
+                 limits: RpcLimits | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.limits = limits or DEFAULT_LIMITS
         self.bucket = TokenBucket(mbit_to_bytes_per_s(link_rate_mbps) if link_rate_mbps else None)
-        self.channel = (channel_factory or _plaintext)(address, GRPC_OPTIONS)
+        self.channel = (channel_factory or _plaintext)(address, self.limits.channel_options())
         self.stub = pallas_pb2_grpc.PeerTransferStub(self.channel)
         # StreamBlocks through agent.wire: the same KVBlock bytes without protobuf's copies.
         self.stream_blocks = self.channel.stream_unary(
@@ -440,11 +504,15 @@ class PeerClient:
 
 class PeerPool:
     """One :class:`PeerClient` per peer address (so the link-rate limit is per peer);
-    ``channel_factory`` as :class:`PeerClient`'s."""
+    ``channel_factory`` as :class:`PeerClient`'s; ``limits()``: the message limits of a new
+    client's channel (the agent's, from its engine's KV geometry; default
+    :data:`DEFAULT_LIMITS`)."""
 
     def __init__(self, *, link_rate_mbps: float | None = None, timeout_s: float = 30.0,
-                 channel_factory: Callable | None = None) -> None:
+                 channel_factory: Callable | None = None,
+                 limits: Callable[[], RpcLimits] | None = None) -> None:
         self.channel_factory = channel_factory
+        self.limits = limits or (lambda: DEFAULT_LIMITS)
         self.link_rate_mbps = link_rate_mbps
         self.timeout_s = timeout_s
         self._clients: dict[str, PeerClient] = {}
@@ -456,7 +524,7 @@ class PeerPool:
         if c is None:
             c = self._clients[endpoint.address] = PeerClient(
                 endpoint.address, link_rate_mbps=self.link_rate_mbps, timeout_s=self.timeout_s,
-                channel_factory=self.channel_factory)
+                channel_factory=self.channel_factory, limits=self.limits())
         if endpoint.agent_id:
             self._names[endpoint.address] = endpoint.agent_id
         return c
@@ -476,16 +544,23 @@ async def serve_peer_transfer(handler: PeerHandler, address: str = "127.0.0.1:0"
                               register: Callable[[grpc.aio.Server], Any] | None = None,
                               crc_threads: int = 0,
                               credentials: grpc.ServerCredentials | None = None,
-                              interceptors: tuple = ()) -> tuple[grpc.aio.Server, str]:
+                              interceptors: tuple = (),
+                              limits: Callable[[], RpcLimits] | None = None,
+                              transport: RpcLimits | None = None) -> tuple[grpc.aio.Server, str]:
     """Start a grpc.aio server with the PeerTransfer service (and anything ``register`` adds).
 
     ``crc_threads``: see :class:`PeerTransferService`. ``credentials``: TLS server credentials
     (``pallas_common.tls.server_credentials``; None: plaintext); ``interceptors``: grpc.aio
-    server interceptors (``pallas_common.tls.AuthorizationInterceptor``). Returns the started
-    server and its bound ``host:port``.
+    server interceptors (``pallas_common.tls.AuthorizationInterceptor``). ``limits()``: the
+    per-RPC request limits in force (default :data:`DEFAULT_LIMITS`); ``transport``: the limits
+    the server's fixed transport bounds are set from (default: ``limits()`` now), at least as
+    large as any ``limits()`` will return. Returns the started server and its bound
+    ``host:port``.
     """
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=list(interceptors))
-    add_peer_transfer_to_server(PeerTransferService(handler, crc_threads), server)
+    limits = limits or (lambda: DEFAULT_LIMITS)
+    server = grpc.aio.server(options=(transport or limits()).server_options(),
+                             interceptors=list(interceptors))
+    add_peer_transfer_to_server(PeerTransferService(handler, crc_threads), server, limits)
     if register is not None:
         register(server)
     host = address.rsplit(":", 1)[0]

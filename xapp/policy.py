@@ -32,10 +32,15 @@ import grpc
 import structlog
 
 from pallas_common import schemes
+from pallas_common.msglimits import control_limits
 from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc as pbg
 
 log = structlog.get_logger("pallas.xapp.policy")
+
+# Per-RPC message limits of Control (pallas_common.msglimits): small orders and replies, larger
+# Telemetry reports; gRPC refuses a larger message (RESOURCE_EXHAUSTED).
+_CONTROL_OPTIONS = control_limits().channel_options()
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
               grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -94,7 +99,8 @@ class PolicyClient:
     answer a repeated (call, session, epoch) with the first call's reply). ``on_reply(outcome)``
     is called on a pool thread for every finished call. ``workers``: calls in flight at once
     (all agents together); ``cache_size``: answered calls remembered. Unknown agent ids raise
-    KeyError. ``channel_factory(address) -> grpc.Channel`` opens each agent's channel (default
+    KeyError. ``channel_factory(address, options=...) -> grpc.Channel`` opens each agent's
+    channel with Control's per-RPC message limits (default
     plaintext; mutual TLS: ``pallas_common.tls.LinkSecurity.channel``).
     """
 
@@ -134,7 +140,7 @@ class PolicyClient:
             ep = self.agents[agent_id]
             ch = self._channels.get(agent_id)
             if ch is None:
-                channel = self.channel_factory(ep.control_address)
+                channel = self.channel_factory(ep.control_address, options=_CONTROL_OPTIONS)
                 ch = self._channels[agent_id] = (ep.control_address, channel, pbg.ControlStub(channel))
             return ch[2]
 
@@ -326,7 +332,7 @@ class TelemetryConsumer:
 
     def _run(self, agent_id: str, ep: AgentEndpoint, stop: threading.Event, holder: list) -> None:
         while not (stop.is_set() or self._stop.is_set()):
-            ch = self.channel_factory(ep.control_address)
+            ch = self.channel_factory(ep.control_address, options=_CONTROL_OPTIONS)
             try:
                 call = pbg.ControlStub(ch).Telemetry(pb.TelemetryRequest(period_ms=self.period_ms))
                 holder[:] = [call]

@@ -181,3 +181,25 @@ def test_telemetry_streams_follow_the_agent_map(agent):
     finally:
         tc.stop()
         srv.stop(0)
+
+
+def test_control_orders_are_held_to_their_message_limit(agent):
+    """Per-RPC limits on the xApp's channels (pallas_common.msglimits): an order of exactly the
+    Control request limit goes, one byte more is refused before it is sent."""
+    from pallas_common.msglimits import CONTROL_REQUEST_MAX
+
+    c = _client(agent, retries=0)
+    base = pb.CancelRequest(session_id="s1", epoch=3).ByteSize()
+    try:
+        outs = []
+        for extra in (0, 1):
+            n = CONTROL_REQUEST_MAX - base - 3 + extra     # a 3-byte length prefix for the reason
+            assert pb.CancelRequest(session_id="s1", epoch=3 + extra, reason="r" * n).ByteSize() \
+                == CONTROL_REQUEST_MAX + extra
+            outs.append(c.cancel("edge-a", "s1", 3 + extra, "r" * n).result(timeout=5))
+    finally:
+        c.close()
+    assert outs[0].ok
+    assert outs[1].reply is None and "RESOURCE_EXHAUSTED" in outs[1].error \
+        and "Sent message larger than max" in outs[1].error, outs[1].error
+    assert agent.order.get_nowait() == ("Cancel", "s1", 3) and agent.order.empty()
