@@ -133,6 +133,7 @@ def parse(body, **kw) -> OpenRequest:
     ({"prompt_token_ids": [1], "session_id": "a" * 65}, "session_id", SESSION_LABEL_RULE),
     ({"prompt_token_ids": [1], "ue_id": 7}, "ue_id", "string"),
     ({"prompt_token_ids": [1], "ue_id": "u" * 129}, "ue_id", "at most 128"),
+    ({"prompt_token_ids": [1], "stop_token_ids": [1] * 1025}, "stop_token_ids", "at most 1024"),
 ])
 def test_bad_field_is_refused_naming_it(body, param, fragment):
     with pytest.raises(RequestError) as e:
@@ -375,3 +376,10 @@ def test_body_cap_at_limit_and_limit_plus_one(chunked):
 
 def test_default_body_cap():
     assert front().max_body_bytes == MAX_BODY_BYTES == 1 << 20
+
+
+def test_length_caps_take_their_limit():
+    """The field-length caps at their limits (one more: test_bad_field_is_refused_naming_it)."""
+    r = parse({"prompt_token_ids": [1], "stop_token_ids": [1] * 1024, "ue_id": "u" * 128,
+               "session_id": "a" * 64})
+    assert (len(r.stop_token_ids), len(r.ue_id), len(r.session_id)) == (1024, 128, 64)

@@ -81,3 +81,20 @@ def test_no_handler_no_notification_endpoint():
         assert _get(url, b"{}")[0] == 404
     finally:
         srv.shutdown()
+
+
+def test_a_notification_body_at_the_cap_is_read_and_one_byte_more_refused():
+    from xapp.httpd import MAX_BODY
+
+    got = []
+    srv = serve_http("127.0.0.1", 0, lambda: True, on_subscription_response=got.append)
+    url = f"http://127.0.0.1:{srv.server_address[1]}/ric/v1/subscriptions/response"
+    body = b'{"SubscriptionId": "sub-1"}'
+    at_cap = body[:-1] + b" " * (MAX_BODY - len(body)) + b"}"
+    try:
+        codes = [_get(url, at_cap)[0], _get(url, at_cap + b" ")]
+    finally:
+        srv.shutdown()
+    assert len(at_cap) == MAX_BODY
+    assert codes[0] == 200 and got == [{"SubscriptionId": "sub-1"}]
+    assert codes[1][0] == 400 and f"outside 1..{MAX_BODY}" in codes[1][1]

@@ -218,14 +218,25 @@ class SubscriptionLedger:
     instance, whether the E2 node set it up (the E2 instance id is the RMR sub id of the
     indications that follow) or why not (ErrorCause / ErrorSource / TimeoutType, logged as an
     error). Thread-safe: notifications arrive on the HTTP server's threads.
+
+    Bounded (the notification endpoint takes unauthenticated input, issue 16): at most
+    :attr:`MAX_SUBSCRIPTIONS` subscription records (a notification naming one more unknown id
+    is refused with ValueError, nothing recorded), the :attr:`MAX_INSTANCES` most recent
+    instances per subscription (older ones and their active entries go), the
+    :attr:`MAX_FAILED` most recent failures.
     """
 
+    MAX_SUBSCRIPTIONS = 1024
+    MAX_INSTANCES = 64
+    MAX_FAILED = 256
+
     def __init__(self) -> None:
+        import collections
         import threading
         self._lock = threading.Lock()
         self.subscriptions: dict[str, dict] = {}
         self.active: dict[int, str] = {}      # E2 event instance id -> SubscriptionId
-        self.failed: list[dict] = []
+        self.failed: collections.deque[dict] = collections.deque(maxlen=self.MAX_FAILED)
 
     def forget(self, subscription_id: str) -> None:
         """Drop a deleted subscription and its E2 instances."""
@@ -252,6 +263,9 @@ class SubscriptionLedger:
         with self._lock:
             sub = self.subscriptions.get(sid)
             if sub is None:
+                if len(self.subscriptions) >= self.MAX_SUBSCRIPTIONS:
+                    raise ValueError(f"unknown subscription {sid!r}: the ledger holds "
+                                     f"{len(self.subscriptions)}, the most it keeps")
                 log.warning("e2_subscription_notification_for_unknown_id", subscription_id=sid)
                 sub = self.subscriptions[sid] = {"meid": None, "ran_function": None, "instances": []}
             for inst in resp.subscription_instances:
@@ -272,6 +286,12 @@ class SubscriptionLedger:
                     log.info("e2_subscription_active", subscription_id=sid, e2_node=sub["meid"],
                              ran_function=sub["ran_function"],
                              e2_instance=inst.e2_event_instance_id)
+            while len(sub["instances"]) > self.MAX_INSTANCES:
+                old = sub["instances"].pop(0)
+                e2_id = old["e2_event_instance_id"]
+                if self.active.get(e2_id) == sid and not any(
+                        r["e2_event_instance_id"] == e2_id for r in sub["instances"]):
+                    del self.active[e2_id]
         return len(resp.subscription_instances)
 
 

@@ -190,3 +190,15 @@ def test_hypothesis_mutated_pdus_are_dropped_with_a_decode_reason_never_an_inter
     assert ing.store.get("1").view().rsrp_dbm.tolist() == [-80.0]
     assert not any(k.startswith("dropped:internal error") for k in ing.stats), ing.stats
     assert ing.stats["indications"] == 2
+
+
+def test_kpm_values_keep_max_kpm_ues_and_forget_the_oldest_past_it(e2):
+    """Issue 16: KPM values per UE are kept for at most ``max_kpm_ues`` UEs (the least recently
+    reported goes first), whatever UE ids the E2 node sends."""
+    ing = Ingestor(TrackStore(), IngestConfig(kpm_measurements={"my.rsrp": "rsrp_dbm"}),
+                   max_kpm_ues=3)
+    for k in range(1, 4):
+        ing.on_indication(e2.kpm_indication([(e2.ue(k), [("my.rsrp", -90.0 - k)])]), "n", t=float(k))
+    at_cap = sorted(ing.kpm_values)
+    ing.on_indication(e2.kpm_indication([(e2.ue(4), [("my.rsrp", -80.0)])]), "n", t=5.0)
+    assert at_cap == ["1", "2", "3"] and sorted(ing.kpm_values) == ["2", "3", "4"]

@@ -98,3 +98,36 @@ def test_submgr_errors_become_subscription_error(submgr):
     assert ei.value.status == 404
     with pytest.raises(S.SubscriptionError):
         S.SubmgrClient("http://127.0.0.1:9/ric/v1", timeout_s=0.5).list()
+
+
+def test_the_ledger_is_bounded_whatever_the_notifications_say():
+    """Issue 16: the notification endpoint takes unauthenticated input. Unknown subscription ids
+    up to the cap are recorded and one more is refused; a subscription keeps its most recent
+    instances (the active map follows); failures keep the most recent."""
+    from xapp.e2.subscription import SubscriptionLedger
+
+    led = SubscriptionLedger()
+    cap = led.MAX_SUBSCRIPTIONS
+    for i in range(cap):
+        led.notify({"SubscriptionId": f"x{i}", "SubscriptionInstances": []})
+    assert len(led.subscriptions) == cap
+    with pytest.raises(ValueError, match="the most it keeps"):
+        led.notify({"SubscriptionId": "one-more", "SubscriptionInstances": []})
+    assert len(led.subscriptions) == cap and "one-more" not in led.subscriptions
+    led.notify({"SubscriptionId": "x0", "SubscriptionInstances": []})   # a known one still goes
+
+    n = led.MAX_INSTANCES
+    led.notify({"SubscriptionId": "x1", "SubscriptionInstances": [
+        {"XappEventInstanceId": 1, "E2EventInstanceId": k} for k in range(n)]})
+    assert len(led.subscriptions["x1"]["instances"]) == n and set(range(n)) <= set(led.active)
+    led.notify({"SubscriptionId": "x1", "SubscriptionInstances": [
+        {"XappEventInstanceId": 1, "E2EventInstanceId": n}]})
+    kept = [r["e2_event_instance_id"] for r in led.subscriptions["x1"]["instances"]]
+    assert kept == list(range(1, n + 1)) and 0 not in led.active and led.active[n] == "x1"
+
+    f = led.MAX_FAILED
+    for k in range(f + 1):
+        led.notify({"SubscriptionId": "x2", "SubscriptionInstances": [
+            {"XappEventInstanceId": 1, "E2EventInstanceId": 0, "ErrorCause": f"cause {k}"}]})
+    assert len(led.failed) == f and led.failed[0]["error_cause"] == "cause 1"
+    assert len(led.subscriptions["x2"]["instances"]) == n

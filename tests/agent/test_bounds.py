@@ -1,0 +1,68 @@
+"""Each bound of the migration engine at its limit and one past it (issue 16, "Each limit has
+a test at limit + 1"): a streamed block's size, the KV one attempt and the whole agent may
+buffer, the epoch ledger, the idle expiry of a prepared attempt. (gRPC message sizes:
+test_msglimits.py; the front's body cap and field lengths: test_front_requests.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pallas_proto import pallas_pb2 as pb
+
+from test_engine import IDENT, _blk, _engine, _prep
+
+BLOCK = int(IDENT.block_bytes)
+
+
+def test_a_block_of_block_bytes_is_taken_and_one_byte_more_refused():
+    async def run():
+        m, hub, eng = _engine()
+        assert (await m.on_prepare(_prep())).status == pb.STATUS_OK
+        return (m.on_block(_blk(2, data=b"\x01" * BLOCK)),
+                m.on_block(_blk(3, data=b"\x01" * (BLOCK + 1))), hub.store.num_bytes)
+
+    at, over, held = asyncio.run(run())
+    assert (at, over, held) == ("ok", "refused", BLOCK)
+
+
+def test_inbound_bytes_per_attempt_and_per_agent_take_their_limit_and_no_byte_more():
+    async def run():
+        m, hub, eng = _engine(max_inbound_session_bytes=100, max_inbound_bytes=150)
+        for sid in ("s", "s2"):
+            assert (await m.on_prepare(_prep(sid=sid))).status == pb.STATUS_OK
+        out = [m.on_block(_blk(2, data=b"\x01" * 60)),
+               m.on_block(_blk(3, data=b"\x01" * 40)),          # the attempt at 100: its limit
+               m.on_block(_blk(4, data=b"\x01" * 1)),           # 101
+               m.on_block(_blk(2, sid="s2", data=b"\x01" * 50)),  # the agent at 150: its limit
+               m.on_block(_blk(3, sid="s2", data=b"\x01" * 1))]   # 151
+        return out, m.inbound["s"].bytes_in, m.buffered_bytes()
+
+    out, attempt, agent = asyncio.run(run())
+    assert out == ["ok", "ok", "refused", "ok", "refused"]
+    assert (attempt, agent) == (100, 150)
+
+
+def test_the_ledger_keeps_its_limit_and_forgets_the_oldest_past_it():
+    async def run():
+        m, hub, eng = _engine(max_ledger=8)
+        for i in range(8):
+            await m.on_release(pb.ReleaseRequest(session_id=f"s{i}", epoch=3))
+        kept = [m.ledger.newest_in(f"s{i}") for i in range(8)]
+        await m.on_release(pb.ReleaseRequest(session_id="s8", epoch=3))
+        return kept, m.ledger.newest_in("s0"), m.ledger.newest_in("s8"), len(m.ledger._newest)
+
+    kept, first, last, n = asyncio.run(run())
+    assert kept == [3] * 8 and (first, last, n) == (-1, 3, 8)
+
+
+def test_a_prepared_attempt_lives_its_idle_time_and_expires_past_it():
+    async def run():
+        m, hub, eng = _engine(inbound_idle_s=10.0)
+        assert (await m.on_prepare(_prep(expected=65536))).status == pb.STATUS_OK
+        t = m.inbound["s"].touched
+        at = await m.expire(now=t + 10.0)
+        past = await m.expire(now=t + 10.0 + 1e-3)
+        return at, past, m.held()["reserved_bytes"]
+
+    at, past, reserved = asyncio.run(run())
+    assert (at, past, reserved) == (0, 1, 0)
