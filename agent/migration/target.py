@@ -113,28 +113,31 @@ class TargetRole:
         if mismatch:
             return pallas_pb2.PrepareReply(status=S.STATUS_REJECTED, model=mine,
                                            message=f"model identity differs: {mismatch}")
-        free = int(self.hub.kv_stats().get("free_blocks", 0)) * int(mine.block_bytes)
-        free = max(0, free - self.reserved_bytes())  # what earlier admissions were promised
-        if req.expected_kv_bytes > free:
-            return pallas_pb2.PrepareReply(status=S.STATUS_REJECTED, model=mine,
-                                           free_kv_bytes=free,
-                                           message=f"needs {req.expected_kv_bytes} B of KV, "
-                                                   f"{free} B free after reservations")
         bs = int(mine.block_size)
         prefix = list(req.prefix_token_ids)
         if len(prefix) % bs:
             return pallas_pb2.PrepareReply(status=S.STATUS_INVALID, model=mine,
                                            message=f"prefix of {len(prefix)} tokens is not "
                                                    f"block-aligned ({bs})")
+        # Admission by this agent's own accounting: the source's claim is taken only above what
+        # the target knows it will hold, the prefix's blocks (a claim of 0 reserves those).
+        need = max(int(req.expected_kv_bytes), len(prefix) // bs * int(mine.block_bytes))
+        free = int(self.hub.kv_stats().get("free_blocks", 0)) * int(mine.block_bytes)
+        free = max(0, free - self.reserved_bytes())  # what earlier admissions were promised
+        if need > free:
+            return pallas_pb2.PrepareReply(status=S.STATUS_REJECTED, model=mine,
+                                           free_kv_bytes=free,
+                                           message=f"needs {need} B of KV, "
+                                                   f"{free} B free after reservations")
         self.ledger.see_in(sid, epoch)
         inb = Inbound(session_id=sid, epoch=epoch, source=req.source, prefix_len=len(prefix),
-                      scheme=req.scheme, ue_id=req.ue_id, reserved_bytes=req.expected_kv_bytes)
+                      scheme=req.scheme, ue_id=req.ue_id, reserved_bytes=need)
         if prefix:
             inb.t_warmup = time.monotonic()
             inb.warmup = self._spawn(self._warm(inb, prefix), f"warmup-{sid}-{epoch}")
         self.inbound[sid] = inb
         log.info("prepared", session=sid, epoch=epoch, peer=req.source.address,
-                 prefix=len(prefix), reserved=req.expected_kv_bytes)
+                 prefix=len(prefix), reserved=need)
         return pallas_pb2.PrepareReply(status=S.STATUS_OK, model=mine, free_kv_bytes=free)
 
     async def _warm(self, inb: Inbound, prefix: list[int]) -> None:

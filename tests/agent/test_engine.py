@@ -198,9 +198,10 @@ def test_prepare_admission_reservation_and_epochs():
         assert (await m.on_prepare(_prep(prefix=40))).status == pb.STATUS_INVALID
         assert (await m.on_prepare(_prep(epoch=2, expected=65536))).status == pb.STATUS_OK
         assert (await m.on_prepare(_prep(epoch=2))).message == "already prepared"
-        # The reservation holds until Sync/Release: a second session sees only what is left.
+        # The reservation holds until Sync/Release: a second session sees only what is left
+        # (nothing: the first one's prefix is 2 blocks, whatever its claim said).
         r = await m.on_prepare(_prep(sid="s2", expected=2 * 65536))
-        assert r.status == pb.STATUS_REJECTED and r.free_kv_bytes == 65536
+        assert r.status == pb.STATUS_REJECTED and r.free_kv_bytes == 0
         await asyncio.sleep(0)
         assert eng.prefills == [list(range(64))]   # warm-up with exactly the prefix
         assert (await m.on_prepare(_prep(epoch=1))).status == pb.STATUS_STALE_EPOCH

@@ -73,7 +73,7 @@ def test_another_peer_cannot_prepare_stream_sync_or_release_an_attempt():
         assert rel.status == pb.STATUS_REJECTED
         assert m.ledger.newest_in("s") == 1    # the refused Release recorded no epoch
         assert m.sessions.get("s") is None and m.inbound["s"].blocks_in == 0
-        assert m.held()["reserved_bytes"] == 65536
+        assert m.held()["reserved_bytes"] == 2 * 65536     # the 64-token prefix's blocks
         CALLER.reset(tok)
         tok = CALLER.set(frozenset({"a"}))
         assert m.on_block(_blk(2)) == "ok"
@@ -128,3 +128,19 @@ def test_over_mutual_tls_only_the_preparing_peer_syncs(pki):
     assert r_a.status == pb.STATUS_OK
     assert r_c.status == pb.STATUS_REJECTED and "'c'" in r_c.message, r_c
     assert r_a2.status == pb.STATUS_OK, r_a2
+
+
+def test_admission_counts_the_targets_own_need_not_the_sources_claim():
+    """A claim of 0 bytes does not bypass admission: the prefix's blocks are reserved."""
+    async def run():
+        m, hub, eng = _engine(free_blocks=2)
+        zero = await m.on_prepare(_prep(prefix=96, expected=0))        # 3 blocks, 2 free
+        ok = await m.on_prepare(_prep(sid="s2", prefix=64, expected=0))
+        reserved = m.held()["reserved_bytes"]
+        third = await m.on_prepare(_prep(sid="s3", prefix=0, expected=1))
+        return zero, ok, reserved, third
+
+    zero, ok, reserved, third = asyncio.run(run())
+    assert zero.status == pb.STATUS_REJECTED and "needs 196608 B" in zero.message, zero
+    assert ok.status == pb.STATUS_OK and reserved == 2 * 65536
+    assert third.status == pb.STATUS_REJECTED and third.free_kv_bytes == 0
