@@ -66,3 +66,24 @@ def test_a_prepared_attempt_lives_its_idle_time_and_expires_past_it():
 
     at, past, reserved = asyncio.run(run())
     assert (at, past, reserved) == (0, 1, 0)
+
+
+def test_a_telemetry_period_below_the_floor_is_raised_to_it():
+    """Control.Telemetry: a requested period at the agent's floor (20 ms) is kept; one below it
+    (19 ms, or 1 ms) streams at the floor."""
+    from agent.control import ControlService
+
+    async def period_of(period_ms: int) -> float:
+        m, hub, eng = _engine()
+        ctl = ControlService(m, agent_id="b", telemetry=lambda: pb.TelemetryReport(agent_id="b"),
+                             min_period_s=0.02)
+        stream = ctl.Telemetry(pb.TelemetryRequest(period_ms=period_ms), None)
+        await stream.__anext__()
+        t0 = asyncio.get_running_loop().time()
+        for _ in range(3):
+            await stream.__anext__()
+        await stream.aclose()
+        return (asyncio.get_running_loop().time() - t0) / 3
+
+    at, below, far_below = (asyncio.run(period_of(p)) for p in (20, 19, 1))
+    assert 0.0195 <= at and 0.0195 <= below and 0.0195 <= far_below, (at, below, far_below)

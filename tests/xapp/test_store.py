@@ -242,3 +242,12 @@ def test_the_journal_records_orders_and_replies_for_the_restart(make_store):
     assert recovery_plan(st) == []
     j.ended("s2")
     assert st.binding("s2") is None and list(st.bindings()) == ["s1"]
+
+
+def test_a_sessions_epoch_counter_takes_its_last_value_and_refuses_one_more():
+    st = MemoryStore()
+    st._counters["s"] = (1 << EPOCH_COUNTER_BITS) - 2
+    assert st.allocate_epoch("s") == (1 << EPOCH_COUNTER_BITS) - 1      # the last n
+    with pytest.raises(StoreError, match="exhausted"):
+        st.allocate_epoch("s")
+    assert st.last_epoch("s") == (1 << EPOCH_COUNTER_BITS) - 1           # nothing handed out
