@@ -332,7 +332,10 @@ def _real(b: bytes) -> float:
             raise Unsupported("REAL truncated")
         e = int.from_bytes(b[1:1 + ne], "big", signed=True)
         mant = int.from_bytes(b[1 + ne:], "big")
-        v = math.ldexp(mant << scale, e)
+        try:
+            v = math.ldexp(mant << scale, e)
+        except OverflowError:        # beyond a double: the reference decoder decides
+            raise Unsupported("REAL out of range") from None
         return -v if f & 0x40 else v
     raise Unsupported("REAL decimal or special")
 

@@ -96,3 +96,22 @@ def test_drop_kinds_are_bounded_whatever_the_pdu_says():
     assert Ingestor._kind("unknown RAN function: 77") == "unknown RAN function"
     assert Ingestor._kind("record count: measData item 9 has 3 values for 1 pairs (UE 5)") == "record count"
     assert len(Ingestor._kind("x" * 500)) == 60
+
+
+# Found by benchmarks/e2_fuzz.py (seed 16, 100,000 inputs): a KPM v2.03 Format 3 message whose
+# measRecord REAL has an exponent beyond a double; the Format 3 walker raised OverflowError (an
+# internal error drop) instead of leaving the record to the reference decoder.
+REAL_OVERFLOW = bytes.fromhex(
+    "00054080bf000007001d00050000010001000500020002000f000101001b00020001001c0001000019000c0b"
+    "08e8fe6f80000003676e62001a0080888086400080820000010000070000f1100200c160000100032003c005"
+    "0348032056c557512603c0005f2003c0000b000d000200a04c314d2e53532d5253525001200000a05de30005"
+    "4068000007001d00050000010001000500020003000f000101001b00020001001c000100001900111040000d"
+    "6000000000070000f1100200c1001a002d2c00000100020418004408040bbde328d81ffbc65180df8f00a062"
+    "8e01034c7a000504090000f110000a81b0c0")
+
+
+def test_a_real_beyond_a_double_is_a_documented_drop():
+    ing = Ingestor(TrackStore(max_ues=10), IngestConfig(sm_versions={"*": {"kpm": "2.03"}}))
+    assert ing.on_indication(REAL_OVERFLOW, "gnb", 1.0) == []
+    assert not any(k.startswith("dropped:internal error") for k in ing.stats), dict(ing.stats)
+    assert ing.stats["dropped:E2SM-KPM v2.03"] == 1
