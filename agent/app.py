@@ -653,6 +653,8 @@ class Agent:
                 await asyncio.wait_for(t, 5)
         if self.grpc_control is not None:
             await self.grpc_control.stop(1.0)
+        if self.control is not None:
+            await self.control.close()
         if self.scraper is not None:
             await self.scraper.stop()
         if self.front is not None:

@@ -91,6 +91,12 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         task.add_done_callback(self._running.discard)
         return await asyncio.shield(task)
 
+    async def close(self) -> None:
+        """Cancel the engine calls still running (the agent is stopping)."""
+        for t in list(self._running):
+            t.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+
     async def Trigger(self, request: pallas_pb2.TriggerRequest, context) -> pallas_pb2.ControlReply:
         """Start preparing ``request.session_id`` at ``request.target`` (epoch ``request.epoch``)."""
         sid, epoch = request.session_id, int(request.epoch)
