@@ -141,3 +141,39 @@ def test_each_rpc_takes_its_limit_and_refuses_one_byte_more(monkeypatch):
         assert out[(method, 1)] == "RESOURCE_EXHAUSTED", (method, out)
     assert out[("client Prepare", 0)] == "taken"
     assert out[("client Prepare", 1)] == "RESOURCE_EXHAUSTED before sending"
+
+
+def test_a_telemetry_report_at_its_limit_streams_and_one_byte_more_is_refused():
+    """The Telemetry stream's reports are bounded by TELEMETRY_REPORT_MAX on the agent's Control
+    server and on the xApp's channel options."""
+    from agent.control import ControlService, add_control_service
+    from pallas_common.msglimits import TELEMETRY_REPORT_MAX
+    from pallas_proto import pallas_pb2_grpc
+
+    from test_engine import _engine
+
+    async def first_report(size: int) -> str:
+        m, hub, eng = _engine()
+        rep = sized(pb.TelemetryReport(time=1.0), "agent_id", size)
+        server = grpc.aio.server(options=control_limits().server_options())
+        add_control_service(server, ControlService(m, agent_id="b", telemetry=lambda: rep))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(
+                    f"127.0.0.1:{port}", options=control_limits().channel_options()) as ch:
+                stream = pallas_pb2_grpc.ControlStub(ch).Telemetry(
+                    pb.TelemetryRequest(period_ms=50), timeout=10)
+                try:
+                    got = await stream.read()
+                    return f"read {got.ByteSize()}"
+                except grpc.aio.AioRpcError as e:
+                    return e.code().name
+                finally:
+                    stream.cancel()
+        finally:
+            await server.stop(0)
+
+    at = asyncio.run(first_report(TELEMETRY_REPORT_MAX))
+    over = asyncio.run(first_report(TELEMETRY_REPORT_MAX + 1))
+    assert at == f"read {TELEMETRY_REPORT_MAX}" and over == "RESOURCE_EXHAUSTED", (at, over)
