@@ -87,3 +87,29 @@ def test_a_telemetry_period_below_the_floor_is_raised_to_it():
 
     at, below, far_below = (asyncio.run(period_of(p)) for p in (20, 19, 1))
     assert 0.0195 <= at and 0.0195 <= below and 0.0195 <= far_below, (at, below, far_below)
+
+
+def test_an_ended_session_is_kept_its_ttl_and_forgotten_past_it(monkeypatch):
+    """The agent's janitor: a finished (or handed-over) session is remembered
+    ``--session-ttl-s`` after its end, then dropped with its ledger records."""
+    import time
+
+    from agent.session import SamplingSpec, Session, SessionState
+    from test_msglimits import plaintext_agent
+
+    async def run():
+        async with plaintext_agent(monkeypatch, "--session-ttl-s", "10") as (app, _ctl):
+            now = time.time()
+            for sid, ended in (("within", now - 8.0), ("past", now - 10.5)):
+                s = Session(sid, "ue", [1, 2], SamplingSpec(max_tokens=4))
+                s.set_state(SessionState.FINISHED, finish_reason="length")
+                s.ended_at = ended
+                app.sessions.add(s)
+                app.migration.ledger.see(sid, 7)
+            await asyncio.sleep(0.6)            # the janitor's first pass comes at once
+            return ({s.session_id for s in app.sessions},
+                    app.migration.ledger.newest("within"), app.migration.ledger.newest("past"))
+
+    kept, within, past = asyncio.run(asyncio.wait_for(run(), 30))
+    assert "within" in kept and "past" not in kept
+    assert (within, past) == (7, 0)

@@ -47,14 +47,14 @@ def sized(msg, field: str, size: int):
 
 
 @contextlib.asynccontextmanager
-async def plaintext_agent(monkeypatch):
+async def plaintext_agent(monkeypatch, *extra: str):
     monkeypatch.setattr(Agent, "attach", fk.fake_attach)
     monkeypatch.setattr(agent.weights, "weights_digest", lambda model: "d1")
     cp, fp = free_port(), free_port()
     cfg = parse_args(["--model", "/m/fake", "--vllm-url", "http://127.0.0.1:1", "--agent-id", "a",
                       "--control-port", str(cp), "--front-port", str(fp), "--peer-port", "0",
                       "--host", "127.0.0.1", "--probe-prefill-tokens", "0", "--insecure",
-                      "--max-model-len", str(MAX_MODEL_LEN)])
+                      "--max-model-len", str(MAX_MODEL_LEN), *extra])
     app = Agent(cfg)
     await app.start()
     try:
