@@ -138,7 +138,7 @@ def run_once(trace, seconds: float, warmup: float) -> dict:
         app._last_update = res
         return res
     app.predictor.update = update
-    cyc = app.control_cycle
+    cyc = app.control.control_cycle            # what the cycle thread (app._cycle_loop) calls
 
     def control_cycle():
         app._last_update = None
@@ -154,7 +154,7 @@ def run_once(trace, seconds: float, warmup: float) -> dict:
             for ue in res.ue_ids:
                 pending.pop(ue, None)
         return out
-    app.control_cycle = control_cycle
+    app.control.control_cycle = control_cycle
 
     def telemetry(now: float) -> None:
         for k in range(2):

@@ -131,8 +131,8 @@ class TrackStore:
 
     Slots are freed and reused: ``release(ue)`` (a release or handover-out notice), and
     ``expire(now)`` for UEs silent more than ``silence_s`` (trace clock). When ``max_ues`` UEs
-    are held, a new UE evicts the one heard from least recently. The arrays grow by doubling up
-    to ``max_ues`` slots and never shrink: after churn the store reuses its slots, so memory
+    are held, a new UE evicts the one heard from least recently. The arrays grow by a quarter (at
+    least 256 slots) up to ``max_ues`` slots and never shrink: after churn the store reuses its slots, so memory
     is flat. Memory: ``bytes_per_ue`` = capacity x (55 + 22 max_neighbours) + 33 + 16
     max_neighbours bytes (capacity 32, 8 neighbours: 7.4 KiB).
 
@@ -219,7 +219,9 @@ class TrackStore:
             lru = int(held[np.argmin(self._a["last_seq"][held])])
             self._free_slot(lru)
         if not self._free:
-            self._grow(min(self.max_ues, 2 * self.slots))
+            # by a quarter, not double: a store grown to just past a power of two would hold
+            # nearly twice the slots it needs (16,384 for 10,000 UEs: 12 KiB per UE, not 7.4)
+            self._grow(min(self.max_ues, self.slots + max(256, self.slots // 4)))
         s = self._free.pop()
         self._ids[s] = ue
         self.index[ue] = s

@@ -122,3 +122,13 @@ def test_store_memory_per_ue_within_16_kib():
     st = TrackStore()                                          # the xApp's defaults
     assert st.capacity == 32 and st.max_neighbours == 8
     assert st.bytes_per_ue < 16 * 1024 and st.bytes_per_ue == 32 * (55 + 22 * 8) + 33 + 16 * 8
+
+
+def test_store_grows_by_a_quarter_so_slots_stay_near_the_ues_held():
+    """10,000 UEs hold at most 25 % more slots than UEs (doubling from 256 gave 16,384: the
+    arrays of 6,384 empty slots in every tracked UE's memory share, issue 15)."""
+    st = TrackStore(capacity=2, max_neighbours=1)
+    for u in range(10_000):
+        st.add(MeasurementReport(1.0, f"u{u}", 1))
+    assert len(st) == 10_000
+    assert 10_000 <= st.slots <= 12_500
