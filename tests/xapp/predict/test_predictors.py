@@ -341,3 +341,28 @@ def test_association_map_path_teaches_the_xapps_predictor(ucc_dir, tmp_path):
         knowledge_from_drives_at(tmp_path / "nope")
     with pytest.raises(ValueError, match="no drive-test CSV"):
         knowledge_from_drives_at(tmp_path)
+
+
+def test_sorting_network_sorts_and_nanmedian_last_equals_numpy_on_both_paths():
+    import itertools
+    import warnings
+
+    from xapp.predict.base import nanmedian_last, sorting_network
+
+    for p in range(1, 11):                  # 0-1 principle: every 0/1 input sorted
+        net = sorting_network(p)
+        for bits in itertools.product((0, 1), repeat=p):
+            v = list(bits)
+            for i, j in net:
+                if v[i] > v[j]:
+                    v[i], v[j] = v[j], v[i]
+            assert v == sorted(v)
+    rng = np.random.default_rng(3)
+    for p in (2, 5, 8, 9, 16, 33):          # network (p <= 10) and np.sort paths
+        x = rng.integers(-40, 40, (200, 3, p)).astype(np.float32)
+        x[rng.random(x.shape) < 0.3] = np.nan
+        x[0, 0] = np.nan
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = np.nanmedian(x, axis=-1).astype(np.float64)
+        assert np.array_equal(nanmedian_last(x), ref, equal_nan=True)
