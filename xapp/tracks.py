@@ -138,8 +138,9 @@ class TrackStore:
 
     Reports of a UE must arrive in non-decreasing time (else ``ValueError``, nothing changed).
     ``take_changed()`` gives the slots that got reports since its last call (the predictor's
-    "inputs changed" set). Not thread-safe: one writer (the ingest thread) and readers under
-    the caller's lock.
+    "inputs changed" set). A report's values are staged by ``add`` and written to the arrays
+    in one vectorised pass by the next reader (``window``, a track's view). Not thread-safe:
+    the writer and the readers (which write the staged reports) under one lock of the caller.
     """
 
     def __init__(self, capacity: int = 32, max_neighbours: int = 8, max_ues: int = 100_000,
@@ -158,10 +159,14 @@ class TrackStore:
         self._seq = 0                             # reports added, all UEs (LRU order)
         self._serial = 0                          # slot occupations so far
         self._a: dict[str, np.ndarray] = {}
+        self._pend_i: list[tuple] = []            # staged reports (see _append/_flush)
+        self._pend_f: list[tuple] = []
         self._grow(max(1, min(initial_slots, max_ues)))
 
     # ------------------------------------------------------------------ storage
     def _grow(self, slots: int) -> None:
+        if self._pend_i:
+            self._flush()
         old = len(self._ids)
         c, m = self.capacity, self.max_neighbours
         per = {"head": (np.int32, 0), "n": (np.int32, 0), "last_t": (np.float64, -math.inf),
@@ -230,6 +235,7 @@ class TrackStore:
         return s
 
     def _free_slot(self, s: int) -> None:
+        self._flush()                             # no staged report may land in a reused slot
         ue = self._ids[s]
         if ue is not None:
             del self.index[ue]
@@ -239,24 +245,17 @@ class TrackStore:
         self._free.append(s)
 
     def _append(self, s: int, r: MeasurementReport) -> None:
+        """Check the report, give its neighbours their columns and stage its values; the ring
+        position, count, times and change mark are written at once (the next report of the UE
+        and ``take_changed`` read them), the report's values by the next :meth:`_flush`."""
         a = self._a
-        if not math.isfinite(r.time):
-            raise ValueError(f"report for UE {self._ids[s]} has a non-finite time {r.time!r}")
+        t = r.time
+        if not math.isfinite(t):
+            raise ValueError(f"report for UE {self._ids[s]} has a non-finite time {t!r}")
         last = float(a["last_t"][s])
-        if r.time < last:
-            raise ValueError(f"report for UE {self._ids[s]} at t={r.time} is older than the newest (t={last})")
+        if t < last:
+            raise ValueError(f"report for UE {self._ids[s]} at t={t} is older than the newest (t={last})")
         i = int(a["head"][s])
-        a["time"][s, i] = r.time
-        a["serving_cell"][s, i] = r.serving_cell
-        a["serving_pci"][s, i] = r.serving_pci
-        a["rsrp_dbm"][s, i] = r.rsrp_dbm
-        a["rsrq_db"][s, i] = r.rsrq_db
-        a["sinr_db"][s, i] = r.sinr_db
-        a["lat"][s, i] = r.lat
-        a["lon"][s, i] = r.lon
-        a["speed_mps"][s, i] = r.speed_mps
-        a["heading_deg"][s, i] = r.heading_deg
-        a["connected"][s, i] = r.connected
         nbs: Sequence[NeighbourMeas] = r.neighbours
         m = self.max_neighbours
         pci, cell = [-1] * m, [-1] * m
@@ -267,6 +266,7 @@ class TrackStore:
             seq = self._seq
             keys = a["colkey"][s].tolist()
             seen = a["colseen"][s].tolist()
+            new_key = False
             used: list[int] = []
             for pos, nb in enumerate(nbs):
                 k = _nb_key(nb, pos)
@@ -274,28 +274,56 @@ class TrackStore:
                     j = keys.index(k)
                 except ValueError:
                     # a new neighbour: a free column, else the one heard least recently
-                    j = min((x for x in range(m) if x not in used), key=lambda x: seen[x])
+                    j = min([x for x in range(m) if x not in used], key=seen.__getitem__)
                     keys[j] = k
+                    new_key = True
                 if j in used:
                     continue                        # the same neighbour twice in one report
                 used.append(j)
                 seen[j] = seq
                 pci[j], cell[j] = nb.pci, nb.cell_id
                 rsrp[j], rsrq[j], sinr[j] = nb.rsrp_dbm, nb.rsrq_db, nb.sinr_db
-            a["colkey"][s] = keys
+            if new_key:
+                a["colkey"][s] = keys
             a["colseen"][s] = seen
-        a["nb_pci"][s, i] = pci
-        a["nb_cell"][s, i] = cell
-        a["nb_rsrp_dbm"][s, i] = rsrp
-        a["nb_rsrq_db"][s, i] = rsrq
-        a["nb_sinr_db"][s, i] = sinr
+        self._pend_i.append((s, i, r.serving_cell, r.serving_pci, r.connected, *pci, *cell))
+        self._pend_f.append((t, r.rsrp_dbm, r.rsrq_db, r.sinr_db, r.lat, r.lon, r.speed_mps, r.heading_deg,
+                             *rsrp, *rsrq, *sinr))
         a["head"][s] = (i + 1) % self.capacity
         if a["n"][s] < self.capacity:
             a["n"][s] += 1
-        a["last_t"][s] = r.time
+        a["last_t"][s] = t
         a["last_seq"][s] = self._seq
         a["changed"][s] = True
         self._seq += 1
+
+    def _flush(self) -> None:
+        """Write the staged reports into the arrays: one vectorised assignment per column for
+        all of them (about 1 us per report instead of 16 scalar writes). Every reader of
+        report values calls it first; a ring position written twice keeps the newer report."""
+        if not self._pend_i:
+            return
+        ints = np.array(self._pend_i, dtype=np.int64)
+        flo = np.array(self._pend_f, dtype=np.float64)
+        self._pend_i, self._pend_f = [], []
+        S, R = ints[:, 0], ints[:, 1]
+        pos = S * self.capacity + R
+        if len(np.unique(pos)) < len(pos):           # a UE wrapped its ring since the last flush
+            _, last = np.unique(pos[::-1], return_index=True)
+            keep = np.sort(len(pos) - 1 - last)
+            ints, flo, S, R = ints[keep], flo[keep], S[keep], R[keep]
+        a, m = self._a, self.max_neighbours
+        a["serving_cell"][S, R] = ints[:, 2]
+        a["serving_pci"][S, R] = ints[:, 3]
+        a["connected"][S, R] = ints[:, 4] != 0
+        a["nb_pci"][S, R] = ints[:, 5:5 + m]
+        a["nb_cell"][S, R] = ints[:, 5 + m:5 + 2 * m]
+        for k, name in enumerate(("time", "rsrp_dbm", "rsrq_db", "sinr_db", "lat", "lon", "speed_mps",
+                                  "heading_deg")):
+            a[name][S, R] = flo[:, k]
+        a["nb_rsrp_dbm"][S, R] = flo[:, 8:8 + m]
+        a["nb_rsrq_db"][S, R] = flo[:, 8 + m:8 + 2 * m]
+        a["nb_sinr_db"][S, R] = flo[:, 8 + 2 * m:8 + 3 * m]
 
     # ------------------------------------------------------------------ the API
     def add(self, r: MeasurementReport) -> "UETrack":
@@ -363,6 +391,7 @@ class TrackStore:
         s = self.index.get(ue_id)
         if s is None or self._a["n"][s] == 0:
             return -1
+        self._flush()
         return int(self._a["serving_cell"][s, (self._a["head"][s] - 1) % self.capacity])
 
     def window(self, slots: np.ndarray, w: int | None = None, fields: Sequence[str] | None = None) -> TrackView:
@@ -370,6 +399,7 @@ class TrackStore:
         copies, shapes (U, w[, m]), oldest first; a slot with fewer reports is padded in front
         (time NaN, cells -1). Only ``fields`` (TrackView names) are read when given, the others
         are None. O(U w m) array work."""
+        self._flush()
         c = self.capacity
         w = c if w is None else max(1, min(int(w), c))
         slots = np.asarray(slots, dtype=np.int64)
