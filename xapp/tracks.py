@@ -308,7 +308,7 @@ class TrackStore:
         self._pend_i, self._pend_f = [], []
         S, R = ints[:, 0], ints[:, 1]
         pos = S * self.capacity + R
-        if len(np.unique(pos)) < len(pos):           # a UE wrapped its ring since the last flush
+        if len(pos) > self.capacity and len(np.unique(pos)) < len(pos):   # a ring wrapped since the last flush
             _, last = np.unique(pos[::-1], return_index=True)
             keep = np.sort(len(pos) - 1 - last)
             ints, flo, S, R = ints[keep], flo[keep], S[keep], R[keep]

@@ -176,13 +176,25 @@ def report_from_ssb(copy: sm_rc.RcMessageCopy, m: rrc.SsbMeasReport, t: float, e
     (:func:`rrc.decode_ssb_meas_report`) -> MeasurementReport: what :func:`report_from_rc`
     makes of the same report (one serving MO, every value used), without the general path's
     per-cell checks."""
+    get = _NB_MEMO.get
+    nbs = tuple([get(c) or _neighbour(c) for c in m.neighbour_codes])
     return MeasurementReport(
         t, copy.ue.key, copy.cell.cell_id if copy.cell is not None else -1, m.rsrp_dbm, m.rsrq_db, m.sinr_db,
-        tuple([_NB(pci, -1, a, b, c) for pci, a, b, c in m.neighbours]), m.pci, m.lat, m.lon, m.speed_mps,
-        m.heading_deg, e2_node, True)
+        nbs, m.pci, m.lat, m.lon, m.speed_mps, m.heading_deg, e2_node, True)
 
 
-_NB = NeighbourMeas
+#: cell code -> its NeighbourMeas (immutable, so one object serves every report that carries
+#: the same PCI and quantised values); emptied when it reaches _NB_MEMO_MAX entries
+_NB_MEMO: dict[int, NeighbourMeas] = {}
+_NB_MEMO_MAX = 16384
+
+
+def _neighbour(code: int) -> NeighbourMeas:
+    if len(_NB_MEMO) >= _NB_MEMO_MAX:
+        _NB_MEMO.clear()
+    pci, rsrp, rsrq, sinr = rrc.ssb_cell_values(code)
+    nb = _NB_MEMO[code] = NeighbourMeas(pci, -1, rsrp, rsrq, sinr)
+    return nb
 
 
 #: RAN function OID arcs (O-RAN E2SM modules: iso(1) identified-organization(3) dod(6)
@@ -343,6 +355,7 @@ class Ingestor:
                                   ["outcome"], registry=registry)
         self._m_rep = PromCounter("pallas_e2_reports", "UE measurement reports added to tracks",
                                   registry=registry)
+        self._m_ok = self._m_ind.labels("ok")          # the labelled child, looked up once
 
     def _last_cell(self, ue: str) -> int:
         t = self.store.get(ue)
@@ -419,6 +432,7 @@ class Ingestor:
             added.append(r)
             self.stats[f"rs:{rs}"] += 1
         self.stats["reports"] += len(added)
-        self._m_ind.labels("ok").inc()
-        self._m_rep.inc(len(added))
+        self._m_ok.inc()
+        if added:
+            self._m_rep.inc(len(added))
         return added

@@ -383,8 +383,10 @@ def decode_rrc_meas_report(b: bytes) -> RrcMeasReport:
 
 class SsbMeasReport(NamedTuple):
     """:func:`decode_ssb_meas_report`'s result: the one serving MO's ``serv_cell_index``, PCI
-    and SSB cell-level RSRP dBm / RSRQ dB / SINR dB, the NR neighbours as (PCI, RSRP, RSRQ, SINR)
-    tuples, and the location (degrees; NaN when absent) and velocity (m/s, degrees)."""
+    and SSB cell-level RSRP dBm / RSRQ dB / SINR dB, the NR neighbours as cell codes (the 39
+    bits of each MeasResultNR, read by :func:`ssb_cell_values`; a code names its values, so
+    callers may memoise what they build from it), and the location (degrees; NaN when absent)
+    and velocity (m/s, degrees)."""
 
     meas_id: int
     serv_cell_index: int
@@ -392,7 +394,7 @@ class SsbMeasReport(NamedTuple):
     rsrp_dbm: float
     rsrq_db: float
     sinr_db: float
-    neighbours: tuple[tuple[int, float, float, float], ...]
+    neighbour_codes: tuple[int, ...]
     lat: float = NAN
     lon: float = NAN
     speed_mps: float = NAN
@@ -404,6 +406,13 @@ class SsbMeasReport(NamedTuple):
 # the three 7-bit indices; the fixed bits under _CELL_MASK must equal _CELL_BITS
 _CELL_MASK = (0b11 << 37) | (0b111111 << 21)
 _CELL_BITS = (0b01 << 37) | (0b010111 << 21)
+
+
+def ssb_cell_values(code: int) -> tuple[int, float, float, float]:
+    """A cell code of :class:`SsbMeasReport` -> (PCI, RSRP dBm, RSRQ dB, SINR dB) (TS 38.133
+    reporting ranges, as :func:`decode_rrc_meas_report` converts them)."""
+    return ((code >> 27) & 0x3FF, float(((code >> 14) & 0x7F) - 156), ((code >> 7) & 0x7F) / 2.0 - 43.0,
+            (code & 0x7F) / 2.0 - 23.0)
 
 
 def decode_ssb_meas_report(b: bytes) -> SsbMeasReport:
@@ -447,16 +456,13 @@ def decode_ssb_meas_report(b: bytes) -> SsbMeasReport:
         for _ in range(k):
             p += 39
             d = (v >> (n - p)) & 0x7FFFFFFFFF
-            if d & _CELL_MASK != _CELL_BITS:
-                raise Unsupported("neighbour shape")
-            q = (d >> 27) & 0x3FF
-            if q > 1007:
-                raise Unsupported("PCI range")
-            nbs.append((q, float(((d >> 14) & 0x7F) - 156), ((d >> 7) & 0x7F) / 2.0 - 43.0, (d & 0x7F) / 2.0 - 23.0))
+            if d & _CELL_MASK != _CELL_BITS or (d >> 27) & 0x3FF > 1007:
+                raise Unsupported("neighbour shape or PCI range")
+            nbs.append(d)
     lat = lon = speed = heading = NAN
     if ext:
-        r = Bits(b)
-        r.p = p
+        r = Bits.__new__(Bits)               # the same integer, read on from p
+        r.v, r.n, r.p = v, n, p
         if r.read(1):
             raise Unsupported("long extension bitmap")
         present = r.read(r.read(6) + 1)

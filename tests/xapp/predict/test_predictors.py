@@ -366,3 +366,33 @@ def test_sorting_network_sorts_and_nanmedian_last_equals_numpy_on_both_paths():
             warnings.simplefilter("ignore")
             ref = np.nanmedian(x, axis=-1).astype(np.float64)
         assert np.array_equal(nanmedian_last(x), ref, equal_nan=True)
+
+
+def test_every_modes_raw_output_from_one_shared_computation_equals_its_own():
+    """``CombinedPredictor.modes`` (what ``evaluate`` replays with) gives each mode the raw
+    output that mode's own predictor computes, on generated drives with learned knowledge."""
+    from xapp.predict.evaluate import MODES
+    from xapp.sim.radio import generate_drives
+    from xapp.tracks import TrackStore
+
+    _, drives = generate_drives(n=5, duration_s=60.0, seed=4)
+    know = Knowledge.from_drives([d.drive for d in drives[:3]])
+    own = {m: HandoverPredictor(PredictorConfig(mode=m), know, learn_online=False) for m in MODES}
+    shared = own["a3"].combined
+    store = TrackStore(capacity=32)
+    checked = 0
+    for k in range(0, 250, 10):
+        for d in drives:
+            for r in d.drive.reports[k:k + 10]:
+                store.add(r)
+        slots = store.held()
+        v = store.window(slots)
+        now = v.time[:, -1].copy()
+        ues = store.ue_of(slots)
+        got = shared.modes(v, now, ues, MODES)
+        for m in MODES:
+            ref = own[m].raw_batch(v, now, ues)
+            for f in ("has", "cell", "pci", "t_ho", "conf", "src", "serving"):
+                assert np.array_equal(getattr(got[m], f), getattr(ref, f), equal_nan=True), (m, f)
+            checked += int(ref.has.sum())
+    assert checked > 200
