@@ -203,7 +203,11 @@ class StabiliserBank:
                conf: np.ndarray, src: np.ndarray, now: np.ndarray, serving: np.ndarray) -> np.ndarray:
         """Feed raw predictions (arrays of shape (U,); ``has`` False: no raw prediction) of the
         UEs in rows ``idx`` at times ``now`` (s) on ``serving`` cells. Returns a bool (U,) mask
-        of the UEs that report a prediction now (read it with ``reported``)."""
+        of the UEs that report a prediction now (read it with ``reported``). One UE (the
+        per-UE API, ``evaluate``) takes the same rules on Python scalars."""
+        if len(idx) == 1:
+            return np.array([self._update_one(int(idx[0]), bool(has[0]), int(cell[0]), int(pci[0]), float(t_ho[0]),
+                                              float(conf[0]), int(src[0]), float(now[0]), int(serving[0]))])
         a, c = self.a, self.cfg
         reset = serving != a["serving"][idx]
         a["serving"][idx] = serving
@@ -245,6 +249,42 @@ class StabiliserBank:
         a["last_support"][idx] = last
         a["cand_since"][idx] = since
         a["flips"][idx] = flips
+        return rk != _NONE
+
+
+    def _update_one(self, i: int, has: bool, cell: int, pci: int, t_ho: float, conf: float, src: int, now: float,
+                    serving: int) -> bool:
+        """``update`` for the one UE in row ``i``: the same steps on scalars (a test holds
+        both to the same results)."""
+        a, c = self.a, self.cfg
+        rk, cand = int(a["rep_key"][i]), int(a["cand"][i])
+        if serving != a["serving"][i]:
+            rk = cand = _NONE
+        a["serving"][i] = serving
+        last, since, flips = float(a["last_support"][i]), float(a["cand_since"][i]), int(a["flips"][i])
+        has = has and (cell >= 0 or pci >= 0)
+        key = cell if cell >= 0 else -2 - pci
+        stale = now - last > c.drop_after_s
+        if not has:
+            cand = _NONE
+            if stale:
+                rk = _NONE
+        take = has and (rk == _NONE or key == rk)
+        diff = has and not take
+        if diff and cand != key:
+            cand, since = key, now
+        switch = diff and (now - since >= c.hold_s or conf >= float(a["rep_conf"][i]) + c.switch_margin)
+        if switch:
+            flips += 1
+            take = True
+        elif diff and stale:
+            rk = _NONE
+        if take:
+            cand, last, rk = _NONE, now, key
+            a["rep_cell"][i], a["rep_pci"][i], a["rep_sc"][i] = cell, pci, serving
+            a["rep_tho"][i], a["rep_conf"][i], a["rep_src"][i] = t_ho, conf, src
+        a["rep_key"][i], a["cand"][i], a["last_support"][i] = rk, cand, last
+        a["cand_since"][i], a["flips"][i] = since, flips
         return rk != _NONE
 
 

@@ -396,3 +396,29 @@ def test_every_modes_raw_output_from_one_shared_computation_equals_its_own():
                 assert np.array_equal(getattr(got[m], f), getattr(ref, f), equal_nan=True), (m, f)
             checked += int(ref.has.sum())
     assert checked > 200
+
+
+def test_stabiliser_bank_one_ue_scalar_path_equals_the_array_path():
+    """``StabiliserBank.update`` of one UE (Python scalars) and of many (arrays) follow the
+    same rules: a random stream of raw predictions gives the same reported state."""
+    from xapp.predict.base import StabiliserBank
+
+    rng = np.random.default_rng(5)
+    one, many = StabiliserBank(StabilityConfig(), 4), StabiliserBank(StabilityConfig(), 4)
+    t = 0.0
+    for _ in range(3000):
+        t += float(rng.choice([0.05, 0.2, 1.0, 3.0]))
+        has = bool(rng.random() < 0.8)
+        cell = int(rng.choice([-1, 10, 11, 12]))
+        pci = int(rng.choice([-1, 3, 4]))
+        conf = float(rng.random())
+        sc = int(rng.choice([1, 1, 1, 2]))
+        tho = float(t + rng.random() * 3) if rng.random() < 0.7 else math.nan
+        r1 = one.update(np.array([1]), np.array([has]), np.array([cell]), np.array([pci]), np.array([tho]),
+                        np.array([conf]), np.array([4], np.int16), np.array([t]), np.array([sc]))
+        r2 = many.update(np.array([1, 2]), np.array([has, True]), np.array([cell, 5]), np.array([pci, 1]),
+                         np.array([tho, t]), np.array([conf, 0.5]), np.array([4, 1], np.int16), np.array([t, t]),
+                         np.array([sc, 9]))
+        assert bool(r1[0]) == bool(r2[0])
+        for k, arr in one.a.items():
+            assert arr[1] == many.a[k][1] or (arr[1] != arr[1] and many.a[k][1] != many.a[k][1]), k
