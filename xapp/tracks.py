@@ -159,8 +159,10 @@ class TrackStore:
         self._seq = 0                             # reports added, all UEs (LRU order)
         self._serial = 0                          # slot occupations so far
         self._a: dict[str, np.ndarray] = {}
-        self._pend_i: list[tuple] = []            # staged reports (see _append/_flush)
-        self._pend_f: list[tuple] = []
+        self._pend_i: list[int] = []              # staged reports, flat (see _append/_flush)
+        self._pend_f: list[float] = []
+        self._pend_n: dict[int, int] = {}        # slot -> staged reports
+        self._pend_wrap = False                   # some slot staged more than capacity
         self._grow(max(1, min(initial_slots, max_ues)))
 
     # ------------------------------------------------------------------ storage
@@ -286,9 +288,18 @@ class TrackStore:
             if new_key:
                 a["colkey"][s] = keys
             a["colseen"][s] = seen
-        self._pend_i.append((s, i, r.serving_cell, r.serving_pci, r.connected, *pci, *cell))
-        self._pend_f.append((t, r.rsrp_dbm, r.rsrq_db, r.sinr_db, r.lat, r.lon, r.speed_mps, r.heading_deg,
-                             *rsrp, *rsrq, *sinr))
+        k = self._pend_n.get(s, 0) + 1              # staged reports of this slot since the flush
+        self._pend_n[s] = k
+        if k > self.capacity:
+            self._pend_wrap = True
+        pi, pf = self._pend_i, self._pend_f        # flat: numpy converts a flat list of numbers fast
+        pi += (s, i, r.serving_cell, r.serving_pci, 1 if r.connected else 0)
+        pi += pci
+        pi += cell
+        pf += (t, r.rsrp_dbm, r.rsrq_db, r.sinr_db, r.lat, r.lon, r.speed_mps, r.heading_deg)
+        pf += rsrp
+        pf += rsrq
+        pf += sinr
         a["head"][s] = (i + 1) % self.capacity
         if a["n"][s] < self.capacity:
             a["n"][s] += 1
@@ -303,16 +314,18 @@ class TrackStore:
         report values calls it first; a ring position written twice keeps the newer report."""
         if not self._pend_i:
             return
-        ints = np.array(self._pend_i, dtype=np.int64)
-        flo = np.array(self._pend_f, dtype=np.float64)
-        self._pend_i, self._pend_f = [], []
+        m = self.max_neighbours
+        ints = np.array(self._pend_i, dtype=np.int64).reshape(-1, 5 + 2 * m)
+        flo = np.array(self._pend_f, dtype=np.float64).reshape(-1, 8 + 3 * m)
+        wrap = self._pend_wrap
+        self._pend_i, self._pend_f, self._pend_n, self._pend_wrap = [], [], {}, False
         S, R = ints[:, 0], ints[:, 1]
-        pos = S * self.capacity + R
-        if len(pos) > self.capacity and len(np.unique(pos)) < len(pos):   # a ring wrapped since the last flush
+        if wrap:                                  # a ring wrapped since the last flush
+            pos = S * self.capacity + R
             _, last = np.unique(pos[::-1], return_index=True)
             keep = np.sort(len(pos) - 1 - last)
             ints, flo, S, R = ints[keep], flo[keep], S[keep], R[keep]
-        a, m = self._a, self.max_neighbours
+        a = self._a
         a["serving_cell"][S, R] = ints[:, 2]
         a["serving_pci"][S, R] = ints[:, 3]
         a["connected"][S, R] = ints[:, 4] != 0

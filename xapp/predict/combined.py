@@ -117,24 +117,37 @@ class HistoryPredictor:
         self.knowledge = knowledge
         self.calibrator = calibrator or Calibrator()
 
-    def tables(self, v: TrackView, ues: Sequence[str]) -> list[dict[int, float]]:
-        """Per UE, {B: P(B | A, C)} (shared, read-only dicts; one computation per (A, C))."""
+    def pairs(self, v: TrackView, ues: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct (serving A, previous C) pairs of the batch (P, 2) and each UE's pair (U,)."""
         prev = previous_cells(v)
         if self.knowledge is not None and ues:
             miss = np.flatnonzero(prev < 0)
             if miss.size:
                 pc = self.knowledge.previous_cell
                 prev[miss] = [pc(ues[i]) if ues[i] else -1 for i in miss.tolist()]
+        uniq, inv = np.unique(np.stack([v.serving_cell[:, -1], prev], 1), axis=0, return_inverse=True)
+        return uniq, inv.reshape(-1)
+
+    def tables(self, v: TrackView, ues: Sequence[str]) -> list[dict[int, float]]:
+        """Per UE, {B: P(B | A, C)} (shared, read-only dicts; one computation per (A, C))."""
+        uniq, inv = self.pairs(v, ues)
         pr = self.trans.probs_cached
-        return [pr(a, c) for a, c in zip(v.serving_cell[:, -1].tolist(), prev.tolist())]
+        tabs = [pr(a, c) for a, c in uniq.tolist()]
+        return [tabs[k] for k in inv.tolist()]
+
+    def summary(self, v: TrackView, ues: Sequence[str]) -> "_Summary":
+        """The successor tables of the batch summarised (``_Summary``), Python per distinct
+        (A, C) pair only."""
+        uniq, inv = self.pairs(v, ues)
+        pr = self.trans.probs_cached
+        return _Summary.of([pr(a, c) for a, c in uniq.tolist()], inv)
 
     def probs(self, view: TrackView, ue_id: str = "") -> dict[int, float]:
         return dict(self.tables(batch_of_one(view), [ue_id])[0])
 
     def batch(self, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
-        tabs = self.tables(v, ues)
-        U = len(tabs)
-        best = _Summary.of(tabs)
+        best = self.summary(v, ues)
+        U = len(best.n)
         has = best.n > 0
         return Raw.of(has, best.cell, np.full(U, np.nan), self.calibrator(best.p), _SRC["history"],
                       v.serving_cell[:, -1])
@@ -161,7 +174,12 @@ class _Summary:
     pos: np.ndarray
 
     @classmethod
-    def of(cls, tabs: list[dict[int, float]]) -> "_Summary":
+    def of(cls, tabs: list[dict[int, float]], inv: np.ndarray | None = None) -> "_Summary":
+        """Of per-UE tables, or (``inv`` given) of distinct tables and each UE's index into them."""
+        if inv is not None:
+            base = cls.of(tabs)
+            return cls(base.cell[inv], base.p[inv], base.total[inv], base.n[inv], base.tid[inv], base.codes,
+                       base.probs, base.pos)
         ids: dict[int, int] = {}
         rows: list[tuple[int, float, float, int]] = []
         codes: list[int] = []
@@ -237,7 +255,7 @@ class CombinedPredictor:
         mo = motion_batch(v, self.cvh.assoc, self.cvh.cfg)
         pl = places_batch(v, now, self.places.assoc, self.places.places, self.places.cfg, mo)
         cv = cvh_batch(v, now, self.cvh.assoc, self.cvh.cfg, mo)
-        return _Sources(sc, f, a3_cell, pl, cv, _Summary.of(self.hist.tables(v, ues)))
+        return _Sources(sc, f, a3_cell, pl, cv, self.hist.summary(v, ues))
 
     def modes(self, v: TrackView, now: np.ndarray, ues: Sequence[str], modes: Sequence[str]) -> dict[str, Raw]:
         """The raw output of each of ``modes`` ('a3', 'cvh', 'places', 'history', 'combined')
