@@ -162,7 +162,6 @@ class TrackStore:
         self._pend_i: list[int] = []              # staged reports, flat (see _append/_flush)
         self._pend_f: list[float] = []
         self._pend_n: dict[int, int] = {}        # slot -> staged reports
-        self._pend_wrap = False                   # some slot staged more than capacity
         self._grow(max(1, min(initial_slots, max_ues)))
 
     # ------------------------------------------------------------------ storage
@@ -290,8 +289,6 @@ class TrackStore:
             a["colseen"][s] = seen
         k = self._pend_n.get(s, 0) + 1              # staged reports of this slot since the flush
         self._pend_n[s] = k
-        if k > self.capacity:
-            self._pend_wrap = True
         pi, pf = self._pend_i, self._pend_f        # flat: numpy converts a flat list of numbers fast
         pi += (s, i, r.serving_cell, r.serving_pci, 1 if r.connected else 0)
         pi += pci
@@ -307,24 +304,24 @@ class TrackStore:
         a["last_seq"][s] = self._seq
         a["changed"][s] = True
         self._seq += 1
+        if len(self._pend_n) >= self.FLUSH_SLOTS or k >= self.capacity:
+            self._flush()                         # staging stays small without a reader
+
+    #: staged reports are written once this many slots hold some (or one slot a ring's worth)
+    FLUSH_SLOTS = 4096
 
     def _flush(self) -> None:
         """Write the staged reports into the arrays: one vectorised assignment per column for
         all of them (about 1 us per report instead of 16 scalar writes). Every reader of
-        report values calls it first; a ring position written twice keeps the newer report."""
+        report values calls it first; ``_append`` calls it when a slot has staged a ring's
+        worth (so no ring position is staged twice) or ``FLUSH_SLOTS`` slots have staged some."""
         if not self._pend_i:
             return
         m = self.max_neighbours
         ints = np.array(self._pend_i, dtype=np.int64).reshape(-1, 5 + 2 * m)
         flo = np.array(self._pend_f, dtype=np.float64).reshape(-1, 8 + 3 * m)
-        wrap = self._pend_wrap
-        self._pend_i, self._pend_f, self._pend_n, self._pend_wrap = [], [], {}, False
-        S, R = ints[:, 0], ints[:, 1]
-        if wrap:                                  # a ring wrapped since the last flush
-            pos = S * self.capacity + R
-            _, last = np.unique(pos[::-1], return_index=True)
-            keep = np.sort(len(pos) - 1 - last)
-            ints, flo, S, R = ints[keep], flo[keep], S[keep], R[keep]
+        self._pend_i, self._pend_f, self._pend_n = [], [], {}
+        S, R = ints[:, 0], ints[:, 1]             # distinct: a slot stages at most a ring's worth
         a = self._a
         a["serving_cell"][S, R] = ints[:, 2]
         a["serving_pci"][S, R] = ints[:, 3]

@@ -125,7 +125,10 @@ class HistoryPredictor:
             if miss.size:
                 pc = self.knowledge.previous_cell
                 prev[miss] = [pc(ues[i]) if ues[i] else -1 for i in miss.tolist()]
-        uniq, inv = np.unique(np.stack([v.serving_cell[:, -1], prev], 1), axis=0, return_inverse=True)
+        pairs = np.stack([v.serving_cell[:, -1], prev], 1)
+        if len(pairs) <= 1:                      # one UE (the per-UE API): nothing to merge
+            return pairs, np.zeros(len(pairs), np.int64)
+        uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
         return uniq, inv.reshape(-1)
 
     def tables(self, v: TrackView, ues: Sequence[str]) -> list[dict[int, float]]:
