@@ -20,7 +20,8 @@ Printed per N (median of ``--runs``; the process is pinned to one CPU unless ``-
 indications per second sustained; lag from an indication's scheduled arrival to the end of the
 control cycle whose prediction used it (p50, p99); CPU per UE per second of load (CPU time per
 indication handled, all threads: decode, tracks, learning, cycles, telemetry, gRPC);
-resident memory per tracked UE (RSS growth from before the first report to the end, over N);
+resident memory per tracked UE (RSS growth from before the first report to the end, over N;
+the first run's, as later runs reuse memory the first one freed);
 whether it kept up (the feeder ends less than 0.5 s behind schedule and p99 lag < 1 s). A run
 stops at its duration however far behind it is. The share of a core the process got is printed
 ("CPU"): on a shared machine, a process that gets less than it needs falls behind.
@@ -138,7 +139,7 @@ def run_once(trace, seconds: float, warmup: float) -> dict:
         app._last_update = res
         return res
     app.predictor.update = update
-    cyc = app.control_cycle
+    cyc = app.control.control_cycle            # what the cycle thread (app._cycle_loop) calls
 
     def control_cycle():
         app._last_update = None
@@ -154,7 +155,7 @@ def run_once(trace, seconds: float, warmup: float) -> dict:
             for ue in res.ue_ids:
                 pending.pop(ue, None)
         return out
-    app.control_cycle = control_cycle
+    app.control.control_cycle = control_cycle
 
     def telemetry(now: float) -> None:
         for k in range(2):
@@ -258,6 +259,8 @@ def main() -> None:
         print(f"#   trace for {n} UEs encoded in {time.process_time() - t_b:.1f} s CPU", flush=True)
         runs = [run_once(trace, a.seconds, a.warmup) for _ in range(a.runs)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "kept_up"}
+        # RSS growth: the first run's (later runs of the process reuse its freed memory)
+        med["rss_per_ue_kib"] = runs[0]["rss_per_ue_kib"]
         kept = sum(r["kept_up"] for r in runs)
         print(f"{n:6d} | {med['ind_per_s']:7.0f} | {med['lag_p50_ms']:10.1f} {med['lag_p99_ms']:8.1f} | "
               f"{med['cpu_us_per_ue_s']:11.1f} {med['cpu_share']:5.2f} | {med['rss_per_ue_kib']:6.1f} | "

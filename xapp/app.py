@@ -133,7 +133,7 @@ class PallasXapp:
         self.config = config
         self.transport = transport
         self.events = events or EventLog(None)
-        self.offset = offset
+        self._offset = offset
         self.a1 = a1
         self.subscriptions = subscriptions
         self.store = store if store is not None else MemoryStore()
@@ -231,6 +231,20 @@ class PallasXapp:
 
 
     # ------------------------------------------------------------------ the parts' faces
+    @property
+    def offset(self) -> float:
+        """Wall clock minus trace clock (s): one value for the control loop (its ``now``, the
+        silence and the t_HO it hands the engine) and the dispatcher."""
+        control = getattr(self, "control", None)
+        return self._offset if control is None else control.offset
+
+    @offset.setter
+    def offset(self, value: float) -> None:
+        self._offset = value
+        control = getattr(self, "control", None)
+        if control is not None:
+            control.offset = value
+
     @property
     def ues(self) -> dict[str, UEState]:
         return self.control.ues

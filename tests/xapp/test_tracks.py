@@ -122,3 +122,29 @@ def test_store_memory_per_ue_within_16_kib():
     st = TrackStore()                                          # the xApp's defaults
     assert st.capacity == 32 and st.max_neighbours == 8
     assert st.bytes_per_ue < 16 * 1024 and st.bytes_per_ue == 32 * (55 + 22 * 8) + 33 + 16 * 8
+
+
+def test_store_grows_by_a_quarter_so_slots_stay_near_the_ues_held():
+    """10,000 UEs hold at most 25 % more slots than UEs (doubling from 256 gave 16,384: the
+    arrays of 6,384 empty slots in every tracked UE's memory share, issue 15)."""
+    st = TrackStore(capacity=2, max_neighbours=1)
+    for u in range(10_000):
+        st.add(MeasurementReport(1.0, f"u{u}", 1))
+    assert len(st) == 10_000
+    assert 10_000 <= st.slots <= 12_500
+
+
+def test_staged_reports_wrap_the_ring_and_never_land_in_a_reused_slot():
+    st = TrackStore(capacity=4, max_neighbours=2, initial_slots=1)
+    for k in range(10):                                  # 2.5 turns of the ring, nothing read
+        st.add(MeasurementReport(float(k), "a", 100 + k, -80.0 - k,
+                                 neighbours=(NeighbourMeas(pci=k % 3, rsrp_dbm=-90.0 - k),)))
+    v = st.get("a").view()
+    assert v.time.tolist() == [6.0, 7.0, 8.0, 9.0]
+    assert v.serving_cell.tolist() == [106, 107, 108, 109] and v.rsrp_dbm.tolist() == [-86.0, -87.0, -88.0, -89.0]
+    assert st.last_serving_cell("a") == 109
+    st.add(MeasurementReport(10.0, "a", 110))
+    st.release("a")                                      # its staged report must not reach "b"
+    st.add(MeasurementReport(20.0, "b", 7, -70.0))
+    v = st.get("b").view()
+    assert v.time.tolist() == [20.0] and v.serving_cell.tolist() == [7] and np.isnan(v.nb_rsrp_dbm).all()

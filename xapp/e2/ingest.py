@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter as PromCounter
 from ..tracks import MeasurementReport, NeighbourMeas, TrackStore
 from . import e2ap, rrc, sm_kpm, sm_rc
 from .ie import E2DecodeError
+from .per import Unsupported
 
 NAN = float("nan")
 log = structlog.get_logger("xapp.e2.ingest")
@@ -170,6 +171,32 @@ def report_from_rc(copy: sm_rc.RcMessageCopy, m: rrc.RrcMeasReport, t: float, e2
         heading_deg=m.heading_deg, e2_node=e2_node, connected=True), rs
 
 
+def report_from_ssb(copy: sm_rc.RcMessageCopy, m: rrc.SsbMeasReport, t: float, e2_node: str) -> MeasurementReport:
+    """E2SM-RC message copy + its MeasurementReport of the common SSB shape
+    (:func:`rrc.decode_ssb_meas_report`) -> MeasurementReport: what :func:`report_from_rc`
+    makes of the same report (one serving MO, every value used), without the general path's
+    per-cell checks."""
+    get = _NB_MEMO.get
+    nbs = tuple([get(c) or _neighbour(c) for c in m.neighbour_codes])
+    return MeasurementReport(
+        t, copy.ue.key, copy.cell.cell_id if copy.cell is not None else -1, m.rsrp_dbm, m.rsrq_db, m.sinr_db,
+        nbs, m.pci, m.lat, m.lon, m.speed_mps, m.heading_deg, e2_node, True)
+
+
+#: cell code -> its NeighbourMeas (immutable, so one object serves every report that carries
+#: the same PCI and quantised values); emptied when it reaches _NB_MEMO_MAX entries
+_NB_MEMO: dict[int, NeighbourMeas] = {}
+_NB_MEMO_MAX = 16384
+
+
+def _neighbour(code: int) -> NeighbourMeas:
+    if len(_NB_MEMO) >= _NB_MEMO_MAX:
+        _NB_MEMO.clear()
+    pci, rsrp, rsrq, sinr = rrc.ssb_cell_values(code)
+    nb = _NB_MEMO[code] = NeighbourMeas(pci, -1, rsrp, rsrq, sinr)
+    return nb
+
+
 #: RAN function OID arcs (O-RAN E2SM modules: iso(1) identified-organization(3) dod(6)
 #: internet(1) private(4) enterprise(1) oran(53148) e2(1) version(N) e2sm(2) <module>(M)):
 #: module 2 = E2SM-KPM, 3 = E2SM-RC
@@ -264,8 +291,11 @@ def decode_indication(payload: bytes, e2_node: str, t: float, config: IngestConf
     try:
         if sm == "rc":
             copy = sm_rc.decode_rc_message_copy(ind.header, ind.message)
-            m = rrc.decode_rrc_meas_report(copy.rrc)
-            rep, rs = report_from_rc(copy, m, t, e2_node, d.unused)
+            try:
+                rep, rs = report_from_ssb(copy, rrc.decode_ssb_meas_report(copy.rrc), t, e2_node), "ssb"
+            except Unsupported:       # any other shape: the general walker (pycrate behind it)
+                m = rrc.decode_rrc_meas_report(copy.rrc)
+                rep, rs = report_from_rc(copy, m, t, e2_node, d.unused)
             d.reports.append(rep)
             d.rs.append(rs)
         else:
@@ -325,6 +355,7 @@ class Ingestor:
                                   ["outcome"], registry=registry)
         self._m_rep = PromCounter("pallas_e2_reports", "UE measurement reports added to tracks",
                                   registry=registry)
+        self._m_ok = self._m_ind.labels("ok")          # the labelled child, looked up once
 
     def _last_cell(self, ue: str) -> int:
         t = self.store.get(ue)
@@ -401,6 +432,7 @@ class Ingestor:
             added.append(r)
             self.stats[f"rs:{rs}"] += 1
         self.stats["reports"] += len(added)
-        self._m_ind.labels("ok").inc()
-        self._m_rep.inc(len(added))
+        self._m_ok.inc()
+        if added:
+            self._m_rep.inc(len(added))
         return added

@@ -95,11 +95,15 @@ def forecast_batch(v: TrackView, now: np.ndarray, c: A3Config) -> A3Batch:
     ft = np.float64 if c.trend == "all_pairs" else np.float32
     # the neighbour arrays may hold only the newest rows (HandoverPredictor.update reads no more)
     tr = lambda x: np.ascontiguousarray(np.swapaxes(x[:, -w:], 1, 2))  # noqa: E731
-    pci, cell, rs = tr(v.nb_pci), tr(v.nb_cell), tr(v.nb_rsrp_dbm).astype(ft)
+    pci, rs = tr(v.nb_pci), tr(v.nb_rsrp_dbm).astype(ft)
     srv = v.rsrp_dbm[:, sl].astype(ft)
-    lp, lc = pci[:, :, -1, None], cell[:, :, -1, None]                  # (U, m, 1) identities, newest row
+    lp, lc = pci[:, :, -1, None], v.nb_cell[:, -1, :, None]             # (U, m, 1) identities, newest row
     cand = ~np.isnan(rs[:, :, -1])
-    same = np.where(lp >= 0, pci == lp, np.where(lc >= 0, cell == lc, (pci < 0) & (cell < 0)))
+    if (lp[cand] >= 0).all():            # every candidate named by PCI (E2 reports): one comparison
+        same = pci == lp                 # (a non-candidate column is never read further)
+    else:
+        cell = tr(v.nb_cell)
+        same = np.where(lp >= 0, pci == lp, np.where(lc >= 0, cell == lc, (pci < 0) & (cell < 0)))
     with np.errstate(invalid="ignore"):
         d = rs - srv[:, None, :]
         y = np.where(same & valid[:, None, :] & np.isfinite(d), d, np.nan)  # (U, m, w) D = Mn - Mp
@@ -110,7 +114,10 @@ def forecast_batch(v: TrackView, now: np.ndarray, c: A3Config) -> A3Batch:
         above = y > thr
     first = w - nval                                                    # first window row per UE
     # start of the trailing run where the condition holds (missing rows do not break it)
-    start = np.maximum(np.where(ok & ~above, ar[:w], -1).max(axis=2) + 1, first[:, None])
+    below = ok & ~above                                                 # the last such row, by argmax
+    lastb = (w - 1) - np.argmax(below[:, :, ::-1], axis=2)             # of the reversed rows
+    lastb = np.where(np.take_along_axis(below, lastb[:, :, None], axis=2)[:, :, 0], lastb, -1)
+    start = np.maximum(lastb + 1, first[:, None])
     holding = ok[:, :, -1] & above[:, :, -1]
     ks = np.minimum(start, w - 1)
     km = np.maximum(ks - 1, 0)
@@ -133,7 +140,10 @@ def forecast_batch(v: TrackView, now: np.ndarray, c: A3Config) -> A3Batch:
             j = np.minimum(i + h[:, None], w - 1)
             dt = np.where(np.arange(K) < (nval - h)[:, None], np.take_along_axis(trel, j, 1)
                           - np.take_along_axis(trel, i, 1), np.nan)
-            dy = np.take_along_axis(y, j[:, None, :], 2) - np.take_along_axis(y, i[:, None, :], 2)
+            # per UE rows i, j of every neighbour: one gather of whole (m, ) rows of the (U w, m) layout
+            yr = np.swapaxes(y, 1, 2).reshape(U * w, -1)
+            base = (np.arange(U) * w)[:, None]
+            dy = np.swapaxes(yr[base + j] - yr[base + i], 1, 2)
         else:
             i, j = _pairs(w)
             dt = trel[:, j] - trel[:, i]                                # (U, P)

@@ -10,6 +10,7 @@ confidence (``Calibrator``).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
@@ -80,22 +81,78 @@ def theil_sen(t: np.ndarray, y: np.ndarray, t_ref: float) -> tuple[float, float,
     return a, b, n
 
 
+@functools.lru_cache(maxsize=64)
+def sorting_network(p: int) -> tuple[tuple[int, int], ...]:
+    """Batcher's odd-even merge sort comparators (i < j) for ``p`` inputs (Knuth, TAOCP vol. 3,
+    5.3.4): applying each as (min -> i, max -> j) sorts any p values. Built for the next power
+    of two and pruned of the comparators that touch a padding position (they are no-ops when
+    the padding holds +inf, the largest value)."""
+    size = 1 << max(0, (p - 1).bit_length())
+    pairs: list[tuple[int, int]] = []
+
+    def merge(lo: int, hi: int, r: int) -> None:
+        step = 2 * r
+        if step < hi - lo:
+            merge(lo, hi, step)
+            merge(lo + r, hi, step)
+            pairs.extend((i, i + r) for i in range(lo + r, hi - r, step))
+        else:
+            pairs.append((lo, lo + r))
+
+    def sort(lo: int, hi: int) -> None:
+        if hi - lo >= 1:
+            mid = lo + (hi - lo) // 2
+            sort(lo, mid)
+            sort(mid + 1, hi)
+            merge(lo, hi, 1)
+
+    sort(0, size - 1)
+    return tuple((i, j) for i, j in pairs if j < p)
+
+
+#: rows of at most this many values are sorted by the network (19 comparators for 8 values,
+#: two whole-array passes each); longer ones by ``np.sort`` (measured: the network halves the
+#: time for 8 values, the transposed copy makes it slower from 16)
+_NETWORK_MAX = 10
+
+
 def nanmedian_last(x: np.ndarray) -> np.ndarray:
     """Median over the last axis ignoring NaN (NaN where all are NaN), for any leading shape.
 
     The same value as ``np.nanmedian`` (mean of the two middle values of an even count),
-    without warnings, by one ``np.sort`` of the whole array (NaN sorted last as +inf): numpy's
-    vectorised sort of many short rows beats both a Python loop and a sorting network.
+    without warnings. NaN sorts last as +inf. Short rows (the A3 lagged-pairs slopes: about 8
+    values) are sorted as columns of a (p, rows) array by :func:`sorting_network`, each
+    comparator two contiguous whole-array passes (half the time of ``np.sort`` of many short
+    rows, same values: sorting only moves them); longer rows by one ``np.sort``.
     """
-    nan = np.isnan(x)
     p = x.shape[-1]
-    n = p - nan.sum(axis=-1)
-    s = np.sort(np.where(nan, np.inf, x), axis=-1)
-    lo = np.maximum((n - 1) // 2, 0)[..., None]
-    hi = np.minimum(n // 2, p - 1)[..., None]
-    with np.errstate(invalid="ignore"):
-        out = 0.5 * (np.take_along_axis(s, lo, axis=-1)[..., 0] + np.take_along_axis(s, hi, axis=-1)[..., 0])
-    out = np.asarray(out, dtype=np.float64)
+    if 1 < p <= _NETWORK_MAX and x.size >= 64 * p:
+        lead = x.shape[:-1]
+        s = x.reshape(-1, p).T.copy()                                  # (p, rows), contiguous rows
+        nan = np.isnan(s)
+        n = (p - nan.sum(axis=0)).reshape(lead)
+        lo = np.maximum((n - 1) // 2, 0)
+        hi = np.minimum(n // 2, p - 1)
+        np.putmask(s, nan, np.inf)
+        for i, j in sorting_network(p):
+            a, b = s[i], s[j]
+            m = np.minimum(a, b)
+            np.maximum(a, b, out=b)
+            s[i] = m
+        cols = np.arange(s.shape[1])
+        with np.errstate(invalid="ignore"):
+            out = 0.5 * (s[lo.reshape(-1), cols] + s[hi.reshape(-1), cols])
+        out = np.asarray(out, dtype=np.float64).reshape(lead)
+    else:
+        nan = np.isnan(x)
+        n = p - nan.sum(axis=-1)
+        lo = np.maximum((n - 1) // 2, 0)
+        hi = np.minimum(n // 2, p - 1)
+        s = np.sort(np.where(nan, np.inf, x), axis=-1)
+        with np.errstate(invalid="ignore"):
+            out = 0.5 * (np.take_along_axis(s, lo[..., None], axis=-1)[..., 0]
+                         + np.take_along_axis(s, hi[..., None], axis=-1)[..., 0])
+        out = np.asarray(out, dtype=np.float64)
     out[n == 0] = np.nan
     return out
 
@@ -146,7 +203,11 @@ class StabiliserBank:
                conf: np.ndarray, src: np.ndarray, now: np.ndarray, serving: np.ndarray) -> np.ndarray:
         """Feed raw predictions (arrays of shape (U,); ``has`` False: no raw prediction) of the
         UEs in rows ``idx`` at times ``now`` (s) on ``serving`` cells. Returns a bool (U,) mask
-        of the UEs that report a prediction now (read it with ``reported``)."""
+        of the UEs that report a prediction now (read it with ``reported``). One UE (the
+        per-UE API, ``evaluate``) takes the same rules on Python scalars."""
+        if len(idx) == 1:
+            return np.array([self._update_one(int(idx[0]), bool(has[0]), int(cell[0]), int(pci[0]), float(t_ho[0]),
+                                              float(conf[0]), int(src[0]), float(now[0]), int(serving[0]))])
         a, c = self.a, self.cfg
         reset = serving != a["serving"][idx]
         a["serving"][idx] = serving
@@ -188,6 +249,42 @@ class StabiliserBank:
         a["last_support"][idx] = last
         a["cand_since"][idx] = since
         a["flips"][idx] = flips
+        return rk != _NONE
+
+
+    def _update_one(self, i: int, has: bool, cell: int, pci: int, t_ho: float, conf: float, src: int, now: float,
+                    serving: int) -> bool:
+        """``update`` for the one UE in row ``i``: the same steps on scalars (a test holds
+        both to the same results)."""
+        a, c = self.a, self.cfg
+        rk, cand = int(a["rep_key"][i]), int(a["cand"][i])
+        if serving != a["serving"][i]:
+            rk = cand = _NONE
+        a["serving"][i] = serving
+        last, since, flips = float(a["last_support"][i]), float(a["cand_since"][i]), int(a["flips"][i])
+        has = has and (cell >= 0 or pci >= 0)
+        key = cell if cell >= 0 else -2 - pci
+        stale = now - last > c.drop_after_s
+        if not has:
+            cand = _NONE
+            if stale:
+                rk = _NONE
+        take = has and (rk == _NONE or key == rk)
+        diff = has and not take
+        if diff and cand != key:
+            cand, since = key, now
+        switch = diff and (now - since >= c.hold_s or conf >= float(a["rep_conf"][i]) + c.switch_margin)
+        if switch:
+            flips += 1
+            take = True
+        elif diff and stale:
+            rk = _NONE
+        if take:
+            cand, last, rk = _NONE, now, key
+            a["rep_cell"][i], a["rep_pci"][i], a["rep_sc"][i] = cell, pci, serving
+            a["rep_tho"][i], a["rep_conf"][i], a["rep_src"][i] = t_ho, conf, src
+        a["rep_key"][i], a["cand"][i], a["last_support"][i] = rk, cand, last
+        a["cand_since"][i], a["flips"][i] = since, flips
         return rk != _NONE
 
 

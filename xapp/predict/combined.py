@@ -117,24 +117,40 @@ class HistoryPredictor:
         self.knowledge = knowledge
         self.calibrator = calibrator or Calibrator()
 
-    def tables(self, v: TrackView, ues: Sequence[str]) -> list[dict[int, float]]:
-        """Per UE, {B: P(B | A, C)} (shared, read-only dicts; one computation per (A, C))."""
+    def pairs(self, v: TrackView, ues: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct (serving A, previous C) pairs of the batch (P, 2) and each UE's pair (U,)."""
         prev = previous_cells(v)
         if self.knowledge is not None and ues:
             miss = np.flatnonzero(prev < 0)
             if miss.size:
                 pc = self.knowledge.previous_cell
                 prev[miss] = [pc(ues[i]) if ues[i] else -1 for i in miss.tolist()]
+        pairs = np.stack([v.serving_cell[:, -1], prev], 1)
+        if len(pairs) <= 1:                      # one UE (the per-UE API): nothing to merge
+            return pairs, np.zeros(len(pairs), np.int64)
+        uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
+        return uniq, inv.reshape(-1)
+
+    def tables(self, v: TrackView, ues: Sequence[str]) -> list[dict[int, float]]:
+        """Per UE, {B: P(B | A, C)} (shared, read-only dicts; one computation per (A, C))."""
+        uniq, inv = self.pairs(v, ues)
         pr = self.trans.probs_cached
-        return [pr(a, c) for a, c in zip(v.serving_cell[:, -1].tolist(), prev.tolist())]
+        tabs = [pr(a, c) for a, c in uniq.tolist()]
+        return [tabs[k] for k in inv.tolist()]
+
+    def summary(self, v: TrackView, ues: Sequence[str]) -> "_Summary":
+        """The successor tables of the batch summarised (``_Summary``), Python per distinct
+        (A, C) pair only."""
+        uniq, inv = self.pairs(v, ues)
+        pr = self.trans.probs_cached
+        return _Summary.of([pr(a, c) for a, c in uniq.tolist()], inv)
 
     def probs(self, view: TrackView, ue_id: str = "") -> dict[int, float]:
         return dict(self.tables(batch_of_one(view), [ue_id])[0])
 
     def batch(self, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
-        tabs = self.tables(v, ues)
-        U = len(tabs)
-        best = _Summary.of(tabs)
+        best = self.summary(v, ues)
+        U = len(best.n)
         has = best.n > 0
         return Raw.of(has, best.cell, np.full(U, np.nan), self.calibrator(best.p), _SRC["history"],
                       v.serving_cell[:, -1])
@@ -161,7 +177,12 @@ class _Summary:
     pos: np.ndarray
 
     @classmethod
-    def of(cls, tabs: list[dict[int, float]]) -> "_Summary":
+    def of(cls, tabs: list[dict[int, float]], inv: np.ndarray | None = None) -> "_Summary":
+        """Of per-UE tables, or (``inv`` given) of distinct tables and each UE's index into them."""
+        if inv is not None:
+            base = cls.of(tabs)
+            return cls(base.cell[inv], base.p[inv], base.total[inv], base.n[inv], base.tid[inv], base.codes,
+                       base.probs, base.pos)
         ids: dict[int, int] = {}
         rows: list[tuple[int, float, float, int]] = []
         codes: list[int] = []
@@ -227,15 +248,48 @@ class CombinedPredictor:
         self.places_time_min_score = places_time_min_score
         self.calibrator = calibrator or Calibrator()
 
-    def batch(self, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
-        U = v.time.shape[0]
+    def sources(self, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> "_Sources":
+        """Every source over the batch, computed once: the A3 forecast (with its resolved
+        cells), CVH, the handover places (one dead-reckoning shared by both) and the successor
+        tables."""
         sc = v.serving_cell[:, -1]
         f = forecast_batch(v, now, self.a3.cfg)
         a3_cell = resolve_cells(self.a3.nrt, sc, f.pci, f.cell, f.has)
         mo = motion_batch(v, self.cvh.assoc, self.cvh.cfg)
         pl = places_batch(v, now, self.places.assoc, self.places.places, self.places.cfg, mo)
         cv = cvh_batch(v, now, self.cvh.assoc, self.cvh.cfg, mo)
-        h = _Summary.of(self.hist.tables(v, ues))
+        return _Sources(sc, f, a3_cell, pl, cv, self.hist.summary(v, ues))
+
+    def modes(self, v: TrackView, now: np.ndarray, ues: Sequence[str], modes: Sequence[str]) -> dict[str, Raw]:
+        """The raw output of each of ``modes`` ('a3', 'cvh', 'places', 'history', 'combined')
+        from one computation of the sources: the values each mode's own ``batch`` gives (each
+        source with its predictor's calibrator), at the cost of one combined batch."""
+        src = self.sources(v, now, ues)
+        out: dict[str, Raw] = {}
+        for m in modes:
+            if m == "a3":
+                f = src.f
+                out[m] = Raw.of(f.has, src.a3_cell, f.t_ho, self.a3.calibrator(f.score), _SRC["a3"], src.sc, f.pci)
+            elif m in ("cvh", "places"):
+                cr, p = (src.cv, self.cvh) if m == "cvh" else (src.pl, self.places)
+                out[m] = Raw.of(cr.has, cr.cell, cr.t_ho, p.calibrator(cr.score), _SRC[m], src.sc)
+            elif m == "history":
+                h = src.h
+                out[m] = Raw.of(h.n > 0, h.cell, np.full(len(h.n), np.nan), self.hist.calibrator(h.p),
+                                _SRC["history"], src.sc)
+            elif m == "combined":
+                out[m] = self.combine(src, now)
+            else:
+                raise ValueError(f"unknown predictor mode {m!r}")
+        return out
+
+    def batch(self, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
+        return self.combine(self.sources(v, now, ues), now)
+
+    def combine(self, src: "_Sources", now: np.ndarray) -> Raw:
+        """The combination (class doc) of the sources of a batch."""
+        sc, f, a3_cell, pl, cv, h = src.sc, src.f, src.a3_cell, src.pl, src.cv, src.h
+        U = len(sc)
         empty = (h.n == 0) & ~cv.has & ~pl.has
         a3v = f.has & (a3_cell >= 0) & ((f.t_ho - now <= self.a3_trust_s) | empty)
         # the candidates: the table's first best cell, then the voted cells (CVH, places, A3)
@@ -284,6 +338,19 @@ class CombinedPredictor:
         if len(view.time) == 0:
             return None
         return self.batch(batch_of_one(view), _now(now, 1), [ue_id]).one()
+
+
+@dataclass
+class _Sources:
+    """What ``CombinedPredictor.sources`` computed for a batch of U UEs: serving cells, A3
+    forecast and its resolved cells, handover places, CVH crossings, successor summary."""
+
+    sc: np.ndarray
+    f: object
+    a3_cell: np.ndarray
+    pl: object
+    cv: object
+    h: _Summary
 
 
 def _a3_batch(a3: A3Forecaster, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
@@ -392,9 +459,12 @@ class HandoverPredictor:
     def predict_views(self, v: TrackView, now: float | np.ndarray, ues: Sequence[str]) -> Predictions:
         """The reported (stabilised) predictions of the UEs ``ues`` (each once) whose windows
         are the batched view ``v`` (U, w[, m]), at ``now`` (s, one time or one per UE)."""
-        U = len(ues)
-        now = _now(now, U)
-        raw = self.raw_batch(v, now, ues)
+        now = _now(now, len(ues))
+        return self.report(self.raw_batch(v, now, ues), now, ues)
+
+    def report(self, raw: Raw, now: np.ndarray, ues: Sequence[str]) -> Predictions:
+        """Raw predictions of ``ues`` (each once) at ``now`` (U,) through the confidence floor
+        and each UE's hysteresis: what is reported (``predict_views`` is raw_batch + this)."""
         has = raw.has & (raw.conf >= self.cfg.min_confidence)
         idx = self._row_of(ues)
         rep = self._bank.update(idx, has, raw.cell, raw.pci, raw.t_ho, raw.conf, raw.src, now, raw.serving)

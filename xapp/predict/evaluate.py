@@ -54,7 +54,7 @@ from xapp.predict.base import Calibrator, reliability
 from xapp.predict.combined import HandoverPredictor
 from xapp.predict.config import A3Config, PredictorConfig
 from xapp.predict.maps import Knowledge
-from xapp.tracks import UETrack
+from xapp.tracks import UETrack, batch_of_one
 
 MODES = ("a3", "cvh", "places", "history", "combined")
 LEADS = (1.0, 2.0, 3.0, 5.0)
@@ -99,12 +99,18 @@ def replay(drive: Drive, knowledge: Knowledge, cfg: PredictorConfig, modes: Sequ
                     np.full(k, np.nan), np.zeros(k), []) for m in modes}
     track = UETrack(drive.ue_id, capacity=max(2, cfg.window_reports),
                     max_neighbours=max([len(r.neighbours) for r in drive.reports] + [1]))
+    # every mode's raw output from one computation of the sources (the per-mode predictors
+    # would compute A3, CVH, places and history twice: once alone, once in the combination)
+    shared = preds[modes[0]].combined if modes else None
+    ue = [drive.ue_id]
     for i, r in enumerate(drive.reports):
         track.append(r)
         knowledge.observe(r)
-        view = track.view()
+        view = batch_of_one(track.view())
+        now = np.array([r.time])
+        raws = shared.modes(view, now, ue, modes)
         for m in modes:
-            p = preds[m].predict(view, r.time, drive.ue_id)
+            p = preds[m].report(raws[m], now, ue).get(0)
             tr = out[m]
             tr.t[i] = r.time
             tr.serving[i] = r.serving_cell

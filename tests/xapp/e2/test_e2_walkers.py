@@ -170,3 +170,96 @@ def test_truncated_kpm_is_a_decode_error():
     for cut in (1, 5, len(m) // 2, len(m) - 1):
         with pytest.raises(E2DecodeError):
             sm_kpm.decode_kpm_indication(b"\x00" + sm_kpm.time_to_ntp(1.0), m[:cut])
+
+
+# ----------------------------------------------------------------- the SSB report fast path (issue 15)
+
+def _plain_cell(rng: random.Random) -> rrc.CellResult:
+    return rrc.CellResult(rng.randrange(1008), float(rng.randrange(-156, -30)), rng.randrange(-87, 40) / 2,
+                          rng.randrange(-46, 80) / 2)
+
+
+def _is_plain(c: rrc.CellResult) -> bool:
+    return c.pci >= 0 and c.has_ssb and not c.has_csi_rs and not c.beams and all(
+        x == x for x in (c.rsrp_dbm, c.rsrq_db, c.sinr_db))
+
+
+def _ssb_report(rng: random.Random) -> rrc.RrcMeasReport:
+    """Mostly the common shape (one serving MO, every cell with a PCI and SSB RSRP/RSRQ/SINR),
+    sometimes a cell or a second MO the fast path must hand back."""
+    plain = rng.random() < 0.8
+    mos = (rrc.ServingResult(rng.randrange(32), _plain_cell(rng) if plain else _random_cell(rng)),)
+    if rng.random() < 0.05:
+        mos += (rrc.ServingResult(rng.randrange(32), _plain_cell(rng)),)
+    nbs = tuple(_plain_cell(rng) if rng.random() < 0.95 else _random_cell(rng) for _ in range(rng.randrange(0, 9)))
+    lat = rng.choice([NAN, rng.uniform(-90, 90)])
+    lon = rng.uniform(-180, 180) if lat == lat else NAN
+    hv = rng.random() < 0.5
+    return rrc.RrcMeasReport(rng.randrange(1, 65), mos, nbs, lat, lon, rng.uniform(0, 60) if hv else NAN,
+                             rng.uniform(0, 360) if hv else NAN)
+
+
+def test_ssb_fast_path_equals_pycrate_and_covers_the_common_shape():
+    from xapp.e2.ie import Cgi
+    from xapp.e2.ingest import Dropped, report_from_rc, report_from_ssb
+    from xapp.e2.sm_rc import RcMessageCopy
+
+    rng = random.Random(15)
+    fast = handed_back = 0
+    for _ in range(600):
+        r = _ssb_report(rng)
+        b = tracegen.encode_rrc_meas_report(r)
+        copy = RcMessageCopy(b, UeId(kind="gNB", amf_ue_ngap_id=9, guami=Guami()), Cgi("00101", 0x1234))
+        unused: list[str] = []
+        try:
+            ref, rs = report_from_rc(copy, rrc.decode_rrc_meas_report_pycrate(b), 5.0, "gnb", unused)
+        except Dropped:                          # a PCell without results: not the fast shape
+            with pytest.raises(Unsupported):
+                rrc.decode_ssb_meas_report(b)
+            continue
+        plain = len(r.serving) == 1 and all(_is_plain(c) for c in (r.serving[0].cell, *r.neighbours))
+        try:
+            got = report_from_ssb(copy, rrc.decode_ssb_meas_report(b), 5.0, "gnb")
+        except Unsupported:
+            assert not plain, r
+            handed_back += 1
+            continue
+        fast += 1
+        assert plain and rs == "ssb" and unused == []
+        assert repr(got) == repr(ref)
+    assert fast > 300 and handed_back > 50
+
+
+def test_decode_indication_on_the_fast_path_equals_the_pycrate_reference():
+    from xapp.e2 import e2ap, sm_rc
+    from xapp.e2.ie import Cgi
+    from xapp.e2.ingest import IngestConfig, decode_indication, report_from_rc
+
+    rng = random.Random(16)
+    for k in range(150):
+        r = _ssb_report(rng)
+        if not r.serving[0].cell.has_ssb and not r.serving[0].cell.has_csi_rs:
+            continue                             # dropped on both paths
+        u = UeId(kind="gNB", amf_ue_ngap_id=1 + k, guami=Guami())
+        h, m = tracegen.encode_rc_message_copy(sm_rc.RcMessageCopy(tracegen.encode_rrc_meas_report(r), u,
+                                                                   Cgi("00101", 1000 + k)))
+        pdu = tracegen.encode_ric_indication(e2ap.RicIndication(1, 1, 3, 1, h, m, sn=k))
+        d = decode_indication(pdu, "gnb", 7.0, IngestConfig())
+        ind = e2ap.decode_e2ap_pycrate(pdu)
+        copy = sm_rc.decode_rc_message_copy(ind.header, ind.message)
+        unused: list[str] = []
+        ref, rs = report_from_rc(copy, rrc.decode_rrc_meas_report_pycrate(copy.rrc), 7.0, "gnb", unused)
+        assert repr(d.reports) == repr([ref]) and d.rs == [rs] and d.unused == unused
+
+
+def test_ssb_fast_path_hands_back_truncated_and_padded_reports():
+    r = rrc.RrcMeasReport(3, (rrc.ServingResult(0, rrc.CellResult(5, -80.0, -10.5, 12.0)),),
+                          (rrc.CellResult(6, -90.0, -11.0, 3.5),), 51.9, -8.4, 10.0, 90.0)
+    b = tracegen.encode_rrc_meas_report(r)
+    (code,) = rrc.decode_ssb_meas_report(b).neighbour_codes
+    assert rrc.ssb_cell_values(code) == (6, -90.0, -11.0, 3.5)
+    for cut in range(len(b)):
+        with pytest.raises(Unsupported):
+            rrc.decode_ssb_meas_report(b[:cut])
+    with pytest.raises(Unsupported):
+        rrc.decode_ssb_meas_report(b + b"\x00")

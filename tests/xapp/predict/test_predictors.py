@@ -341,3 +341,84 @@ def test_association_map_path_teaches_the_xapps_predictor(ucc_dir, tmp_path):
         knowledge_from_drives_at(tmp_path / "nope")
     with pytest.raises(ValueError, match="no drive-test CSV"):
         knowledge_from_drives_at(tmp_path)
+
+
+def test_sorting_network_sorts_and_nanmedian_last_equals_numpy_on_both_paths():
+    import itertools
+    import warnings
+
+    from xapp.predict.base import nanmedian_last, sorting_network
+
+    for p in range(1, 11):                  # 0-1 principle: every 0/1 input sorted
+        net = sorting_network(p)
+        for bits in itertools.product((0, 1), repeat=p):
+            v = list(bits)
+            for i, j in net:
+                if v[i] > v[j]:
+                    v[i], v[j] = v[j], v[i]
+            assert v == sorted(v)
+    rng = np.random.default_rng(3)
+    for p in (2, 5, 8, 9, 16, 33):          # network (p <= 10) and np.sort paths
+        x = rng.integers(-40, 40, (200, 3, p)).astype(np.float32)
+        x[rng.random(x.shape) < 0.3] = np.nan
+        x[0, 0] = np.nan
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = np.nanmedian(x, axis=-1).astype(np.float64)
+        assert np.array_equal(nanmedian_last(x), ref, equal_nan=True)
+
+
+def test_every_modes_raw_output_from_one_shared_computation_equals_its_own():
+    """``CombinedPredictor.modes`` (what ``evaluate`` replays with) gives each mode the raw
+    output that mode's own predictor computes, on generated drives with learned knowledge."""
+    from xapp.predict.evaluate import MODES
+    from xapp.sim.radio import generate_drives
+    from xapp.tracks import TrackStore
+
+    _, drives = generate_drives(n=5, duration_s=60.0, seed=4)
+    know = Knowledge.from_drives([d.drive for d in drives[:3]])
+    own = {m: HandoverPredictor(PredictorConfig(mode=m), know, learn_online=False) for m in MODES}
+    shared = own["a3"].combined
+    store = TrackStore(capacity=32)
+    checked = 0
+    for k in range(0, 250, 10):
+        for d in drives:
+            for r in d.drive.reports[k:k + 10]:
+                store.add(r)
+        slots = store.held()
+        v = store.window(slots)
+        now = v.time[:, -1].copy()
+        ues = store.ue_of(slots)
+        got = shared.modes(v, now, ues, MODES)
+        for m in MODES:
+            ref = own[m].raw_batch(v, now, ues)
+            for f in ("has", "cell", "pci", "t_ho", "conf", "src", "serving"):
+                assert np.array_equal(getattr(got[m], f), getattr(ref, f), equal_nan=True), (m, f)
+            checked += int(ref.has.sum())
+    assert checked > 200
+
+
+def test_stabiliser_bank_one_ue_scalar_path_equals_the_array_path():
+    """``StabiliserBank.update`` of one UE (Python scalars) and of many (arrays) follow the
+    same rules: a random stream of raw predictions gives the same reported state."""
+    from xapp.predict.base import StabiliserBank
+
+    rng = np.random.default_rng(5)
+    one, many = StabiliserBank(StabilityConfig(), 4), StabiliserBank(StabilityConfig(), 4)
+    t = 0.0
+    for _ in range(3000):
+        t += float(rng.choice([0.05, 0.2, 1.0, 3.0]))
+        has = bool(rng.random() < 0.8)
+        cell = int(rng.choice([-1, 10, 11, 12]))
+        pci = int(rng.choice([-1, 3, 4]))
+        conf = float(rng.random())
+        sc = int(rng.choice([1, 1, 1, 2]))
+        tho = float(t + rng.random() * 3) if rng.random() < 0.7 else math.nan
+        r1 = one.update(np.array([1]), np.array([has]), np.array([cell]), np.array([pci]), np.array([tho]),
+                        np.array([conf]), np.array([4], np.int16), np.array([t]), np.array([sc]))
+        r2 = many.update(np.array([1, 2]), np.array([has, True]), np.array([cell, 5]), np.array([pci, 1]),
+                         np.array([tho, t]), np.array([conf, 0.5]), np.array([4, 1], np.int16), np.array([t, t]),
+                         np.array([sc, 9]))
+        assert bool(r1[0]) == bool(r2[0])
+        for k, arr in one.a.items():
+            assert arr[1] == many.a[k][1] or (arr[1] != arr[1] and many.a[k][1] != many.a[k][1]), k
