@@ -225,7 +225,7 @@ class Server:
 def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime | None = None,
                   peer_url: Callable[[str], str] | None = None) -> list[Server]:
     """Start ``n`` agents (each with its vLLM server) under the supervisor and wait until all
-    are ready. vLLM threads: server i is bound to core i mod (cores). ``regime`` (default: that
+    are ready. vLLM threads: one torch thread per engine, not pinned (see below). ``regime`` (default: that
     of ``opts``) sets the connector's pacing and the peer link's rate. ``peer_url(front)``: the
     URL the other agents know a front by (``--peer-front``; the paper regime's delaying relay
     proxy, so that a relayed stream crosses the hop and the front accepts it as a peer's)."""
@@ -240,7 +240,12 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
         # EngineCore and its worker in one process: no shared-memory queue that busy-polls for
         # a second after every step (benchmarks/idle_cpu.py measures both).
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    cores = os.cpu_count() or 1
+    # One torch thread per engine and no pinning: vLLM's "auto" binding pins every engine's
+    # worker to the first core it does not reserve, and pinning engine i to core i mod cores
+    # put two of three engines on one core; either way the paced steps overran (13-40% of
+    # them in the paper regime on 2 cores). Unpinned, the OS spreads the engines.
+    env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    env["OMP_NUM_THREADS"] = "1"
     servers = []
     agents = []
     for i in range(n):
@@ -251,7 +256,7 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
             extra += ["--peer-rate-mbps", f"{regime.peer_rate_mbps:.6g}"]
         if regime.model is not None:
             extra += agent_flags(regime.model.r_p, regime.model.r_d, pace_stats_path(opts, i))
-        a = LocalAgent(f"edge-{i}", model, omp_bind=str(i % cores), extra=extra, log_dir=str(opts.out_dir / "logs"),
+        a = LocalAgent(f"edge-{i}", model, omp_bind="nobind", extra=extra, log_dir=str(opts.out_dir / "logs"),
                        env=env, insecure=not opts.tls)
         agents.append((a, vport))
     if opts.tls:

@@ -31,7 +31,9 @@ class FakeEngine:
     async def prefill(self, ids, **kw):
         self.prefills.append(list(ids))
         await asyncio.sleep(self.prefill_s)
-        return {}
+        return {"prompt_tokens": len(ids), "prompt_tokens_details": {"cached_tokens": self.cached}}
+
+    cached = 0
 
     def start(self, session, *, kv_transfer_params=None):
         self.started.append((session, kv_transfer_params))
@@ -555,3 +557,40 @@ def test_the_tail_crosses_the_link_only_where_that_beats_recomputing_it():
     assert not m._tail_pays(out(3.0e6, 0.0), 1850.0)          # measured, just below s_kv * r_p
     assert m._tail_pays(out(5.0e6, 0.0), 1850.0)              # measured, above it
     assert m._tail_pays(out(0.0, 0.0), 1850.0)                # unlimited loopback, nothing measured
+
+
+def test_warmup_rate_counts_only_the_tokens_the_engine_computed():
+    """Issue 13 item 3: a warm-up whose prefix was mostly in the prefix cache (a session back at
+    an agent it left) is not an r_p sample; a fresh one is, at computed tokens / time taken."""
+    async def run():
+        m, hub, eng = _engine()
+        eng.prefill_s = 0.05
+        eng.cached = 320 - 32          # 1 block of 10 computed: below the sample floor
+        assert (await m.on_prepare(_prep(prefix=320, expected=65536))).status == pb.STATUS_OK
+        await m.inbound["s"].warmup
+        assert m.warmup_rate.value is None or m.warmup_rate.value == 0
+        eng.cached = 64                # 256 of 320 computed in ~0.05 s: about 5,000 tokens/s
+        assert (await m.on_prepare(_prep(sid="s2", prefix=320, expected=65536))).status == pb.STATUS_OK
+        await m.inbound["s2"].warmup
+        await m.close()
+        assert 256 / 0.2 < m.warmup_rate.value <= 256 / 0.05 + 1, m.warmup_rate.value
+    asyncio.run(run())
+
+
+def test_progress_reports_no_prefix_before_the_warmup_step_ends():
+    """Issue 13 item 4: the prefix is one engine step; until it ends nothing of it is cached,
+    so the progress reply says L_done = 0 (a time-based guess let "recompute" reuse a prefix
+    that was not there yet), and the whole prefix once it is done."""
+    async def run():
+        m, hub, eng = _engine()
+        m.warmup_rate.update(100_000.0)   # a fast measured rate must not invent progress
+        eng.prefill_s = 0.3
+        assert (await m.on_prepare(_prep(prefix=320, expected=65536))).status == pb.STATUS_OK
+        await asyncio.sleep(0.05)
+        early = await m.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
+        await m.inbound["s"].warmup
+        late = await m.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
+        await m.close()
+        assert (early.prefilled_tokens, early.warmup_done) == (0, False)
+        assert (late.prefilled_tokens, late.warmup_done) == (320, True)
+    asyncio.run(run())
