@@ -700,6 +700,28 @@ def detour_itl(itl_s: Any, hops: Any, hop_delay_s: Any) -> Any:
     return np.add(itl_s, sit_detour(hops, hop_delay_s))
 
 
+def sit_bridge(block_size: Any, r_p: Any, r_d: Any, c_sync: Any, hop_delay_s: Any) -> Any:
+    """The largest token gap across a bridged handover (``pallas-bridge``, model.md section 8), s.
+
+    The source decodes on through the new agent's front until the target holds every full
+    block, then hands over right after a token: the UE got that token one relay hop late, and
+    gets the target's first token after the switch (c_sync), the tail's recomputation (on
+    average half a block, P / 2 tokens at r_p) and one decode step. The gap is that less the
+    hop, and never below one inter-token gap 1 / r_d:
+
+        gap = max(1 / r_d, c_sync + (P / 2) / r_p + 1 / r_d - hop_delay_s)
+
+    Raises ValueError for a non-positive block size or rate, or a negative c_sync or hop delay.
+    """
+    P, rp, rd = (np.asarray(v, dtype=np.float64) for v in (block_size, r_p, r_d))
+    if np.any(P <= 0) or np.any(rp <= 0) or np.any(rd <= 0):
+        raise ValueError("block_size, r_p and r_d must be > 0")
+    if np.any(np.asarray(c_sync) < 0) or np.any(np.asarray(hop_delay_s) < 0):
+        raise ValueError("c_sync and hop_delay_s must be >= 0")
+    step = 1.0 / rd
+    return np.maximum(step, np.asarray(c_sync) + P / 2.0 / rp + step - np.asarray(hop_delay_s))
+
+
 def sit_no_rc(inputs: WindowInputs, windows: Any) -> np.ndarray:
     """T_SIT of the ablation "Pallas w/o RC" for the same windows, shape (n_ue, n_w), s.
 

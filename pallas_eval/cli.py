@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pallas_common.schemes import ABLATIONS, COMPARED
+from pallas_common.schemes import ABLATIONS, REPLAYED
 from pallas_eval import replay as rp
 from pallas_eval.experiments import presets as PR
 from pallas_eval.lengths import LengthSampler, ue_session_stream
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--min-handovers handovers), START:END seconds, or '' for the whole trace")
     r.add_argument("--min-handovers", type=int, default=5)
     r.add_argument("--servers", type=int, default=3, help="vLLM servers (each with an agent)")
-    r.add_argument("--schemes", default=",".join(COMPARED), help="comma-separated")
+    r.add_argument("--schemes", default=",".join(REPLAYED), help="comma-separated")
     r.add_argument("--ablations", action="store_true", help="also run Pallas w/o RC and w/o SM")
     r.add_argument("--ues", type=int, default=6, help="generated drive: UEs")
     r.add_argument("--duration-s", type=float, default=90.0, help="generated drive: seconds")

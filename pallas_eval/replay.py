@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import structlog
 
-from pallas_common.schemes import COMPARED, PALLAS, PROACTIVE_NAMES, SessionState
+from pallas_common.schemes import PALLAS, PROACTIVE_NAMES, REPLAYED, SessionState, spec_for
 from pallas_eval.cellmap import map_cells_to_servers, shared_pairs
 from pallas_eval.experiments.presets import REPLAY_ANCHOR_MODEL
 from pallas_eval.lengths import LengthSampler, SessionSpec, ue_session_stream
@@ -58,7 +58,7 @@ class ReplayOptions:
     segment: str = "auto"
     min_handovers: int = 5
     servers: int = 3
-    schemes: tuple[str, ...] = COMPARED
+    schemes: tuple[str, ...] = REPLAYED
     seed: int = 2
     ues: int = 6
     duration_s: float = 90.0
@@ -525,7 +525,8 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
             if commit.get("prepared") and used == run.scheme:
                 outcome = "commit"
             elif used == run.scheme:
-                outcome = "recovered" if run.scheme not in PROACTIVE_NAMES else f"fallback:{used}"
+                outcome = ("recovered" if run.scheme not in PROACTIVE_NAMES else
+                           "bridged" if spec_for(used).bridge else f"fallback:{used}")
             else:
                 outcome = f"fallback:{used}"
         row = HandoverRow(

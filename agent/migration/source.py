@@ -190,6 +190,60 @@ class SourceRole:
                  stream=stream_suffix)
         return self.reply(S.STATUS_OK, s, epoch, split=split, scheme=scheme)
 
+    # ------------------------------------------------------------------ bridging
+    async def _bridge(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
+                      scheme: int) -> bool:
+        """Bridging (``pallas-bridge``, model.md section 8): before the commit freezes ``s``,
+        keep decoding here (the new agent's front relays these tokens to the UE) until the
+        target holds the state, then return right after a token, so the handover happens at a
+        token boundary with only the tail left (recomputed at the target).
+
+        An attempt prepared at ``target`` for ``epoch`` is used as it is; otherwise (no
+        prediction, another target) one is started now with ctHO's split (the prefix is
+        prefilled there, the blocks after it stream as the source completes them). "Holds the
+        state": the warm-up has ended and every full block up to the current token arrived
+        (the target's Progress, polled every ``bridge_poll_s``). Bounded by ``bridge_max_s``;
+        past it, or if the attempt fails or the request ends, the commit goes on with whatever
+        the target holds. Returns True when the target was ready.
+        """
+        sid, bs = s.session_id, self.block_size
+        out = self.outbound.get(sid)
+        if not (out is not None and out.live and out.epoch == epoch
+                and out.target.address == target.address):
+            if out is not None:
+                await self._abandon(out, "mispredicted target" if out.target.address
+                                    != target.address else "superseded")
+            split = await self._ctho(s, target)
+            rep = await self._start(s, epoch, target, split, scheme, stream_suffix=True)
+            if rep.status != S.STATUS_OK:
+                log.info("bridge_unprepared", session=sid, epoch=epoch, message=rep.message)
+                return False
+            out = self.outbound.get(sid)
+        t0 = time.monotonic()
+        end = t0 + self.cfg.bridge_max_s
+        ready = False
+        while out is not None and out.live and not s.request_done and time.monotonic() < end:
+            try:
+                prog = await out.client.progress(pallas_pb2.ProgressRequest(
+                    session_id=sid, epoch=epoch), timeout_s=max(0.05, min(1.0, end - time.monotonic())))
+            except Exception as exc:  # noqa: BLE001 - the commit decides what to do without it
+                log.info("bridge_progress_failed", session=sid, error=repr(exc))
+                break
+            if prog.status != S.STATUS_OK:
+                break
+            need = (s.num_tokens - 1) // bs - out.first_block  # full blocks before the tail
+            if prog.warmup_done and prog.blocks_received >= need:
+                ready = True
+                break
+            await asyncio.sleep(self.cfg.bridge_poll_s)
+        if ready and not s.request_done:
+            # Hand over right after a token: the UE then waits only for the switch itself.
+            n = len(s.output_token_ids)
+            await s.wait_tokens(n, timeout=min(1.0, max(0.0, end - time.monotonic()) + 0.2))
+        log.info("bridged", session=sid, epoch=epoch, ready=ready,
+                 bridged_s=round(time.monotonic() - t0, 4), n_tokens=s.num_tokens)
+        return ready
+
     # ------------------------------------------------------------------ commit
     async def _choose(self, out: Outbound, n: int) -> tuple[CommitChoice | None, float]:
         """The commit-time choice (model.md section 8) for a prepared attempt with a warm-up;

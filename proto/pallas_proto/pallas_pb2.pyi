@@ -16,6 +16,7 @@ class Scheme(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEME_DETOUR: _ClassVar[Scheme]
     SCHEME_NO_RC: _ClassVar[Scheme]
     SCHEME_NO_SM: _ClassVar[Scheme]
+    SCHEME_PALLAS_BRIDGE: _ClassVar[Scheme]
 
 class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -47,6 +48,7 @@ SCHEME_CTHO: Scheme
 SCHEME_DETOUR: Scheme
 SCHEME_NO_RC: Scheme
 SCHEME_NO_SM: Scheme
+SCHEME_PALLAS_BRIDGE: Scheme
 STATUS_UNSPECIFIED: Status
 STATUS_OK: Status
 STATUS_STALE_EPOCH: Status

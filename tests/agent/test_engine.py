@@ -4,6 +4,7 @@ client, a BlockHub with no connector, and peer targets served over real gRPC."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from pallas_proto import pallas_pb2 as pb
@@ -593,4 +594,81 @@ def test_progress_reports_no_prefix_before_the_warmup_step_ends():
         await m.close()
         assert (early.prefilled_tokens, early.warmup_done) == (0, False)
         assert (late.prefilled_tokens, late.warmup_done) == (320, True)
+    asyncio.run(run())
+
+
+async def _decode(s, every_s=0.03, tok=9):
+    """Append a token to ``s`` every ``every_s`` (the source's engine decoding on)."""
+    while True:
+        await asyncio.sleep(every_s)
+        if s.frozen_at is None:
+            s.append_tokens([tok])
+
+
+def test_bridge_decodes_on_until_the_target_holds_the_state_then_hands_over_after_a_token():
+    """Issue 13 item 5 (pallas-bridge): the commit does not freeze the session while the target
+    is not ready; the source keeps producing tokens (relayed to the UE by the new agent) and
+    hands over once the target's warm-up ended and every full block arrived."""
+    async def run():
+        m, hub, eng = _engine(bridge_poll_s=0.01)
+        target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, warmup_done=False))
+        server, tgt = await _served(target)
+        s = _serving(m, n_prompt=96)
+        s._task = asyncio.ensure_future(asyncio.sleep(30))          # the request runs on
+        dec = asyncio.ensure_future(_decode(s))
+        try:
+            assert (await m.trigger("s", 1, tgt, split_tokens=96, scheme="pallas-bridge")).status == pb.STATUS_OK
+            n0 = s.num_tokens
+
+            async def ready_later():
+                await asyncio.sleep(0.3)
+                target.progress = pb.ProgressReply(status=pb.STATUS_OK, warmup_done=True,
+                                                   blocks_received=10)
+            asyncio.ensure_future(ready_later())
+            t0 = time.monotonic()
+            r = await m.commit("s", 1, tgt, "pallas-bridge")
+            took = time.monotonic() - t0
+        finally:
+            dec.cancel()
+            s._task.cancel()
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK and r.scheme == pb.SCHEME_PALLAS_BRIDGE, r
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        # decoded on for the ~0.3 s the target was not ready (a token every 30 ms)
+        assert took >= 0.3 and len(sync.token_ids) >= n0 + 5, (took, len(sync.token_ids), n0)
+        assert target.ops().count("progress") >= 3
+        assert s.state == SessionState.HANDED_OVER
+    asyncio.run(run())
+
+
+def test_bridge_unprepared_prepares_with_ctho_split_and_is_bounded_by_bridge_max_s():
+    """With nothing prepared at the actual target, bridging starts an attempt there (ctHO's
+    split, prefix prefilled, blocks streamed) and relays meanwhile; a target that never gets
+    ready is handed over anyway after bridge_max_s (the rest is recomputed there)."""
+    async def run():
+        # a slow link (1 Mbit/s): ctHO recomputes the whole-block prefix rather than ship it
+        m, hub, eng = _engine(bridge_poll_s=0.01, bridge_max_s=0.25, link_rate_mbps=1.0,
+                              commit_deadline_s=1.0)
+        target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, warmup_done=False,
+                                                  prefill_rate=2000.0))
+        server, tgt = await _served(target)
+        s = _serving(m, n_prompt=96)
+        s._task = asyncio.ensure_future(asyncio.sleep(30))
+        dec = asyncio.ensure_future(_decode(s))
+        try:
+            t0 = time.monotonic()
+            r = await m.commit("s", 3, tgt, "pallas-bridge")
+            took = time.monotonic() - t0
+        finally:
+            dec.cancel()
+            s._task.cancel()
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK, r
+        ops = target.ops()
+        assert ops[0] == "progress" and "prepare" in ops and ops[-1] == "sync"   # ctHO rate, then prepare
+        (prep,) = [c[1] for c in target.calls if c[0] == "prepare"]
+        assert len(prep.prefix_token_ids) > 0 and len(prep.prefix_token_ids) % 32 == 0
+        assert 0.25 <= took < 0.25 + 1.0 + 0.5, took   # bridge bound + the commit's own deadline
     asyncio.run(run())
