@@ -51,6 +51,7 @@ class Outbound:
     error: str = ""
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     t_prepared: float = 0.0
+    ready: bool = False  # a bridge saw the target hold the state (no commit-time choice left)
 
     def to(self, new: SourceState) -> None:
         """Move to ``new`` (raises :class:`agent.migration.states.IllegalTransition`)."""
@@ -233,7 +234,7 @@ class SourceRole:
                 break
             need = (s.num_tokens - 1) // bs - out.first_block  # full blocks before the tail
             if prog.warmup_done and prog.blocks_received >= need:
-                ready = True
+                ready = out.ready = True
                 break
             await asyncio.sleep(self.cfg.bridge_poll_s)
         if ready and not s.request_done:
@@ -248,7 +249,7 @@ class SourceRole:
     async def _choose(self, out: Outbound, n: int) -> tuple[CommitChoice | None, float]:
         """The commit-time choice (model.md section 8) for a prepared attempt with a warm-up;
         returns (choice or None when nothing is to choose, the target's r_p)."""
-        if out.split <= 0:
+        if out.split <= 0 or out.ready:
             return None, 0.0
         try:
             prog = await out.client.progress(pallas_pb2.ProgressRequest(
@@ -262,12 +263,16 @@ class SourceRole:
         ident = self.identity()
         r_p = prog.prefill_rate or self.prefill_rate() or self.cfg.default_prefill_rate
         goodput = out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9
+        # The warm-up started when the target answered Prepare; what it still needs at r_p.
+        left = max(0.0, out.split / r_p - (time.monotonic() - out.t_prepared)) \
+            if out.t_prepared and not prog.warmup_failed else 0.0
         st = HandoverState(prefix_tokens=out.split,
                            prefilled_tokens=min(out.split, prog.prefilled_tokens),
                            received_blocks=prog.blocks_received, handover_tokens=n,
                            block_size=self.block_size, s_kv=float(ident.kv_bytes_per_token),
                            r_p=r_p, goodput=goodput, c_sync=self.cfg.c_sync_s,
-                           hop_delay_s=self.cfg.relay_hop_s)
+                           hop_delay_s=self.cfg.relay_hop_s,
+                           warmup_left_s=left if prog.prefilled_tokens < out.split else 0.0)
         return commit_choice(st), r_p
 
     async def _commit_attempt(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,

@@ -190,8 +190,10 @@ class TargetRole:
         # The engine prefills the prefix in one step (a prefix within its batch budget) and
         # a step cannot be cut short: nothing of it is usable before the warm-up ends.
         l_done = inb.prefix_len if done else 0
+        failed = inb.warmup is not None and inb.warmup.done() and not done
         return pallas_pb2.ProgressReply(status=S.STATUS_OK, prefix_tokens=inb.prefix_len,
                                         prefilled_tokens=l_done, warmup_done=done,
+                                        warmup_failed=failed,
                                         blocks_received=self._run(inb, inb.prefix_len),
                                         bytes_received=inb.bytes_in, prefill_rate=r_p)
 

@@ -427,14 +427,15 @@ def test_detour_moves_nothing_and_releases_a_prepared_target():
     asyncio.run(run())
 
 
-def test_prepared_commit_with_an_unfinished_warmup_takes_the_choice_and_reports_it():
-    """Issue 13 item 4: the source asks the target's progress and commits the fastest way."""
+def test_prepared_commit_with_a_failed_warmup_takes_the_choice_and_reports_it():
+    """Issue 13 item 4: the source asks the target's progress and commits the fastest way; a
+    warm-up that ended without caching the prefix leaves the alternatives to compete."""
     async def run():
         m, hub, eng = _engine()
         m.prefill_rate = lambda: 100.0
         target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, prefix_tokens=96,
                                                   prefilled_tokens=0, warmup_done=False,
-                                                  prefill_rate=10.0))
+                                                  warmup_failed=True, prefill_rate=10.0))
         server, tgt = await _served(target)
         s = _serving(m, n_prompt=100)
         try:
@@ -672,3 +673,17 @@ def test_bridge_unprepared_prepares_with_ctho_split_and_is_bounded_by_bridge_max
         assert len(prep.prefix_token_ids) > 0 and len(prep.prefix_token_ids) % 32 == 0
         assert 0.25 <= took < 0.25 + 1.0 + 0.5, took   # bridge bound + the commit's own deadline
     asyncio.run(run())
+
+
+def test_choice_waits_for_a_running_warmup_since_every_option_queues_behind_it():
+    """model.md section 8 as measured: a warm-up still running is one engine step the target
+    cannot cut short, so recompute and ctHO would wait for it too; with it cached afterwards,
+    finishing the prepared state is never worse, and the wait is bounded by the alternatives."""
+    running = commit_choice(_hs(prefilled_tokens=0, received_blocks=10, warmup_left_s=0.5))
+    assert running.option == "finish"
+    assert running.finish_s <= min(running.ctho_s, running.recompute_s)
+    assert 0.5 <= running.wait_s <= min(running.ctho_s, running.recompute_s)
+    done = commit_choice(_hs(prefilled_tokens=3200, received_blocks=10))
+    assert done.option == "finish" and done.finish_s < running.finish_s
+    with pytest.raises(ValueError):
+        commit_choice(_hs(warmup_left_s=-1.0))
