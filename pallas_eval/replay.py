@@ -545,7 +545,8 @@ def migration_figures(runs: Sequence[SchemeRun]) -> dict[tuple[str, int], dict]:
     """What each handover moved, by (session, epoch), from the source agents' Commit replies in
     the xApp's event log: the prefix the target prefilled (``split_tokens``), the tokens it
     recomputed at the resume (``recomputed_tokens``) and the KV bytes it accepted
-    (``kv_bytes_moved``). Only successful commits; a Detour commit moves nothing (zeros)."""
+    (``kv_bytes_moved``), and the Commit call's latency at the xApp (``latency_s``). Only
+    successful commits; a Detour commit moves nothing (zeros)."""
     out: dict[tuple[str, int], dict] = {}
     for r in runs:
         for e in r.events:
@@ -555,7 +556,8 @@ def migration_figures(runs: Sequence[SchemeRun]) -> dict[tuple[str, int], dict]:
             out[(e["session"], int(e["epoch"]))] = {
                 "prefix": int(e.get("split_tokens") or 0),
                 "recomputed": int(e.get("recomputed_tokens") or 0),
-                "bytes": int(e.get("kv_bytes_moved") or 0)}
+                "bytes": int(e.get("kv_bytes_moved") or 0),
+                "latency": float(e.get("latency_s") or "nan")}
     return out
 
 
@@ -581,6 +583,7 @@ def fill_migration_figures(rows: Sequence[HandoverRow], runs: Sequence[SchemeRun
             continue
         row.bytes_moved = int(m["bytes"])
         row.prefill_tokens = int(m["prefix"] + m["recomputed"])
+        row.commit_s = float(m.get("latency", float("nan")))
 
 
 def save_sessions(path: Path, run: SchemeRun) -> None:
