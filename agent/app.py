@@ -555,7 +555,7 @@ class Agent:
         self.scraper = VllmScraper(self.vllm_url, period_s=1.0)
         self.scraper.start()
         mig.prefill_rate = lambda: self.scraper.prefill_rate.value or 0.0
-        mig.observe_prefill = self.scraper.observe_prefill
+        mig.observe_prefill = lambda tokens, seconds: self.scraper.observe_prefill(tokens, seconds, warmup=True)
         BYTES_MOVED.fn = lambda: [((p.agent_id, "sent"), float(p.bytes_sent))
                                   for p in mig.peers.telemetry()]
         KV_BLOCKS_HELD.fn = lambda: [((), mig.held()["blocks"])]
