@@ -606,6 +606,27 @@ async def _decode(s, every_s=0.03, tok=9):
             s.append_tokens([tok])
 
 
+async def _bridged_commit(m, target, epoch, before=None):
+    """Serve a decoding session "s" at ``m``, run ``before(tgt)`` then a pallas-bridge commit to
+    ``target``; returns (reply, seconds the commit took, session, tokens before the commit)."""
+    server, tgt = await _served(target)
+    s = _serving(m, n_prompt=96)
+    s._task = asyncio.ensure_future(asyncio.sleep(30))          # the request runs on
+    dec = asyncio.ensure_future(_decode(s))
+    try:
+        if before is not None:
+            await before(tgt)
+        n0 = s.num_tokens
+        t0 = time.monotonic()
+        r = await m.commit("s", epoch, tgt, "pallas-bridge")
+        return r, time.monotonic() - t0, s, n0
+    finally:
+        dec.cancel()
+        s._task.cancel()
+        await m.close()
+        await server.stop(0)
+
+
 def test_bridge_decodes_on_until_the_target_holds_the_state_then_hands_over_after_a_token():
     """Issue 13 item 5 (pallas-bridge): the commit does not freeze the session while the target
     is not ready; the source keeps producing tokens (relayed to the UE by the new agent) and
@@ -613,27 +634,16 @@ def test_bridge_decodes_on_until_the_target_holds_the_state_then_hands_over_afte
     async def run():
         m, hub, eng = _engine(bridge_poll_s=0.01)
         target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, warmup_done=False))
-        server, tgt = await _served(target)
-        s = _serving(m, n_prompt=96)
-        s._task = asyncio.ensure_future(asyncio.sleep(30))          # the request runs on
-        dec = asyncio.ensure_future(_decode(s))
-        try:
-            assert (await m.trigger("s", 1, tgt, split_tokens=96, scheme="pallas-bridge")).status == pb.STATUS_OK
-            n0 = s.num_tokens
 
-            async def ready_later():
-                await asyncio.sleep(0.3)
-                target.progress = pb.ProgressReply(status=pb.STATUS_OK, warmup_done=True,
-                                                   blocks_received=10)
+        async def ready_later():
+            await asyncio.sleep(0.3)
+            target.progress = pb.ProgressReply(status=pb.STATUS_OK, warmup_done=True, blocks_received=10)
+
+        async def trigger(tgt):
+            assert (await m.trigger("s", 1, tgt, split_tokens=96, scheme="pallas-bridge")).status == pb.STATUS_OK
             asyncio.ensure_future(ready_later())
-            t0 = time.monotonic()
-            r = await m.commit("s", 1, tgt, "pallas-bridge")
-            took = time.monotonic() - t0
-        finally:
-            dec.cancel()
-            s._task.cancel()
-            await m.close()
-            await server.stop(0)
+
+        r, took, s, n0 = await _bridged_commit(m, target, 1, trigger)
         assert r.status == pb.STATUS_OK and r.scheme == pb.SCHEME_PALLAS_BRIDGE, r
         (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
         # decoded on for the ~0.3 s the target was not ready (a token every 30 ms)
@@ -653,19 +663,7 @@ def test_bridge_unprepared_prepares_with_ctho_split_and_is_bounded_by_bridge_max
                               commit_deadline_s=1.0)
         target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, warmup_done=False,
                                                   prefill_rate=2000.0))
-        server, tgt = await _served(target)
-        s = _serving(m, n_prompt=96)
-        s._task = asyncio.ensure_future(asyncio.sleep(30))
-        dec = asyncio.ensure_future(_decode(s))
-        try:
-            t0 = time.monotonic()
-            r = await m.commit("s", 3, tgt, "pallas-bridge")
-            took = time.monotonic() - t0
-        finally:
-            dec.cancel()
-            s._task.cancel()
-            await m.close()
-            await server.stop(0)
+        r, took, s, n0 = await _bridged_commit(m, target, 3)
         assert r.status == pb.STATUS_OK, r
         ops = target.ops()
         assert ops[0] == "progress" and "prepare" in ops and ops[-1] == "sync"   # ctHO rate, then prepare
