@@ -398,16 +398,26 @@ class SessionFront:
         self._relay_origins: OrderedDict[str, str] = OrderedDict()
         self.app = self._build_app()
 
-    def relay_origin(self, sid: str) -> str | None:
-        """The front this agent last relayed ``sid`` from (None if it never relayed it).
+    def relay_origin(self, sid: str, requester: str | None = None) -> str | None:
+        """Where this agent would relay ``sid`` from when asked for it without an origin: the
+        front of the agent that decoded the tokens it last relayed (the session's holder, when
+        the directory names it), else the front it relayed them from; None if it never
+        relayed ``sid``, or if that is the front of ``requester`` (the agent asking: relaying
+        back to it would loop).
 
         Detour leaves a session at its source while the UE moves on: the UE's next agent asks
         this one (its previous agent) for the stream, and this one, which never held the
-        session, relays it on from the front it relayed it from, one more hop per handover
-        (the paper's Detour, whose ITL grows with hops). Without it the request waited
-        ``resume_wait_s`` for a session that never comes: 5-28 s stalls in the replay.
+        session, relays it on from the holder, so a relay is at most two hops. Without it the
+        request waited ``resume_wait_s`` for a session that never comes (5-28 s stalls in the
+        replay); remembering only the previous origin made a loop when the UE came back to an
+        agent it had left (A relays B, B relays A, ...).
         """
-        return self._relay_origins.get(sid)
+        url = self._relay_origins.get(sid)
+        if url is not None and requester is not None:
+            mine = self.directory.get(requester)
+            if mine is not None and mine.rstrip("/") == url.rstrip("/"):
+                return None
+        return url
 
     def _remember_origin(self, sid: str, origin: str) -> None:
         self._relay_origins[sid] = origin
@@ -530,12 +540,17 @@ class SessionFront:
                 break
             if origin and origin not in relayed_from:
                 # Relay (Detour, or a commit still in flight): one extra hop per token.
-                self._remember_origin(sid, origin)
+                if sid not in self._relay_origins:
+                    self._remember_origin(sid, origin)
                 end = None
                 arrived = False
                 async for kind, payload in self._relay_until_local(sid, i, origin, token):
                     if kind == "token":
                         i = payload["index"] + 1
+                        holder = self.directory.get(str(payload.get("agent_id")))
+                        if holder and payload.get("agent_id") != self.agent_id \
+                                and self._relay_origins.get(sid) != holder:
+                            self._remember_origin(sid, holder)
                         RELAYED_TOKENS.inc()
                         yield sse(payload)
                     elif kind == "local":
@@ -791,8 +806,8 @@ class SessionFront:
                 raise HTTPException(400, f"origin {origin[:200]!r} is not the front of a peer agent of this one "
                                          "(--peer-front)")
             s = front.store.get(sid)
-            if s is None and not origin:
-                origin = front.relay_origin(sid)   # a session this front relayed (Detour)
+            if s is None:   # a session this front relayed (Detour): go to its holder
+                origin = front.relay_origin(sid, relay) or origin
             if s is None and not origin:
                 s = await front._wait_local(sid, front.resume_wait_s)
                 if s is None:
