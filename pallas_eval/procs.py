@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import random
 import socket
 import subprocess
 import threading
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import structlog
+
+from agent.server import free_port  # noqa: F401 - one implementation, re-exported
 
 log = structlog.get_logger("pallas.procs")
 
@@ -81,31 +82,6 @@ def descendants(pid: int) -> dict[int, int]:
     return out
 
 
-# Ports handed out below the kernel's ephemeral range (Linux: 32768-60999), where no outgoing
-# connection takes them between the check here and the server's bind (a port the OS picked,
-# 44253, was taken by then: "address already in use", an agent that never started).
-_PORT_RANGE = (10000, 32000)
-_handed_out: set[int] = set()
-_rng = random.Random()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now, drawn at random below the ephemeral range and never the
-    same twice in this process (falls back to one the OS picks if none is found)."""
-    for _ in range(200):
-        port = _rng.randint(*_PORT_RANGE)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def wait_port(host: str, port: int, timeout_s: float, child: Child | None = None) -> None:
