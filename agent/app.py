@@ -138,6 +138,8 @@ class AgentConfig:
     rpc_timeout_s: float = _f(10.0, "deadline of Prepare/Release calls to a peer")
     commit_deadline_s: float = _f(10.0, "the longest a commit may freeze the session at the "
                                   "source (block wait + Sync); past it the source serves on")
+    bridge_max_s: float = _f(8.0, "pallas-bridge: the longest the source decodes on through the "
+                             "new agent's front before it hands over whatever the target holds")
     warmup_timeout_s: float = _f(60.0, "target: longest Sync waits for the prefix warm-up "
                                  "(the source's commit-time choice usually bounds it first)")
     resume_deadline_s: float = _f(5.0, "target: how long a resumed request waits for blocks "
@@ -181,6 +183,7 @@ class AgentConfig:
         """The migration engine's knobs."""
         return MigrationConfig(
             rpc_timeout_s=self.rpc_timeout_s, commit_deadline_s=self.commit_deadline_s,
+            bridge_max_s=self.bridge_max_s,
             warmup_timeout_s=self.warmup_timeout_s, resume_deadline_s=self.resume_deadline_s,
             inbound_idle_s=self.inbound_idle_s,
             max_inbound_session_bytes=self.max_inbound_session_bytes,
@@ -277,7 +280,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         if a[k] < 0:
             p.error(f"--{k.replace('_', '-')} must be >= 0")
     for k in ("rpc_timeout_s", "commit_deadline_s", "warmup_timeout_s", "resume_deadline_s",
-              "inbound_idle_s"):
+              "inbound_idle_s", "bridge_max_s"):
         if a[k] <= 0:
             p.error(f"--{k.replace('_', '-')} must be > 0")
     tp = tp_size_of(vargs)
@@ -575,7 +578,7 @@ class Agent:
         self.scraper = VllmScraper(self.vllm_url, period_s=1.0)
         self.scraper.start()
         mig.prefill_rate = lambda: self.scraper.prefill_rate.value or 0.0
-        mig.observe_prefill = self.scraper.observe_prefill
+        mig.observe_prefill = lambda tokens, seconds: self.scraper.observe_prefill(tokens, seconds, warmup=True)
         BYTES_MOVED.fn = lambda: [((p.agent_id, "sent"), float(p.bytes_sent))
                                   for p in mig.peers.telemetry()]
         KV_BLOCKS_HELD.fn = lambda: [((), mig.held()["blocks"])]

@@ -82,6 +82,7 @@ import json
 import re
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
@@ -146,6 +147,7 @@ def token_matches(session_id: str, token: str | None) -> bool:
 
 # ---------------------------------------------------------------------------------- open request
 MAX_BODY_BYTES = 1 << 20   # default cap on an HTTP request body (a 4096-token prompt is ~30 kB)
+MAX_RELAY_ORIGINS = 65536  # sessions whose relay origin a front remembers (Detour chains)
 _INT64 = (-(2**63), 2**63 - 1)
 _TokenId = Annotated[int, Field(strict=True, ge=0)]
 _Int = Annotated[int, Field(strict=True)]
@@ -391,7 +393,37 @@ class SessionFront:
         self.max_body_bytes = int(max_body_bytes)
         # Created now, not at the first relay: building its TLS context blocks for ~0.3 s.
         self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+        # Where this front last relayed each session from (bounded, oldest forgotten first):
+        # a later hop asking here for a session it never held is relayed on from there.
+        self._relay_origins: OrderedDict[str, str] = OrderedDict()
         self.app = self._build_app()
+
+    def relay_origin(self, sid: str, requester: str | None = None) -> str | None:
+        """Where this agent would relay ``sid`` from when asked for it without an origin: the
+        front of the agent that decoded the tokens it last relayed (the session's holder, when
+        the directory names it), else the front it relayed them from; None if it never
+        relayed ``sid``, or if that is the front of ``requester`` (the agent asking: relaying
+        back to it would loop).
+
+        Detour leaves a session at its source while the UE moves on: the UE's next agent asks
+        this one (its previous agent) for the stream, and this one, which never held the
+        session, relays it on from the holder, so a relay is at most two hops. Without it the
+        request waited ``resume_wait_s`` for a session that never comes (5-28 s stalls in the
+        replay); remembering only the previous origin made a loop when the UE came back to an
+        agent it had left (A relays B, B relays A, ...).
+        """
+        url = self._relay_origins.get(sid)
+        if url is not None and requester is not None:
+            mine = self.directory.get(requester)
+            if mine is not None and mine.rstrip("/") == url.rstrip("/"):
+                return None
+        return url
+
+    def _remember_origin(self, sid: str, origin: str) -> None:
+        self._relay_origins[sid] = origin
+        self._relay_origins.move_to_end(sid)
+        while len(self._relay_origins) > MAX_RELAY_ORIGINS:
+            self._relay_origins.popitem(last=False)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -508,11 +540,17 @@ class SessionFront:
                 break
             if origin and origin not in relayed_from:
                 # Relay (Detour, or a commit still in flight): one extra hop per token.
+                if sid not in self._relay_origins:
+                    self._remember_origin(sid, origin)
                 end = None
                 arrived = False
                 async for kind, payload in self._relay_until_local(sid, i, origin, token):
                     if kind == "token":
                         i = payload["index"] + 1
+                        holder = self.directory.get(str(payload.get("agent_id")))
+                        if holder and payload.get("agent_id") != self.agent_id \
+                                and self._relay_origins.get(sid) != holder:
+                            self._remember_origin(sid, holder)
                         RELAYED_TOKENS.inc()
                         yield sse(payload)
                     elif kind == "local":
@@ -562,7 +600,7 @@ class SessionFront:
 
         async def watch() -> None:
             while self._local(sid, handed_over=False) is None:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.005)
             await q.put(("local", None))
 
         tasks = [asyncio.create_task(pump()), asyncio.create_task(watch())]
@@ -768,6 +806,8 @@ class SessionFront:
                 raise HTTPException(400, f"origin {origin[:200]!r} is not the front of a peer agent of this one "
                                          "(--peer-front)")
             s = front.store.get(sid)
+            if s is None:   # a session this front relayed (Detour): go to its holder
+                origin = front.relay_origin(sid, relay) or origin
             if s is None and not origin:
                 s = await front._wait_local(sid, front.resume_wait_s)
                 if s is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import random
 import socket
 import subprocess
 import sys
@@ -33,10 +34,30 @@ def tail_lines(path, n: int) -> str:
         return ""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+# Ports handed out below the kernel's ephemeral range (Linux: 32768-60999), where no outgoing
+# connection takes them between the check here and the server's bind (a port the OS picked,
+# 44253, was taken by then: "address already in use", an agent that never started).
+_PORT_RANGE = (10000, 32000)
+_handed_out: set[int] = set()
+_rng = random.Random()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now, drawn at random below the ephemeral range and never the
+    same twice in this process (falls back to one the OS picks if none is found)."""
+    for _ in range(200):
+        port = _rng.randint(*_PORT_RANGE)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -117,6 +117,12 @@ class VllmScraper:
     or a short prompt measures step overhead, not the prefill rate available to a migration).
     The aggregate decode rate is delta(generation tokens) / delta(wall time).
 
+    :meth:`migration_prefill_rate` is the r_p a migration gets here: the agent's own prefix
+    warm-ups (computed tokens over the time from Prepare to their end, queueing behind the
+    engine's other work included) while one was timed in the last ``warmup_fresh_s``; vLLM's
+    per-request figures start timing only when a request is scheduled, so they miss that
+    queueing (a 448-token warm-up took 1 s at a target whose engine figures said 1,600 tokens/s).
+
     Args:
         base_url: vLLM server URL.
         period_s: scrape period, seconds.
@@ -126,12 +132,16 @@ class VllmScraper:
     """
 
     def __init__(self, base_url: str, *, period_s: float = 1.0, alpha: float = 0.3,
-                 min_prefill_tokens: int = 64, client: httpx.AsyncClient | None = None) -> None:
+                 min_prefill_tokens: int = 64, client: httpx.AsyncClient | None = None,
+                 warmup_fresh_s: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.period_s = period_s
         self.min_prefill_tokens = min_prefill_tokens
         self.prefill_rate = Ewma(alpha)
         self.prefill_measured_at = 0.0  # time.time() of the last real r_p measurement
+        self.warmup_rate = Ewma(alpha)
+        self.warmup_measured_at = 0.0   # time.time() of the last timed warm-up
+        self.warmup_fresh_s = warmup_fresh_s
         self.decode_rate = Ewma(alpha)
         self.last: VllmMetrics | None = None
         self._client = client
@@ -151,11 +161,25 @@ class VllmScraper:
         if wall > 0:
             self.decode_rate.update(max(0.0, m.generation_tokens - prev.generation_tokens) / wall)
 
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
-        """Fold in a prefill timed elsewhere (a probe, or a migration's prefix warm-up)."""
+    def observe_prefill(self, tokens: int, seconds: float, *, warmup: bool = False) -> None:
+        """Fold in a prefill timed elsewhere (a probe, or with ``warmup`` a migration's prefix
+        warm-up, which also feeds :meth:`migration_prefill_rate`)."""
         if tokens >= self.min_prefill_tokens and seconds > 0:
             self.prefill_rate.update(tokens / seconds)
             self.prefill_measured_at = time.time()
+            if warmup:
+                self.warmup_rate.update(tokens / seconds)
+                self.warmup_measured_at = self.prefill_measured_at
+
+    def migration_prefill_rate(self, now: float | None = None) -> tuple[float, float]:
+        """(r_p a migration gets here, tokens/s; time.time() it was measured): the warm-ups'
+        while fresh, else the engine's figure; (0, 0) before any measurement."""
+        now = time.time() if now is None else now
+        if self.warmup_rate.value and now - self.warmup_measured_at <= self.warmup_fresh_s:
+            return float(self.warmup_rate.value), self.warmup_measured_at
+        if self.prefill_rate.value:
+            return float(self.prefill_rate.value), self.prefill_measured_at
+        return 0.0, 0.0
 
     async def scrape_once(self) -> VllmMetrics | None:
         """One scrape; returns the parsed metrics or None if the server did not answer."""
@@ -280,8 +304,9 @@ class TelemetryCollector:
             if ident is not None:
                 srv.model.CopyFrom(ident)
         sc = self.scraper
-        srv.prefill_rate = (sc.prefill_rate.value if sc and sc.prefill_rate.value else self.default_prefill_rate)
-        srv.prefill_rate_measured_at = sc.prefill_measured_at if sc else 0.0
+        r_p, at = sc.migration_prefill_rate() if sc else (0.0, 0.0)
+        srv.prefill_rate = r_p or self.default_prefill_rate
+        srv.prefill_rate_measured_at = at
         kv = self.kv_blocks() if self.kv_blocks is not None else None
         if kv is not None:
             srv.free_kv_blocks, srv.total_kv_blocks = kv

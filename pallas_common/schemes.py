@@ -7,6 +7,10 @@ Trigger and at the Commit:
 | scheme        | at Trigger                                  | at Commit                                   |
 | ------------- | ------------------------------------------- | ------------------------------------------- |
 | Pallas        | prefix prefill + suffix block stream        | tail + token ids (ship the rest of suffix)  |
+| Pallas-Bridge | as Pallas                                   | the source decodes on (relayed by the new   |
+|               |                                             | agent) until the target holds every full    |
+|               |                                             | block, then hands over at a token boundary; |
+|               |                                             | unprepared: a ctHO attempt, bridged alike   |
 | w/o RC        | no prefix: stream every block from block 0  | as Pallas                                   |
 | w/o SM        | prefix prefill only, no stream              | token ids; window tokens recomputed         |
 | Full-Copy     | nothing                                     | every KV block (split 0)                    |
@@ -26,13 +30,14 @@ from dataclasses import dataclass
 from pallas_proto import pallas_pb2 as _pb
 
 __all__ = ["Ship", "SchemeSpec", "SCHEMES", "scheme_value", "scheme_name", "spec_for", "label",
-           "PALLAS", "NO_RC", "NO_SM", "FULL_COPY", "RECOMPUTATION", "CTHO", "DETOUR",
-           "NAMES", "COMPARED", "ABLATIONS", "RECOVERING", "PROACTIVE", "PROACTIVE_NAMES", "REACTIVE_NAMES",
+           "PALLAS", "PALLAS_BRIDGE", "NO_RC", "NO_SM", "FULL_COPY", "RECOMPUTATION", "CTHO", "DETOUR",
+           "NAMES", "COMPARED", "REPLAYED", "ABLATIONS", "RECOVERING", "PROACTIVE", "PROACTIVE_NAMES", "REACTIVE_NAMES",
            "SessionState"]
 
 # The CLI/HTTP/config names (``SchemeSpec.name``), one constant each, for the code that keys
 # results or flags by name (the harness, the xApp's config).
 PALLAS = "pallas"
+PALLAS_BRIDGE = "pallas-bridge"
 NO_RC = "no-rc"
 NO_SM = "no-sm"
 FULL_COPY = "full-copy"
@@ -63,6 +68,8 @@ class SchemeSpec:
         commit_split: the split at Commit: "keep" (the prepared one), "zero", "ctho"
             (``pallas_common.timing.ctho_split`` on the rates at the commit).
         migrates: False only for Detour (the session stays at the source).
+        bridge: at Commit the source decodes on, relayed by the new agent's front, until the
+            target holds the state, and hands over at a token boundary (model.md section 8).
         label: the paper's display name (``Pallas``, ``Pallas w/o RC``, ``Full-Copy``, ``ctHO``).
     """
 
@@ -74,11 +81,14 @@ class SchemeSpec:
     commit_ship: Ship = Ship.SUFFIX
     commit_split: str = "keep"
     migrates: bool = True
+    bridge: bool = False
     label: str = ""
 
 
 SCHEMES: dict[int, SchemeSpec] = {s.value: s for s in (
     SchemeSpec(_pb.SCHEME_PALLAS, PALLAS, proactive=True, stream_suffix=True, label="Pallas"),
+    SchemeSpec(_pb.SCHEME_PALLAS_BRIDGE, PALLAS_BRIDGE, proactive=True, stream_suffix=True,
+               bridge=True, label="Pallas-Bridge"),
     SchemeSpec(_pb.SCHEME_NO_RC, NO_RC, proactive=True, stream_suffix=True, full_transfer=True,
                label="Pallas w/o RC"),
     SchemeSpec(_pb.SCHEME_NO_SM, NO_SM, proactive=True, commit_ship=Ship.NONE,
@@ -96,7 +106,9 @@ _BY_NAME = {s.name: s.value for s in SCHEMES.values()}
 NAMES: tuple[str, ...] = tuple(s.name for s in SCHEMES.values())
 """Every scheme's name, in enum order."""
 COMPARED: tuple[str, ...] = (PALLAS, DETOUR, FULL_COPY, RECOMPUTATION, CTHO)
-"""The paper's five compared schemes (section 6, Figure 5 and Table 2), in the replay's order."""
+"""The paper's five compared schemes (section 6, Figure 5 and Table 2)."""
+REPLAYED: tuple[str, ...] = (PALLAS, PALLAS_BRIDGE, DETOUR, FULL_COPY, RECOMPUTATION, CTHO)
+"""The replay's default schemes, in its order: the paper's five and this project's bridging."""
 ABLATIONS: tuple[str, ...] = (NO_RC, NO_SM)
 """Pallas without recomputation of the prefix / without the suffix stream (Figure 9)."""
 RECOVERING: tuple[str, ...] = (FULL_COPY, RECOMPUTATION, CTHO)
@@ -108,7 +120,8 @@ PROACTIVE_NAMES: frozenset[str] = frozenset(SCHEMES[v].name for v in PROACTIVE)
 REACTIVE_NAMES: frozenset[str] = frozenset(NAMES) - PROACTIVE_NAMES
 """The schemes that act only at the Commit (the xApp's ``fallback`` choices)."""
 _ALIASES = {"fullcopy": "full-copy", "full_copy": "full-copy", "recompute": "recomputation",
-            "no_rc": "no-rc", "norc": "no-rc", "no_sm": "no-sm", "nosm": "no-sm", "ct-ho": "ctho"}
+            "no_rc": "no-rc", "norc": "no-rc", "no_sm": "no-sm", "nosm": "no-sm", "ct-ho": "ctho",
+            "bridge": "pallas-bridge", "pallas_bridge": "pallas-bridge"}
 
 
 def scheme_value(x: int | str | None, default: int = _pb.SCHEME_PALLAS) -> int:

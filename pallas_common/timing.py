@@ -700,6 +700,28 @@ def detour_itl(itl_s: Any, hops: Any, hop_delay_s: Any) -> Any:
     return np.add(itl_s, sit_detour(hops, hop_delay_s))
 
 
+def sit_bridge(block_size: Any, r_p: Any, r_d: Any, c_sync: Any, hop_delay_s: Any) -> Any:
+    """The largest token gap across a bridged handover (``pallas-bridge``, model.md section 8), s.
+
+    The source decodes on through the new agent's front until the target holds every full
+    block, then hands over right after a token: the UE got that token one relay hop late, and
+    gets the target's first token after the switch (c_sync), the tail's recomputation (on
+    average half a block, P / 2 tokens at r_p) and one decode step. The gap is that less the
+    hop, and never below one inter-token gap 1 / r_d:
+
+        gap = max(1 / r_d, c_sync + (P / 2) / r_p + 1 / r_d - hop_delay_s)
+
+    Raises ValueError for a non-positive block size or rate, or a negative c_sync or hop delay.
+    """
+    P, rp, rd = (np.asarray(v, dtype=np.float64) for v in (block_size, r_p, r_d))
+    if np.any(P <= 0) or np.any(rp <= 0) or np.any(rd <= 0):
+        raise ValueError("block_size, r_p and r_d must be > 0")
+    if np.any(np.asarray(c_sync) < 0) or np.any(np.asarray(hop_delay_s) < 0):
+        raise ValueError("c_sync and hop_delay_s must be >= 0")
+    step = 1.0 / rd
+    return np.maximum(step, np.asarray(c_sync) + P / 2.0 / rp + step - np.asarray(hop_delay_s))
+
+
 def sit_no_rc(inputs: WindowInputs, windows: Any) -> np.ndarray:
     """T_SIT of the ablation "Pallas w/o RC" for the same windows, shape (n_ue, n_w), s.
 
@@ -757,7 +779,8 @@ class HandoverState:
     ``received_blocks`` n_recv (suffix blocks from L_hist on that the target holds);
     ``handover_tokens`` K_HO; ``block_size`` P; ``s_kv`` bytes/token; ``r_p`` the target's
     prefill rate, tokens/s; ``goodput`` B, bytes/s; ``c_sync`` s; ``hop_delay_s`` Detour's
-    relay hop, s.
+    relay hop, s; ``warmup_left_s`` the time the target's prefix warm-up still needs (0 when it
+    ended or never ran), s.
     """
 
     prefix_tokens: int
@@ -770,6 +793,7 @@ class HandoverState:
     goodput: float
     c_sync: float = 0.0
     hop_delay_s: float = 0.0
+    warmup_left_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -803,6 +827,13 @@ def commit_choice(st: HandoverState) -> CommitChoice:
         recompute = c + (K_HO - L_d) / r_p
         detour    = hop_delay_s
 
+    A warm-up still running (``warmup_left_s`` = W > 0) is one engine step that cannot be cut
+    short, and the target's engine serves requests in order: every option waits W, after which
+    the whole prefix is cached (L_d = L_hist), so finish = c + max(W, M s_kv / B) and ctho and
+    recompute add W to their cost from L_d = L_hist (finish wins: the choice only bounds the
+    wait). Measured here: choosing "recompute" against a running warm-up saved nothing, the
+    resumed request waited 0.3-0.8 s behind it.
+
     ctHO never redoes what the target holds (p >= L_d; blocks from L_hist on are never
     recomputed). The smallest of finish / ctho / recompute wins; ties go to finish (the
     prepared state), then ctho. Raises ValueError for a non-positive rate, size or block size
@@ -814,15 +845,18 @@ def commit_choice(st: HandoverState) -> CommitChoice:
     if not 0 <= st.prefilled_tokens <= L or L > K or L % P:
         raise ValueError(f"need 0 <= L_done <= L_hist <= K_HO, L_hist block-aligned "
                          f"(L_done={st.prefilled_tokens}, L_hist={L}, K_HO={K}, P={P})")
-    l_d = st.prefilled_tokens // P * P
+    if st.warmup_left_s < 0:
+        raise ValueError(f"warmup_left_s must be >= 0, got {st.warmup_left_s}")
+    busy = float(st.warmup_left_s)
+    l_d = L if busy > 0 else st.prefilled_tokens // P * P
     missing = max(0, K - L - int(st.received_blocks) * P)
     a = st.s_kv / st.goodput
-    finish = st.c_sync + max((L - l_d) / st.r_p, missing * a)
+    finish = st.c_sync + max(busy + (L - l_d) / st.r_p, missing * a)
     p = np.arange(l_d, L + 1, P, dtype=np.float64)
-    cost = np.maximum((p - l_d) / st.r_p, (L - p + missing) * a)
+    cost = busy + np.maximum((p - l_d) / st.r_p, (L - p + missing) * a)
     best = int(np.argmin(cost))
     ctho = st.c_sync + float(cost[best])
-    recompute = st.c_sync + (K - l_d) / st.r_p
+    recompute = st.c_sync + busy + (K - l_d) / st.r_p
     option = min((finish, 0, "finish"), (ctho, 1, "ctho"), (recompute, 2, "recompute"))[2]
     wait = max(0.0, min(ctho, recompute) - st.c_sync) if option == "finish" else 0.0
     return CommitChoice(option=option, finish_s=finish, ctho_s=ctho, ctho_split=int(p[best]),

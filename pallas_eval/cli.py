@@ -19,12 +19,13 @@ from typing import Sequence
 
 import numpy as np
 
-from pallas_common.schemes import ABLATIONS, COMPARED
+from pallas_common.schemes import ABLATIONS, REPLAYED, spec_for
 from pallas_eval import replay as rp
 from pallas_eval.experiments import presets as PR
 from pallas_eval.lengths import LengthSampler, ue_session_stream
 from pallas_eval.metrics import summarize
-from pallas_eval.report import (HandoverRow, cpu_table, handover_table, plot_cdfs, plot_timeline, summary_table,
+from pallas_eval.report import (HandoverRow, cpu_table, handover_table, live_vs_model, live_vs_model_lines,
+                                plot_cdfs, plot_timeline, summary_table,
                                 write_csv, write_json)
 from pallas_eval.simulate import Rates, SimHandover, measured_rates, simulate, summarize_sim
 
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--min-handovers handovers), START:END seconds, or '' for the whole trace")
     r.add_argument("--min-handovers", type=int, default=5)
     r.add_argument("--servers", type=int, default=3, help="vLLM servers (each with an agent)")
-    r.add_argument("--schemes", default=",".join(COMPARED), help="comma-separated")
+    r.add_argument("--schemes", default=",".join(REPLAYED), help="comma-separated")
     r.add_argument("--ablations", action="store_true", help="also run Pallas w/o RC and w/o SM")
     r.add_argument("--ues", type=int, default=6, help="generated drive: UEs")
     r.add_argument("--duration-s", type=float, default=90.0, help="generated drive: seconds")
@@ -359,6 +360,15 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     con.print(handover_table(rows_all))
     con.print(summary_table(summaries, title=f"Per scheme (live, {regime.name} regime)  |  model: {rates.describe()}",
                             simulated=sim))
+    vs_model = live_vs_model(summaries, sim, rows_all, rates.r_d)
+    if vs_model:
+        con.print("live against the timing model (same handovers, the run's rates):")
+        for line in live_vs_model_lines(vs_model):
+            con.print("  " + line)
+    for sm in summaries:
+        if spec_for(sm.scheme).bridge and math.isfinite(sm.itl_mean) and sm.itl_mean > 0:
+            con.print(f"{sm.scheme}: largest token gap across a handover p99 {sm.sit_p99 * 1000:.0f} ms "
+                      f"= {sm.sit_p99 / sm.itl_mean:.1f} x its mean ITL ({sm.itl_mean * 1000:.0f} ms)")
     con.print(cpu_table({r.scheme: r.cpu for r in runs}))
     con.print(regime.describe())
     if pacing:
@@ -373,7 +383,8 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     write_json(out / "summary.json", {**result, "summary": [s.as_dict() for s in summaries], "handovers":
                                       [vars(x) for x in rows_all], "measured_rates": measured, "model_rates": vars(rates),
                                       "pacing": pacing, "cpu": {r.scheme: r.cpu for r in runs},
-                                      "simulated": sim, "agent_counters": counters, "errors": errors,
+                                      "simulated": sim, "live_vs_model": vs_model,
+                                      "agent_counters": counters, "errors": errors,
                                       "leftover_pids": sorted(leftover), "wall_s": time.time() - t_start})
     plot_cdfs(out / "sit_cdf.png", sit_by, "SIT (ms)", log_x=True)
     plot_cdfs(out / "itl_cdf.png", itl_by, "ITL (ms)", slo_ms=100.0, log_x=True)

@@ -28,7 +28,7 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
-from agent.server import free_port, tail_lines
+from agent.server import free_port, tail_lines  # free_port: below the ephemeral range
 from pallas_common.tls import ENV_CA, ENV_CERT, ENV_KEY, TlsFiles, channel_credentials
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

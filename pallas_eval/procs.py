@@ -22,6 +22,8 @@ from typing import Callable, Sequence
 
 import structlog
 
+from agent.server import free_port  # noqa: F401 - one implementation, re-exported
+
 log = structlog.get_logger("pallas.procs")
 
 
@@ -80,11 +82,6 @@ def descendants(pid: int) -> dict[int, int]:
     return out
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def wait_port(host: str, port: int, timeout_s: float, child: Child | None = None) -> None:

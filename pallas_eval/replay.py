@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import structlog
 
-from pallas_common.schemes import COMPARED, PALLAS, PROACTIVE_NAMES, SessionState
+from pallas_common.schemes import PALLAS, PROACTIVE_NAMES, REPLAYED, SessionState, spec_for
 from pallas_eval.cellmap import map_cells_to_servers, shared_pairs
 from pallas_eval.experiments.presets import REPLAY_ANCHOR_MODEL
 from pallas_eval.lengths import LengthSampler, SessionSpec, ue_session_stream
@@ -58,7 +58,7 @@ class ReplayOptions:
     segment: str = "auto"
     min_handovers: int = 5
     servers: int = 3
-    schemes: tuple[str, ...] = COMPARED
+    schemes: tuple[str, ...] = REPLAYED
     seed: int = 2
     ues: int = 6
     duration_s: float = 90.0
@@ -225,12 +225,12 @@ class Server:
 def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime | None = None,
                   peer_url: Callable[[str], str] | None = None) -> list[Server]:
     """Start ``n`` agents (each with its vLLM server) under the supervisor and wait until all
-    are ready. vLLM threads: server i is bound to core i mod (cores). ``regime`` (default: that
+    are ready. vLLM threads: one torch thread per engine, not pinned (see below). ``regime`` (default: that
     of ``opts``) sets the connector's pacing and the peer link's rate. ``peer_url(front)``: the
     URL the other agents know a front by (``--peer-front``; the paper regime's delaying relay
     proxy, so that a relayed stream crosses the hop and the front accepts it as a peer's)."""
     from pallas_eval.cluster import LocalAgent, provision_tls
-    from pallas_eval.emulation import agent_flags
+    from pallas_eval.emulation import PREFILL_CHUNK_TOKENS, agent_flags
     from pallas_eval.models import build_model
 
     model = str(build_model(opts.model_preset))
@@ -240,7 +240,12 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
         # EngineCore and its worker in one process: no shared-memory queue that busy-polls for
         # a second after every step (benchmarks/idle_cpu.py measures both).
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    cores = os.cpu_count() or 1
+    # One torch thread per engine and no pinning: vLLM's "auto" binding pins every engine's
+    # worker to the first core it does not reserve, and pinning engine i to core i mod cores
+    # put two of three engines on one core; either way the paced steps overran (13-40% of
+    # them in the paper regime on 2 cores). Unpinned, the OS spreads the engines.
+    env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    env["OMP_NUM_THREADS"] = "1"
     servers = []
     agents = []
     for i in range(n):
@@ -251,7 +256,8 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
             extra += ["--peer-rate-mbps", f"{regime.peer_rate_mbps:.6g}"]
         if regime.model is not None:
             extra += agent_flags(regime.model.r_p, regime.model.r_d, pace_stats_path(opts, i))
-        a = LocalAgent(f"edge-{i}", model, omp_bind=str(i % cores), extra=extra, log_dir=str(opts.out_dir / "logs"),
+            extra += ["--vllm-args", f"--max-num-batched-tokens {PREFILL_CHUNK_TOKENS}"]
+        a = LocalAgent(f"edge-{i}", model, omp_bind="nobind", extra=extra, log_dir=str(opts.out_dir / "logs"),
                        env=env, insecure=not opts.tls)
         agents.append((a, vport))
     if opts.tls:
@@ -520,7 +526,8 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
             if commit.get("prepared") and used == run.scheme:
                 outcome = "commit"
             elif used == run.scheme:
-                outcome = "recovered" if run.scheme not in PROACTIVE_NAMES else f"fallback:{used}"
+                outcome = ("recovered" if run.scheme not in PROACTIVE_NAMES else
+                           "bridged" if spec_for(used).bridge else f"fallback:{used}")
             else:
                 outcome = f"fallback:{used}"
         row = HandoverRow(
@@ -539,7 +546,8 @@ def migration_figures(runs: Sequence[SchemeRun]) -> dict[tuple[str, int], dict]:
     """What each handover moved, by (session, epoch), from the source agents' Commit replies in
     the xApp's event log: the prefix the target prefilled (``split_tokens``), the tokens it
     recomputed at the resume (``recomputed_tokens``) and the KV bytes it accepted
-    (``kv_bytes_moved``). Only successful commits; a Detour commit moves nothing (zeros)."""
+    (``kv_bytes_moved``), and the Commit call's latency at the xApp (``latency_s``). Only
+    successful commits; a Detour commit moves nothing (zeros)."""
     out: dict[tuple[str, int], dict] = {}
     for r in runs:
         for e in r.events:
@@ -549,7 +557,8 @@ def migration_figures(runs: Sequence[SchemeRun]) -> dict[tuple[str, int], dict]:
             out[(e["session"], int(e["epoch"]))] = {
                 "prefix": int(e.get("split_tokens") or 0),
                 "recomputed": int(e.get("recomputed_tokens") or 0),
-                "bytes": int(e.get("kv_bytes_moved") or 0)}
+                "bytes": int(e.get("kv_bytes_moved") or 0),
+                "latency": float(e.get("latency_s") or "nan")}
     return out
 
 
@@ -575,6 +584,7 @@ def fill_migration_figures(rows: Sequence[HandoverRow], runs: Sequence[SchemeRun
             continue
         row.bytes_moved = int(m["bytes"])
         row.prefill_tokens = int(m["prefix"] + m["recomputed"])
+        row.commit_s = float(m.get("latency", float("nan")))
 
 
 def save_sessions(path: Path, run: SchemeRun) -> None:

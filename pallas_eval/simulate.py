@@ -29,7 +29,7 @@ import numpy as np
 
 from pallas_common import timing
 from pallas_common.schemes import (COMPARED, CTHO, DETOUR, FULL_COPY, NAMES, NO_RC, NO_SM, PALLAS,
-                                   PROACTIVE_NAMES, RECOMPUTATION)
+                                   PALLAS_BRIDGE, PROACTIVE_NAMES, RECOMPUTATION)
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,11 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARE
     ctho_sit = rates.c_sync + ctho_s + first_step
     sit, moved, pre = {}, {}, {}
     for sch in schemes:
-        if sch in PROACTIVE_NAMES:
+        if sch == PALLAS_BRIDGE:  # the switch's gap, prepared or not (timing.sit_bridge)
+            sit[sch] = np.broadcast_to(timing.sit_bridge(P, rp, r_d, rates.c_sync, rates.hop_delay_s), (n,)).copy()
+            moved[sch] = np.where(fallback, (k - split) * rates.s_kv, bytes_p)
+            pre[sch] = np.where(fallback, split, pre_p)
+        elif sch in PROACTIVE_NAMES:
             v = {PALLAS: sit_p, NO_RC: no_rc, NO_SM: no_sm}[sch]
             sit[sch] = np.where(fallback, ctho_sit, v)
             own_b = {PALLAS: bytes_p, NO_RC: k * rates.s_kv, NO_SM: np.zeros(n)}[sch]
@@ -208,7 +212,9 @@ def simulate(handovers: Sequence[SimHandover], rates: Rates, schemes: Iterable[s
     out: list[SimResult] = []
     for i, ho in enumerate(handovers):
         for sch in schemes:
-            if sch in PROACTIVE_NAMES:
+            if sch == PALLAS_BRIDGE:
+                outcome = "bridged" if a.fallback[i] else "commit"
+            elif sch in PROACTIVE_NAMES:
                 outcome = "fallback:ctho" if a.fallback[i] else "commit"
             else:
                 outcome = {CTHO: "commit", DETOUR: "relay"}.get(sch, "recovered")

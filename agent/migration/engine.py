@@ -51,6 +51,10 @@ class MigrationConfig:
 
     Attributes:
         commit_deadline_s: the longest a commit keeps the session frozen at the source.
+        bridge_max_s: a bridging commit (``pallas-bridge``): the longest the source decodes on,
+            relayed by the new agent, waiting for the target to hold the state; then it hands
+            over what the target holds (the rest is recomputed there).
+        bridge_poll_s: how often a bridging commit asks the target's progress.
         rpc_timeout_s: deadline of Prepare and of the stream's final ack.
         release_timeout_s: deadline of the best-effort Release on cancel/failure.
         warmup_timeout_s: target: upper bound of Sync's wait for the prefix warm-up.
@@ -67,6 +71,8 @@ class MigrationConfig:
     """
 
     commit_deadline_s: float = 10.0
+    bridge_max_s: float = 8.0
+    bridge_poll_s: float = 0.02
     rpc_timeout_s: float = 10.0
     release_timeout_s: float = 5.0
     warmup_timeout_s: float = 60.0
@@ -344,6 +350,10 @@ class MigrationEngine(SourceRole, TargetRole):
                                SessionState.RESUMED, SessionState.FINISHED):
                 return self.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
             s.epoch = epoch
+            freeze_at = ue_tokens
+            if spec.bridge and s.state != SessionState.FINISHED and not s.request_done:
+                await self._bridge(s, epoch, actual_target, spec.value)
+                freeze_at = None  # hand over at the token boundary the bridge chose
             use, out = spec, self.outbound.get(session_id)
             if spec.proactive and not (out is not None and out.live and out.epoch == epoch
                                        and out.target.address == actual_target.address):
@@ -357,7 +367,7 @@ class MigrationEngine(SourceRole, TargetRole):
             if use.commit_split == "ctho":
                 split = await self._ctho(s, actual_target)
             deadline = time.monotonic() + self.cfg.commit_deadline_s
-            s.freeze(ue_tokens)
+            s.freeze(freeze_at)
             back = s.state
             if s.state != SessionState.FINISHED:
                 s.set_state(SessionState.COMMITTING)

@@ -51,6 +51,7 @@ class Outbound:
     error: str = ""
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     t_prepared: float = 0.0
+    ready: bool = False  # a bridge saw the target hold the state (no commit-time choice left)
 
     def to(self, new: SourceState) -> None:
         """Move to ``new`` (raises :class:`agent.migration.states.IllegalTransition`)."""
@@ -190,11 +191,65 @@ class SourceRole:
                  stream=stream_suffix)
         return self.reply(S.STATUS_OK, s, epoch, split=split, scheme=scheme)
 
+    # ------------------------------------------------------------------ bridging
+    async def _bridge(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
+                      scheme: int) -> bool:
+        """Bridging (``pallas-bridge``, model.md section 8): before the commit freezes ``s``,
+        keep decoding here (the new agent's front relays these tokens to the UE) until the
+        target holds the state, then return right after a token, so the handover happens at a
+        token boundary with only the tail left (recomputed at the target).
+
+        An attempt prepared at ``target`` for ``epoch`` is used as it is; otherwise (no
+        prediction, another target) one is started now with ctHO's split (the prefix is
+        prefilled there, the blocks after it stream as the source completes them). "Holds the
+        state": the warm-up has ended and every full block up to the current token arrived
+        (the target's Progress, polled every ``bridge_poll_s``). Bounded by ``bridge_max_s``;
+        past it, or if the attempt fails or the request ends, the commit goes on with whatever
+        the target holds. Returns True when the target was ready.
+        """
+        sid, bs = s.session_id, self.block_size
+        out = self.outbound.get(sid)
+        if not (out is not None and out.live and out.epoch == epoch
+                and out.target.address == target.address):
+            if out is not None:
+                await self._abandon(out, "mispredicted target" if out.target.address
+                                    != target.address else "superseded")
+            split = await self._ctho(s, target)
+            rep = await self._start(s, epoch, target, split, scheme, stream_suffix=True)
+            if rep.status != S.STATUS_OK:
+                log.info("bridge_unprepared", session=sid, epoch=epoch, message=rep.message)
+                return False
+            out = self.outbound.get(sid)
+        t0 = time.monotonic()
+        end = t0 + self.cfg.bridge_max_s
+        ready = False
+        while out is not None and out.live and not s.request_done and time.monotonic() < end:
+            try:
+                prog = await out.client.progress(pallas_pb2.ProgressRequest(
+                    session_id=sid, epoch=epoch), timeout_s=max(0.05, min(1.0, end - time.monotonic())))
+            except Exception as exc:  # noqa: BLE001 - the commit decides what to do without it
+                log.info("bridge_progress_failed", session=sid, error=repr(exc))
+                break
+            if prog.status != S.STATUS_OK:
+                break
+            need = (s.num_tokens - 1) // bs - out.first_block  # full blocks before the tail
+            if prog.warmup_done and prog.blocks_received >= need:
+                ready = out.ready = True
+                break
+            await asyncio.sleep(self.cfg.bridge_poll_s)
+        if ready and not s.request_done:
+            # Hand over right after a token: the UE then waits only for the switch itself.
+            n = len(s.output_token_ids)
+            await s.wait_tokens(n, timeout=min(1.0, max(0.0, end - time.monotonic()) + 0.2))
+        log.info("bridged", session=sid, epoch=epoch, ready=ready,
+                 bridged_s=round(time.monotonic() - t0, 4), n_tokens=s.num_tokens)
+        return ready
+
     # ------------------------------------------------------------------ commit
     async def _choose(self, out: Outbound, n: int) -> tuple[CommitChoice | None, float]:
         """The commit-time choice (model.md section 8) for a prepared attempt with a warm-up;
         returns (choice or None when nothing is to choose, the target's r_p)."""
-        if out.split <= 0:
+        if out.split <= 0 or out.ready:
             return None, 0.0
         try:
             prog = await out.client.progress(pallas_pb2.ProgressRequest(
@@ -208,12 +263,16 @@ class SourceRole:
         ident = self.identity()
         r_p = prog.prefill_rate or self.prefill_rate() or self.cfg.default_prefill_rate
         goodput = out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9
+        # The warm-up started when the target answered Prepare; what it still needs at r_p.
+        left = max(0.0, out.split / r_p - (time.monotonic() - out.t_prepared)) \
+            if out.t_prepared and not prog.warmup_failed else 0.0
         st = HandoverState(prefix_tokens=out.split,
                            prefilled_tokens=min(out.split, prog.prefilled_tokens),
                            received_blocks=prog.blocks_received, handover_tokens=n,
                            block_size=self.block_size, s_kv=float(ident.kv_bytes_per_token),
                            r_p=r_p, goodput=goodput, c_sync=self.cfg.c_sync_s,
-                           hop_delay_s=self.cfg.relay_hop_s)
+                           hop_delay_s=self.cfg.relay_hop_s,
+                           warmup_left_s=left if prog.prefilled_tokens < out.split else 0.0)
         return commit_choice(st), r_p
 
     async def _commit_attempt(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,

@@ -16,6 +16,7 @@ class Scheme(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCHEME_DETOUR: _ClassVar[Scheme]
     SCHEME_NO_RC: _ClassVar[Scheme]
     SCHEME_NO_SM: _ClassVar[Scheme]
+    SCHEME_PALLAS_BRIDGE: _ClassVar[Scheme]
 
 class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -47,6 +48,7 @@ SCHEME_CTHO: Scheme
 SCHEME_DETOUR: Scheme
 SCHEME_NO_RC: Scheme
 SCHEME_NO_SM: Scheme
+SCHEME_PALLAS_BRIDGE: Scheme
 STATUS_UNSPECIFIED: Status
 STATUS_OK: Status
 STATUS_STALE_EPOCH: Status
@@ -406,7 +408,7 @@ class ProgressRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ProgressReply(_message.Message):
-    __slots__ = ("status", "prefix_tokens", "prefilled_tokens", "warmup_done", "blocks_received", "bytes_received", "prefill_rate")
+    __slots__ = ("status", "prefix_tokens", "prefilled_tokens", "warmup_done", "blocks_received", "bytes_received", "prefill_rate", "warmup_failed")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFILLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -414,6 +416,7 @@ class ProgressReply(_message.Message):
     BLOCKS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     PREFILL_RATE_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_FAILED_FIELD_NUMBER: _ClassVar[int]
     status: Status
     prefix_tokens: int
     prefilled_tokens: int
@@ -421,7 +424,8 @@ class ProgressReply(_message.Message):
     blocks_received: int
     bytes_received: int
     prefill_rate: float
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., prefix_tokens: _Optional[int] = ..., prefilled_tokens: _Optional[int] = ..., warmup_done: bool = ..., blocks_received: _Optional[int] = ..., bytes_received: _Optional[int] = ..., prefill_rate: _Optional[float] = ...) -> None: ...
+    warmup_failed: bool
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., prefix_tokens: _Optional[int] = ..., prefilled_tokens: _Optional[int] = ..., warmup_done: bool = ..., blocks_received: _Optional[int] = ..., bytes_received: _Optional[int] = ..., prefill_rate: _Optional[float] = ..., warmup_failed: bool = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id", "epoch", "reason")

@@ -4,6 +4,7 @@ client, a BlockHub with no connector, and peer targets served over real gRPC."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from pallas_proto import pallas_pb2 as pb
@@ -31,7 +32,9 @@ class FakeEngine:
     async def prefill(self, ids, **kw):
         self.prefills.append(list(ids))
         await asyncio.sleep(self.prefill_s)
-        return {}
+        return {"prompt_tokens": len(ids), "prompt_tokens_details": {"cached_tokens": self.cached}}
+
+    cached = 0
 
     def start(self, session, *, kv_transfer_params=None):
         self.started.append((session, kv_transfer_params))
@@ -425,14 +428,15 @@ def test_detour_moves_nothing_and_releases_a_prepared_target():
     asyncio.run(run())
 
 
-def test_prepared_commit_with_an_unfinished_warmup_takes_the_choice_and_reports_it():
-    """Issue 13 item 4: the source asks the target's progress and commits the fastest way."""
+def test_prepared_commit_with_a_failed_warmup_takes_the_choice_and_reports_it():
+    """Issue 13 item 4: the source asks the target's progress and commits the fastest way; a
+    warm-up that ended without caching the prefix leaves the alternatives to compete."""
     async def run():
         m, hub, eng = _engine()
         m.prefill_rate = lambda: 100.0
         target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, prefix_tokens=96,
                                                   prefilled_tokens=0, warmup_done=False,
-                                                  prefill_rate=10.0))
+                                                  warmup_failed=True, prefill_rate=10.0))
         server, tgt = await _served(target)
         s = _serving(m, n_prompt=100)
         try:
@@ -556,3 +560,129 @@ def test_the_tail_crosses_the_link_only_where_that_beats_recomputing_it():
     assert not m._tail_pays(out(3.0e6, 0.0), 1850.0)          # measured, just below s_kv * r_p
     assert m._tail_pays(out(5.0e6, 0.0), 1850.0)              # measured, above it
     assert m._tail_pays(out(0.0, 0.0), 1850.0)                # unlimited loopback, nothing measured
+
+
+def test_warmup_rate_counts_only_the_tokens_the_engine_computed():
+    """Issue 13 item 3: a warm-up whose prefix was mostly in the prefix cache (a session back at
+    an agent it left) is not an r_p sample; a fresh one is, at computed tokens / time taken."""
+    async def run():
+        m, hub, eng = _engine()
+        eng.prefill_s = 0.05
+        eng.cached = 320 - 32          # 1 block of 10 computed: below the sample floor
+        assert (await m.on_prepare(_prep(prefix=320, expected=65536))).status == pb.STATUS_OK
+        await m.inbound["s"].warmup
+        assert m.warmup_rate.value is None or m.warmup_rate.value == 0
+        eng.cached = 64                # 256 of 320 computed in ~0.05 s: about 5,000 tokens/s
+        assert (await m.on_prepare(_prep(sid="s2", prefix=320, expected=65536))).status == pb.STATUS_OK
+        await m.inbound["s2"].warmup
+        await m.close()
+        assert 256 / 0.2 < m.warmup_rate.value <= 256 / 0.05 + 1, m.warmup_rate.value
+    asyncio.run(run())
+
+
+def test_progress_reports_no_prefix_before_the_warmup_step_ends():
+    """Issue 13 item 4: the prefix is one engine step; until it ends nothing of it is cached,
+    so the progress reply says L_done = 0 (a time-based guess let "recompute" reuse a prefix
+    that was not there yet), and the whole prefix once it is done."""
+    async def run():
+        m, hub, eng = _engine()
+        m.warmup_rate.update(100_000.0)   # a fast measured rate must not invent progress
+        eng.prefill_s = 0.3
+        assert (await m.on_prepare(_prep(prefix=320, expected=65536))).status == pb.STATUS_OK
+        await asyncio.sleep(0.05)
+        early = await m.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
+        await m.inbound["s"].warmup
+        late = await m.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
+        await m.close()
+        assert (early.prefilled_tokens, early.warmup_done) == (0, False)
+        assert (late.prefilled_tokens, late.warmup_done) == (320, True)
+    asyncio.run(run())
+
+
+async def _decode(s, every_s=0.03, tok=9):
+    """Append a token to ``s`` every ``every_s`` (the source's engine decoding on)."""
+    while True:
+        await asyncio.sleep(every_s)
+        if s.frozen_at is None:
+            s.append_tokens([tok])
+
+
+async def _bridged_commit(m, target, epoch, before=None):
+    """Serve a decoding session "s" at ``m``, run ``before(tgt)`` then a pallas-bridge commit to
+    ``target``; returns (reply, seconds the commit took, session, tokens before the commit)."""
+    server, tgt = await _served(target)
+    s = _serving(m, n_prompt=96)
+    s._task = asyncio.ensure_future(asyncio.sleep(30))          # the request runs on
+    dec = asyncio.ensure_future(_decode(s))
+    try:
+        if before is not None:
+            await before(tgt)
+        n0 = s.num_tokens
+        t0 = time.monotonic()
+        r = await m.commit("s", epoch, tgt, "pallas-bridge")
+        return r, time.monotonic() - t0, s, n0
+    finally:
+        dec.cancel()
+        s._task.cancel()
+        await m.close()
+        await server.stop(0)
+
+
+def test_bridge_decodes_on_until_the_target_holds_the_state_then_hands_over_after_a_token():
+    """Issue 13 item 5 (pallas-bridge): the commit does not freeze the session while the target
+    is not ready; the source keeps producing tokens (relayed to the UE by the new agent) and
+    hands over once the target's warm-up ended and every full block arrived."""
+    async def run():
+        m, hub, eng = _engine(bridge_poll_s=0.01)
+        target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, warmup_done=False))
+
+        async def ready_later():
+            await asyncio.sleep(0.3)
+            target.progress = pb.ProgressReply(status=pb.STATUS_OK, warmup_done=True, blocks_received=10)
+
+        async def trigger(tgt):
+            assert (await m.trigger("s", 1, tgt, split_tokens=96, scheme="pallas-bridge")).status == pb.STATUS_OK
+            asyncio.ensure_future(ready_later())
+
+        r, took, s, n0 = await _bridged_commit(m, target, 1, trigger)
+        assert r.status == pb.STATUS_OK and r.scheme == pb.SCHEME_PALLAS_BRIDGE, r
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        # decoded on for the ~0.3 s the target was not ready (a token every 30 ms)
+        assert took >= 0.3 and len(sync.token_ids) >= n0 + 5, (took, len(sync.token_ids), n0)
+        assert target.ops().count("progress") >= 3
+        assert s.state == SessionState.HANDED_OVER
+    asyncio.run(run())
+
+
+def test_bridge_unprepared_prepares_with_ctho_split_and_is_bounded_by_bridge_max_s():
+    """With nothing prepared at the actual target, bridging starts an attempt there (ctHO's
+    split, prefix prefilled, blocks streamed) and relays meanwhile; a target that never gets
+    ready is handed over anyway after bridge_max_s (the rest is recomputed there)."""
+    async def run():
+        # a slow link (1 Mbit/s): ctHO recomputes the whole-block prefix rather than ship it
+        m, hub, eng = _engine(bridge_poll_s=0.01, bridge_max_s=0.25, link_rate_mbps=1.0,
+                              commit_deadline_s=1.0)
+        target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, warmup_done=False,
+                                                  prefill_rate=2000.0))
+        r, took, s, n0 = await _bridged_commit(m, target, 3)
+        assert r.status == pb.STATUS_OK, r
+        ops = target.ops()
+        assert ops[0] == "progress" and "prepare" in ops and ops[-1] == "sync"   # ctHO rate, then prepare
+        (prep,) = [c[1] for c in target.calls if c[0] == "prepare"]
+        assert len(prep.prefix_token_ids) > 0 and len(prep.prefix_token_ids) % 32 == 0
+        assert 0.25 <= took < 0.25 + 1.0 + 0.5, took   # bridge bound + the commit's own deadline
+    asyncio.run(run())
+
+
+def test_choice_waits_for_a_running_warmup_since_every_option_queues_behind_it():
+    """model.md section 8 as measured: a warm-up still running is one engine step the target
+    cannot cut short, so recompute and ctHO would wait for it too; with it cached afterwards,
+    finishing the prepared state is never worse, and the wait is bounded by the alternatives."""
+    running = commit_choice(_hs(prefilled_tokens=0, received_blocks=10, warmup_left_s=0.5))
+    assert running.option == "finish"
+    assert running.finish_s <= min(running.ctho_s, running.recompute_s)
+    assert 0.5 <= running.wait_s <= min(running.ctho_s, running.recompute_s)
+    done = commit_choice(_hs(prefilled_tokens=3200, received_blocks=10))
+    assert done.option == "finish" and done.finish_s < running.finish_s
+    with pytest.raises(ValueError):
+        commit_choice(_hs(warmup_left_s=-1.0))

@@ -196,6 +196,64 @@ def test_detour_relays_every_later_token_through_the_new_agent():
     assert b.store.get(ue.session_id) is None  # B never held the session
 
 
+def test_detour_over_two_handovers_relays_through_the_previous_agent_without_a_stall():
+    """The session stays at A; the UE goes A -> B -> C and names its previous agent (B) as
+    origin. B never held the session: it relays it on from A (one more hop), instead of
+    waiting resume_wait_s for a session that never comes (5-28 s stalls in the replay)."""
+    a, b, c = Agent("a", step_s=0.02), Agent("b", step_s=0.02), Agent("c", step_s=0.02)
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb, \
+                fk.ServedApp(c.front.app) as sc:
+            b.front.directory["a"] = sa.url
+            c.front.directory["b"] = sb.url
+            ue = UESession(sa.url, ue_id="ue1")
+            await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+            async for rec in ue.tokens():
+                if rec.index == 9 and not ue.handovers:
+                    await ue.handover(sb.url)
+                elif rec.index == 19 and len(ue.handovers) == 1:
+                    await ue.handover(sc.url)
+            await ue.close()
+            return ue, sa.url
+
+    ue, a_url = run(go())
+    assert ue.token_ids == expected()
+    after = ue.records[ue.handovers[1].next_index:]
+    assert after and all(r.relayed_by == "c" and r.agent_id == "a" for r in after)
+    assert max(ue.itls()) < 1.0, max(ue.itls())      # resume_wait_s is 3 s in these tests
+    assert b.front.relay_origin(ue.session_id) == a_url and b.store.get(ue.session_id) is None
+
+
+def test_detour_ue_coming_back_to_an_agent_it_left_is_relayed_without_a_loop():
+    """The session stays at A; the UE goes A -> B -> C -> B, naming its previous agent as
+    origin each time. B and C relay from the holder A (at most two hops); B coming back from C
+    must not relay C while C relays B (a loop that flooded the fronts in the replay)."""
+    a, b, c = Agent("a", step_s=0.02), Agent("b", step_s=0.02), Agent("c", step_s=0.02)
+
+    async def go():
+        async with fk.ServedApp(a.front.app) as sa, fk.ServedApp(b.front.app) as sb, \
+                fk.ServedApp(c.front.app) as sc:
+            b.front.directory.update(a=sa.url, c=sc.url)
+            c.front.directory.update(a=sa.url, b=sb.url)
+            ue = UESession(sa.url, ue_id="ue1")
+            await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
+            path = {9: sb.url, 19: sc.url, 29: sb.url}
+            async for rec in ue.tokens():
+                nxt = path.pop(rec.index, None)
+                if nxt:
+                    await ue.handover(nxt)
+            await ue.close()
+            return ue
+
+    ue = run(go())
+    assert ue.token_ids == expected()
+    assert [h.to_url for h in ue.handovers][-1] == ue.handovers[0].to_url
+    after = ue.records[ue.handovers[2].next_index:]
+    assert after and all(r.relayed_by == "b" and r.agent_id == "a" for r in after)
+    assert max(ue.itls()) < 1.0, max(ue.itls())
+
+
 def test_a_to_b_to_a_with_stale_record_at_a():
     a, b = Agent("a", step_s=0.01), Agent("b", step_s=0.01)
 

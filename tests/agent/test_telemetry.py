@@ -76,3 +76,20 @@ def test_report_combines_sessions_server_and_peers():
     col.sessions = lambda: []
     col.report()
     assert col._rd == {}
+
+
+def test_reported_r_p_is_the_warmups_while_fresh_then_the_engines():
+    """Issue 13 item 3: the r_p the xApp decides with is what a migration gets at this target
+    (its warm-ups, queueing included), not vLLM's per-request figure that starts timing only
+    once a request is scheduled; a stale warm-up sample gives way to the engine's figure."""
+    sc = VllmScraper("http://x", alpha=0.5, warmup_fresh_s=30.0)
+    sc.observe(parse_vllm_metrics(EXPO % {"gen": 100, "pt": 1.0, "pk": 1000}, at=10.0))
+    sc.observe(parse_vllm_metrics(EXPO % {"gen": 150, "pt": 1.5, "pk": 2000}, at=12.0))   # 2,000 tok/s
+    assert sc.migration_prefill_rate()[0] == pytest.approx(2000.0)
+    sc.observe_prefill(448, 1.0, warmup=True)                       # a warm-up that queued: 448 tok/s
+    r_p, at = sc.migration_prefill_rate()
+    assert r_p == pytest.approx(448.0) and at == sc.warmup_measured_at > 0
+    col = TelemetryCollector("a", lambda: [], scraper=sc)
+    assert col.report().server.prefill_rate == pytest.approx(448.0)
+    assert sc.migration_prefill_rate(now=at + 31.0)[0] == pytest.approx(sc.prefill_rate.value)
+    assert VllmScraper("http://y").migration_prefill_rate() == (0.0, 0.0)

@@ -27,10 +27,12 @@ def test_every_proto_scheme_has_one_name_and_label():
 
 
 def test_groups_partition_the_names():
-    assert set(schemes.COMPARED) | set(schemes.ABLATIONS) == set(schemes.NAMES)
+    assert set(schemes.COMPARED) | set(schemes.ABLATIONS) | {schemes.PALLAS_BRIDGE} == set(schemes.NAMES)
     assert not set(schemes.COMPARED) & set(schemes.ABLATIONS)
-    assert schemes.PROACTIVE == {pb.SCHEME_PALLAS, pb.SCHEME_NO_RC, pb.SCHEME_NO_SM}
-    assert schemes.PROACTIVE_NAMES == {schemes.PALLAS, *schemes.ABLATIONS}
+    assert set(schemes.REPLAYED) == set(schemes.COMPARED) | {schemes.PALLAS_BRIDGE}
+    assert schemes.PROACTIVE == {pb.SCHEME_PALLAS, pb.SCHEME_PALLAS_BRIDGE, pb.SCHEME_NO_RC, pb.SCHEME_NO_SM}
+    assert schemes.PROACTIVE_NAMES == {schemes.PALLAS, schemes.PALLAS_BRIDGE, *schemes.ABLATIONS}
+    assert [s.name for s in schemes.SCHEMES.values() if s.bridge] == [schemes.PALLAS_BRIDGE]
     assert set(schemes.RECOVERING) == set(schemes.COMPARED) - {schemes.PALLAS, schemes.DETOUR}
     assert schemes.REACTIVE_NAMES == {*schemes.RECOVERING, schemes.DETOUR}
 

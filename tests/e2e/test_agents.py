@@ -226,7 +226,24 @@ def test_detour_relays_through_the_new_agent(agents):
 
 # ------------------------------------------------------------------ baselines
 
-@pytest.mark.parametrize("scheme", ["pallas", "full-copy", "recomputation", "ctho", "no-rc", "no-sm", "detour"])
+def test_bridge_relays_then_hands_over_at_a_token_boundary_token_exact(agents):
+    """pallas-bridge at a target nobody prepared: the source decodes on (relayed by b) while b is
+    prepared with ctHO's split, then hands over after a token; b serves the rest itself."""
+    ids = prompt(9)
+    ref = reference(agents, ids)
+    ue, (c,) = run(drive(agents, ids, {40: commit("a", "b", 1, agents)}, scheme="pallas-bridge"))
+    assert c.status == pb.STATUS_OK and c.scheme == pb.SCHEME_PALLAS_BRIDGE, c
+    assert ue.token_ids == ref and [r.index for r in ue.records] == list(range(MAX_TOKENS))
+    after = ue.records[ue.handovers[0].next_index:]
+    served = [(r.agent_id, r.relayed_by) for r in after]
+    assert served[-1] == ("b", None)                  # b decodes itself at the end
+    first_local = served.index(("b", None))
+    assert all(x == ("a", "b") for x in served[:first_local])   # relayed until the switch
+    assert session_info(agents["a"], ue)["state"] == "handed_over"
+
+
+@pytest.mark.parametrize("scheme", ["pallas", "pallas-bridge", "full-copy", "recomputation", "ctho", "no-rc",
+                                    "no-sm", "detour"])
 def test_each_baseline_recovers_the_same_session_token_exactly(agents, scheme):
     ids = prompt(8)
     ref = reference(agents, ids)

@@ -43,8 +43,10 @@ def test_step_seconds_prefill_and_decode():
     # 1,850 prompt tokens at 1,850 tok/s: one second; a decode step of three requests: one step (40 ms)
     assert emu.step_seconds({"a": 1850}, 1850, 25) == (1850, 0, pytest.approx(1.0))
     assert emu.step_seconds({"a": 1, "b": 1, "c": 1}, 1850, 25) == (0, 3, pytest.approx(0.04))
+    # a mixed step costs its larger part (one pass: compute-bound chunk, weight-bound decode)
     p, d, s = emu.step_seconds({"a": 370, "b": 1}, 1850, 25)
-    assert (p, d) == (370, 1) and s == pytest.approx(0.2 + 0.04)
+    assert (p, d) == (370, 1) and s == pytest.approx(0.2)
+    assert emu.step_seconds({"a": 37, "b": 1}, 1850, 25)[2] == pytest.approx(0.04)
     assert emu.step_seconds({}, 1850, 25) == (0, 0, 0.0)
 
 
@@ -129,7 +131,7 @@ def test_scheduler_side_puts_the_step_duration_in_the_metadata():
     c.policy, c._requests, c._kv_cache_manager = SchedulerPolicy(32), {}, None
     meta = c.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"a": 370, "b": 1}))
     assert isinstance(meta, ec.EmulatedMetadata)
-    assert (meta.prefill_tokens, meta.decode_reqs) == (370, 1) and meta.pace_s == pytest.approx(0.24)
+    assert (meta.prefill_tokens, meta.decode_reqs) == (370, 1) and meta.pace_s == pytest.approx(0.2)
     assert meta.saves == [] and meta.loads == []
 
 

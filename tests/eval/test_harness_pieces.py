@@ -218,17 +218,18 @@ def test_migration_figures_from_the_commit_replies():
         {"kind": "reply", "call": "trigger", "session": "s1", "epoch": 2, "status": "STATUS_OK",
          "split_tokens": 384},
         {"kind": "reply", "call": "commit", "session": "s1", "epoch": 2, "status": "STATUS_OK",
-         "split_tokens": 384, "recomputed_tokens": 10, "kv_bytes_moved": 3 * 65536},
+         "split_tokens": 384, "recomputed_tokens": 10, "kv_bytes_moved": 3 * 65536, "latency_s": 0.25},
         {"kind": "reply", "call": "commit", "session": "s2", "epoch": 1, "status": "STATUS_OK",
          "split_tokens": 0, "recomputed_tokens": 99, "kv_bytes_moved": 0},
         {"kind": "reply", "call": "commit", "session": "s3", "epoch": 1, "status": "STATUS_ERROR"}])
     m = migration_figures([run])
-    assert m == {("s1", 2): {"prefix": 384, "recomputed": 10, "bytes": 3 * 65536},
+    assert math.isnan(m[("s2", 1)].pop("latency"))          # no latency in that reply
+    assert m == {("s1", 2): {"prefix": 384, "recomputed": 10, "bytes": 3 * 65536, "latency": 0.25},
                  ("s2", 1): {"prefix": 0, "recomputed": 99, "bytes": 0}}
     rows = [HandoverRow("pallas", "u", 5.5, 1, 2), HandoverRow("pallas", "u", 7.0, 2, 1),
             HandoverRow("pallas", "u", 9.0, 1, 2)]
     fill_migration_figures(rows, [run], m)
-    assert (rows[0].bytes_moved, rows[0].prefill_tokens) == (3 * 65536, 384 + 10)
+    assert (rows[0].bytes_moved, rows[0].prefill_tokens, rows[0].commit_s) == (3 * 65536, 384 + 10, 0.25)
     assert (rows[1].bytes_moved, rows[1].prefill_tokens) == (0, 99)
     assert (rows[2].bytes_moved, rows[2].prefill_tokens) == (0, 0)
 

@@ -36,7 +36,7 @@ from typing import Callable, Union
 
 import structlog
 
-from pallas_common.schemes import PROACTIVE
+from pallas_common.schemes import PROACTIVE, SCHEMES
 from pallas_proto import pallas_pb2
 
 __all__ = [
@@ -273,7 +273,9 @@ class SessionMigration:
         Prepared at ``actual_target``: commit with the proactive scheme (COMMITTED). Prepared
         elsewhere: cancel that attempt, then commit a fallback at the actual target. Not
         prepared: commit a fallback. The fallback is ``self.fallback`` if
-        ``target_can_serve`` (compatible model and memory), else Detour (FALLBACK). After a
+        ``target_can_serve`` (compatible model and memory), else Detour (FALLBACK); a bridging
+        scheme (``pallas-bridge``) is its own fallback there: the source decodes on through the
+        new agent's front while that agent is prepared from scratch (model.md section 8). After a
         migration the actual target is the new source; after Detour the source stays and one
         relay hop is added. A handover to the source agent itself needs nothing (and ends a
         Detour relay).
@@ -295,6 +297,8 @@ class SessionMigration:
         else:
             reason = f"handover in state {self.state.value}"
         scheme = self.fallback if target_can_serve else pallas_pb2.SCHEME_DETOUR
+        if target_can_serve and SCHEMES[self.scheme].bridge:
+            scheme = self.scheme
         actions.append(CommitAction(self.session_id, self.epoch, self.source, actual_target,
                                     None, scheme, now))
         self._next_epoch()

@@ -1,0 +1,37 @@
+"""The replay's live-against-model verdict (issue 13: within 30 % or one decode step)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from pallas_eval.report import HandoverRow, live_vs_model, live_vs_model_lines
+
+
+def _sm(scheme, sit_mean):
+    return SimpleNamespace(scheme=scheme, sit_mean=sit_mean)
+
+
+def _row(scheme, sit, commit=float("nan")):
+    return HandoverRow(scheme=scheme, ue_id="1", time_s=0.0, from_cell=1, to_cell=2, sit_s=sit, commit_s=commit)
+
+
+def test_a_scheme_within_tolerance_is_ok_and_one_outside_names_the_phase():
+    rows = [_row("pallas", 0.50, 0.45), _row("pallas", 0.70, 0.60),     # commit 0.525 s of 0.60
+            _row("ctho", 0.80, 0.74), _row("detour", 0.2)]
+    sim = {"pallas": {"sit_mean": 0.20}, "ctho": {"sit_mean": 0.75}, "detour": {"sit_mean": 0.03}}
+    out = {c["scheme"]: c for c in live_vs_model([_sm("pallas", 0.60), _sm("ctho", 0.80), _sm("detour", 0.20)],
+                                                 sim, rows, r_d=25.0)}
+    assert out["ctho"]["ok"] and out["ctho"]["phase"] is None          # |0.80 - 0.75| <= 0.225
+    p = out["pallas"]
+    assert not p["ok"] and abs(p["tolerance_s"] - 0.06) < 1e-9          # 30 % of 0.20
+    assert p["phase"] == "commit"                                      # 525 ms against 160 ms
+    assert abs(p["phases"]["commit"][0] - 0.525) < 1e-9 and abs(p["phases"]["resume"][1] - 0.04) < 1e-9
+    assert not out["detour"]["ok"] and out["detour"]["phase"] == "relay"
+    lines = live_vs_model_lines(out.values())
+    assert any("pallas: live 600 ms vs model 200 ms (outside 60 ms); the difference is in the commit phase" in x
+               for x in lines)
+
+
+def test_one_decode_step_is_the_floor_of_the_tolerance():
+    out = live_vs_model([_sm("detour", 0.06)], {"detour": {"sit_mean": 0.03}}, [_row("detour", 0.06)], r_d=25.0)
+    assert out[0]["ok"] and out[0]["tolerance_s"] == 0.04
