@@ -9,6 +9,7 @@ import pytest
 from pallas_proto import pallas_pb2 as pb
 
 from agent.control import ControlService
+from agent.connector.messages import SchedHello
 from agent.ipc import BlockHub, LocalBlock, block_crc
 from agent.migration import MigrationConfig, MigrationEngine, Outbound
 from agent.migration.states import TERMINAL, TRANSITIONS, IllegalTransition, SourceState, TargetState, check
@@ -42,7 +43,7 @@ class FakeEngine:
 
 def _engine(free_blocks=1000, **cfg):
     hub = BlockHub()
-    hub.sched_info = {"free_blocks": free_blocks, "block_size": 32}
+    hub.sched_info = SchedHello(block_size=32, free_blocks=free_blocks)
     eng = FakeEngine()
     # generous RPC and commit bounds: a loaded host must not turn a success case into a timeout
     # (the deadline case sets its own, short one)
@@ -361,7 +362,7 @@ def test_a_commit_the_target_refuses_or_fails_is_not_ok_and_the_source_serves_on
     r, s = asyncio.run(run())
     assert r.status in (pb.STATUS_REJECTED, pb.STATUS_ERROR) and r.scheme == pb.SCHEME_RECOMPUTATION
     assert s.state == SessionState.SERVING and s.frozen_at is None
-    assert s.output_token_ids == [5, 6, 7, 8] and r.state == "serving"
+    assert s.output_token_ids == [5, 6, 7, 8] and r.state == pb.SESSION_SERVING
 
 
 def test_a_target_that_hangs_freezes_the_source_no_longer_than_the_commit_deadline():

@@ -110,7 +110,7 @@ def test_a_refused_commit_is_not_ok_and_the_source_serves_on_token_exact(agents)
 
     r, s, ref, out = lt.run(go())
     assert r.status == pb.STATUS_REJECTED and "target refused" in r.message, r
-    assert r.state == "serving" and b.sessions.get(s.session_id) is None
+    assert r.state == pb.SESSION_SERVING and b.sessions.get(s.session_id) is None
     assert out == ref
 
 
