@@ -208,9 +208,14 @@ class SourceRole:
         ident = self.identity()
         r_p = prog.prefill_rate or self.prefill_rate() or self.cfg.default_prefill_rate
         goodput = out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9
-        st = HandoverState(prefix_tokens=out.split,
-                           prefilled_tokens=min(out.split, prog.prefilled_tokens),
-                           received_blocks=prog.blocks_received, handover_tokens=n,
+        # The UE's commit point may lie behind the prepared split (a trigger at a block boundary
+        # the UE had not reached yet): only the prefix's whole blocks below n count, and the
+        # blocks streamed from the split on are of no use.
+        prefix = min(out.split, n // self.block_size * self.block_size)
+        st = HandoverState(prefix_tokens=prefix,
+                           prefilled_tokens=min(prefix, prog.prefilled_tokens),
+                           received_blocks=prog.blocks_received if prefix == out.split else 0,
+                           handover_tokens=n,
                            block_size=self.block_size, s_kv=float(ident.kv_bytes_per_token),
                            r_p=r_p, goodput=goodput, c_sync=self.cfg.c_sync_s,
                            hop_delay_s=self.cfg.relay_hop_s)

@@ -452,6 +452,35 @@ def test_prepared_commit_with_an_unfinished_warmup_takes_the_choice_and_reports_
     asyncio.run(run())
 
 
+def test_a_commit_point_behind_the_prepared_split_still_commits():
+    """Found by benchmarks/soak.py: the UE's commit point (``ue_tokens``) can lie behind the
+    split the trigger prepared (the trigger came at a block boundary the UE had not reached);
+    the commit-time choice raised ValueError (L_hist > K_HO) and the commit failed with
+    STATUS_ERROR. It chooses over the part of the prefix below the commit point."""
+    async def run():
+        m, hub, eng = _engine()
+        m.prefill_rate = lambda: 100.0
+        target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, prefix_tokens=128,
+                                                  prefilled_tokens=40, warmup_done=False,
+                                                  prefill_rate=10.0))
+        server, tgt = await _served(target)
+        s = _serving(m, n_prompt=100, outputs=list(range(30)))   # n = 130
+        try:
+            assert (await m.trigger("s", 1, tgt, split_tokens=128)).split_tokens == 128
+            s._task = asyncio.ensure_future(asyncio.sleep(0))
+            await asyncio.sleep(0.01)
+            r = await m.commit("s", 1, tgt, ue_tokens=20)            # K_HO = 120 < 128
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK, r.message
+        assert r.HasField("choice") and r.choice.handover_tokens == 120
+        assert r.choice.ctho_split_tokens <= 96 and r.choice.prefix_tokens <= 96
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        assert len(sync.token_ids) == 120 and sync.split_tokens <= 120
+    asyncio.run(run())
+
+
 def test_commit_block_wait_ends_with_the_request_not_at_a_poll_timeout():
     async def run():
         m, hub, eng = _engine()
