@@ -23,7 +23,10 @@ it expects (``first_block..last_block``) has not arrived yet and the deadline ha
 it answers None (vLLM keeps the request waiting and asks again next step). A missing block past
 the deadline, a block that failed its checksum (``bad``), or a prefix that was evicted
 (``c < prefix_len`` with no block at ``c``) ends the claimed run: vLLM recomputes the rest, so
-a wrong block is never loaded.
+a wrong block is never loaded. A request waits only before its first claim: asked again after
+a preemption (vLLM recomputes a preempted request from its prefix-cache hit), it claims what
+is still held and recomputes the rest at once (the agent drops the blocks after the first
+token, so waiting for them again would stall it until the deadline).
 """
 
 from __future__ import annotations
@@ -131,6 +134,7 @@ class SchedulerPolicy:
         self._sid_of: dict[str, str] = {}          # req_id -> session id
         self._plans: dict[str, _Plan] = {}         # req_id -> load plan
         self._waiting_since: dict[str, float] = {}
+        self._claimed: set[str] = set()            # req_ids that claimed once (no more waits)
         self._idle = True
         self.saves_emitted = 0
         self.loads_emitted = 0
@@ -226,7 +230,8 @@ class SchedulerPolicy:
                 cover = j * bs + need
                 j += 1
                 continue
-            if first_exp <= j <= last_exp and j not in bad and self._clock() < deadline:
+            if first_exp <= j <= last_exp and j not in bad and self._clock() < deadline \
+                    and req_id not in self._claimed:
                 wait = True
             break
         if wait:
@@ -243,6 +248,7 @@ class SchedulerPolicy:
         else:
             self._plans.pop(req_id, None)
         waited = self._clock() - self._waiting_since.pop(req_id, self._clock())
+        self._claimed.add(req_id)
         self._report(Claim(sid, epoch, int(num_computed), int(ext), int(num_tokens),
                            round(max(0.0, waited), 6), tuple(sorted(bad))))
         return ext
@@ -308,3 +314,4 @@ class SchedulerPolicy:
         self._sid_of.pop(req_id, None)
         self._plans.pop(req_id, None)
         self._waiting_since.pop(req_id, None)
+        self._claimed.discard(req_id)

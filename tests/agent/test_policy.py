@@ -149,3 +149,21 @@ def test_requests_without_pallas_params_are_ignored():
     assert reports == []
     with pytest.raises(ValueError):
         SchedulerPolicy(0)
+
+
+def test_a_preempted_request_claims_at_once_instead_of_waiting_for_dropped_blocks():
+    """A resumed request preempted after its first claim (vLLM recomputes it from its prefix
+    hit) is asked again; the agent dropped its blocks after the first token, so waiting for
+    them again would stall it until the load deadline. It claims what is held, at once."""
+    pol, reports, clock = _policy()
+    for i, f in ((3, 32), (4, 32), (5, 20)):
+        _avail(pol, i, f)
+    assert pol.match("r", _load_params(deadline=2000.0), 181, 96) == 84
+    pol.on_command(decode({"t": "drop", "sid": "s"}))
+    assert pol.match("r", _load_params(deadline=2000.0), 181, 64) == 0   # not None: no wait
+    assert (reports[-1].local, reports[-1].external) == (64, 0)
+    _avail(pol, 2)                                                       # what is held is used
+    assert pol.match("r", _load_params(deadline=2000.0), 181, 64) == 32
+    # Before its first claim a request still waits for blocks in flight.
+    pol.finished("r")
+    assert pol.match("r2", _load_params(deadline=2000.0), 181, 96) is None
