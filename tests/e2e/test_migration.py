@@ -380,6 +380,40 @@ def test_evicted_prefix_is_recomputed(pair: Pair):
     assert r["claim"].local == 0 and r["claim"].external == 0, r["claim"]
 
 
+def test_preempted_right_after_its_blocks_were_loaded_continues_token_exact(pair: Pair):
+    """B preempts the resumed session right after its first token (vLLM's prefix-cache reset
+    with running requests: every running request is preempted and recomputed; the agent has
+    already dropped the received blocks). B goes on at once, token-exact: the connector does
+    not wait again for blocks it already claimed (it waited until the load deadline, 20 s)."""
+    gaps: dict = {}
+
+    async def run():
+        prompt = _prompt(150, _seed("preempt"))
+        ref = await _reference(pair.a, prompt, 200)
+        s = await _start(pair.a, prompt, 200 + SLACK)
+        await _wait_outputs(s, 10)
+        assert (await pair.a.migration.trigger(s.session_id, 1, pair.b.endpoint,
+                                              split_tokens=128)).status == 1
+        await _wait_outputs(s, 60)
+        assert (await pair.a.migration.commit(s.session_id, 1, pair.b.endpoint,
+                                             ue_tokens=60)).status == 1
+        t = pair.b.sessions.get(s.session_id)
+        assert t is not None and await t.wait_tokens(t.resumed_from, 60)
+        async with httpx.AsyncClient() as c:
+            r = await c.post(pair.srv_b.base_url + "/reset_prefix_cache",
+                             params={"reset_running_requests": "true"})
+            assert r.status_code == 200, r.text
+        k = len(t.output_token_ids)
+        t = await _collect(pair.b, s.session_id, 200)
+        gaps["after"] = _max_gap(t, k - 1, len(t.token_times))
+        return {"ref": ref, "tgt": t, "claim": t.claim}
+
+    r = pair.lt.run(run())
+    _check_exact(r)
+    assert r["claim"].external > 0, r["claim"]       # blocks were loaded before the preemption
+    assert gaps["after"] < 10.0, gaps                  # the load deadline is 20 s
+
+
 # ------------------------------------------------------------------------------ cancel / kill
 # Output tokens of the cancel/kill sessions: long enough that a loaded machine (blocks reach B
 # late) cannot finish the session before the cancel or the kill happens.
