@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
 import sys
 import tempfile
 import time
+import tracemalloc
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -82,10 +84,19 @@ class Tally:
     mismatches: list = field(default_factory=list)       # (session, first index, resumed hops)
     failures: list = field(default_factory=list)         # (session, why)
     rss_mib: dict = field(default_factory=dict)          # start / middle / end
+    refused: list = field(default_factory=list)          # (kind, status, message) of non-OK commits
+    snapshot: object = None                              # tracemalloc at the middle (--tracemalloc)
+    types_middle: Counter = field(default_factory=Counter)  # live objects by type at the middle
     t0: float = 0.0
 
     def done(self) -> bool:
         return self.migrations >= self.target
+
+
+def _type_counts() -> Counter:
+    """Live objects tracked by the garbage collector, by type name."""
+    gc.collect()
+    return Counter(type(o).__name__ for o in gc.get_objects())
 
 
 def _rss_mib() -> float:
@@ -222,10 +233,15 @@ class Soak:
         rep = await mig.commit(sid, epoch, tgt.endpoint, scheme, ue_tokens=ue)
         ok = rep.status == pb.STATUS_OK
         self._count(kind, ok)
+        if not ok:
+            self.tally.refused.append((kind, pb.Status.Name(rep.status), rep.message[:300]))
         if ok:
             self.tally.migrations += 1
             if self.tally.migrations == self.tally.target // 2:
                 self.tally.rss_mib["middle"] = round(_rss_mib(), 1)
+                self.tally.types_middle = _type_counts()
+                if tracemalloc.is_tracing():
+                    self.tally.snapshot = tracemalloc.take_snapshot()
         moved = ok and kind != "detour" and s.state == SessionState.HANDED_OVER
         return (tgt if moved else cur), epoch + 1, "committed" if ok else pb.Status.Name(rep.status)
 
@@ -280,6 +296,8 @@ class Soak:
     async def run(self) -> dict:
         a = self.args
         await self.start()
+        if a.tracemalloc:
+            tracemalloc.start()
         me = "soak (agents + harness)"  # this process only: the servers are its children
         pids = {me: [os.getpid()],
                 **{f"vllm-{i}": [srv.proc.pid] for i, srv in enumerate(self.servers) if srv.proc}}
@@ -299,11 +317,19 @@ class Soak:
                 await agent.migration.expire()
             free = await self._free_blocks()
             self.tally.rss_mib["end"] = round(_rss_mib(), 1)
+            types_end = _type_counts()
+            grew = sorted(((n - self.tally.types_middle.get(t, 0), t) for t, n in types_end.items()),
+                          reverse=True)[:12]
+            growth = []
+            if self.tally.snapshot is not None:
+                diff = tracemalloc.take_snapshot().compare_to(self.tally.snapshot, "lineno")
+                growth = [str(d) for d in diff[:15]]
             report = {
                 "migrations": self.tally.migrations, "sessions": self.tally.sessions,
                 "wall_s": round(wall, 1), "migrations_per_s": round(self.tally.migrations / wall, 2),
                 "ops": {f"{k}/{o}": n for (k, o), n in sorted(self.tally.ops.items())},
                 "mismatches": self.tally.mismatches, "failures": self.tally.failures,
+                "refused": self.tally.refused,
                 "kv_free_baseline": self.baseline, "kv_free_end": free,
                 "leaked_kv_blocks": [b - f for b, f in zip(self.baseline, free)],
                 "held_end": [ag.migration.held() for ag in self.agents],
@@ -312,9 +338,12 @@ class Soak:
                                   for ag in self.agents],
                 "sessions_in_stores_end": [len(list(ag.sessions)) for ag in self.agents],
                 "rss_mib": self.tally.rss_mib, "cpu_s": cpu,
+                "live_objects_grown_middle_to_end": {t: d for d, t in grew if d > 0},
                 "cpu_share_of_wall": {k: round(v / wall, 2) for k, v in cpu.items()},
                 "agents": a.agents, "concurrency": a.concurrency, "seed": a.seed,
             }
+            if a.tracemalloc:
+                report["traced_growth_middle_to_end"] = growth
             return report
         finally:
             await self.stop()
@@ -338,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the agents forget ended sessions after this long (housekeeping)")
     p.add_argument("--seed", type=int, default=12)
     p.add_argument("--json", help="also write the report here")
+    p.add_argument("--tracemalloc", action="store_true",
+                   help="trace Python allocations; report the 15 lines that grew most from the "
+                        "middle to the end (slower)")
     args = p.parse_args(argv)
     if args.agents < 2:
         p.error("--agents must be >= 2")
