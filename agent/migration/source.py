@@ -304,6 +304,10 @@ class SourceRole:
             ack = await out.stream.finish(max(0.01, deadline - time.monotonic()))
             if ack is None:
                 log.warning("stream_not_acked", session=sid, epoch=epoch)
+        elif out.stream is not None:
+            # Nothing more goes (the request ended here, or the choice recomputes): close the
+            # prepared suffix stream, else its call and the target's handler live on.
+            out.stream.abort()
         remaining = 0 if finished_here and not s.held_token_ids else s.remaining_tokens
         sp = s.sampling
         sync = pallas_pb2.SyncRequest(

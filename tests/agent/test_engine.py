@@ -481,6 +481,33 @@ def test_a_commit_point_behind_the_prepared_split_still_commits():
     asyncio.run(run())
 
 
+def test_a_commit_that_ships_nothing_closes_the_prepared_suffix_stream():
+    """Found by benchmarks/soak.py (live tasks and 64 KiB blocks grew with every migration):
+    a prepared attempt committed without shipping (its request already ended here, or the
+    commit-time choice recomputes) left its suffix stream open for ever; the call, the
+    target's handler and the last block sent stayed alive."""
+    async def run():
+        m, hub, eng = _engine()
+        target = Target()
+        server, tgt = await _served(target)
+        s = _serving(m, n_prompt=100)
+        try:
+            assert (await m.trigger("s", 1, tgt, split_tokens=96)).status == pb.STATUS_OK
+            stream = m.outbound["s"].stream
+            assert stream is not None and not stream.task.done()
+            s._task = asyncio.ensure_future(asyncio.sleep(0))
+            s.set_state(SessionState.FINISHED, finish_reason="length")   # it ended here first
+            r = await m.commit("s", 1, tgt)
+            await asyncio.sleep(0.2)
+            closed = stream.task.done()
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK and s.state == SessionState.HANDED_OVER
+        assert closed
+    asyncio.run(run())
+
+
 def test_commit_block_wait_ends_with_the_request_not_at_a_poll_timeout():
     async def run():
         m, hub, eng = _engine()
