@@ -443,14 +443,13 @@ class Agent:
         w, sch = self.hub.worker_info, self.hub.sched_info
         if w is None or sch is None:
             raise RuntimeError("the vLLM connector has not connected yet")
-        bs = int(sch.get("block_size") or w.get("block_size"))
-        block_bytes = int(w["block_bytes"])
+        bs = sch.block_size or w.block_size
         self._identity = pallas_pb2.ModelIdentity(
             model=os.path.basename(os.path.normpath(self.cfg.model)),
-            weights_digest=self._digest, dtype=str(w.get("model_dtype", w.get("dtype"))),
-            kv_cache_dtype=str(w.get("kv_cache_dtype", "auto")), block_size=bs,
-            backend=str(w.get("backend", "")), kv_bytes_per_token=block_bytes // bs,
-            num_layers=int(w["num_layers"]), block_bytes=block_bytes)
+            weights_digest=self._digest, dtype=w.model_dtype or w.dtype,
+            kv_cache_dtype=w.kv_cache_dtype, block_size=bs, backend=w.backend,
+            kv_bytes_per_token=w.block_bytes // bs, num_layers=w.num_layers,
+            block_bytes=w.block_bytes)
         return self._identity
 
     # ------------------------------------------------------------------ parts
@@ -502,7 +501,7 @@ class Agent:
             if loop.time() > deadline:
                 raise TimeoutError(f"vLLM at {vllm_url} or its connector not ready")
             await asyncio.sleep(0.5)
-        tp = int((self.hub.worker_info or {}).get("tp_size", 1))
+        tp = self.hub.worker_info.tp_size if self.hub.worker_info is not None else 1
         if tp > 1:
             raise RuntimeError(f"vLLM runs with tensor parallelism {tp}: Pallas moves one KV copy "
                                "per block and cannot migrate a sharded cache; run it with TP = 1")

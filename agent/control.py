@@ -22,7 +22,7 @@ from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
 from agent.migration import MigrationEngine
 from agent.obs import COMMIT_SECONDS, CONTROL_CALLS, get_logger
-from pallas_common.schemes import scheme_name
+from pallas_common.schemes import SessionState, scheme_name
 
 __all__ = ["ControlService", "add_control_service"]
 
@@ -60,7 +60,8 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
     def _done(self, method: str, reply: pallas_pb2.ControlReply) -> pallas_pb2.ControlReply:
         CONTROL_CALLS.labels(method, _STATUS_NAME.get(reply.status, str(reply.status))).inc()
         _log.info("control_reply", method=method, session=reply.session_id, epoch=reply.epoch,
-                  status=_STATUS_NAME.get(reply.status), state=reply.state,
+                  status=_STATUS_NAME.get(reply.status),
+                  state=SessionState.name_of(reply.state),
                   scheme=scheme_name(reply.scheme), split=reply.split_tokens,
                   message=reply.message,
                   choice=reply.choice.option if reply.HasField("choice") else None)

@@ -11,46 +11,34 @@ agent binds one ROUTER socket (:class:`BlockHub`); each connector side connects 
   ships the block slabs copied out in ``wait_for_save`` (CRC-32C computed there, off the engine
   thread); the engine thread fetches received blocks synchronously in ``start_load_kv``.
 
-Every message is a multipart ZeroMQ message ``[header, *payload]``: ``header`` is a UTF-8 JSON
-object with a ``"t"`` (type) key, ``payload`` holds raw block bytes (one frame per block).
-Malformed messages are logged and dropped.
-
-Message types (field names in brackets):
-
-=========  ================  ===============================================================
-type       direction         meaning
-=========  ================  ===============================================================
-hello      sched -> agent    role, block_size, num_blocks, free_blocks, exports, avail_blocks
-hello      worker -> agent   role, block_bytes, num_layers, dtype, shape, backend
-block      worker -> agent   [sid, epoch, idx, fill, crc, tail, computed] + 1 data frame
-claim      sched -> agent    [sid, epoch, local, external, num_tokens, waited_s]
-loaded     worker -> agent   [sid, epoch, blocks, failed]
-fetch      worker -> agent   [rid, blocks=[[sid, epoch, idx, need]]]; reply ``fetched``
-export     agent -> sched    [sid, epoch, start_block, stream, tail]
-stop       agent -> sched    [sid]
-avail      agent -> sched    [sid, epoch, idx, fill]; ``bad`` marks a rejected block
-drop       agent -> sched    [sid]
-reset      agent -> sched    forget every export and every advertised block
-=========  ================  ===============================================================
+Every message is a multipart ZeroMQ message ``[header, *payload]``: ``header`` is one typed
+message of :mod:`agent.connector.messages` as a JSON object with a ``"t"`` (type) key,
+``payload`` holds raw block bytes (one frame per block). Each receiver decodes the header into
+its dataclass, checking every field (:func:`agent.connector.messages.decode`); a malformed
+message, or one the receiver does not take, is logged and dropped, never handed on.
+The message table is in :mod:`agent.connector.messages`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import zmq
 import zmq.asyncio
 from crc32c import crc32c as _crc32c
 
+from agent.connector.messages import (AgentCommand, Avail, Bad, BlockHeader, Claim, Drop,
+                                      Export, Fetch, Fetched, FetchedItem, FetchItem, Loaded,
+                                      Message, MessageError, Reset, SchedHello, Stop, WorkerHello,
+                                      decode, encode_header)
 from pallas_common.aio import cancel_and_wait
 
 HELLO_PERIOD_S = 0.25
@@ -67,17 +55,12 @@ def block_crc(data: bytes | memoryview) -> int:
     return _crc32c(data)
 
 
-def encode(header: dict[str, Any], *payload: bytes | memoryview) -> list[bytes | memoryview]:
-    """Frames of one message: JSON header then raw payload frames."""
-    return [json.dumps(header, separators=(",", ":")).encode(), *payload]
+def encode(msg: Message, *payload: bytes | memoryview) -> list[bytes | memoryview]:
+    """Frames of one message: its JSON header then raw payload frames."""
+    return [encode_header(msg), *payload]
 
 
-def decode_header(frame: bytes) -> dict[str, Any]:
-    """Parse a header frame; raises ValueError on anything but a JSON object with a type."""
-    obj = json.loads(bytes(frame).decode())
-    if not isinstance(obj, dict) or "t" not in obj:
-        raise ValueError("header is not an object with a 't' key")
-    return obj
+_AGENT_COMMANDS = (Export, Stop, Avail, Bad, Drop, Reset)
 
 
 # =============================================================================================
@@ -197,10 +180,9 @@ class LocalBlock:
     computed: int = 0
 
     @classmethod
-    def from_message(cls, hdr: dict[str, Any], data: bytes) -> "LocalBlock":
-        """From a ``block`` header and its data frame. Raises KeyError/ValueError if malformed."""
-        return cls(str(hdr["sid"]), int(hdr["epoch"]), int(hdr["idx"]), int(hdr["fill"]),
-                   int(hdr["crc"]), data, bool(hdr.get("tail")), int(hdr.get("computed", 0)))
+    def from_message(cls, hdr: BlockHeader, data: bytes) -> "LocalBlock":
+        """From a decoded ``block`` header and its data frame."""
+        return cls(hdr.sid, hdr.epoch, hdr.idx, hdr.fill, hdr.crc, data, hdr.tail, hdr.computed)
 
 
 BlockCallback = Callable[[LocalBlock], None]
@@ -214,28 +196,30 @@ class BlockHub:
             port (read :attr:`address` after :meth:`start`).
 
     Callbacks (set by the migration engine): ``on_block(LocalBlock)`` for blocks the local worker
-    copied out (source role), ``on_claim(header)`` / ``on_loaded(header)`` for the connector's
-    reports at a resume (target role).
+    copied out (source role), ``on_claim(Claim)`` / ``on_loaded(Loaded)`` for the connector's
+    reports at a resume (target role). ``sched_info`` / ``worker_info``: the latest
+    :class:`SchedHello` / :class:`WorkerHello` (None before the first).
     """
 
     def __init__(self, address: str = "tcp://127.0.0.1:0") -> None:
         self._bind = address
         self.address = address
         self.store = BlockStore()
-        self.sched_info: dict[str, Any] | None = None
-        self.worker_info: dict[str, Any] | None = None
+        self.sched_info: SchedHello | None = None
+        self.worker_info: WorkerHello | None = None
         self.on_block: BlockCallback | None = None
-        self.on_claim: Callable[[dict[str, Any]], None] | None = None
-        self.on_loaded: Callable[[dict[str, Any]], None] | None = None
+        self.on_claim: Callable[[Claim], None] | None = None
+        self.on_loaded: Callable[[Loaded], None] | None = None
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task | None = None
         self._sched_ident: bytes | None = None
         self._ready = asyncio.Event()
-        self._exports: dict[str, dict[str, Any]] = {}
+        self._exports: dict[str, Export] = {}
         self._log = logging.getLogger("pallas.agent.ipc")
         self.blocks_in = 0  # blocks received from the local worker (source role)
         self.bytes_in = 0
+        self.dropped = 0  # malformed or misdirected messages logged and dropped
 
     async def start(self) -> None:
         """Bind and start serving."""
@@ -267,11 +251,11 @@ class BlockHub:
         return self._ready.is_set()
 
     # ---------------------------------------------------------------- commands to the engine
-    def _to_sched(self, header: dict[str, Any]) -> bool:
+    def _to_sched(self, cmd: AgentCommand) -> bool:
         if self._sched_ident is None or self._sock is None:
             return False
         try:
-            self._sock.send_multipart([self._sched_ident, *encode(header)], flags=zmq.NOBLOCK)
+            self._sock.send_multipart([self._sched_ident, *encode(cmd)], flags=zmq.NOBLOCK)
             return True
         except zmq.ZMQError as exc:
             self._log.warning("to_sched failed: %r", exc)
@@ -284,15 +268,14 @@ class BlockHub:
         ``stream``: full blocks; ``tail``: a snapshot of the partial last block every step.
         The command is re-sent if the scheduler side reconnects.
         """
-        cmd = {"t": "export", "sid": sid, "epoch": int(epoch), "start_block": int(start_block),
-               "stream": bool(stream), "tail": bool(tail)}
+        cmd = Export(sid, int(epoch), int(start_block), bool(stream), bool(tail))
         self._exports[sid] = cmd
         self._to_sched(cmd)
 
     def stop_export(self, sid: str) -> None:
         """Stop copying out blocks of ``sid``."""
         self._exports.pop(sid, None)
-        self._to_sched({"t": "stop", "sid": sid})
+        self._to_sched(Stop(sid))
 
     def put_block(self, sid: str, epoch: int, idx: int, fill: int, crc: int, data: bytes,
                   crc_ok: bool | None = None) -> str:
@@ -303,28 +286,28 @@ class BlockHub:
         """
         verdict = self.store.put(sid, epoch, idx, fill, crc, data, crc_ok)
         if verdict == "ok":
-            self._to_sched({"t": "avail", "sid": sid, "epoch": int(epoch), "idx": int(idx),
-                            "fill": int(fill)})
+            self._to_sched(Avail(sid, int(epoch), int(idx), int(fill)))
         elif verdict == "bad":
-            self._to_sched({"t": "bad", "sid": sid, "epoch": int(epoch), "idx": int(idx)})
+            self._to_sched(Bad(sid, int(epoch), int(idx)))
         return verdict
 
     def drop(self, sid: str) -> int:
         """Release every block held for ``sid`` here and in the connector's view; returns count."""
         n = self.store.drop(sid)
-        self._to_sched({"t": "drop", "sid": sid})
+        self._to_sched(Drop(sid))
         return n
 
     def kv_blocks(self) -> tuple[int, int] | None:
         """(free, total) KV blocks from the connector's latest report, or None."""
-        st = self.sched_info or {}
-        if "num_blocks" in st and "free_blocks" in st:
-            return int(st["free_blocks"]), int(st["num_blocks"])
-        return None
+        st = self.sched_info
+        if st is None or st.num_blocks is None or st.free_blocks is None:
+            return None
+        return st.free_blocks, st.num_blocks
 
     def kv_stats(self) -> dict[str, Any]:
-        """Latest KV-pool stats from the scheduler side (num_blocks, free_blocks, ...)."""
-        return dict(self.sched_info or {})
+        """Latest KV-pool stats from the scheduler side (the :class:`SchedHello`'s fields:
+        num_blocks, free_blocks, ...); empty before the first hello."""
+        return {} if self.sched_info is None else asdict(self.sched_info)
 
     # ---------------------------------------------------------------- serving loop
     async def _serve(self) -> None:
@@ -335,59 +318,57 @@ class BlockHub:
                 continue
             ident, hdr_frame, payload = frames[0], frames[1], frames[2:]
             try:
-                hdr = decode_header(hdr_frame)
-                await self._handle(ident, hdr, payload)
+                await self._handle(ident, decode(hdr_frame), payload)
             except Exception as exc:  # a malformed message is dropped; the hub runs on
+                self.dropped += 1
                 self._log.warning("dropped ipc message: %r", exc)
 
-    async def _handle(self, ident: bytes, hdr: dict[str, Any], payload: list[bytes]) -> None:
-        t = hdr["t"]
-        if t == "block":
+    async def _handle(self, ident: bytes, msg: Message, payload: list[bytes]) -> None:
+        if isinstance(msg, BlockHeader):
+            if len(payload) != 1:
+                raise MessageError(f"block: {len(payload)} data frames, expected 1")
             self.blocks_in += 1
             self.bytes_in += len(payload[0])
             if self.on_block is not None:
-                self.on_block(LocalBlock.from_message(hdr, payload[0]))
-        elif t == "fetch":
-            out_hdr: list[Any] = []
-            frames: list[bytes] = []
-            for sid, epoch, idx, need in hdr["blocks"]:
-                blk = self.store.get(sid, int(epoch), int(idx))
-                if blk is None or blk.fill < int(need):
-                    out_hdr.append(None)
+                self.on_block(LocalBlock.from_message(msg, payload[0]))
+        elif isinstance(msg, Fetch):
+            entries: list[FetchedItem | None] = []
+            frames: list[bytes | memoryview] = []
+            for it in msg.blocks:
+                blk = self.store.get(it.sid, it.epoch, it.idx)
+                if blk is None or blk.fill < it.need:
+                    entries.append(None)
                 else:
-                    out_hdr.append([blk.fill, blk.crc])
+                    entries.append(FetchedItem(blk.fill, blk.crc))
                     frames.append(blk.data)
             await self._sock.send_multipart(
-                [ident, *encode({"t": "fetched", "rid": hdr["rid"], "blocks": out_hdr}), *frames])
-        elif t == "hello":
-            if hdr.get("role") == "sched":
-                first = self._sched_ident is None or self._sched_ident != ident
-                self._sched_ident = ident
-                self.sched_info = hdr
-                if first:
-                    # A (re)connected scheduler side: forget what a previous hub told it,
-                    # then re-send what this hub holds.
-                    self._to_sched({"t": "reset"})
-                    for cmd in self._exports.values():
-                        self._to_sched(cmd)
-                    for sid in self.store.sessions():
-                        ep = self.store.epoch(sid)
-                        cur = self.store._by_sid[sid]
-                        for idx, blk in cur.blocks.items():
-                            self._to_sched({"t": "avail", "sid": sid, "epoch": ep, "idx": idx,
-                                            "fill": blk.fill})
-            else:
-                self.worker_info = hdr
-            if self.sched_info is not None and self.worker_info is not None:
-                self._ready.set()
-        elif t == "claim":
+                [ident, *encode(Fetched(msg.rid, tuple(entries)), *frames)])
+        elif isinstance(msg, SchedHello):
+            first = self._sched_ident is None or self._sched_ident != ident
+            self._sched_ident = ident
+            self.sched_info = msg
+            if first:
+                # A (re)connected scheduler side: forget what a previous hub told it,
+                # then re-send what this hub holds.
+                self._to_sched(Reset())
+                for cmd in self._exports.values():
+                    self._to_sched(cmd)
+                for sid in self.store.sessions():
+                    ep = self.store.epoch(sid)
+                    for idx, blk in self.store._by_sid[sid].blocks.items():
+                        self._to_sched(Avail(sid, ep, idx, blk.fill))
+        elif isinstance(msg, WorkerHello):
+            self.worker_info = msg
+        elif isinstance(msg, Claim):
             if self.on_claim is not None:
-                self.on_claim(hdr)
-        elif t == "loaded":
+                self.on_claim(msg)
+        elif isinstance(msg, Loaded):
             if self.on_loaded is not None:
-                self.on_loaded(hdr)
+                self.on_loaded(msg)
         else:
-            raise ValueError(f"unknown message type {t!r}")
+            raise MessageError(f"{msg.TYPE} is not a message for the agent")
+        if self.sched_info is not None and self.worker_info is not None:
+            self._ready.set()
 
 
 # =============================================================================================
@@ -404,12 +385,13 @@ class SchedulerLink:
 
     Args:
         address: the agent's BlockHub endpoint.
-        stats: returns the dict merged into each hello (KV-pool figures).
-        on_command: handles one decoded command header.
+        stats: returns the :class:`SchedHello` to send (KV-pool figures); its ``pid`` is set here.
+        on_command: handles one decoded agent command (:data:`AgentCommand`); a header that
+            does not decode to one is logged and dropped before it gets there.
     """
 
-    def __init__(self, address: str, stats: Callable[[], dict[str, Any]],
-                 on_command: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, address: str, stats: Callable[[], SchedHello],
+                 on_command: Callable[[AgentCommand], None]) -> None:
         self.address = address
         self._stats = stats
         self._on_command = on_command
@@ -420,7 +402,7 @@ class SchedulerLink:
         self._thread = threading.Thread(target=self._run, name="pallas-sched-link", daemon=True)
         self._thread.start()
 
-    def report(self, header: dict[str, Any]) -> None:
+    def report(self, msg: Message) -> None:
         """Send a message to the agent now (non-blocking, dropped if no agent is there).
 
         The first calling thread (the engine's scheduler thread) gets its own socket, so a
@@ -434,10 +416,10 @@ class SchedulerLink:
             sock.connect(self.address)
             self._report_sock = sock
         if tid != self._report_thread or self._report_sock is None:
-            self._out.put(header)
+            self._out.put(msg)
             return
         try:
-            self._report_sock.send_multipart(encode(header), flags=zmq.NOBLOCK)
+            self._report_sock.send_multipart(encode(msg), flags=zmq.NOBLOCK)
         except zmq.Again:
             pass
 
@@ -462,15 +444,15 @@ class SchedulerLink:
             now = time.monotonic()
             try:
                 if now >= next_hello:
-                    sock.send_multipart(encode({"t": "hello", "role": "sched", "pid": os.getpid(),
-                                                **self._stats()}), flags=zmq.NOBLOCK)
+                    sock.send_multipart(encode(replace(self._stats(), pid=os.getpid())),
+                                        flags=zmq.NOBLOCK)
                     next_hello = now + HELLO_PERIOD_S
                 while True:
                     try:
-                        hdr = self._out.get_nowait()
+                        msg = self._out.get_nowait()
                     except queue.Empty:
                         break
-                    sock.send_multipart(encode(hdr), flags=zmq.NOBLOCK)
+                    sock.send_multipart(encode(msg), flags=zmq.NOBLOCK)
             except zmq.Again:
                 pass  # no agent connected: drop; hellos resume when it is back
             except Exception:  # never take the engine down
@@ -483,7 +465,12 @@ class SchedulerLink:
                     except zmq.Again:
                         break
                     try:
-                        self._on_command(decode_header(frames[0]))
+                        cmd = decode(frames[0])
+                        if not isinstance(cmd, _AGENT_COMMANDS):
+                            raise MessageError(f"{cmd.TYPE} is not an agent command")
+                        self._on_command(cmd)
+                    except MessageError as exc:
+                        logging.getLogger("vllm.pallas").warning("dropped agent command: %s", exc)
                     except Exception:
                         logging.getLogger("vllm.pallas").exception("bad agent command")
         sock.close(linger=0)
@@ -498,7 +485,7 @@ class WorkerLink:
     thread, on its own socket.
     """
 
-    def __init__(self, address: str, hello: dict[str, Any]) -> None:
+    def __init__(self, address: str, hello: WorkerHello) -> None:
         self.address = address
         self._hello = hello
         self._q: queue.SimpleQueue = queue.SimpleQueue()
@@ -508,13 +495,14 @@ class WorkerLink:
         self._thread = threading.Thread(target=self._run, name="pallas-worker-link", daemon=True)
         self._thread.start()
 
-    def send_block(self, header: dict[str, Any], slab: Any) -> None:
-        """Queue one block: ``slab`` is a contiguous CPU tensor the caller no longer touches."""
+    def send_block(self, header: BlockHeader, slab: Any) -> None:
+        """Queue one block: ``slab`` is a contiguous CPU tensor the caller no longer touches;
+        the sender thread fills in ``header.crc``."""
         self._q.put((header, slab))
 
-    def report(self, header: dict[str, Any]) -> None:
+    def report(self, msg: Message) -> None:
         """Queue a small message (no payload)."""
-        self._q.put((header, None))
+        self._q.put((msg, None))
 
     def close(self) -> None:
         """Stop the sender thread after it drains its queue."""
@@ -535,8 +523,7 @@ class WorkerLink:
             now = time.monotonic()
             try:
                 if now >= next_hello:
-                    sock.send_multipart(encode({"t": "hello", "role": "worker",
-                                                "pid": os.getpid(), **self._hello}),
+                    sock.send_multipart(encode(replace(self._hello, pid=os.getpid())),
                                         flags=zmq.NOBLOCK)
                     next_hello = now + HELLO_PERIOD_S * 4
                 if item is None:
@@ -548,20 +535,21 @@ class WorkerLink:
                     sock.send_multipart(encode(header), flags=zmq.NOBLOCK)
                     continue
                 buf = memoryview(slab.numpy()).cast("B")
-                header["crc"] = block_crc(buf)
-                sock.send_multipart(encode(header, buf), flags=zmq.NOBLOCK, copy=True)
+                sock.send_multipart(encode(replace(header, crc=block_crc(buf)), buf),
+                                    flags=zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 pass  # agent gone: the block is dropped (the target will recompute)
             except Exception:
                 logging.getLogger("vllm.pallas").exception("worker link send")
         sock.close(linger=0)
 
-    def fetch(self, blocks: list[list[Any]],
+    def fetch(self, blocks: list[FetchItem],
               timeout_s: float = FETCH_TIMEOUT_S) -> list[tuple[int, int, bytes] | None]:
-        """Fetch blocks ``[[sid, epoch, idx, need_fill], ...]`` from the agent's store.
+        """Fetch blocks from the agent's store.
 
         Returns one ``(fill, crc, data)`` or None (missing) per requested block; all None if the
-        agent does not answer within ``timeout_s``.
+        agent does not answer within ``timeout_s`` or answers with a malformed reply (the
+        caller then lets vLLM recompute those blocks).
         """
         if self._fetch_sock is None:
             self._fetch_sock = self._ctx.socket(zmq.DEALER)
@@ -570,7 +558,7 @@ class WorkerLink:
         sock = self._fetch_sock
         self._rid += 1
         rid = self._rid
-        sock.send_multipart(encode({"t": "fetch", "rid": rid, "blocks": blocks}))
+        sock.send_multipart(encode(Fetch(rid, tuple(blocks))))
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -580,15 +568,25 @@ class WorkerLink:
                 self._fetch_sock = None
                 return [None] * len(blocks)
             frames = sock.recv_multipart()
-            hdr = decode_header(frames[0])
-            if hdr.get("rid") != rid:
+            try:
+                rep = decode(frames[0])
+            except MessageError as exc:
+                logging.getLogger("vllm.pallas").warning("dropped fetch reply: %s", exc)
                 continue
+            if not isinstance(rep, Fetched) or rep.rid != rid:
+                continue
+            got = sum(e is not None for e in rep.blocks)
+            if len(rep.blocks) != len(blocks) or got != len(frames) - 1:
+                logging.getLogger("vllm.pallas").warning(
+                    "fetch reply with %d entries / %d frames for %d blocks", len(rep.blocks),
+                    len(frames) - 1, len(blocks))
+                return [None] * len(blocks)
             out: list[tuple[int, int, bytes] | None] = []
             k = 1
-            for ent in hdr["blocks"]:
+            for ent in rep.blocks:
                 if ent is None:
                     out.append(None)
                 else:
-                    out.append((int(ent[0]), int(ent[1]), frames[k]))
+                    out.append((ent.fill, ent.crc, frames[k]))
                     k += 1
             return out

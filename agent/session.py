@@ -21,13 +21,16 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import structlog
 
 from pallas_common.aio import cancel_and_wait
 from pallas_common.schemes import SessionState
+
+if TYPE_CHECKING:
+    from agent.connector.messages import Claim, Loaded
 
 log = structlog.get_logger("pallas.agent.session")
 
@@ -109,8 +112,8 @@ class Session:
         reused_tokens: at a resume, tokens whose KV the target did not recompute (local prefix
             cache hit + blocks loaded by the connector); None before a resume.
         scheme: the scheme pinned for the session, carried from the agent it came from (0: none).
-        claim: the connector's claim report at a resume here (local, external, num_tokens,
-            waited_s, bad); loaded: its report of the blocks it loaded.
+        claim: the connector's :class:`~agent.connector.messages.Claim` at a resume here;
+            loaded: its :class:`~agent.connector.messages.Loaded` report of the blocks it loaded.
         handover: where and how the session left this agent (:class:`Handover`), source side.
         cached_tokens: vLLM's prompt tokens served from its prefix cache (usage details).
         error: why the request failed here ("" if it did not).
@@ -130,8 +133,8 @@ class Session:
     reused_tokens: int | None = None
     ended_at: float = 0.0  # time.time() when the agent first saw it done (the janitor's clock)
     scheme: int = 0
-    claim: dict[str, Any] | None = None
-    loaded: dict[str, Any] | None = None
+    claim: "Claim | None" = None
+    loaded: "Loaded | None" = None
     handover: "Handover | None" = None
     cached_tokens: int | None = None
     error: str = ""

@@ -18,8 +18,9 @@ Trigger and at the Commit:
 | ctHO          | nothing                                     | prefix p* recomputed, blocks >= p* shipped  |
 | Detour        | nothing                                     | nothing: the source serves on, the new agent relays |
 
-Session states are ``pallas.v1.SessionState``; on the wire (ControlReply.state,
-SessionTelemetry.state) they travel as the lower-case name without ``SESSION_``.
+Session states are ``pallas.v1.SessionState``: ControlReply.state carries the enum
+(:meth:`SessionState.from_proto`), SessionTelemetry.state the lower-case name without
+``SESSION_`` (:meth:`SessionState.of`).
 """
 
 from __future__ import annotations
@@ -194,6 +195,24 @@ class SessionState(str, enum.Enum):
             return cls(wire)
         except ValueError:
             return None
+
+    @classmethod
+    def from_proto(cls, value: int) -> "SessionState | None":
+        """The state a ``pallas.v1.SessionState`` value (ControlReply.state) names; None for
+        SESSION_UNSPECIFIED (the agent does not know the session) or a value this version
+        does not know (a newer agent's)."""
+        try:
+            name = _pb.SessionState.Name(int(value))
+        except ValueError:
+            return None
+        return cls.__members__.get(name.removeprefix("SESSION_")) if value else None
+
+    @classmethod
+    def name_of(cls, value: int) -> str | None:
+        """The wire name ("serving", ...) of a ``pallas.v1.SessionState`` value, for logs;
+        None where :meth:`from_proto` gives None."""
+        st = cls.from_proto(value)
+        return None if st is None else st.value
 
     @property
     def proto(self) -> int:

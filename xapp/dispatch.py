@@ -20,7 +20,7 @@ import numpy as np
 import structlog
 
 from pallas_common.contract import COMMIT_MOVED_FIELDS, commit_choice_of
-from pallas_common.schemes import scheme_name
+from pallas_common.schemes import SessionState, scheme_name
 from pallas_proto import pallas_pb2 as pb
 from xapp.events import EventLog
 from xapp.policy import CallOutcome
@@ -178,7 +178,7 @@ class ActionDispatcher:
             moved["choice"] = commit_choice_of(r)
         self.events.write("reply", call=out.kind.lower(), agent=out.agent_id, session=out.session_id,
                           epoch=out.epoch, ok=out.ok, status=pb.Status.Name(r.status) if r else None,
-                          state=r.state if r else None, scheme=scheme_name(r.scheme) if r else None,
+                          state=SessionState.name_of(r.state) if r else None, scheme=scheme_name(r.scheme) if r else None,
                           split_tokens=int(r.split_tokens) if r else None, message=r.message if r else out.error,
                           latency_s=out.latency_s, attempts=out.attempts, **moved)
         with self._lock:

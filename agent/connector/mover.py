@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from agent.ipc import WorkerLink, block_crc
+from agent.connector.messages import BlockHeader, FetchItem, Loaded, WorkerHello
 from agent.connector.policy import LoadOp, SaveOp
+from agent.ipc import WorkerLink, block_crc
 
 log = logging.getLogger("vllm.pallas.mover")
 
@@ -103,6 +104,8 @@ class WorkerSide:
     """
 
     def __init__(self, address: str, extra_hello: dict[str, Any] | None = None) -> None:
+        """``extra_hello``: model facts for the :class:`WorkerHello` (backend, model,
+        model_dtype, kv_cache_dtype, block_size, tp_size), beside the layout the mover finds."""
         self.address = address
         self._extra = dict(extra_hello or {})
         self.mover: BlockMover | None = None
@@ -114,7 +117,11 @@ class WorkerSide:
     def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> None:
         """Bind to vLLM's KV caches and connect to the agent."""
         self.mover = BlockMover(kv_caches, num_blocks)
-        self.link = WorkerLink(self.address, {**self.mover.describe(), **self._extra})
+        layout = self.mover.describe()
+        self.link = WorkerLink(self.address, WorkerHello(
+            block_bytes=layout["block_bytes"], num_layers=layout["num_layers"],
+            dtype=layout["dtype"], block_shape=tuple(layout["block_shape"]),
+            block_dim=layout["block_dim"], **self._extra))
         log.info("pallas worker: %d layers, block %s, %d bytes/block, agent %s",
                  len(self.mover.tensors), self.mover.block_shape, self.mover.block_bytes,
                  self.address)
@@ -125,15 +132,15 @@ class WorkerSide:
             return
         for sid, epoch, idx, block_id, fill, tail, computed in saves:
             slab = self.mover.copy_out(block_id)
-            self.link.send_block({"t": "block", "sid": sid, "epoch": epoch, "idx": idx,
-                                  "fill": fill, "tail": tail, "computed": computed}, slab)
+            self.link.send_block(BlockHeader(sid, epoch, idx, fill, 0, tail, computed), slab)
             self.blocks_saved += 1
 
     def load(self, loads: list[LoadOp]) -> None:
         """Fetch, verify and copy in this step's blocks (called in start_load_kv)."""
         if not loads or self.mover is None or self.link is None:
             return
-        got = self.link.fetch([[sid, epoch, idx, need] for sid, epoch, idx, _, need in loads])
+        got = self.link.fetch([FetchItem(sid, epoch, idx, need)
+                               for sid, epoch, idx, _, need in loads])
         done: dict[tuple[str, int], list[int]] = {}
         failed: dict[tuple[str, int], list[int]] = {}
         for (sid, epoch, idx, block_id, need), ent in zip(loads, got):
@@ -150,8 +157,8 @@ class WorkerSide:
                 self._errors.add(block_id)
                 failed.setdefault((sid, epoch), []).append(idx)
         for key in set(done) | set(failed):
-            self.link.report({"t": "loaded", "sid": key[0], "epoch": key[1],
-                              "blocks": done.get(key, []), "failed": failed.get(key, [])})
+            self.link.report(Loaded(key[0], key[1], tuple(done.get(key, [])),
+                                    tuple(failed.get(key, []))))
         if failed:
             log.warning("pallas: %d blocks failed to load; vLLM recomputes them",
                         sum(len(v) for v in failed.values()))

@@ -23,7 +23,10 @@ it expects (``first_block..last_block``) has not arrived yet and the deadline ha
 it answers None (vLLM keeps the request waiting and asks again next step). A missing block past
 the deadline, a block that failed its checksum (``bad``), or a prefix that was evicted
 (``c < prefix_len`` with no block at ``c``) ends the claimed run: vLLM recomputes the rest, so
-a wrong block is never loaded.
+a wrong block is never loaded. A request waits only before its first claim: asked again after
+a preemption (vLLM recomputes a preempted request from its prefix-cache hit), it claims what
+is still held and recomputes the rest at once (the agent drops the blocks after the first
+token, so waiting for them again would stall it until the deadline).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from agent.connector.messages import (AgentCommand, Avail, Bad, Claim, Drop, Export, Message,
+                                      Reset, Stop)
 
 
 class SaveOp(NamedTuple):
@@ -111,11 +116,11 @@ class SchedulerPolicy:
 
     Args:
         block_size: tokens per KV block (32 on vLLM CPU).
-        report: sends a message to the agent (``claim``); may be a no-op in tests.
+        report: sends a message to the agent (a :class:`Claim`); may be a no-op in tests.
         clock: wall clock in seconds (``time.time``), for the resume deadline.
     """
 
-    def __init__(self, block_size: int, report: Callable[[dict[str, Any]], None] | None = None,
+    def __init__(self, block_size: int, report: Callable[[Message], None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
@@ -129,55 +134,55 @@ class SchedulerPolicy:
         self._sid_of: dict[str, str] = {}          # req_id -> session id
         self._plans: dict[str, _Plan] = {}         # req_id -> load plan
         self._waiting_since: dict[str, float] = {}
+        self._claimed: set[str] = set()            # req_ids that claimed once (no more waits)
         self._idle = True
         self.saves_emitted = 0
         self.loads_emitted = 0
 
     # ------------------------------------------------------------------ agent commands
-    def on_command(self, hdr: dict[str, Any]) -> None:
-        """Apply one agent command (called from the link thread)."""
-        t = hdr["t"]
+    def on_command(self, cmd: AgentCommand) -> None:
+        """Apply one decoded agent command (called from the link thread).
+
+        Raises:
+            TypeError: ``cmd`` is not an agent command (the link decodes and filters first).
+        """
         with self._lock:
-            if t == "export":
-                cur = self._exports.get(hdr["sid"])
-                if cur is not None and cur.epoch == int(hdr["epoch"]):
-                    cur.next_block = min(cur.next_block, int(hdr["start_block"]))
-                    cur.start = min(cur.start, int(hdr["start_block"]))
-                    cur.stream = bool(hdr.get("stream", True))
-                    cur.tail = bool(hdr.get("tail", True))
+            if isinstance(cmd, Export):
+                cur = self._exports.get(cmd.sid)
+                if cur is not None and cur.epoch == cmd.epoch:
+                    cur.next_block = min(cur.next_block, cmd.start_block)
+                    cur.start = min(cur.start, cmd.start_block)
+                    cur.stream, cur.tail = cmd.stream, cmd.tail
                 else:
-                    start = int(hdr["start_block"])
-                    self._exports[hdr["sid"]] = _Export(int(hdr["epoch"]), start,
-                                                        bool(hdr.get("stream", True)),
-                                                        bool(hdr.get("tail", True)), start)
-            elif t == "stop":
-                self._exports.pop(hdr["sid"], None)
-            elif t in ("avail", "bad"):
-                sid, epoch, idx = hdr["sid"], int(hdr["epoch"]), int(hdr["idx"])
-                cur = self._avail.get(sid)
-                if cur is not None and epoch < cur.epoch:
+                    self._exports[cmd.sid] = _Export(cmd.epoch, cmd.start_block, cmd.stream,
+                                                     cmd.tail, cmd.start_block)
+            elif isinstance(cmd, Stop):
+                self._exports.pop(cmd.sid, None)
+            elif isinstance(cmd, (Avail, Bad)):
+                cur = self._avail.get(cmd.sid)
+                if cur is not None and cmd.epoch < cur.epoch:
                     return  # an old epoch's block: dropped
-                if cur is None or epoch > cur.epoch:
-                    cur = self._avail[sid] = _Avail(epoch)
-                if t == "avail":
-                    cur.blocks[idx] = max(int(hdr["fill"]), cur.blocks.get(idx, 0))
-                    cur.bad.discard(idx)
+                if cur is None or cmd.epoch > cur.epoch:
+                    cur = self._avail[cmd.sid] = _Avail(cmd.epoch)
+                if isinstance(cmd, Avail):
+                    cur.blocks[cmd.idx] = max(cmd.fill, cur.blocks.get(cmd.idx, 0))
+                    cur.bad.discard(cmd.idx)
                 else:
-                    cur.blocks.pop(idx, None)
-                    cur.bad.add(idx)
+                    cur.blocks.pop(cmd.idx, None)
+                    cur.bad.add(cmd.idx)
                 self._changed.notify_all()
-            elif t == "drop":
-                self._avail.pop(hdr["sid"], None)
+            elif isinstance(cmd, Drop):
+                self._avail.pop(cmd.sid, None)
                 self._changed.notify_all()
-            elif t == "reset":
+            elif isinstance(cmd, Reset):
                 self._exports.clear()
                 self._avail.clear()
                 self._changed.notify_all()
             else:
-                raise ValueError(f"unknown command {t!r}")
+                raise TypeError(f"not an agent command: {cmd!r}")
 
-    def stats(self) -> dict[str, Any]:
-        """Counters merged into the scheduler side's hello."""
+    def stats(self) -> dict[str, int]:
+        """Counters for the scheduler side's hello (:class:`SchedHello` fields of those names)."""
         with self._lock:
             return {"exports": len(self._exports),
                     "avail_blocks": sum(len(a.blocks) for a in self._avail.values()),
@@ -225,7 +230,8 @@ class SchedulerPolicy:
                 cover = j * bs + need
                 j += 1
                 continue
-            if first_exp <= j <= last_exp and j not in bad and self._clock() < deadline:
+            if first_exp <= j <= last_exp and j not in bad and self._clock() < deadline \
+                    and req_id not in self._claimed:
                 wait = True
             break
         if wait:
@@ -242,9 +248,9 @@ class SchedulerPolicy:
         else:
             self._plans.pop(req_id, None)
         waited = self._clock() - self._waiting_since.pop(req_id, self._clock())
-        self._report({"t": "claim", "sid": sid, "epoch": epoch, "local": int(num_computed),
-                      "external": int(ext), "num_tokens": int(num_tokens),
-                      "waited_s": round(waited, 6), "bad": sorted(bad)})
+        self._claimed.add(req_id)
+        self._report(Claim(sid, epoch, int(num_computed), int(ext), int(num_tokens),
+                           round(max(0.0, waited), 6), tuple(sorted(bad))))
         return ext
 
     def after_alloc(self, req_id: str, num_external_tokens: int) -> None:
@@ -308,3 +314,4 @@ class SchedulerPolicy:
         self._sid_of.pop(req_id, None)
         self._plans.pop(req_id, None)
         self._waiting_since.pop(req_id, None)
+        self._claimed.discard(req_id)

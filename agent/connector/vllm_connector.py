@@ -28,6 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
+from agent.connector.messages import Message, SchedHello
 from agent.connector.mover import WorkerSide
 from agent.connector.policy import LoadOp, SaveOp, ScheduledReq, SchedulerPolicy, pallas_params
 from agent.ipc import SchedulerLink
@@ -131,21 +132,20 @@ class PallasConnector(KVConnectorBase_V1):
         return False
 
     # ------------------------------------------------------------------ scheduler side
-    def _report(self, hdr: dict[str, Any]) -> None:
+    def _report(self, msg: Message) -> None:
         if self.link is not None:
-            self.link.report(hdr)
+            self.link.report(msg)
 
-    def _stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"block_size": self._bs}
+    def _stats(self) -> SchedHello:
+        pool: dict[str, int] = {}
         if self._pool is not None:
             try:
-                out["free_blocks"] = int(self._pool.get_num_free_blocks())
-                out["num_blocks"] = int(self._pool.num_gpu_blocks)
+                pool = {"free_blocks": int(self._pool.get_num_free_blocks()),
+                        "num_blocks": int(self._pool.num_gpu_blocks)}
             except Exception:
-                pass
-        if self.policy is not None:
-            out.update(self.policy.stats())
-        return out
+                pool = {}
+        counters = self.policy.stats() if self.policy is not None else {}
+        return SchedHello(block_size=self._bs, **pool, **counters)
 
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
         self._pool = gpu_block_pool

@@ -208,7 +208,7 @@ class MigrationEngine(SourceRole, TargetRole):
         sess = self.sessions.get(sid)
         return pallas_pb2.ControlReply(status=status, message=message, session_id=sid,
                                        epoch=epoch, split_tokens=split, scheme=scheme,
-                                       state=sess.state.value if sess is not None else "")
+                                       state=sess.state.proto if sess is not None else 0)
 
     def set_session_scheme(self, session_id: str, scheme: int | str | None) -> None:
         """Pin a scheme for one session (from the UE front); ``None`` clears it."""
@@ -392,7 +392,7 @@ class MigrationEngine(SourceRole, TargetRole):
                 s.unfreeze()
                 if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
                     s.set_state(SessionState.SERVING if back != SessionState.RESUMED else back)
-                rep.state = s.state.value
+                rep.state = s.state.proto
                 MIGRATIONS.labels("source", use.name, "error").inc()
             return rep
 

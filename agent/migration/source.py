@@ -263,12 +263,17 @@ class SourceRole:
         ident = self.identity()
         r_p = prog.prefill_rate or self.prefill_rate() or self.cfg.default_prefill_rate
         goodput = out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9
+        # The UE's commit point may lie behind the prepared split (a trigger at a block boundary
+        # the UE had not reached yet): only the prefix's whole blocks below n count, and the
+        # blocks streamed from the split on are of no use.
+        prefix = min(out.split, n // self.block_size * self.block_size)
         # The warm-up started when the target answered Prepare; what it still needs at r_p.
         left = max(0.0, out.split / r_p - (time.monotonic() - out.t_prepared)) \
             if out.t_prepared and not prog.warmup_failed else 0.0
-        st = HandoverState(prefix_tokens=out.split,
-                           prefilled_tokens=min(out.split, prog.prefilled_tokens),
-                           received_blocks=prog.blocks_received, handover_tokens=n,
+        st = HandoverState(prefix_tokens=prefix,
+                           prefilled_tokens=min(prefix, prog.prefilled_tokens),
+                           received_blocks=prog.blocks_received if prefix == out.split else 0,
+                           handover_tokens=n,
                            block_size=self.block_size, s_kv=float(ident.kv_bytes_per_token),
                            r_p=r_p, goodput=goodput, c_sync=self.cfg.c_sync_s,
                            hop_delay_s=self.cfg.relay_hop_s,
@@ -358,6 +363,10 @@ class SourceRole:
             ack = await out.stream.finish(max(0.01, deadline - time.monotonic()))
             if ack is None:
                 log.warning("stream_not_acked", session=sid, epoch=epoch)
+        elif out.stream is not None:
+            # Nothing more goes (the request ended here, or the choice recomputes): close the
+            # prepared suffix stream, else its call and the target's handler live on.
+            out.stream.abort()
         remaining = 0 if finished_here and not s.held_token_ids else s.remaining_tokens
         sp = s.sampling
         sync = pallas_pb2.SyncRequest(

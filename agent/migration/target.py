@@ -22,6 +22,7 @@ import time
 import structlog
 from pallas_proto import pallas_pb2
 
+from agent.connector.messages import Claim, Loaded
 from agent.migration.states import TargetState, check
 from agent.session import SamplingSpec, Session, SessionState
 from agent.transfer import CALLER, identity_mismatch
@@ -318,7 +319,7 @@ class TargetRole:
         try:
             claim = await asyncio.wait_for(asyncio.shield(claim_fut),
                                            resume_s + self.cfg.claim_wait_s)
-            reused = int(claim["local"]) + int(claim["external"])
+            reused = claim.local + claim.external
             session.reused_tokens = reused
             session.claim = claim
         except asyncio.TimeoutError:
@@ -338,15 +339,15 @@ class TargetRole:
         finally:
             await self._drop_inbound(inb, "resumed")
 
-    def _on_claim(self, hdr: dict) -> None:
-        fut = self._claims.get((str(hdr.get("sid", "")), int(hdr.get("epoch", -1))))
+    def _on_claim(self, claim: Claim) -> None:
+        fut = self._claims.get((claim.sid, claim.epoch))
         if fut is not None and not fut.done():
-            fut.set_result(hdr)
+            fut.set_result(claim)
 
-    def _on_loaded(self, hdr: dict) -> None:
-        s = self.sessions.get(hdr.get("sid", ""))
+    def _on_loaded(self, loaded: Loaded) -> None:
+        s = self.sessions.get(loaded.sid)
         if s is not None:
-            s.loaded = hdr
+            s.loaded = loaded
 
     async def _drop_inbound(self, inb: Inbound, reason: str) -> int:
         if self.inbound.get(inb.session_id) is inb:

@@ -157,7 +157,7 @@ class ControlReply(_message.Message):
     message: str
     session_id: str
     epoch: int
-    state: str
+    state: SessionState
     split_tokens: int
     scheme: Scheme
     blocks_moved: int
@@ -165,7 +165,7 @@ class ControlReply(_message.Message):
     reused_tokens: int
     recomputed_tokens: int
     choice: CommitChoice
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., split_tokens: _Optional[int] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., blocks_moved: _Optional[int] = ..., kv_bytes_moved: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., recomputed_tokens: _Optional[int] = ..., choice: _Optional[_Union[CommitChoice, _Mapping]] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[_Union[SessionState, str]] = ..., split_tokens: _Optional[int] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., blocks_moved: _Optional[int] = ..., kv_bytes_moved: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., recomputed_tokens: _Optional[int] = ..., choice: _Optional[_Union[CommitChoice, _Mapping]] = ...) -> None: ...
 
 class CommitChoice(_message.Message):
     __slots__ = ("option", "finish_s", "ctho_s", "recompute_s", "detour_s", "prefilled_tokens", "prefix_tokens", "received_blocks", "handover_tokens", "ctho_split_tokens", "prefill_rate", "goodput_bytes_per_s", "c_sync_s", "waited_s")

@@ -14,6 +14,7 @@ import socket
 
 import uvicorn
 
+from agent.connector.messages import SchedHello, WorkerHello
 from agent.session import Handover, Session, SessionState, SessionStore
 
 
@@ -103,5 +104,6 @@ async def fake_attach(self, url: str, timeout_s: float | None = None) -> None:
     FakeEngine and a connector hello of 32-token, 64 KiB blocks, 2 layers."""
     self.vllm_url = url
     self.engine = self.migration.engine = FakeEngine()
-    self.hub.sched_info = {"block_size": 32, "free_blocks": 100, "num_blocks": 120}
-    self.hub.worker_info = {"block_bytes": 65536, "num_layers": 2, "model_dtype": "float32"}
+    self.hub.sched_info = SchedHello(block_size=32, free_blocks=100, num_blocks=120)
+    self.hub.worker_info = WorkerHello(block_bytes=65536, num_layers=2, dtype="float32",
+                                       model_dtype="float32")

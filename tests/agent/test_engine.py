@@ -10,6 +10,7 @@ import pytest
 from pallas_proto import pallas_pb2 as pb
 
 from agent.control import ControlService
+from agent.connector.messages import SchedHello
 from agent.ipc import BlockHub, LocalBlock, block_crc
 from agent.migration import MigrationConfig, MigrationEngine, Outbound
 from agent.migration.states import TERMINAL, TRANSITIONS, IllegalTransition, SourceState, TargetState, check
@@ -45,7 +46,7 @@ class FakeEngine:
 
 def _engine(free_blocks=1000, **cfg):
     hub = BlockHub()
-    hub.sched_info = {"free_blocks": free_blocks, "block_size": 32}
+    hub.sched_info = SchedHello(block_size=32, free_blocks=free_blocks)
     eng = FakeEngine()
     # generous RPC and commit bounds: a loaded host must not turn a success case into a timeout
     # (the deadline case sets its own, short one)
@@ -365,7 +366,7 @@ def test_a_commit_the_target_refuses_or_fails_is_not_ok_and_the_source_serves_on
     r, s = asyncio.run(run())
     assert r.status in (pb.STATUS_REJECTED, pb.STATUS_ERROR) and r.scheme == pb.SCHEME_RECOMPUTATION
     assert s.state == SessionState.SERVING and s.frozen_at is None
-    assert s.output_token_ids == [5, 6, 7, 8] and r.state == "serving"
+    assert s.output_token_ids == [5, 6, 7, 8] and r.state == pb.SESSION_SERVING
 
 
 def test_a_target_that_hangs_freezes_the_source_no_longer_than_the_commit_deadline():
@@ -453,6 +454,62 @@ def test_prepared_commit_with_a_failed_warmup_takes_the_choice_and_reports_it():
         assert ch.prefix_tokens in (96, ch.ctho_split_tokens) and ch.handover_tokens == 103
         (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
         assert sync.warmup_wait_s == 0.0       # it does not wait on a warm-up it chose against
+    asyncio.run(run())
+
+
+def test_a_commit_point_behind_the_prepared_split_still_commits():
+    """Found by benchmarks/soak.py: the UE's commit point (``ue_tokens``) can lie behind the
+    split the trigger prepared (the trigger came at a block boundary the UE had not reached);
+    the commit-time choice raised ValueError (L_hist > K_HO) and the commit failed with
+    STATUS_ERROR. It chooses over the part of the prefix below the commit point."""
+    async def run():
+        m, hub, eng = _engine()
+        m.prefill_rate = lambda: 100.0
+        target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, prefix_tokens=128,
+                                                  prefilled_tokens=40, warmup_done=False,
+                                                  prefill_rate=10.0))
+        server, tgt = await _served(target)
+        s = _serving(m, n_prompt=100, outputs=list(range(30)))   # n = 130
+        try:
+            assert (await m.trigger("s", 1, tgt, split_tokens=128)).split_tokens == 128
+            s._task = asyncio.ensure_future(asyncio.sleep(0))
+            await asyncio.sleep(0.01)
+            r = await m.commit("s", 1, tgt, ue_tokens=20)            # K_HO = 120 < 128
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK, r.message
+        assert r.HasField("choice") and r.choice.handover_tokens == 120
+        assert r.choice.ctho_split_tokens <= 96 and r.choice.prefix_tokens <= 96
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        assert len(sync.token_ids) == 120 and sync.split_tokens <= 120
+    asyncio.run(run())
+
+
+def test_a_commit_that_ships_nothing_closes_the_prepared_suffix_stream():
+    """Found by benchmarks/soak.py (live tasks and 64 KiB blocks grew with every migration):
+    a prepared attempt committed without shipping (its request already ended here, or the
+    commit-time choice recomputes) left its suffix stream open for ever; the call, the
+    target's handler and the last block sent stayed alive."""
+    async def run():
+        m, hub, eng = _engine()
+        target = Target()
+        server, tgt = await _served(target)
+        s = _serving(m, n_prompt=100)
+        try:
+            assert (await m.trigger("s", 1, tgt, split_tokens=96)).status == pb.STATUS_OK
+            stream = m.outbound["s"].stream
+            assert stream is not None and not stream.task.done()
+            s._task = asyncio.ensure_future(asyncio.sleep(0))
+            s.set_state(SessionState.FINISHED, finish_reason="length")   # it ended here first
+            r = await m.commit("s", 1, tgt)
+            await asyncio.sleep(0.2)
+            closed = stream.task.done()
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK and s.state == SessionState.HANDED_OVER
+        assert closed
     asyncio.run(run())
 
 

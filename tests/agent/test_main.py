@@ -18,6 +18,7 @@ from pallas_proto import pallas_pb2_grpc
 import agent.app
 import agent.weights
 from agent.app import Agent, parse_args
+from agent.connector.messages import SchedHello, WorkerHello
 from agent.obs import configure_logging
 from agent.session import SessionStore
 
@@ -100,7 +101,8 @@ def test_attach_refuses_a_vllm_with_tensor_parallelism():
         from agent.migration import MigrationEngine
         a.migration = MigrationEngine(agent_id="a", peer_address="", sessions=a.sessions,
                                       engine=a.engine, hub=a.hub, identity=a.identity)
-        a.hub.sched_info, a.hub.worker_info = {"block_size": 32}, {"tp_size": 2}
+        a.hub.sched_info = SchedHello(block_size=32)
+        a.hub.worker_info = WorkerHello(block_bytes=64, num_layers=1, dtype="float32", tp_size=2)
         a.hub._ready.set()
 
         async def healthy():

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from agent.connector.mover import BlockMover, WorkerSide, find_block_dim
+from agent.connector.messages import Loaded
 from agent.ipc import block_crc
 
 
@@ -77,8 +78,7 @@ def test_worker_never_loads_a_block_that_fails_its_check():
         for j in (3, 4, 5):
             assert torch.equal(caches[k][j], before[k][j])          # untouched
     assert ws.take_errors() == {3, 4, 5} and ws.take_errors() == set()
-    assert ws.link.reports == [{"t": "loaded", "sid": "s", "epoch": 1, "blocks": [3],
-                                "failed": [4, 5, 6]}]
+    assert ws.link.reports == [Loaded("s", 1, (3,), (4, 5, 6))]
     ws.save([("s", 1, 0, 1, 32, False, 32)])
     hdr, slab = ws.link.sent[0]
-    assert hdr["idx"] == 0 and slab.numpy().tobytes() == good
+    assert hdr.idx == 0 and slab.numpy().tobytes() == good

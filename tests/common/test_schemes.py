@@ -47,6 +47,19 @@ def test_session_states_are_the_proto_enum():
     assert schemes.SessionState.of("teleported") is None
 
 
+def test_control_reply_state_is_the_session_state_enum():
+    """ControlReply.state is ``pallas.v1.SessionState`` (not a free string): every state
+    survives the wire as itself, UNSPECIFIED and values of a newer agent read as None."""
+    field = pb.ControlReply.DESCRIPTOR.fields_by_name["state"]
+    assert field.enum_type is not None and field.enum_type.name == "SessionState"
+    for s in schemes.SessionState:
+        wire = pb.ControlReply(state=s.proto).SerializeToString()
+        back = pb.ControlReply.FromString(wire).state
+        assert schemes.SessionState.from_proto(back) is s and schemes.SessionState.name_of(back) == s.value
+    assert schemes.SessionState.from_proto(pb.SESSION_UNSPECIFIED) is None
+    assert schemes.SessionState.from_proto(99) is None and schemes.SessionState.name_of(99) is None
+
+
 @pytest.mark.parametrize("path", ["descriptors/schema.json", "descriptors/policytype-26001.json"])
 def test_descriptor_scheme_enums_are_the_vocabulary(path):
     """The xApp's descriptors must list JSON-schema enums statically; each list of scheme names

@@ -4,7 +4,17 @@ real vLLM CPU servers with the Pallas connector (tiny random model, greedy, toke
 - a commit the target refuses is answered non-OK and the source serves on, token-exact;
 - a prepared target whose source goes silent frees its blocks and its KV reservation;
 - a commit right after the trigger (the target's warm-up still running) takes the
-  commit-time choice, reports it, and continues token-exact.
+  commit-time choice, reports it, and continues token-exact;
+- a session cancelled at the target while its received blocks are being loaded into vLLM
+  frees them (the agent's buffers, the connector's view, vLLM's KV pool back to its baseline)
+  and the next session is admitted there, token-exact;
+- a target whose source dies in the middle of the commit (its Sync call cut off while the
+  target waits for the connector's claim) resumes the session within the commit's deadline
+  and continues token-exact, then holds nothing.
+
+(Commits at exactly k * block_size and k * block_size + 1 tokens are cases of
+test_migration.py's token-exact table: ``tokens_end_on_block_boundary`` and
+``kv_ends_on_block_boundary``.)
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 from agent.app import Agent, AgentConfig  # noqa: E402
+from agent.connector.messages import Claim, Fetch  # noqa: E402
 from pallas_common.localca import LocalCA  # noqa: E402
 from pallas_common.tls import LinkSecurity  # noqa: E402
 from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
@@ -110,7 +121,7 @@ def test_a_refused_commit_is_not_ok_and_the_source_serves_on_token_exact(agents)
 
     r, s, ref, out = lt.run(go())
     assert r.status == pb.STATUS_REJECTED and "target refused" in r.message, r
-    assert r.state == "serving" and b.sessions.get(s.session_id) is None
+    assert r.state == pb.SESSION_SERVING and b.sessions.get(s.session_id) is None
     assert out == ref
 
 
@@ -170,3 +181,127 @@ def test_a_commit_during_the_warmup_takes_the_fastest_way_and_stays_exact(agents
         assert ch.option in ("finish", "ctho", "recompute")
         assert {"finish": ch.finish_s, "ctho": ch.ctho_s, "recompute": ch.recompute_s}[ch.option] == best
         assert ch.prefill_rate > 0 and ch.handover_tokens >= 1502
+
+
+NOTHING_HELD = {"inbound": 0, "outbound": 0, "blocks": 0, "bytes": 0, "reserved_bytes": 0,
+                "streams_queued": 0}
+
+
+def _hold_back(a: Agent, kind: type, sid: str, delay_s: float, seen: asyncio.Event):
+    """Make ``a``'s connector channel handle messages of ``kind`` about ``sid`` ``delay_s``
+    late (the rest of the channel runs on); ``seen`` is set when the first one arrives.
+    Returns the function that undoes it."""
+    orig = a.hub._handle
+
+    def about(msg) -> bool:
+        return getattr(msg, "sid", None) == sid or any(
+            getattr(it, "sid", None) == sid for it in getattr(msg, "blocks", ()) or ())
+
+    async def handle(ident, msg, payload):
+        if isinstance(msg, kind) and about(msg):
+            seen.set()
+
+            async def later():
+                await asyncio.sleep(delay_s)
+                await orig(ident, msg, payload)
+            asyncio.get_running_loop().create_task(later())
+            return
+        await orig(ident, msg, payload)
+
+    a.hub._handle = handle
+    return lambda: a.hub.__dict__.pop("_handle", None)
+
+
+async def _settled(a: Agent) -> dict:
+    """What ``a`` holds and its connector's view, one hello period later."""
+    await asyncio.sleep(0.6)
+    return {"held": a.migration.held(), "kv": a.hub.kv_stats()}
+
+
+def test_a_session_cancelled_while_its_blocks_load_at_the_target_frees_them(agents):
+    lt, a, b = agents
+
+    async def go():
+        base = await _settled(b)
+        prompt = _prompt(200, 14)
+        s = await _run(a, prompt, 2000)
+        assert await s.wait_tokens(5, 120)
+        assert (await a.migration.trigger(s.session_id, 1, b.endpoint, split_tokens=192)).status == 1
+        assert await s.wait_tokens(60, 120)
+        loading = asyncio.Event()
+        undo = _hold_back(b, Fetch, s.session_id, 2.0, loading)  # B's worker waits 2 s for them
+        try:
+            r = await a.migration.commit(s.session_id, 1, b.endpoint, pb.SCHEME_PALLAS)
+            assert r.status == 1, r
+            await asyncio.wait_for(loading.wait(), 60)
+            t = b.sessions.get(s.session_id)
+            claim = t.claim
+            # The UE cancels it there while the worker fetches its blocks (the front's DELETE).
+            await b.engine.abort(t)
+            t.set_state(SessionState.FINISHED, finish_reason="abort")
+            await asyncio.sleep(2.5)  # the held-back fetch is answered; the step ends
+        finally:
+            undo()
+        after = await _settled(b)
+        # The next session is admitted at B and runs token-exact.
+        p2 = _prompt(100, 15)
+        ref2 = await _reference(a, p2, 30)
+        s2 = await _run(b, p2, 30)
+        assert await s2.wait_tokens(29, 120)
+        return base, claim, after, s2.output_token_ids[:30], ref2
+
+    base, claim, after, out2, ref2 = lt.run(go())
+    assert claim is not None and claim.external > 0, claim  # blocks were to be loaded
+    assert after["held"] == NOTHING_HELD, after
+    assert after["kv"]["free_blocks"] == base["kv"]["free_blocks"], (base, after)
+    assert after["kv"]["avail_blocks"] == 0 and after["kv"]["tracked_reqs"] == 0, after
+    assert out2 == ref2
+
+
+def test_a_target_whose_source_dies_during_the_commit_resumes_and_never_hangs(agents):
+    lt, a, b = agents
+    deadline_s = a.cfg.commit_deadline_s
+
+    async def go():
+        base = await _settled(b)
+        prompt = _prompt(150, 16)
+        ref = await _reference(a, prompt, 160)
+        s = await _run(a, prompt, 2000)
+        assert await s.wait_tokens(5, 120)
+        assert (await a.migration.trigger(s.session_id, 1, b.endpoint, split_tokens=128)).status == 1
+        assert await s.wait_tokens(50, 120)
+        claimed = asyncio.Event()
+        undo = _hold_back(b, Claim, s.session_id, 1.5, claimed)  # B's Sync waits for its claim
+        commit = asyncio.ensure_future(a.migration.commit(s.session_id, 1, b.endpoint,
+                                                          pb.SCHEME_PALLAS))
+        try:
+            await asyncio.wait_for(claimed.wait(), 60)
+            # A dies in the middle of the commit: its Sync call is cut off at B.
+            t_kill = time.monotonic()
+            commit.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await commit
+        finally:
+            undo()
+        # (A is dead: what it held is gone with it; the test's A serves other cases.)
+        a.migration.outbound.pop(s.session_id, None)
+        a.hub.stop_export(s.session_id)
+        await a.engine.abort(s)
+        s.set_state(SessionState.FAILED)
+        t = b.sessions.get(s.session_id)
+        assert t is not None and t.state == SessionState.RESUMED, t
+        first = await t.wait_tokens(t.resumed_from, deadline_s)
+        t_first = time.monotonic() - t_kill
+        assert first, "B never resumed the session"
+        assert await t.wait_tokens(159, 120)
+        out = t.output_token_ids[:160]
+        await b.engine.abort(t)
+        t.set_state(SessionState.FINISHED, finish_reason="abort")
+        after = await _settled(b)
+        return base, after, out, ref, t_first, t.resumed_from
+
+    base, after, out, ref, t_first, k = lt.run(go())
+    assert t_first < deadline_s, t_first
+    assert out[:k] == ref[:k] and out == ref, f"resumed at {k}"
+    assert after["held"] == NOTHING_HELD, after
+    assert after["kv"]["free_blocks"] == base["kv"]["free_blocks"], (base, after)

@@ -213,7 +213,7 @@ async def _migrate(p: Pair, *, prompt_len: int, trigger_at: int, commit_at: int,
     t = await _collect(p.b, s.session_id, max_tokens)
     n = len(prompt) + t.resumed_from
     return {"ref": ref, "src": s, "tgt": t, "n": n, "split": rep.split_tokens,
-            "claim": t.claim or {}, "handover": s.handover}
+            "claim": t.claim, "handover": s.handover}
 
 
 def _check_exact(r: dict) -> None:
@@ -229,11 +229,11 @@ def _check_exact(r: dict) -> None:
 def _check_claim(r: dict, *, reused_all: bool = True) -> None:
     claim, n, split = r["claim"], r["n"], r["split"]
     assert claim, "the connector sent no claim"
-    assert claim["num_tokens"] == n
+    assert claim.num_tokens == n
     if reused_all:
         # Prefix from the local cache, every suffix block loaded: only the last token recomputed.
-        assert claim["local"] == split, claim
-        assert claim["local"] + claim["external"] == n - 1, claim
+        assert claim.local == split, claim
+        assert claim.local + claim.external == n - 1, claim
 
 
 # ------------------------------------------------------------------------------ token-exact
@@ -263,7 +263,7 @@ def test_token_exact_continuation(pair: Pair, name: str):
     if name == "suffix_partial_block_only":
         assert r["n"] - r["split"] < BS
     if name == "prefix_shorter_than_a_block":
-        assert r["split"] == 0 and r["claim"]["local"] == 0
+        assert r["split"] == 0 and r["claim"].local == 0
     if name == "long_session_900":
         assert r["n"] >= 900
     # Nothing left behind on either side once B resumed.
@@ -303,7 +303,7 @@ def test_chain_a_to_b_to_a(pair: Pair):
     assert t.state == SessionState.HANDED_OVER and back.resumed_from == 150
     assert back.output_token_ids[:300] == ref
     claim = back.claim
-    assert claim["local"] + claim["external"] == 120 + 150 - 1, claim
+    assert claim.local + claim.external == 120 + 150 - 1, claim
 
 
 # ------------------------------------------------------------------------------ controls
@@ -330,9 +330,9 @@ def test_corrupted_block_is_caught_and_recomputed(pair: Pair):
 
     r = pair.lt.run(run())
     _check_exact(r)
-    assert 4 in r["claim"]["bad"]
+    assert 4 in r["claim"].bad
     # Local prefix (96) + block 3 loaded; block 4 onwards recomputed.
-    assert r["claim"]["local"] == 96 and r["claim"]["external"] == 32, r["claim"]
+    assert r["claim"].local == 96 and r["claim"].external == 32, r["claim"]
 
 
 def test_corruption_without_checksum_diverges(pair: Pair):
@@ -359,7 +359,7 @@ def test_corruption_without_checksum_diverges(pair: Pair):
         return ref, t
 
     ref, t = pair.lt.run(run())
-    assert t.claim["external"] > 0
+    assert t.claim.external > 0
     assert t.output_token_ids[:200] != ref
 
 
@@ -377,7 +377,41 @@ def test_evicted_prefix_is_recomputed(pair: Pair):
                              seed=_seed("evict"), before_commit=evict))
     _check_exact(r)
     assert r["split"] == 160
-    assert r["claim"]["local"] == 0 and r["claim"]["external"] == 0, r["claim"]
+    assert r["claim"].local == 0 and r["claim"].external == 0, r["claim"]
+
+
+def test_preempted_right_after_its_blocks_were_loaded_continues_token_exact(pair: Pair):
+    """B preempts the resumed session right after its first token (vLLM's prefix-cache reset
+    with running requests: every running request is preempted and recomputed; the agent has
+    already dropped the received blocks). B goes on at once, token-exact: the connector does
+    not wait again for blocks it already claimed (it waited until the load deadline, 20 s)."""
+    gaps: dict = {}
+
+    async def run():
+        prompt = _prompt(150, _seed("preempt"))
+        ref = await _reference(pair.a, prompt, 200)
+        s = await _start(pair.a, prompt, 200 + SLACK)
+        await _wait_outputs(s, 10)
+        assert (await pair.a.migration.trigger(s.session_id, 1, pair.b.endpoint,
+                                              split_tokens=128)).status == 1
+        await _wait_outputs(s, 60)
+        assert (await pair.a.migration.commit(s.session_id, 1, pair.b.endpoint,
+                                             ue_tokens=60)).status == 1
+        t = pair.b.sessions.get(s.session_id)
+        assert t is not None and await t.wait_tokens(t.resumed_from, 60)
+        async with httpx.AsyncClient() as c:
+            r = await c.post(pair.srv_b.base_url + "/reset_prefix_cache",
+                             params={"reset_running_requests": "true"})
+            assert r.status_code == 200, r.text
+        k = len(t.output_token_ids)
+        t = await _collect(pair.b, s.session_id, 200)
+        gaps["after"] = _max_gap(t, k - 1, len(t.token_times))
+        return {"ref": ref, "tgt": t, "claim": t.claim}
+
+    r = pair.lt.run(run())
+    _check_exact(r)
+    assert r["claim"].external > 0, r["claim"]       # blocks were loaded before the preemption
+    assert gaps["after"] < 10.0, gaps                  # the load deadline is 20 s
 
 
 # ------------------------------------------------------------------------------ cancel / kill

@@ -65,7 +65,8 @@ class FakeAgent(pbg.ControlServicer):
         self.calls: "queue.Queue[tuple[str, object]]" = queue.Queue()
 
     def _reply(self, req, state):
-        return pb.ControlReply(status=pb.STATUS_OK, session_id=req.session_id, epoch=req.epoch, state=state,
+        return pb.ControlReply(status=pb.STATUS_OK, session_id=req.session_id, epoch=req.epoch,
+                               state=pb.SessionState.Value("SESSION_" + state.upper()),
                                scheme=pb.SCHEME_PALLAS)
 
     def Trigger(self, request, context):

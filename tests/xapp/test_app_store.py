@@ -67,7 +67,7 @@ def test_orders_replies_and_session_ends_go_through_the_journal_with_the_stores_
     assert policy.calls[-1] == ("Commit", "edge-a", "s1", g | 1, "edge-b")
     assert (st.migration("s1").phase, sm.epoch) == ("committing", g | 2)
     app.dispatcher.on_reply(CallOutcome("Commit", "edge-a", "s1", g | 1, pb.ControlReply(
-        status=pb.STATUS_OK, session_id="s1", epoch=g | 1, state="handed_over")))
+        status=pb.STATUS_OK, session_id="s1", epoch=g | 1, state=pb.SESSION_HANDED_OVER)))
     assert st.migration("s1") is None and st.binding("s1").agent_id == "edge-b"
     app._on_telemetry("edge-b", _report("edge-b", "finished"))    # the session ends where it is
     assert (st.binding("s1"), st.migration("s1"), st.last_epoch("s1")) == (None, None, 0)

@@ -32,7 +32,7 @@ class Agent(pbg.ControlServicer):
     def Trigger(self, request, context):
         self.calls.put((request.session_id, int(request.epoch)))
         return pb.ControlReply(status=pb.STATUS_OK, session_id=request.session_id,
-                               epoch=request.epoch, state="migrating")
+                               epoch=request.epoch, state=pb.SESSION_MIGRATING)
 
     def Telemetry(self, request, context):
         while context.is_active():

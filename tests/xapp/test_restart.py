@@ -81,7 +81,8 @@ class PreparingAgent(pbg.ControlServicer):
 
     def _reply(self, req, state: str) -> pb.ControlReply:
         return pb.ControlReply(status=pb.STATUS_OK, session_id=req.session_id, epoch=req.epoch,
-                               state=state, scheme=pb.SCHEME_PALLAS)
+                               state=pb.SessionState.Value("SESSION_" + state.upper()),
+                               scheme=pb.SCHEME_PALLAS)
 
     def Trigger(self, request, context):
         self._record("Trigger", request)
