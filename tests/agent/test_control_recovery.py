@@ -56,7 +56,7 @@ def test_a_commit_whose_caller_died_still_ends_and_the_repeat_gets_its_reply():
     frozen, state_after, rep, ops = asyncio.run(asyncio.wait_for(run(), 30))
     assert frozen                                 # the call was cut while the session was frozen
     assert state_after == SessionState.HANDED_OVER  # the commit ran to its end regardless
-    assert rep.status == pb.STATUS_OK and rep.state == "handed_over", rep
+    assert rep.status == pb.STATUS_OK and rep.state == pb.SESSION_HANDED_OVER, rep
     assert ops.count("sync") == 1                 # the repeat was answered, not done again
 
 
