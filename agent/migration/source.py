@@ -376,7 +376,10 @@ class SourceRole:
                 max_tokens=remaining, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
                 min_tokens=s.remaining_min_tokens, stop_token_ids=sp.stop_token_ids,
                 ignore_eos=sp.ignore_eos, seed=sp.seed or 0, has_seed=sp.seed is not None),
-            scheme=scheme, split_tokens=out.split, ue_id=s.ue_id, session_scheme=session_scheme,
+            # never past the commit point (the prepared split can lie beyond it: a trigger at a
+            # block boundary the UE had not reached); the target uses whole blocks below n only
+            scheme=scheme, split_tokens=min(out.split, n // bs * bs), ue_id=s.ue_id,
+            session_scheme=session_scheme,
             warmup_wait_s=warmup_wait, deadline_s=max(0.0, deadline - time.monotonic()))
         t_sync = time.monotonic()
         try:

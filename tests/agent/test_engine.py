@@ -480,7 +480,8 @@ def test_a_commit_point_behind_the_prepared_split_still_commits():
             await server.stop(0)
         assert r.status == pb.STATUS_OK, r.message
         assert r.HasField("choice") and r.choice.handover_tokens == 120
-        assert r.choice.ctho_split_tokens <= 96 and r.choice.prefix_tokens <= 96
+        # the warm-up of 128 is still running: every option waits for it and finishing wins
+        assert r.choice.ctho_split_tokens <= 96 and r.choice.prefix_tokens <= 96, r.choice
         (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
         assert len(sync.token_ids) == 120 and sync.split_tokens <= 120
     asyncio.run(run())
