@@ -615,7 +615,7 @@ class Agent:
                                                 log_level="warning", access_log=False,
                                                 lifespan="off"))
             self._uvicorn.append(srv)
-            self._tasks.append(asyncio.create_task(srv.serve(), name=f"http-{port}"))
+            self._tasks.append(asyncio.create_task(_serve_http(srv, port), name=f"http-{port}"))
         while not all(s.started for s in self._uvicorn):
             for t in self._tasks:
                 if t.done():
@@ -688,6 +688,17 @@ class Agent:
             await self.stop()
 
 
+async def _serve_http(srv: Any, port: int) -> None:
+    """``srv.serve()`` with uvicorn's startup failure (it calls ``sys.exit(3)`` when it cannot
+    bind) turned into a RuntimeError: a SystemExit inside a task leaves the event loop at once,
+    past the agent's clean-up, and the vLLM server it had launched was left running."""
+    try:
+        await srv.serve()
+    except SystemExit as e:
+        raise RuntimeError(f"the HTTP server on port {port} did not start (uvicorn exit {e.code}; "
+                           "the port is probably in use)") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``pallas-agent``; returns the exit status."""
     cfg = parse_args(argv)
@@ -699,13 +710,17 @@ def main(argv: list[str] | None = None) -> int:
     except TlsError as e:
         print(f"pallas-agent: error: {e}", file=sys.stderr)
         return 2
+    agent = Agent(cfg, security)
     try:
-        asyncio.run(Agent(cfg, security).run())
+        asyncio.run(agent.run())
     except KeyboardInterrupt:
         pass
     except Exception as e:  # noqa: BLE001 - report and exit non-zero
         get_logger("pallas.agent").exception("agent_failed", error=repr(e))
         return 1
+    finally:
+        if agent.vllm is not None:  # whatever ended the loop, never leave the launched vLLM behind
+            agent.vllm.stop()
     return 0
 
 

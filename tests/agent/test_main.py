@@ -210,3 +210,18 @@ def test_local_agents_get_certificates_from_a_local_ca(tmp_path):
     assert desc["controls"]["tls"] == {"enabled": True, "cert_file": str(xapp.cert),
                                        "key_file": str(xapp.key), "ca_file": str(xapp.ca)}
     assert "tls" not in xapp_descriptor({"cells": []}, {}, [Server(0, c, None, 1)], "pallas")["controls"]
+
+
+def test_an_http_port_that_cannot_be_bound_is_an_error_the_agent_cleans_up_after():
+    """uvicorn exits (SystemExit(3)) when it cannot bind; inside a task that left the event loop
+    past the agent's clean-up and left the launched vLLM running. It is a RuntimeError now."""
+    import asyncio
+
+    from agent.app import _serve_http
+
+    class Srv:
+        async def serve(self):
+            raise SystemExit(3)
+
+    with pytest.raises(RuntimeError, match="port 8080 did not start"):
+        asyncio.run(_serve_http(Srv(), 8080))
