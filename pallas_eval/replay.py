@@ -244,7 +244,7 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
     # worker to the first core it does not reserve, and pinning engine i to core i mod cores
     # put two of three engines on one core; either way the paced steps overran (13-40% of
     # them in the paper regime on 2 cores). Unpinned, the OS spreads the engines.
-    env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    # (the agent sets VLLM_CPU_OMP_THREADS_BIND from --omp-bind, "nobind" below)
     env["OMP_NUM_THREADS"] = "1"
     servers = []
     agents = []
