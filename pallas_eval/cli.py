@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ablations", action="store_true", help="also run Pallas w/o RC and w/o SM")
     r.add_argument("--ues", type=int, default=6, help="generated drive: UEs")
     r.add_argument("--duration-s", type=float, default=90.0, help="generated drive: seconds")
+    r.add_argument("--history-drives", type=int, default=16,
+                   help="generated drive: earlier drives (300 s each, other UEs and routes, same network) the "
+                        "xApp learns its association map, handover places and successors from at start, as "
+                        "a deployed xApp would have learned them online (0: it starts empty)")
     r.add_argument("--seed", type=int, default=2, help="drive and session-length seed")
     r.add_argument("--azure", help="Azure LLM trace CSV to draw session lengths from "
                    "(default: the bundled distribution derived from it)")
@@ -227,6 +231,7 @@ def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
     schemes = tuple(s.strip() for s in a.schemes.split(",") if s.strip()) + (ABLATIONS if a.ablations else ())
     return rp.ReplayOptions(out_dir=Path(a.out), trace=a.trace, segment=a.segment, min_handovers=a.min_handovers,
                             servers=a.servers, schemes=schemes, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
+                            history_drives=a.history_drives,
                             azure=a.azure, model_preset=a.model_preset, max_model_len=a.max_model_len,
                             max_output=a.max_output, peer_rate_mbps=a.peer_rate_mbps, regime=a.regime,
                             emulate=a.emulate,

@@ -33,43 +33,68 @@ from typing import Iterable, Sequence
 import numpy as np
 
 
-def generate(out_dir: Path, *, seed: int, ues: int, duration_s: float, speed_mps: float,
-             rows: int, cols: int, t0: float = 1_000_000.0) -> tuple[Path, dict[int, int]]:
-    """Generate the default drive's trace; returns (trace path, NRT {pci: cell id})."""
-    from xapp.e2.convert import ConvertConfig, reports_to_records
-    from xapp.e2.trace import TraceWriter
-    from xapp.sim.radio import generate_drive, hex_network, manhattan_route
+def _drive_records(net, k: int, ue_index: int, *, seed: int, duration_s: float, speed_mps: float,
+                   t0: float, cfg) -> list:
+    """One generated UE's drive on ``net`` as E2 trace records (route and radio seeds from
+    ``seed``, UE index ``ue_index`` in the trace)."""
+    from xapp.e2.convert import reports_to_records
+    from xapp.sim.radio import generate_drive, manhattan_route
 
-    net = hex_network(rows, cols, seed=seed)
-    cfg = ConvertConfig()
-    streams = []
-    for k in range(ues):
-        route = manhattan_route(net, speed_mps * duration_s + 200.0, speed_mps, seed=seed * 1000 + k)
-        sim = generate_drive(net, route, duration_s, seed=seed * 1000 + k, ue_id=f"gen-{k}", t0=t0)
-        streams.append(list(reports_to_records(sim.reports, k, cfg)))
-    path = out_dir / "drive.e2trace"
+    route = manhattan_route(net, speed_mps * duration_s + 200.0, speed_mps, seed=seed)
+    sim = generate_drive(net, route, duration_s, seed=seed, ue_id=f"gen-{k}", t0=t0)
+    return list(reports_to_records(sim.reports, ue_index, cfg))
+
+
+def _write_trace(path: Path, streams: list[list]) -> Path:
+    from xapp.e2.trace import TraceWriter
     with TraceWriter(str(path)) as w:
         for rec in heapq.merge(*streams, key=lambda r: r.time):
             w.write(rec)
+    return path
+
+
+# The history drives' UE indices and seeds stay clear of the replayed UEs' (0..ues-1, seed*1000+k).
+HISTORY_UE_BASE = 10_000
+HISTORY_SEED_BASE = 500
+HISTORY_DRIVE_S = 300.0
+
+
+def generate(out_dir: Path, *, seed: int, ues: int, duration_s: float, speed_mps: float,
+             rows: int, cols: int, t0: float = 1_000_000.0, history_drives: int = 0
+             ) -> tuple[Path, dict[int, int], Path | None]:
+    """Generate the default drive's trace; returns (trace path, NRT {pci: cell id}, history
+    trace path or None).
+
+    ``history_drives`` > 0 also writes ``history.e2trace``: that many other UEs' drives of
+    ``HISTORY_DRIVE_S`` seconds through the same network (same sites, same shadowing; other
+    routes, ending before the replayed drive starts). It stands for the traffic a deployed xApp
+    has seen in its network before: the xApp learns its association map, handover places and
+    successors from it at start (descriptor ``association_map.path``), as it would have learned
+    them online. None of the replayed UEs' routes or reports are in it.
+    """
+    from xapp.e2.convert import ConvertConfig
+    from xapp.sim.radio import hex_network
+
+    net = hex_network(rows, cols, seed=seed)
+    cfg = ConvertConfig()
+    streams = [_drive_records(net, k, k, seed=seed * 1000 + k, duration_s=duration_s, speed_mps=speed_mps,
+                              t0=t0, cfg=cfg) for k in range(ues)]
+    path = _write_trace(out_dir / "drive.e2trace", streams)
+    hist = None
+    if history_drives > 0:
+        t_h = t0 - HISTORY_DRIVE_S - 60.0
+        hs = [_drive_records(net, k, HISTORY_UE_BASE + k, seed=seed * 1000 + HISTORY_SEED_BASE + k,
+                             duration_s=HISTORY_DRIVE_S, speed_mps=speed_mps, t0=t_h, cfg=cfg)
+              for k in range(history_drives)]
+        hist = _write_trace(out_dir / "history.e2trace", hs)
     nrt = {int(c.pci): int(c.cell_id) for c in net.cells}
-    return path, nrt
+    return path, nrt, hist
 
 
 def _decode(trace: Path):
     """Every RIC_INDICATION of the trace through the xApp's ingest: [(record time, report)]."""
-    from xapp.e2.ingest import Ingestor
-    from xapp.e2.trace import read_trace
-    from xapp.e2.transport import RIC_INDICATION
-    from xapp.tracks import TrackStore
-
-    ing = Ingestor(TrackStore(capacity=4))
-    out = []
-    for rec in read_trace(str(trace)):
-        if rec.mtype != RIC_INDICATION:
-            continue
-        for r in ing.on_indication(rec.payload, rec.e2_node, rec.time, rec.sub_id):
-            out.append((rec.time, r))
-    return out, dict(ing.stats)
+    from xapp.e2.ingest import decode_trace
+    return decode_trace(str(trace))
 
 
 def _handovers(reports) -> list[tuple[str, float, int, int]]:
@@ -166,6 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--duration-s", type=float, default=50.0)
     ap.add_argument("--speed-mps", type=float, default=16.0)
     ap.add_argument("--grid", default="2x2", help="gNB sites, ROWSxCOLS (three cells each)")
+    ap.add_argument("--history-drives", type=int, default=0,
+                    help="generated drive: also write history.e2trace, this many earlier drives through "
+                         "the same network for the xApp to learn from (0: none, it starts empty)")
     ap.add_argument("--segment", default="", help="'auto' or START:END seconds from the trace's start")
     ap.add_argument("--min-handovers", type=int, default=5)
     ap.add_argument("--lead-s", type=float, default=10.0)
@@ -176,10 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     nrt: dict[int, int] = {}
     if a.generate:
         rows, cols = (int(x) for x in a.grid.lower().split("x"))
-        trace, nrt = generate(out, seed=a.seed, ues=a.ues, duration_s=a.duration_s, speed_mps=a.speed_mps,
-                              rows=rows, cols=cols)
+        trace, nrt, hist = generate(out, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
+                                    speed_mps=a.speed_mps, rows=rows, cols=cols, history_drives=a.history_drives)
         source = (f"generated: {a.ues} UE(s), {a.duration_s:g} s at {a.speed_mps:g} m/s, {rows}x{cols} "
                   f"three-sector sites, seed {a.seed}")
+        if hist is not None:
+            source += f"; the xApp learned from {a.history_drives} earlier drives of {HISTORY_DRIVE_S:g} s"
     else:
         trace = Path(a.trace)
         source = f"trace {trace}"
@@ -196,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             source += f", segment {t0 - t_first:.0f}-{t1 - t_first:.0f} s ({n} records)"
             trace = seg
     plan = build_plan(trace, nrt, source)
+    plan["history"] = str(hist) if a.generate and hist is not None else ""
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
     (out / "nrt.json").write_text(json.dumps(plan["nrt"]))
     print(json.dumps({"plan": str(out / "plan.json"), "ues": len(plan["ues"]), "handovers": len(plan["handovers"]),

@@ -62,6 +62,7 @@ class ReplayOptions:
     seed: int = 2
     ues: int = 6
     duration_s: float = 90.0
+    history_drives: int = 16
     azure: str | None = None
     model_preset: str = "tiny"
     max_model_len: int = 2048
@@ -189,7 +190,8 @@ def prepare(opts: ReplayOptions) -> dict:
         if opts.segment:
             cmd += ["--segment", opts.segment, "--min-handovers", str(opts.min_handovers)]
     else:
-        cmd += ["--generate", "--seed", str(opts.seed), "--ues", str(opts.ues), "--duration-s", str(opts.duration_s)]
+        cmd += ["--generate", "--seed", str(opts.seed), "--ues", str(opts.ues), "--duration-s", str(opts.duration_s),
+                "--history-drives", str(opts.history_drives)]
     r = subprocess.run(cmd, cwd=str(REPO), env=_env_with_repo(), capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"preparing the trace failed ({' '.join(cmd)}):\n{r.stderr[-3000:]}")
@@ -341,6 +343,8 @@ def xapp_descriptor(plan: dict, mapping: dict[int, int], servers: Sequence[Serve
                               "peer_address": f"127.0.0.1:{s.agent.peer_port}"}
     c["agents"] = agents
     c["cells"] = {str(cell): servers[i].agent_id for cell, i in sorted(mapping.items())}
+    # what the xApp learned in this network before (prepare --history-drives); "" starts empty
+    c["association_map"] = {"path": plan.get("history", "")}
     xapp_tls = servers[0].agent.client_tls if servers else None
     if xapp_tls is not None:  # the agents serve mutual TLS: the xApp's certificate (issue 16)
         c["tls"] = {"enabled": True, "cert_file": str(xapp_tls.cert), "key_file": str(xapp_tls.key),

@@ -210,6 +210,10 @@ def test_local_agents_get_certificates_from_a_local_ca(tmp_path):
     assert desc["controls"]["tls"] == {"enabled": True, "cert_file": str(xapp.cert),
                                        "key_file": str(xapp.key), "ca_file": str(xapp.ca)}
     assert "tls" not in xapp_descriptor({"cells": []}, {}, [Server(0, c, None, 1)], "pallas")["controls"]
+    # the history trace of a generated drive is what the xApp learns from at start; none: empty
+    assert desc["controls"]["association_map"] == {"path": ""}
+    hist = xapp_descriptor({"cells": [], "history": "/x/history.e2trace"}, {}, [Server(0, c, None, 1)], "pallas")
+    assert hist["controls"]["association_map"] == {"path": "/x/history.e2trace"}
 
 
 def test_an_http_port_that_cannot_be_bound_is_an_error_the_agent_cleans_up_after():

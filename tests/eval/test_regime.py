@@ -146,3 +146,30 @@ def test_cpu_sampler_sees_a_busy_child(tmp_path):
         assert p.pid in a.procs and a.procs[p.pid][1] == "job"       # the child, under its root
     finally:
         p.kill()
+
+
+def test_history_drives_knob_reaches_the_prepare_step(tmp_path, monkeypatch):
+    """``pallas replay --history-drives N`` is passed to the prepare step (the generated drive's
+    earlier traffic the xApp learns from); the default is 16, 0 turns it off."""
+    import json as _json
+    import subprocess
+
+    from pallas_eval import cli
+
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        out = Path(cmd[cmd.index("pallas_eval.prepare") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(_json.dumps({"history": ""}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(rp.subprocess, "run", fake_run)
+    for argv, want in ((["replay", "--out", str(tmp_path / "a")], "16"),
+                       (["replay", "--out", str(tmp_path / "b"), "--history-drives", "0"], "0")):
+        a = cli.build_parser().parse_args(argv)
+        opts = cli.options_from_args(a)
+        rp.prepare(opts)
+        cmd = seen[-1]
+        assert cmd[cmd.index("--history-drives") + 1] == want

@@ -560,16 +560,42 @@ class Knowledge:
         return k
 
 
+def knowledge_from_trace(path: str | Path, tile_m: float = 35.0, smoothing: float = 0.5,
+                         backoff_weight: float = 1.0) -> Knowledge:
+    """Learn a Knowledge from an E2 trace of earlier traffic in this network (``xapp.e2.trace``
+    format, as ``pallas-xapp --mode test`` replays): every RIC_INDICATION through the xApp's
+    ingest, each report learned as online learning would have learned it live (``observe``, in
+    time order), then the UEs' online state dropped (what they taught the maps stays).
+
+    Raises ``ValueError`` when the trace holds no decodable report, ``TraceFormatError`` where
+    the file breaks the format.
+    """
+    from xapp.e2.ingest import decode_trace
+
+    reports, stats = decode_trace(str(path))
+    if not reports:
+        raise ValueError(f"association map: {path}: no decodable RIC_INDICATION (ingest stats {stats})")
+    k = Knowledge.create(tile_m, smoothing, backoff_weight)
+    for _, r in sorted(reports, key=lambda x: x[1].time):
+        k.observe(r)
+    for ue in list(k._ue):
+        k.forget(ue)
+    return k
+
+
 def knowledge_from_drives_at(path: str | Path, tile_m: float = 35.0, smoothing: float = 0.5,
                              backoff_weight: float = 1.0) -> Knowledge:
     """Learn a Knowledge (association map, handover places, successors, neighbour relations)
-    from the drive-test CSVs at ``path``: one G-NetTrack Pro CSV, or every ``*.csv`` under a
-    folder (recursively, in name order).
+    from earlier drives at ``path``: an E2 trace (``*.e2trace``, see ``knowledge_from_trace``),
+    one G-NetTrack Pro CSV, or every ``*.csv`` under a folder (recursively, in name order).
 
     Raises:
-        ValueError: ``path`` does not exist, or holds no CSV, or a CSV is not a drive log.
+        ValueError: ``path`` does not exist, or holds no CSV, or a CSV is not a drive log, or a
+        trace holds no decodable report.
     """
     p = Path(path)
+    if p.is_file() and p.suffix == ".e2trace":
+        return knowledge_from_trace(p, tile_m, smoothing, backoff_weight)
     if p.is_file():
         files = [p]
     elif p.is_dir():
