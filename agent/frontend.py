@@ -64,8 +64,9 @@ Event stream (each line ``data: <json>``, then a blank line)::
 
 ``index`` is the output index (0 = first generated token); ``time`` is when the token reached
 the serving agent (Unix seconds); ``text`` appears when the agent has a tokenizer;
-``agent_id`` is the agent that served the token (the origin, when relayed) and ``relayed_by``
-the agent that relayed it. When the session is handed over from an agent while a UE streams it
+``agent_id`` is the agent that decoded the token (the origin, when relayed; the previous
+holder for the tokens it decoded before a handover that the UE gets from the new one after
+it) and ``relayed_by`` the agent that relayed it. When the session is handed over from an agent while a UE streams it
 there, that agent's stream goes on by relaying the new holder (whose front it knows from its
 directory, ``--peer-front``): the UE keeps receiving in its old cell and moves when its own
 handover comes. A stream ends with ``state`` ``"handed_over"`` and ``moved_to`` (the new
@@ -520,7 +521,7 @@ class SessionFront:
             s = self._local(sid, handed_over=allow_ho)
             if s is not None:
                 async for idx, tok, t in s.stream(i):
-                    yield sse(self._token_event(sid, idx, tok, t, self.agent_id, None))
+                    yield sse(self._token_event(sid, idx, tok, t, s.decoded_by(idx, self.agent_id), None))
                     i = idx + 1
                 end = {"object": "session.end", "session_id": sid, "next_index": i, "state": _state(s),
                        "finish_reason": s.finish_reason, "agent_id": self.agent_id}

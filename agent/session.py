@@ -109,6 +109,8 @@ class Session:
         finish_reason: vLLM's finish reason once the request completed here ("length", "stop").
         resumed_from: output index at which this agent took the session over (0 if it started
             here).
+        resumed_agent: the agent that decoded the outputs before ``resumed_from`` (the source
+            of the resume; "" if the session started here).
         reused_tokens: at a resume, tokens whose KV the target did not recompute (local prefix
             cache hit + blocks loaded by the connector); None before a resume.
         scheme: the scheme pinned for the session, carried from the agent it came from (0: none).
@@ -130,6 +132,7 @@ class Session:
     state: SessionState = SessionState.NEW
     finish_reason: str | None = None
     resumed_from: int = 0
+    resumed_agent: str = ""
     reused_tokens: int | None = None
     ended_at: float = 0.0  # time.time() when the agent first saw it done (the janitor's clock)
     scheme: int = 0
@@ -278,6 +281,11 @@ class Session:
                 await asyncio.wait_for(ev.wait(), remaining)
             except asyncio.TimeoutError:
                 return []
+
+    def decoded_by(self, index: int, here: str) -> str:
+        """The agent that decoded output ``index``: ``here`` (this agent's id) from
+        ``resumed_from`` on, the resume's source before it (tokens carried over at the Sync)."""
+        return self.resumed_agent if index < self.resumed_from and self.resumed_agent else here
 
     async def stream(self, start: int = 0) -> AsyncIterator[tuple[int, int, float]]:
         """Yield ``(output_index, token_id, arrival_time)`` from ``start`` until the session ends here."""

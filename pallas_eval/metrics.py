@@ -96,7 +96,7 @@ def sit_for_handover(ho: Handover, sessions: Sequence[SessionRecord], new_agent:
     after it. When ``new_agent`` is given and the new cell's agent first relays the old one's
     stream (Detour, or while the commit is in flight) and only later serves the session itself,
     the interruption the UE sees is the longest gap between consecutive tokens from the last
-    token before the handover up to the first token ``new_agent`` served directly (before
+    token before the handover up to the first token ``new_agent`` decoded and served directly (before
     ``next_handover``); under Detour, where that never happens, it is the gap at the handover.
     Sessions are those of ``ho.ue_id`` only (others are ignored).
 

@@ -294,7 +294,8 @@ class TargetRole:
         session = Session(session_id=sid, ue_id=req.ue_id or inb.ue_id,
                           prompt_token_ids=tokens[:int(req.prompt_tokens)], sampling=sampling,
                           output_token_ids=outputs, token_times=[now] * len(outputs),
-                          epoch=epoch, state=SessionState.RESUMED, resumed_from=len(outputs))
+                          epoch=epoch, state=SessionState.RESUMED, resumed_from=len(outputs),
+                          resumed_agent=inb.source.agent_id)
         if req.session_scheme:
             session.scheme = int(req.session_scheme)  # the UE's pin goes on with it
         old = self.sessions.get(sid)

@@ -58,13 +58,15 @@ class FakeEngine:
                 await t
 
 
-def handover(src_store: SessionStore, sid: str, target_id: str, dst_store: SessionStore, dst_engine: FakeEngine) -> Session:
-    """Move a session the way the real core does: freeze at the source, resume at the target."""
+def handover(src_store: SessionStore, sid: str, target_id: str, dst_store: SessionStore, dst_engine: FakeEngine,
+             source_id: str = "") -> Session:
+    """Move a session the way the real core does: freeze at the source, resume at the target
+    (``source_id``: the source's agent id, which decoded the outputs carried over)."""
     s = src_store.get(sid)
     s.frozen_at = len(s.output_token_ids)
     t = Session(session_id=sid, ue_id=s.ue_id, prompt_token_ids=list(s.prompt_token_ids), sampling=s.sampling,
                 output_token_ids=list(s.output_token_ids), token_times=list(s.token_times), epoch=s.epoch,
-                resumed_from=len(s.output_token_ids))
+                resumed_from=len(s.output_token_ids), resumed_agent=source_id)
     t.state = SessionState.RESUMED
     dst_store.add(t)
     dst_engine.start(t)

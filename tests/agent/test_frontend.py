@@ -11,7 +11,7 @@ import pytest
 
 from pallas_eval.client import SessionError, UESession
 from agent.frontend import SessionFront, new_session_credentials
-from agent.session import SessionState, SessionStore
+from agent.session import SamplingSpec, Session, SessionState, SessionStore
 
 import fakes_agent as fk
 
@@ -172,6 +172,37 @@ def test_handover_after_commit_serves_locally_from_the_right_index():
     after = ue.records[ue.handovers[0].next_index:]
     assert after and all(r.agent_id == "b" and r.relayed_by is None for r in after)
     assert a.store.get(ue.session_id).state == SessionState.HANDED_OVER
+
+
+def test_tokens_decoded_before_the_handover_are_the_sources_even_when_the_target_delivers_them():
+    """The source decoded past what the UE got before the commit: the target delivers those
+    carried tokens at once, attributed to the source that decoded them; its own from the resume
+    point on. (The harness's SIT runs to the first token the new agent decoded; attributing the
+    carried ones to it ended the SIT before the real stall.)"""
+    a, b = Agent("a"), Agent("b")
+    sid = "s" * 32
+
+    async def go():
+        src = a.store.add(Session(session_id=sid, ue_id="ue1", prompt_token_ids=list(PROMPT),
+                                     sampling=SamplingSpec(max_tokens=N)))
+        a.engine.start(src)
+        while len(src.output_token_ids) < 24:      # the UE got 0..19, then left
+            await asyncio.sleep(0.005)
+        t = fk.handover(a.store, sid, "b", b.store, b.engine, source_id="a")
+        out = []
+        async for chunk in b.front.events(sid, 20, None, None):
+            line = chunk.decode() if isinstance(chunk, bytes) else chunk
+            for part in line.split("\n"):
+                if part.startswith("data: {"):
+                    ev = json.loads(part[6:])
+                    if ev.get("object") == "session.token":
+                        out.append((ev["index"], ev["agent_id"]))
+        return t.resumed_from, out
+
+    carried, out = run(go())
+    assert carried >= 24 and [i for i, _ in out] == list(range(20, N))
+    assert all(ag == "a" for i, ag in out if i < carried)
+    assert all(ag == "b" for i, ag in out if i >= carried)
 
 
 def test_detour_relays_every_later_token_through_the_new_agent():
