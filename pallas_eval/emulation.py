@@ -230,6 +230,21 @@ def connector_extra(r_p: float, r_d: float, stats_path: str | os.PathLike | None
 # prompt (1.1 s at 1,850 tokens/s); a chunk is 138 ms at that rate.
 PREFILL_CHUNK_TOKENS = 256
 
+# A running long prefill takes at most this many tokens of a step's budget while another request
+# is present (vLLM's --long-prefill-token-threshold; its default 0 is no cap): without it the
+# scheduler serves running requests first, so a prefill of a new prompt or a warm-up took the
+# whole budget step after step and a request that arrived meanwhile (a resumed session, whose
+# prefix is cached) waited until it ended: stalls of 0.3-1.3 s at the switch measured in the
+# replay. The cap leaves >= 128 tokens a step for the others; the throughput is unchanged (a
+# step is paced by its tokens).
+LONG_PREFILL_CAP_TOKENS = 128
+
+
+def vllm_step_args() -> str:
+    """The vLLM flags of the paper regime's step budget (``--vllm-args`` of the agent)."""
+    return (f"--max-num-batched-tokens {PREFILL_CHUNK_TOKENS} "
+            f"--long-prefill-token-threshold {LONG_PREFILL_CAP_TOKENS}")
+
 
 def agent_flags(r_p: float, r_d: float, stats_path: str | os.PathLike | None = None) -> list[str]:
     """``pallas-agent`` flags that launch its vLLM with the paced connector (rates in tokens/s)."""

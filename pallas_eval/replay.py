@@ -232,7 +232,7 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
     URL the other agents know a front by (``--peer-front``; the paper regime's delaying relay
     proxy, so that a relayed stream crosses the hop and the front accepts it as a peer's)."""
     from pallas_eval.cluster import LocalAgent, provision_tls
-    from pallas_eval.emulation import PREFILL_CHUNK_TOKENS, agent_flags
+    from pallas_eval.emulation import agent_flags, vllm_step_args
     from pallas_eval.models import build_model
 
     model = str(build_model(opts.model_preset))
@@ -258,7 +258,7 @@ def start_servers(sup: Supervisor, opts: ReplayOptions, n: int, regime: Regime |
             extra += ["--peer-rate-mbps", f"{regime.peer_rate_mbps:.6g}"]
         if regime.model is not None:
             extra += agent_flags(regime.model.r_p, regime.model.r_d, pace_stats_path(opts, i))
-            extra += ["--vllm-args", f"--max-num-batched-tokens {PREFILL_CHUNK_TOKENS}"]
+            extra += ["--vllm-args", vllm_step_args()]
         a = LocalAgent(f"edge-{i}", model, omp_bind="nobind", extra=extra, log_dir=str(opts.out_dir / "logs"),
                        env=env, insecure=not opts.tls)
         agents.append((a, vport))

@@ -157,3 +157,21 @@ def test_emulated_models_are_the_presets_replay_setting():
     a6000 = PR.rates("qwen3-32b", "rtx-a6000")
     assert a6000.r_p == pytest.approx(5120 / (0.581 + 2.103 - 2 * (0.15 + 0.048)))   # ~2,238 tokens/s
     assert a6000.r_d == pytest.approx(1 / 0.048) and a6000.c_sync == 0.15
+
+
+def test_paper_regime_step_budget_caps_a_long_prefill_in_vllms_own_config():
+    """The agent's vLLM flags of the paper regime reach vLLM's scheduler config: 256 tokens a
+    step, and a running long prefill capped at 128 of them while another request waits (a
+    resumed session is admitted at once instead of after the whole prefill)."""
+    import shlex
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from pallas_eval.emulation import LONG_PREFILL_CAP_TOKENS, PREFILL_CHUNK_TOKENS, vllm_step_args
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(shlex.split(vllm_step_args()))
+    ea = EngineArgs.from_cli_args(args)
+    assert (ea.max_num_batched_tokens, ea.long_prefill_token_threshold) == (256, 128)
+    assert LONG_PREFILL_CAP_TOKENS < PREFILL_CHUNK_TOKENS
