@@ -94,7 +94,7 @@ def _worker(clock, stats_path=None):
     c._connector_metadata = None
     c.worker, c.link, c.policy = None, None, None
     c.r_p, c.r_d, c._stats_path = 1850.0, 25.0, stats_path
-    c._clock, c._sleep, c._t0, c._written = clock, clock.sleep, None, 0.0
+    c._clock, c._sleep, c._t0, c._written, c._last_end = clock, clock.sleep, None, 0.0, None
     c.pace_stats = emu.PaceStats()
     return ec, c
 
@@ -121,6 +121,30 @@ def test_worker_sleeps_to_the_emulated_step_end_in_absolute_time(tmp_path):
     c.bind_connector_metadata(PallasConnectorMetadata())
     c.wait_for_save()
     assert len(clock.slept) == 1 and c.pace_stats.steps == 2
+
+
+def test_back_to_back_steps_are_paced_by_their_period():
+    """The work between two steps (scheduling, output) is part of the emulated step period:
+    decode steps 5 ms apart each sleep 5 ms less, so they start every 40 ms; after an idle gap
+    longer than a step, the step is paced from its own start."""
+    clock = _Clock()
+    ec, c = _worker(clock)
+    starts = []
+    for _ in range(4):
+        starts.append(clock.now)
+        c.bind_connector_metadata(ec.EmulatedMetadata(pace_s=0.04, decode_reqs=1))
+        clock.now += 0.01                 # the forward pass
+        c.wait_for_save()
+        clock.now += 0.005                # the scheduler and the output between steps
+    # the first has no step before it: paced from its own start (then 5 ms of output work)
+    assert [round(b - a, 6) for a, b in zip(starts, starts[1:])] == [0.045, 0.04, 0.04]
+    assert clock.slept[0] == pytest.approx(0.03) and clock.slept[1:] == [pytest.approx(0.025)] * 3
+    assert c.pace_stats.measured_r_d() == pytest.approx(25.0)
+    clock.now += 1.0                      # idle
+    c.bind_connector_metadata(ec.EmulatedMetadata(pace_s=0.04, decode_reqs=1))
+    clock.now += 0.01
+    c.wait_for_save()
+    assert clock.slept[-1] == pytest.approx(0.03)
 
 
 def test_scheduler_side_puts_the_step_duration_in_the_metadata():
