@@ -548,6 +548,7 @@ def test_ctho_split_uses_the_targets_measured_prefill_rate():
         server, tgt = await _served(target)
         m.peers.get(tgt).bucket.rate = 65536.0 * 4     # B: 4 blocks/s
         s = _serving(m, n_prompt=300, outputs=())
+        m.session_schemes["s"] = pb.SCHEME_CTHO        # the ctHO scheme's own session
         try:
             r = await m.commit("s", 1, tgt, "ctho")
         finally:
@@ -603,6 +604,32 @@ def test_a_proactive_commit_with_nothing_prepared_there_recovers_by_ctho():
         assert r.status == pb.STATUS_OK and r.scheme == pb.SCHEME_CTHO == sync.scheme
         assert "fallback from pallas" in r.message
     asyncio.run(run())
+
+
+def test_pallas_fallback_for_a_session_still_in_its_prefill_recomputes_at_the_target():
+    """A ctHO fallback of a Pallas session whose prompt is still being prefilled here (no output
+    yet): no KV exists to ship, so the target computes the prompt (Recomputation, nothing
+    streamed); the ctHO scheme itself, and a Pallas session with outputs, keep ctHO."""
+    async def run(outputs, pin):
+        m, hub, eng = _engine(commit_deadline_s=4.0)
+        target = Target()
+        server, tgt = await _served(target)
+        s = _serving(m, n_prompt=100, outputs=outputs)
+        m.session_schemes["s"] = pin
+        try:
+            r = await m.commit("s", 1, tgt, pb.SCHEME_CTHO)   # the xApp's fallback
+        finally:
+            await m.close()
+            await server.stop(0)
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        return r, sync
+    r, sync = asyncio.run(run((), pb.SCHEME_PALLAS))
+    assert r.status == pb.STATUS_OK and sync.scheme == pb.SCHEME_RECOMPUTATION
+    assert sync.streamed_blocks == 0 and not sync.HasField("tail")
+    r, sync = asyncio.run(run((), pb.SCHEME_CTHO))
+    assert sync.scheme == pb.SCHEME_CTHO
+    r, sync = asyncio.run(run((5, 6, 7), pb.SCHEME_PALLAS))
+    assert sync.scheme == pb.SCHEME_CTHO
 
 
 def test_the_tail_crosses_the_link_only_where_that_beats_recomputing_it():
