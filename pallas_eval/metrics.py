@@ -11,6 +11,8 @@ live runs and ``--simulate`` share it.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -185,6 +187,15 @@ class SchemeSummary:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+def gap_between_tokens(sits: Sequence[HandoverSIT]) -> np.ndarray:
+    """The SITs (s) that are a gap between two tokens: the largest token gap across each
+    handover. Left out: a session still in its prefill at the handover whose SIT is the wait
+    from the handover to its first token (``last_before`` is then the handover's time, see
+    :func:`sit_for_handover`): no token gap, a part of its time to first token. Shape (n,)."""
+    return np.array([h.sit for h in sits if math.isfinite(h.sit) and h.last_before != h.handover.time],
+                    dtype=np.float64)
 
 
 def summarize(scheme: str, sits: Sequence[HandoverSIT], sessions: Sequence[SessionRecord],

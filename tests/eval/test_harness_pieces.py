@@ -15,7 +15,7 @@ import pytest
 
 from pallas_eval.cellmap import ColouringError, map_cells_to_servers, shared_pairs
 from pallas_eval.lengths import LengthSampler, derive_quantiles, ue_session_stream, _CONTEXT_Q, _GENERATED_Q
-from pallas_eval.metrics import Handover, SessionRecord, sit_for_handover, summarize
+from pallas_eval.metrics import Handover, SessionRecord, gap_between_tokens, sit_for_handover, summarize
 from pallas_eval.report import HandoverRow, handover_table, plot_cdfs, plot_timeline, summary_table, write_csv, write_json
 
 AZURE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "azure-llm" / "AzureLLMInferenceTrace_conv.csv"
@@ -82,11 +82,14 @@ def test_a_session_in_its_prefill_at_the_handover_gets_a_sit():
     r = sit_for_handover(Handover("u1", 0.95, 7, 8), [s])
     assert r.session_id == "s1" and r.sit == pytest.approx(0.45) and r.tokens_at_ho == 10
     assert r.last_before == pytest.approx(0.95) and r.first_after == pytest.approx(1.4)
+    # no token gap across it: left out of the largest-token-gap figure (Pallas-Bridge's)
+    assert gap_between_tokens([r]).size == 0
     # relayed first, then served by the new agent: the longest gap up to its first own token
     s.agents, s.relayed = ["B", "B", "B"], ["A", "", ""]
     s.times = [1.0, 1.6, 1.65]
     r = sit_for_handover(Handover("u1", 0.95, 7, 8), [s], new_agent="B")
     assert r.sit == pytest.approx(0.6) and r.last_before == pytest.approx(1.0)
+    assert list(gap_between_tokens([r])) == [pytest.approx(0.6)]     # a gap between two tokens
     # a session opened after the handover was not in flight
     assert math.isnan(sit_for_handover(Handover("u1", 0.85, 7, 8), [s]).sit)
 
