@@ -338,9 +338,17 @@ class TrackStore:
         keys = np.where(pci >= 0, pci, np.where(cell >= 0, _CELL_KEY + cell, -10 - posn[None, :]))
         out = np.full((n_rep, m), -1, dtype=np.int64)
         ck_all, cs_all = self._a["colkey"], self._a["colseen"]
-        for r in range(int(rank.max()) + 1 if n_rep else 0):
+        if np.count_nonzero(rank == 0) < self.COLUMNS_BATCH:     # few slots: in staged order
+            for row, s in enumerate(S.tolist()):
+                self._columns_one(s, int(seq[row]), keys[row, :count[row]].tolist(), out[row])
+            return out
+        for r in range(int(rank.max()) + 1):
             rows = np.flatnonzero(rank == r)
             slots = S[rows]
+            if len(rows) < self.COLUMNS_BATCH:        # few reports: Python beats the array steps
+                for row, s in zip(rows.tolist(), slots.tolist()):
+                    self._columns_one(s, int(seq[row]), keys[row, :count[row]].tolist(), out[row])
+                continue
             ck, cs = ck_all[slots], cs_all[slots]           # (U, m) copies, written back below
             used = np.zeros(ck.shape, dtype=bool)
             U = np.arange(len(rows))
@@ -360,6 +368,35 @@ class TrackStore:
                 out[rows[ok], p] = j[ok]
             ck_all[slots], cs_all[slots] = ck, cs
         return out
+
+    #: a rank of staged reports at least this large has its columns chosen by array steps
+    COLUMNS_BATCH = 24
+
+    def _columns_one(self, s: int, seq: int, keys: list[int], out: np.ndarray) -> None:
+        """:meth:`_columns` for one report of slot ``s`` (its neighbours' ``keys`` in report
+        order), neighbour by neighbour; the columns go to ``out`` (m,)."""
+        a = self._a
+        m = self.max_neighbours
+        ck = a["colkey"][s].tolist()
+        seen = a["colseen"][s].tolist()
+        used: list[int] = []
+        new_key = False
+        for pos, k in enumerate(keys):
+            try:
+                j = ck.index(k)
+            except ValueError:       # a new neighbour: a free column, else the one heard least recently
+                j = min([x for x in range(m) if x not in used], key=seen.__getitem__)
+                ck[j] = k
+                new_key = True
+            if j in used:
+                continue                                # the same neighbour twice in one report
+            used.append(j)
+            seen[j] = seq
+            out[pos] = j
+        if new_key:
+            a["colkey"][s] = ck
+        if used:
+            a["colseen"][s] = seen
 
     # ------------------------------------------------------------------ the API
     def add(self, r: MeasurementReport) -> "UETrack":

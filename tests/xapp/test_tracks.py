@@ -177,11 +177,14 @@ def _columns_one_by_one(reports, m):
     return out
 
 
+@pytest.mark.parametrize("batch", [1, 3, 1000])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_neighbour_columns_chosen_in_one_array_pass_match_the_rule_report_by_report(seed):
+def test_neighbour_columns_chosen_at_the_flush_match_the_rule_report_by_report(seed, batch, monkeypatch):
     # reports staged for many UEs (several per UE between flushes) get the columns of the
     # sequential rule: new neighbours evict the least recently heard, duplicates and anonymous
-    # neighbours, more neighbours than columns (strongest kept)
+    # neighbours, more neighbours than columns (strongest kept); by array steps over the
+    # reports of a rank (batch 1: always), report by report (1000: always), or both (3)
+    monkeypatch.setattr(TrackStore, "COLUMNS_BATCH", batch)
     rng = np.random.default_rng(seed)
     m, ues = 4, 6
     store = TrackStore(capacity=8, max_neighbours=m, initial_slots=2)
