@@ -350,27 +350,39 @@ class TrackStore:
                     self._columns_one(s, int(seq[row]), keys[row, :count[row]].tolist(), out[row])
                 continue
             ck, cs = ck_all[slots], cs_all[slots]           # (U, m) copies, written back below
-            used = np.zeros(ck.shape, dtype=bool)
-            U = np.arange(len(rows))
             sq = seq[rows]
             cnt = count[rows]
-            for p in range(int(cnt.max()) if len(rows) else 0):
-                live = p < cnt
-                k = keys[rows, p]
-                hit = ck == k[:, None]
-                found = hit.any(axis=1)
-                j = np.where(found, hit.argmax(axis=1), np.where(used, np.iinfo(np.int64).max, cs).argmin(axis=1))
-                ok = live & ~used[U, j]
+            kk = keys[rows]
+            live = posn[None, :] < cnt[:, None]
+            # the common report: every neighbour known, none twice -> each keeps its column
+            hit = ck[:, None, :] == kk[:, :, None]         # (U, position, column)
+            jj = hit.argmax(axis=2)
+            twice = ((kk[:, :, None] == kk[:, None, :]) & live[:, :, None] & live[:, None, :]).sum(axis=(1, 2)) > cnt
+            known = (hit.any(axis=2) | ~live).all(axis=1) & ~twice
+            ui, pi = np.nonzero(live & known[:, None])
+            cs[ui, jj[ui, pi]] = sq[ui]
+            out[rows[ui], pi] = jj[ui, pi]
+            rest = np.flatnonzero(~known)                 # the others neighbour by neighbour
+            U = np.arange(len(rest))
+            used = np.zeros((len(rest), m), dtype=bool)
+            ck_r, cs_r, sq, cnt, rows_r = ck[rest], cs[rest], sq[rest], cnt[rest], rows[rest]
+            for p in range(int(cnt.max()) if len(rest) else 0):
+                k = keys[rows_r, p]
+                h = ck_r == k[:, None]
+                found = h.any(axis=1)
+                j = np.where(found, h.argmax(axis=1), np.where(used, np.iinfo(np.int64).max, cs_r).argmin(axis=1))
+                ok = (p < cnt) & ~used[U, j]
                 new = ok & ~found
-                ck[U[new], j[new]] = k[new]
+                ck_r[U[new], j[new]] = k[new]
                 used[U[ok], j[ok]] = True
-                cs[U[ok], j[ok]] = sq[ok]
-                out[rows[ok], p] = j[ok]
+                cs_r[U[ok], j[ok]] = sq[ok]
+                out[rows_r[ok], p] = j[ok]
+            ck[rest], cs[rest] = ck_r, cs_r
             ck_all[slots], cs_all[slots] = ck, cs
         return out
 
     #: a rank of staged reports at least this large has its columns chosen by array steps
-    COLUMNS_BATCH = 24
+    COLUMNS_BATCH = 64
 
     def _columns_one(self, s: int, seq: int, keys: list[int], out: np.ndarray) -> None:
         """:meth:`_columns` for one report of slot ``s`` (its neighbours' ``keys`` in report
