@@ -339,15 +339,14 @@ class TrackStore:
         out = np.full((n_rep, m), -1, dtype=np.int64)
         ck_all, cs_all = self._a["colkey"], self._a["colseen"]
         if np.count_nonzero(rank == 0) < self.COLUMNS_BATCH:     # few slots: in staged order
-            for row, s in enumerate(S.tolist()):
-                self._columns_one(s, int(seq[row]), keys[row, :count[row]].tolist(), out[row])
+            self._columns_listed(S.tolist(), seq.tolist(), keys, count.tolist(), out)
             return out
         for r in range(int(rank.max()) + 1):
             rows = np.flatnonzero(rank == r)
             slots = S[rows]
             if len(rows) < self.COLUMNS_BATCH:        # few reports: Python beats the array steps
-                for row, s in zip(rows.tolist(), slots.tolist()):
-                    self._columns_one(s, int(seq[row]), keys[row, :count[row]].tolist(), out[row])
+                self._columns_listed(slots.tolist(), seq[rows].tolist(), keys[rows], count[rows].tolist(), out,
+                                     rows.tolist())
                 continue
             ck, cs = ck_all[slots], cs_all[slots]           # (U, m) copies, written back below
             sq = seq[rows]
@@ -384,31 +383,39 @@ class TrackStore:
     #: a rank of staged reports at least this large has its columns chosen by array steps
     COLUMNS_BATCH = 64
 
-    def _columns_one(self, s: int, seq: int, keys: list[int], out: np.ndarray) -> None:
-        """:meth:`_columns` for one report of slot ``s`` (its neighbours' ``keys`` in report
-        order), neighbour by neighbour; the columns go to ``out`` (m,)."""
-        a = self._a
+    def _columns_listed(self, slots: list[int], seqs: list[int], keys: np.ndarray, counts: list[int],
+                        out: np.ndarray, out_rows: list[int] | None = None) -> None:
+        """:meth:`_columns` report by report in Python: report ``i`` of slot ``slots[i]`` with the
+        neighbour keys ``keys[i, :counts[i]]``; its columns go to ``out[out_rows[i]]`` (default
+        ``out[i]``). A slot's column keys and last-heard numbers are read once and written back
+        once, however many of its reports there are."""
         m = self.max_neighbours
-        ck = a["colkey"][s].tolist()
-        seen = a["colseen"][s].tolist()
-        used: list[int] = []
-        new_key = False
-        for pos, k in enumerate(keys):
-            try:
-                j = ck.index(k)
-            except ValueError:       # a new neighbour: a free column, else the one heard least recently
-                j = min([x for x in range(m) if x not in used], key=seen.__getitem__)
-                ck[j] = k
-                new_key = True
-            if j in used:
-                continue                                # the same neighbour twice in one report
-            used.append(j)
-            seen[j] = seq
-            out[pos] = j
-        if new_key:
-            a["colkey"][s] = ck
-        if used:
-            a["colseen"][s] = seen
+        ck_all, cs_all = self._a["colkey"], self._a["colseen"]
+        state: dict[int, tuple[list[int], list[int]]] = {}
+        klist = keys.tolist()
+        for i, s in enumerate(slots):
+            st = state.get(s)
+            if st is None:
+                st = state[s] = (ck_all[s].tolist(), cs_all[s].tolist())
+            ck, seen = st
+            seq = seqs[i]
+            used: list[int] = []
+            cols = [-1] * m
+            for pos, k in enumerate(klist[i][:counts[i]]):
+                try:
+                    j = ck.index(k)
+                except ValueError:   # a new neighbour: a free column, else the one heard least recently
+                    j = min([x for x in range(m) if x not in used], key=seen.__getitem__)
+                    ck[j] = k
+                if j in used:
+                    continue                            # the same neighbour twice in one report
+                used.append(j)
+                seen[j] = seq
+                cols[pos] = j
+            out[i if out_rows is None else out_rows[i]] = cols
+        for s, (ck, seen) in state.items():
+            ck_all[s] = ck
+            cs_all[s] = seen
 
     # ------------------------------------------------------------------ the API
     def add(self, r: MeasurementReport) -> "UETrack":
