@@ -362,6 +362,11 @@ class TrackStore:
             cs[ui, jj[ui, pi]] = sq[ui]
             out[rows[ui], pi] = jj[ui, pi]
             rest = np.flatnonzero(~known)                 # the others neighbour by neighbour
+            if len(rest) < 4 * self.COLUMNS_BATCH:        # in Python when few (the array steps cost ~300 reports')
+                cs_all[slots[known]] = cs[known]
+                self._columns_listed(slots[rest].tolist(), sq[rest].tolist(), kk[rest], cnt[rest].tolist(), out,
+                                     rows[rest].tolist())
+                continue
             U = np.arange(len(rest))
             used = np.zeros((len(rest), m), dtype=bool)
             ck_r, cs_r, sq, cnt, rows_r = ck[rest], cs[rest], sq[rest], cnt[rest], rows[rest]
