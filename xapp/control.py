@@ -15,13 +15,13 @@ drops the session.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import structlog
 
 from pallas_common.schemes import SessionState
@@ -240,42 +240,85 @@ class ControlLoop:
         self.cycles += 1
         self.forget_silent(now_trace)
         cfg = self.config
-        ue_ids, targets, t_ho, conf, allow = [], [], [], [], []
         with self._tracks_lock:
             gone = self.tracks.expire(now_trace)
         with self._lock:
             for ue_id in gone:
                 self._forget_ue(ue_id)
-        for ue_id in gone:
-            ue_ids.append(ue_id)
-            targets.append(None)
-            t_ho.append(float("nan"))
-            conf.append(0.0)
-            allow.append(False)
-        for ue, pred in self._predictions(now_trace):
-            tgt_cell = pred.target_cell if pred is not None else -1
-            if tgt_cell != ue.reported_target:
-                ue.reported_target = tgt_cell
-                self.events.write("prediction", ue=ue.ue_id, trace_t=now_trace, serving_cell=ue.serving_cell,
-                                  target_cell=tgt_cell, t_ho=pred.t_ho if pred else None,
-                                  confidence=pred.confidence if pred else None,
-                                  source=pred.source if pred else None)
-            ep = cfg.agent_for_cell(tgt_cell) if tgt_cell >= 0 else None
-            usable = ep is not None and pred is not None and math.isfinite(pred.t_ho)
-            ue_ids.append(ue.ue_id)
-            targets.append(ep.agent_id if usable else None)
-            t_ho.append(pred.t_ho + self.offset if usable else float("nan"))
-            conf.append(pred.confidence if pred is not None else 0.0)
-            allow.append(ep is not None and cfg.proactive.allows(ue.serving_cell, tgt_cell, ue.snssai))
+        ue_ids, targets, t_ho, conf, allow = self._decisions(now_trace, cfg)
+        if gone:
+            ue_ids = gone + ue_ids
+            targets = [None] * len(gone) + targets
+            t_ho = np.concatenate([np.full(len(gone), np.nan), t_ho])
+            conf = np.concatenate([np.zeros(len(gone)), conf])
+            allow = [False] * len(gone) + allow
         with self._lock:
             actions = self.engine.set_predictions(ue_ids, targets, t_ho, conf, allow) if ue_ids else []
             actions += self.engine.cycle(now_wall)
         self.dispatcher.send(actions)
         return len(actions)
 
-    def _predictions(self, now_trace: float) -> list[tuple[UEState, Any]]:
-        """(UE, prediction or None) for the UEs to decide on this cycle (see control_cycle)."""
-        out: list[tuple[UEState, Any]] = []
+    def _decisions(self, now_trace: float, cfg: XappConfig) -> tuple[list[str], list[str | None], np.ndarray,
+                                                                     np.ndarray, list[bool]]:
+        """The engine's inputs for the UEs decided on this cycle: (UE ids, target agent or None,
+        t_HO on the wall clock (NaN: none), confidence, proactive allowed), one entry per UE.
+
+        A batch predictor's output stays in arrays (``xapp.predict.combined.Predictions``); the
+        Python per UE is a dictionary lookup or two: the cell -> agent map is read once per
+        distinct target cell, the proactive rules once per distinct (serving cell, target cell,
+        slice) of the cycle, and a ``prediction`` event (a Prediction object) is made only for a
+        UE whose reported target changed. A UE the loop no longer knows is left out."""
+        rows = self._predictions(now_trace)
+        if rows is None:
+            return [], [], np.zeros(0), np.zeros(0), []
+        ids, has, cell, tho, cf, get_pred = rows
+        tl = np.where(has, cell, -1).tolist()
+        tho = np.where(has, tho, np.nan)
+        fin = np.isfinite(tho).tolist()
+        agent = {c: (cfg.agent_for_cell(c) if c >= 0 else None) for c in set(tl)}
+        rules: dict[tuple[int, int, str | None], bool] = {}
+        known = self.ues.get
+        keep: list[int] = []
+        targets: list[str | None] = []
+        allow: list[bool] = []
+        usable: list[bool] = []
+        for i, (uid, c) in enumerate(zip(ids, tl)):
+            ue = known(uid)
+            if ue is None:
+                continue
+            if c != ue.reported_target:
+                ue.reported_target = c
+                pred = get_pred(i)
+                self.events.write("prediction", ue=uid, trace_t=now_trace, serving_cell=ue.serving_cell,
+                                  target_cell=c, t_ho=pred.t_ho if pred else None,
+                                  confidence=pred.confidence if pred else None,
+                                  source=pred.source if pred else None)
+            ep = agent[c]
+            keep.append(i)
+            if ep is None:
+                targets.append(None)
+                usable.append(False)
+                allow.append(False)
+                continue
+            ok = fin[i]
+            targets.append(ep.agent_id if ok else None)
+            usable.append(ok)
+            key = (ue.serving_cell, c, ue.snssai)
+            a = rules.get(key)
+            if a is None:
+                a = rules[key] = cfg.proactive.allows(*key)
+            allow.append(a)
+        k = np.asarray(keep, dtype=np.int64)
+        t = np.where(np.asarray(usable, dtype=bool), tho[k] + self.offset, np.nan) if keep else np.zeros(0)
+        return [ids[i] for i in keep], targets, t, np.where(has, cf, 0.0)[k], allow
+
+    def _predictions(self, now_trace: float) -> tuple | None:
+        """The predictions of the UEs to decide on this cycle (see control_cycle) as arrays:
+        (UE ids, has (U,) bool, target cell (U,), t_ho (U,) trace clock, confidence (U,),
+        i -> Prediction or None), or None when the batch predictor failed.
+
+        A batch predictor (``update(store)``) is asked for the UEs with new reports; a per-UE
+        predictor (``predict(track, now)``) for every tracked UE."""
         update = getattr(self.predictor, "update", None)
         if update is not None:
             with self._tracks_lock:
@@ -283,14 +326,12 @@ class ControlLoop:
                     res = update(self.tracks)
                 except Exception as e:
                     log.error("prediction failed", error=repr(e))
-                    return out
-            for i in range(len(res)):             # Python only for the UEs that changed
-                ue = self.ues.get(res.ue_ids[i])
-                if ue is not None:
-                    out.append((ue, res.get(i)))
-            return out
+                    return None
+            return (res.ue_ids, np.asarray(res.has, dtype=bool), np.asarray(res.cell), np.asarray(res.t_ho, float),
+                    np.asarray(res.conf, float), res.get)
         with self._lock:
             ues = list(self.ues.values())
+        ids, preds = [], []
         for ue in ues:
             with self._tracks_lock:
                 track = self.tracks.get(ue.ue_id)
@@ -301,8 +342,12 @@ class ControlLoop:
                 except Exception as e:
                     log.error("prediction failed", ue=ue.ue_id, error=repr(e))
                     continue
-            out.append((ue, pred))
-        return out
+            ids.append(ue.ue_id)
+            preds.append(pred)
+        has = np.array([p is not None for p in preds], dtype=bool)
+        return (ids, has, np.array([p.target_cell if p is not None else -1 for p in preds], dtype=np.int64),
+                np.array([p.t_ho if p is not None else np.nan for p in preds], dtype=float),
+                np.array([p.confidence if p is not None else 0.0 for p in preds], dtype=float), preds.__getitem__)
 
     def on_handover(self, ue_id: str, from_cell: int, to_cell: int, t: float) -> None:
         """The UE is on ``to_cell`` (first report from it, trace time ``t``): the engine commits

@@ -162,6 +162,9 @@ class TrackStore:
         self._pend_i: list[int] = []              # staged reports, flat (see _append/_flush)
         self._pend_f: list[float] = []
         self._pend_n: dict[int, int] = {}        # slot -> staged reports
+        m = max_neighbours
+        self._pad_i = [(-1,) * (2 * (m - k)) for k in range(m + 1)]     # padding of k neighbours
+        self._pad_f = [(NAN,) * (3 * (m - k)) for k in range(m + 1)]
         self._grow(max(1, min(initial_slots, max_ues)))
 
     # ------------------------------------------------------------------ storage
@@ -246,9 +249,9 @@ class TrackStore:
         self._free.append(s)
 
     def _append(self, s: int, r: MeasurementReport) -> None:
-        """Check the report, give its neighbours their columns and stage its values; the ring
-        position, count, times and change mark are written at once (the next report of the UE
-        and ``take_changed`` read them), the report's values by the next :meth:`_flush`."""
+        """Check the report and stage it; the ring position, count, times and change mark are
+        written at once (the next report of the UE and ``take_changed`` read them), the
+        report's values and its neighbours' columns by the next :meth:`_flush`."""
         a = self._a
         t = r.time
         if not math.isfinite(t):
@@ -259,44 +262,19 @@ class TrackStore:
         i = int(a["head"][s])
         nbs: Sequence[NeighbourMeas] = r.neighbours
         m = self.max_neighbours
-        pci, cell = [-1] * m, [-1] * m
-        rsrp, rsrq, sinr = [NAN] * m, [NAN] * m, [NAN] * m
-        if nbs:
-            if len(nbs) > m:
-                nbs = sorted(nbs, key=_stronger)[:m]
-            seq = self._seq
-            keys = a["colkey"][s].tolist()
-            seen = a["colseen"][s].tolist()
-            new_key = False
-            used: list[int] = []
-            for pos, nb in enumerate(nbs):
-                k = _nb_key(nb, pos)
-                try:
-                    j = keys.index(k)
-                except ValueError:
-                    # a new neighbour: a free column, else the one heard least recently
-                    j = min([x for x in range(m) if x not in used], key=seen.__getitem__)
-                    keys[j] = k
-                    new_key = True
-                if j in used:
-                    continue                        # the same neighbour twice in one report
-                used.append(j)
-                seen[j] = seq
-                pci[j], cell[j] = nb.pci, nb.cell_id
-                rsrp[j], rsrq[j], sinr[j] = nb.rsrp_dbm, nb.rsrq_db, nb.sinr_db
-            if new_key:
-                a["colkey"][s] = keys
-            a["colseen"][s] = seen
+        if len(nbs) > m:
+            nbs = sorted(nbs, key=_stronger)[:m]
         k = self._pend_n.get(s, 0) + 1              # staged reports of this slot since the flush
         self._pend_n[s] = k
         pi, pf = self._pend_i, self._pend_f        # flat: numpy converts a flat list of numbers fast
-        pi += (s, i, r.serving_cell, r.serving_pci, 1 if r.connected else 0)
-        pi += pci
-        pi += cell
+        pi += (s, i, r.serving_cell, r.serving_pci, 1 if r.connected else 0, self._seq, k - 1, len(nbs))
         pf += (t, r.rsrp_dbm, r.rsrq_db, r.sinr_db, r.lat, r.lon, r.speed_mps, r.heading_deg)
-        pf += rsrp
-        pf += rsrq
-        pf += sinr
+        for nb in nbs:
+            pi += (nb.pci, nb.cell_id)
+            pf += (nb.rsrp_dbm, nb.rsrq_db, nb.sinr_db)
+        if len(nbs) < m:
+            pi += self._pad_i[len(nbs)]
+            pf += self._pad_f[len(nbs)]
         a["head"][s] = (i + 1) % self.capacity
         if a["n"][s] < self.capacity:
             a["n"][s] += 1
@@ -312,13 +290,17 @@ class TrackStore:
 
     def _flush(self) -> None:
         """Write the staged reports into the arrays: one vectorised assignment per column for
-        all of them (about 1 us per report instead of 16 scalar writes). Every reader of
-        report values calls it first; ``_append`` calls it when a slot has staged a ring's
-        worth (so no ring position is staged twice) or ``FLUSH_SLOTS`` slots have staged some."""
+        all of them, and the neighbours' columns chosen for all of them at once (about 1 us per
+        report instead of Python per neighbour). Every reader of report values calls it first;
+        ``_append`` calls it when a slot has staged a ring's worth (so no ring position is
+        staged twice) or ``FLUSH_SLOTS`` slots have staged some.
+
+        The columns follow the rule of the class docstring, report by report in the order
+        they were added (:meth:`_columns`)."""
         if not self._pend_i:
             return
         m = self.max_neighbours
-        ints = np.array(self._pend_i, dtype=np.int64).reshape(-1, 5 + 2 * m)
+        ints = np.array(self._pend_i, dtype=np.int64).reshape(-1, 8 + 2 * m)
         flo = np.array(self._pend_f, dtype=np.float64).reshape(-1, 8 + 3 * m)
         self._pend_i, self._pend_f, self._pend_n = [], [], {}
         S, R = ints[:, 0], ints[:, 1]             # distinct: a slot stages at most a ring's worth
@@ -326,14 +308,119 @@ class TrackStore:
         a["serving_cell"][S, R] = ints[:, 2]
         a["serving_pci"][S, R] = ints[:, 3]
         a["connected"][S, R] = ints[:, 4] != 0
-        a["nb_pci"][S, R] = ints[:, 5:5 + m]
-        a["nb_cell"][S, R] = ints[:, 5 + m:5 + 2 * m]
         for k, name in enumerate(("time", "rsrp_dbm", "rsrq_db", "sinr_db", "lat", "lon", "speed_mps",
                                   "heading_deg")):
             a[name][S, R] = flo[:, k]
-        a["nb_rsrp_dbm"][S, R] = flo[:, 8:8 + m]
-        a["nb_rsrq_db"][S, R] = flo[:, 8 + m:8 + 2 * m]
-        a["nb_sinr_db"][S, R] = flo[:, 8 + 2 * m:8 + 3 * m]
+        nb_i = ints[:, 8:].reshape(-1, m, 2)      # report order: (pci, cell id) per neighbour
+        nb_f = flo[:, 8:].reshape(-1, m, 3)       # (RSRP, RSRQ, SINR)
+        cols = self._columns(S, ints[:, 5], ints[:, 6], ints[:, 7], nb_i[:, :, 0], nb_i[:, :, 1])
+        rows, pos = np.nonzero(cols >= 0)
+        j = cols[rows, pos]
+        for name, src in (("nb_pci", nb_i[:, :, 0]), ("nb_cell", nb_i[:, :, 1]), ("nb_rsrp_dbm", nb_f[:, :, 0]),
+                          ("nb_rsrq_db", nb_f[:, :, 1]), ("nb_sinr_db", nb_f[:, :, 2])):
+            fill = -1 if name in ("nb_pci", "nb_cell") else NAN
+            out = np.full((len(S), m), fill, dtype=a[name].dtype)
+            out[rows, j] = src[rows, pos]
+            a[name][S, R] = out
+
+    def _columns(self, S: np.ndarray, seq: np.ndarray, rank: np.ndarray, count: np.ndarray, pci: np.ndarray,
+                 cell: np.ndarray) -> np.ndarray:
+        """The column of each staged neighbour, (reports, m) with -1 where none (padding, or the
+        same neighbour twice in one report), updating each slot's column keys and last-heard
+        sequence numbers. Report by report (a slot's ``rank``-th staged report after its
+        earlier ones), neighbour by neighbour in report order, as one array step over the
+        reports of a rank: a known neighbour keeps its column; a new one takes the column heard
+        least recently (a free column first: never heard) among those not yet taken by this
+        report, lowest index on a tie."""
+        m = self.max_neighbours
+        n_rep = len(S)
+        posn = np.arange(m)
+        keys = np.where(pci >= 0, pci, np.where(cell >= 0, _CELL_KEY + cell, -10 - posn[None, :]))
+        out = np.full((n_rep, m), -1, dtype=np.int64)
+        ck_all, cs_all = self._a["colkey"], self._a["colseen"]
+        if np.count_nonzero(rank == 0) < self.COLUMNS_BATCH:     # few slots: in staged order
+            self._columns_listed(S.tolist(), seq.tolist(), keys, count.tolist(), out)
+            return out
+        for r in range(int(rank.max()) + 1):
+            rows = np.flatnonzero(rank == r)
+            slots = S[rows]
+            if len(rows) < self.COLUMNS_BATCH:        # few reports: Python beats the array steps
+                self._columns_listed(slots.tolist(), seq[rows].tolist(), keys[rows], count[rows].tolist(), out,
+                                     rows.tolist())
+                continue
+            ck, cs = ck_all[slots], cs_all[slots]           # (U, m) copies, written back below
+            sq = seq[rows]
+            cnt = count[rows]
+            kk = keys[rows]
+            live = posn[None, :] < cnt[:, None]
+            # the common report: every neighbour known, none twice -> each keeps its column
+            hit = ck[:, None, :] == kk[:, :, None]         # (U, position, column)
+            jj = hit.argmax(axis=2)
+            twice = ((kk[:, :, None] == kk[:, None, :]) & live[:, :, None] & live[:, None, :]).sum(axis=(1, 2)) > cnt
+            known = (hit.any(axis=2) | ~live).all(axis=1) & ~twice
+            ui, pi = np.nonzero(live & known[:, None])
+            cs[ui, jj[ui, pi]] = sq[ui]
+            out[rows[ui], pi] = jj[ui, pi]
+            rest = np.flatnonzero(~known)                 # the others neighbour by neighbour
+            if len(rest) < 4 * self.COLUMNS_BATCH:        # in Python when few (the array steps cost ~300 reports')
+                cs_all[slots[known]] = cs[known]
+                self._columns_listed(slots[rest].tolist(), sq[rest].tolist(), kk[rest], cnt[rest].tolist(), out,
+                                     rows[rest].tolist())
+                continue
+            U = np.arange(len(rest))
+            used = np.zeros((len(rest), m), dtype=bool)
+            ck_r, cs_r, sq, cnt, rows_r = ck[rest], cs[rest], sq[rest], cnt[rest], rows[rest]
+            for p in range(int(cnt.max()) if len(rest) else 0):
+                k = keys[rows_r, p]
+                h = ck_r == k[:, None]
+                found = h.any(axis=1)
+                j = np.where(found, h.argmax(axis=1), np.where(used, np.iinfo(np.int64).max, cs_r).argmin(axis=1))
+                ok = (p < cnt) & ~used[U, j]
+                new = ok & ~found
+                ck_r[U[new], j[new]] = k[new]
+                used[U[ok], j[ok]] = True
+                cs_r[U[ok], j[ok]] = sq[ok]
+                out[rows_r[ok], p] = j[ok]
+            ck[rest], cs[rest] = ck_r, cs_r
+            ck_all[slots], cs_all[slots] = ck, cs
+        return out
+
+    #: a rank of staged reports at least this large has its columns chosen by array steps
+    COLUMNS_BATCH = 64
+
+    def _columns_listed(self, slots: list[int], seqs: list[int], keys: np.ndarray, counts: list[int],
+                        out: np.ndarray, out_rows: list[int] | None = None) -> None:
+        """:meth:`_columns` report by report in Python: report ``i`` of slot ``slots[i]`` with the
+        neighbour keys ``keys[i, :counts[i]]``; its columns go to ``out[out_rows[i]]`` (default
+        ``out[i]``). A slot's column keys and last-heard numbers are read once and written back
+        once, however many of its reports there are."""
+        m = self.max_neighbours
+        ck_all, cs_all = self._a["colkey"], self._a["colseen"]
+        state: dict[int, tuple[list[int], list[int]]] = {}
+        klist = keys.tolist()
+        for i, s in enumerate(slots):
+            st = state.get(s)
+            if st is None:
+                st = state[s] = (ck_all[s].tolist(), cs_all[s].tolist())
+            ck, seen = st
+            seq = seqs[i]
+            used: list[int] = []
+            cols = [-1] * m
+            for pos, k in enumerate(klist[i][:counts[i]]):
+                try:
+                    j = ck.index(k)
+                except ValueError:   # a new neighbour: a free column, else the one heard least recently
+                    j = min([x for x in range(m) if x not in used], key=seen.__getitem__)
+                    ck[j] = k
+                if j in used:
+                    continue                            # the same neighbour twice in one report
+                used.append(j)
+                seen[j] = seq
+                cols[pos] = j
+            out[i if out_rows is None else out_rows[i]] = cols
+        for s, (ck, seen) in state.items():
+            ck_all[s] = ck
+            cs_all[s] = seen
 
     # ------------------------------------------------------------------ the API
     def add(self, r: MeasurementReport) -> "UETrack":

@@ -148,3 +148,64 @@ def test_staged_reports_wrap_the_ring_and_never_land_in_a_reused_slot():
     st.add(MeasurementReport(20.0, "b", 7, -70.0))
     v = st.get("b").view()
     assert v.time.tolist() == [20.0] and v.serving_cell.tolist() == [7] and np.isnan(v.nb_rsrp_dbm).all()
+
+
+def _columns_one_by_one(reports, m):
+    """The neighbour-column rule of TrackStore, report by report and neighbour by neighbour
+    (the reference for the store's array pass): per UE its column keys and last-heard report
+    numbers; returns per report the (pci, cell, rsrp) of each column."""
+    state, out = {}, []
+    for seq, r in enumerate(reports):
+        keys, seen = state.setdefault(r.ue_id, ([None] * m, [-1] * m))
+        nbs = sorted(r.neighbours, key=lambda nb: -(nb.rsrp_dbm if nb.rsrp_dbm == nb.rsrp_dbm else -1e9))[:m] \
+            if len(r.neighbours) > m else r.neighbours
+        row = [(-1, -1, None)] * m
+        used = []
+        for pos, nb in enumerate(nbs):
+            k = nb.pci if nb.pci >= 0 else (1 << 40) + nb.cell_id if nb.cell_id >= 0 else -10 - pos
+            if k in keys:
+                j = keys.index(k)
+            else:   # a new neighbour: the column heard least recently among those not yet taken
+                j = min((x for x in range(m) if x not in used), key=lambda x: seen[x])
+                keys[j] = k
+            if j in used:
+                continue
+            used.append(j)
+            seen[j] = seq
+            row[j] = (nb.pci, nb.cell_id, nb.rsrp_dbm)
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("batch", [1, 3, 1000])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_neighbour_columns_chosen_at_the_flush_match_the_rule_report_by_report(seed, batch, monkeypatch):
+    # reports staged for many UEs (several per UE between flushes) get the columns of the
+    # sequential rule: new neighbours evict the least recently heard, duplicates and anonymous
+    # neighbours, more neighbours than columns (strongest kept); by array steps over the
+    # reports of a rank (batch 1: always), report by report (1000: always), or both (3)
+    monkeypatch.setattr(TrackStore, "COLUMNS_BATCH", batch)
+    rng = np.random.default_rng(seed)
+    m, ues = 4, 6
+    store = TrackStore(capacity=8, max_neighbours=m, initial_slots=2)
+    reports, rows = [], []
+    for i in range(600):
+        nbs = []
+        for _ in range(int(rng.integers(0, m + 3))):
+            anonymous = rng.random() < 0.1
+            nbs.append(NeighbourMeas(pci=-1 if anonymous else int(rng.integers(10)),
+                                     cell_id=int(rng.integers(4)) if anonymous and rng.random() < 0.5 else -1,
+                                     rsrp_dbm=float(rng.integers(-120, -60))))
+        r = MeasurementReport(time=float(i), ue_id=f"u{rng.integers(ues)}", serving_cell=1, neighbours=tuple(nbs))
+        store.add(r)
+        reports.append(r)
+        if rng.random() < 0.1:                # a reader flushes the staged reports now and then
+            store.window(store.held(), 1)
+    want = _columns_one_by_one(reports, m)
+    for ue in {r.ue_id for r in reports}:
+        mine = [k for k, r in enumerate(reports) if r.ue_id == ue][-8:]
+        v = store.get(ue).view()
+        assert v.nb_pci.tolist() == [[c[0] for c in want[k]] for k in mine]
+        assert v.nb_cell.tolist() == [[c[1] for c in want[k]] for k in mine]
+        got = np.where(np.isnan(v.nb_rsrp_dbm), np.inf, v.nb_rsrp_dbm).tolist()
+        assert got == [[np.inf if c[2] is None else c[2] for c in want[k]] for k in mine]

@@ -125,6 +125,93 @@ def decode_ric_indication_ies(b: bytes) -> dict[int, Any]:
     return out
 
 
+#: the IEs the walker reads, as bits of a mask; the RICindication's mandatory ones
+_IE_BIT = {29: 1, 5: 2, 15: 4, 27: 8, 28: 16, 25: 32, 26: 64, 20: 128}
+_IE_MANDATORY = 1 | 2 | 4 | 16 | 32 | 64
+
+
+def indication_parts(b: bytes) -> tuple[int, bytes, bytes]:
+    """The walker's lean form for the ingest's fast path: E2AP-PDU bytes -> (RAN function ID,
+    indication header octets, indication message octets) of a RICindication that
+    :func:`decode_ric_indication_ies` reads and :func:`indication_from_ies` accepts (the same
+    checks of every IE, without building the others' values). :class:`~.per.Unsupported`
+    for anything else, including what the full decode would reject: call
+    :func:`decode_ric_indication` then, for its value or its error."""
+    n = len(b)
+    if n < 4 or b[0] != 0x00 or b[1] != 5 or b[2] & 0x3F or (b[2] >> 6) > 2:
+        raise Unsupported("not an initiatingMessage RICindication")
+    x = b[3]
+    if x < 0x80:
+        i = 4
+        ln = x
+    elif x < 0xC0 and n > 4:
+        i = 5
+        ln = ((x & 0x3F) << 8) | b[4]
+    else:
+        raise Unsupported("length")
+    if i + ln != n or ln < 3 or b[i] != 0:
+        raise Unsupported("open type length or RICindication extension")
+    count = (b[i + 1] << 8) | b[i + 2]
+    i += 3
+    seen = ran = 0
+    header = message = b""
+    for _ in range(count):
+        if i + 4 > n:
+            raise Unsupported("truncated IE")
+        ie = (b[i] << 8) | b[i + 1]
+        c = b[i + 2]
+        x = b[i + 3]
+        if c & 0x3F or (c >> 6) > 2:
+            raise Unsupported("IE criticality")
+        if x < 0x80:
+            j = i + 4
+            ln = x
+        elif x < 0xC0 and i + 4 < n:
+            j = i + 5
+            ln = ((x & 0x3F) << 8) | b[i + 4]
+        else:
+            raise Unsupported("IE length")
+        e = j + ln
+        bit = _IE_BIT.get(ie, 0)
+        if e > n or not bit or seen & bit:
+            raise Unsupported("IE value, unknown or repeated IE")
+        seen |= bit
+        if bit & (32 | 64 | 128):                  # OCTET STRING in an open type
+            if ln == 0:
+                raise Unsupported("empty open type")
+            x = b[j]
+            if x < 0x80:
+                k = j + 1 + x
+                v0 = j + 1
+            elif x < 0xC0 and ln > 1:
+                v0 = j + 2
+                k = v0 + (((x & 0x3F) << 8) | b[j + 1])
+            else:
+                raise Unsupported("OCTET STRING length")
+            if k != e:
+                raise Unsupported("OCTET STRING length mismatch")
+            if ie == 25:
+                header = b[v0:e]
+            elif ie == 26:
+                message = b[v0:e]
+        elif ie == 5:
+            ran = (b[j] << 8) | b[j + 1] if ln == 2 else 4096
+            if ran > 4095:
+                raise Unsupported("RANfunctionID")
+        elif ie == 29:
+            if ln != 5 or b[j] != 0:
+                raise Unsupported("RICrequestID shape")
+        elif ie == 28:
+            if ln != 1 or b[j] & 0xBF:
+                raise Unsupported("RICindicationType shape")
+        elif ln != (1 if ie == 15 else 2):
+            raise Unsupported("RICactionID or RICindicationSN shape")
+        i = e
+    if i != n or seen & _IE_MANDATORY != _IE_MANDATORY:
+        raise Unsupported("trailing octets or a mandatory IE missing")
+    return ran, header, message
+
+
 def decode_e2ap_pycrate(b: bytes) -> RicIndication:
     """E2AP-PDU bytes -> RicIndication with pycrate (the reference decoder)."""
     v = pycrate_decode(e2ap_pdu(), b, "E2AP", aligned=True)

@@ -35,10 +35,11 @@ import re
 import time as _time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter as PromCounter
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
 
 from ..tracks import MeasurementReport, NeighbourMeas, TrackStore
 from . import e2ap, rrc, sm_kpm, sm_rc
@@ -46,6 +47,7 @@ from .ie import E2DecodeError
 from .per import Unsupported
 
 NAN = float("nan")
+_SSB = ("ssb",)
 log = structlog.get_logger("xapp.e2.ingest")
 
 # MeasurementReport fields a KPM measurement may fill: (unit, lowest, highest accepted value).
@@ -176,11 +178,29 @@ def report_from_ssb(copy: sm_rc.RcMessageCopy, m: rrc.SsbMeasReport, t: float, e
     (:func:`rrc.decode_ssb_meas_report`) -> MeasurementReport: what :func:`report_from_rc`
     makes of the same report (one serving MO, every value used), without the general path's
     per-cell checks."""
+    return _ssb_report(t, copy.ue.key, copy.cell.cell_id if copy.cell is not None else -1, m, e2_node)
+
+
+def _ssb_report(t: float, ue: str, cell: int, m: rrc.SsbMeasReport, e2_node: str) -> MeasurementReport:
     get = _NB_MEMO.get
     nbs = tuple([get(c) or _neighbour(c) for c in m.neighbour_codes])
-    return MeasurementReport(
-        t, copy.ue.key, copy.cell.cell_id if copy.cell is not None else -1, m.rsrp_dbm, m.rsrq_db, m.sinr_db,
-        nbs, m.pci, m.lat, m.lon, m.speed_mps, m.heading_deg, e2_node, True)
+    return MeasurementReport(t, ue, cell, m.rsrp_dbm, m.rsrq_db, m.sinr_db, nbs, m.pci, m.lat, m.lon, m.speed_mps,
+                             m.heading_deg, e2_node, True)
+
+
+def rc_ssb_report(payload: bytes, e2_node: str, t: float, config: IngestConfig) -> MeasurementReport:
+    """The fast path of :func:`decode_indication` for the indication E2 nodes send most: a
+    RICindication of an E2SM-RC RAN function carrying a plain message copy
+    (:func:`.sm_rc.message_copy_parts`) of an NR MeasurementReport of the common SSB shape
+    (:func:`.rrc.decode_ssb_meas_report`) -> its MeasurementReport, equal to the one
+    ``decode_indication`` makes (reference signal 'ssb', nothing unused or dropped), without
+    its intermediate objects. Raises (:class:`~.per.Unsupported`, E2DecodeError) for anything
+    else: decode it with ``decode_indication`` then, for its reports or its reasons."""
+    ran, header, message = e2ap.indication_parts(payload)
+    if config.ran_functions.get(ran) != "rc":
+        raise Unsupported("not an E2SM-RC RAN function")
+    copy, ue, cell = sm_rc.message_copy_parts(header, message)
+    return _ssb_report(t, ue, cell, rrc.decode_ssb_meas_report(copy), e2_node)
 
 
 #: cell code -> its NeighbourMeas (immutable, so one object serves every report that carries
@@ -351,11 +371,9 @@ class Ingestor:
         self.config = config or IngestConfig()
         self.clock = clock
         self.stats: Counter[str] = Counter()
-        self._m_ind = PromCounter("pallas_e2_indications", "RIC indications by outcome",
-                                  ["outcome"], registry=registry)
-        self._m_rep = PromCounter("pallas_e2_reports", "UE measurement reports added to tracks",
-                                  registry=registry)
-        self._m_ok = self._m_ind.labels("ok")          # the labelled child, looked up once
+        self._n_dropped = 0                            # indications dropped whole
+        if registry is not None:
+            registry.register(self)                    # metrics read at scrape time: collect()
 
     def _last_cell(self, ue: str) -> int:
         t = self.store.get(ue)
@@ -396,18 +414,41 @@ class Ingestor:
         ``clock`` when None). Returns the reports added; never raises.
         """
         t = self.clock() if t is None else t
-        self.stats["indications"] += 1
+        stats = self.stats
+        stats["indications"] += 1
         ctx = {"e2_node": e2_node, "sub_id": sub_id, "bytes": len(payload)}
-        try:
-            d = decode_indication(payload, e2_node, t, self.config, self._last_cell, self.declared)
-        except Dropped as e:
-            self._m_ind.labels("dropped").inc()
-            self._drop(e.reason, **ctx)
-            return []
-        except Exception as e:  # noqa: BLE001 - last line of defence: a PDU never stops the xApp
-            self._m_ind.labels("dropped").inc()
-            self._drop(f"internal error: {type(e).__name__}: {e}", **ctx)
-            return []
+        try:                          # the common shape first (rc_ssb_report), else the full decode
+            reports, rss = [rc_ssb_report(payload, e2_node, t, self.config)], _SSB
+        except Exception:  # noqa: BLE001 - the full decode says what is wrong
+            try:
+                d = decode_indication(payload, e2_node, t, self.config, self._last_cell, self.declared)
+            except Dropped as e:
+                self._n_dropped += 1
+                self._drop(e.reason, **ctx)
+                return []
+            except Exception as e:  # noqa: BLE001 - last line of defence: a PDU never stops the xApp
+                self._n_dropped += 1
+                self._drop(f"internal error: {type(e).__name__}: {e}", **ctx)
+                return []
+            self._note(d, e2_node, ctx)
+            reports, rss = d.reports, d.rs
+        added = []
+        for r, rs in zip(reports, rss):
+            if not (math.isfinite(r.time)):
+                self._drop("non-finite report time", ue=r.ue_id, **ctx)
+                continue
+            try:
+                self.store.add(r)
+            except ValueError as e:
+                self._drop(f"out of order: {e}", ue=r.ue_id, **ctx)
+                continue
+            added.append(r)
+            stats["rs:" + rs] += 1
+        stats["reports"] += len(added)
+        return added
+
+    def _note(self, d: Decoded, e2_node: str, ctx: dict[str, Any]) -> None:
+        """Count and log what a decoded indication dropped and left unused; keep its KPM values."""
         for reason in d.dropped:
             self._drop(reason, ran_function=d.indication.ran_function_id, **ctx)
         for reason in d.unused:
@@ -419,23 +460,18 @@ class Ingestor:
             self.kpm_values[k] = vals
             if len(self.kpm_values) > self.max_kpm_ues:
                 self.kpm_values.popitem(last=False)
-        added = []
-        for r, rs in zip(d.reports, d.rs):
-            if not (math.isfinite(r.time)):
-                self._drop("non-finite report time", ue=r.ue_id, **ctx)
-                continue
-            try:
-                self.store.add(r)
-            except ValueError as e:
-                self._drop(f"out of order: {e}", ue=r.ue_id, **ctx)
-                continue
-            added.append(r)
-            self.stats[f"rs:{rs}"] += 1
-        self.stats["reports"] += len(added)
-        self._m_ok.inc()
-        if added:
-            self._m_rep.inc(len(added))
-        return added
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """The metrics (prometheus-client custom collector), read from the counts at scrape
+        time so that an indication costs no metric update."""
+        ind = CounterMetricFamily("pallas_e2_indications", "RIC indications by outcome", labels=["outcome"])
+        ind.add_metric(["ok"], self.stats["indications"] - self._n_dropped)
+        if self._n_dropped:
+            ind.add_metric(["dropped"], self._n_dropped)
+        yield ind
+        rep = CounterMetricFamily("pallas_e2_reports", "UE measurement reports added to tracks")
+        rep.add_metric([], self.stats["reports"])
+        yield rep
 
 
 def decode_trace(path: str, config: IngestConfig | None = None) -> tuple[list[tuple[float, MeasurementReport]], dict]:

@@ -415,6 +415,19 @@ def ssb_cell_values(code: int) -> tuple[int, float, float, float]:
             (code & 0x7F) / 2.0 - 23.0)
 
 
+def _ulength(v: int, n: int, q: int) -> tuple[int, int]:
+    """An unaligned unconstrained length determinant (X.691 clause 11.9.4.2, unfragmented) at bit
+    ``q`` of the ``n``-bit integer ``v`` -> (length, next bit): :meth:`Bits.length` off an integer."""
+    if q + 8 > n:
+        raise Unsupported("truncated")
+    x = (v >> (n - q - 8)) & 0xFF
+    if not x & 0x80:
+        return x, q + 8
+    if x & 0x40 or q + 16 > n:
+        raise Unsupported("fragmented length or truncated")
+    return (v >> (n - q - 16)) & 0x3FFF, q + 16
+
+
 def decode_ssb_meas_report(b: bytes) -> SsbMeasReport:
     """UL-DCCH-Message bytes -> SsbMeasReport for the shape E2 nodes send most (and the trace
     generator produces): one serving MO; the serving cell and every NR neighbour with a PCI and
@@ -460,49 +473,66 @@ def decode_ssb_meas_report(b: bytes) -> SsbMeasReport:
                 raise Unsupported("neighbour shape or PCI range")
             nbs.append(d)
     lat = lon = speed = heading = NAN
-    if ext:
-        r = Bits.__new__(Bits)               # the same integer, read on from p
-        r.v, r.n, r.p = v, n, p
-        if r.read(1):
+    if ext:                                  # the extension bitmap and groups, read off the same integer
+        q = p + 7
+        if q > n:
+            raise Unsupported("truncated")
+        x = (v >> (n - q)) & 0x7F
+        if x & 0x40:
             raise Unsupported("long extension bitmap")
-        present = r.read(r.read(6) + 1)
-        nbits = r.p - p - 7
+        nbits = (x & 0x3F) + 1
+        q += nbits
+        if q > n:
+            raise Unsupported("truncated")
+        present = (v >> (n - q)) & ((1 << nbits) - 1)
         for gi in range(nbits):
             if not present >> (nbits - 1 - gi) & 1:
                 continue
-            ln = r.length()
+            ln, q = _ulength(v, n, q)
             if gi != 2:
-                r.octets(ln)
+                q += 8 * ln
+                if q > n:
+                    raise Unsupported("truncated")
                 continue
-            end = r.p + 8 * ln
-            if end > n:
+            end = q + 8 * ln
+            if end > n or q + 16 > n:
                 raise Unsupported("truncated")
             # group 3: presence (5), LocationInfo-r16 ext (1) and presence (4), CommonLocationInfo (6)
-            if r.read(10) != 0b0100001000:
+            q += 16
+            x = (v >> (n - q)) & 0xFFFF
+            if x >> 6 != 0b0100001000:
                 raise Unsupported("extension group 3 content")
-            opts = r.read(6)
+            opts = x & 0x3F
             for kk in range(5, -1, -1):
                 if not opts >> kk & 1:
                     continue
-                m = r.length()
+                m, q = _ulength(v, n, q)
                 if kk == 3:                  # locationCoordinate-r16: ellipsoidPoint, 52 bits in 7 octets
-                    if m != 7 or r.read(4):
+                    q += 56
+                    if m != 7 or q > n:
                         raise Unsupported("LocationCoordinates alternative")
-                    z = r.read(48)
-                    r.read(4)
+                    x = (v >> (n - q)) & ((1 << 56) - 1)
+                    if x >> 52:
+                        raise Unsupported("LocationCoordinates alternative")
+                    z = (x >> 4) & ((1 << 48) - 1)
                     lat = units.lpp_to_lat("south" if z >> 47 else "north", (z >> 24) & 0x7FFFFF)
                     lon = units.lpp_to_lon((z & 0xFFFFFF) - (1 << 23))
                 elif kk == 0:                # velocityEstimate-r16: horizontalVelocity, 23 bits in 3 octets
-                    z = r.read(24) if m == 3 else -1
-                    if z < 0 or z >> 21 or ((z >> 12) & 0x1FF) > 359:
+                    q += 24
+                    if m != 3 or q > n:
+                        raise Unsupported("Velocity shape")
+                    z = (v >> (n - q)) & 0xFFFFFF
+                    if z >> 21 or ((z >> 12) & 0x1FF) > 359:
                         raise Unsupported("Velocity shape")
                     speed, heading = units.kmh_to_speed((z >> 1) & 0x7FF), float((z >> 12) & 0x1FF)
                 else:
-                    r.octets(m)
-            if end - r.p >= 8 or r.p > end:
+                    q += 8 * m
+                    if q > n:
+                        raise Unsupported("truncated")
+            if end - q >= 8 or q > end:
                 raise Unsupported("trailing octets in extension group")
-            r.p = end
-        p = r.p
+            q = end
+        p = q
     if n - p >= 8:
         raise Unsupported("trailing octets")
     if p < n and v & ((1 << (n - p)) - 1):

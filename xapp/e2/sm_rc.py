@@ -148,6 +148,37 @@ def decode_rc_message_copy(header: bytes, message: bytes) -> RcMessageCopy:
                          h.insert_style, h.insert_indication_id)
 
 
+def message_copy_parts(header: bytes, message: bytes) -> tuple[bytes, str, int]:
+    """The ingest's fast path: (E2SM-RC indication header, message) of the plain message-copy
+    shape -> (RRC message octets, UE key, serving NR cell identity or -1), what
+    :func:`decode_rc_message_copy` gives (its ``rrc``, ``ue.key``, ``cell.cell_id``); the UE and
+    cell are memoised on their octets (:func:`_copy_ids`). :class:`~.per.Unsupported` when the
+    message is not the walker's shape or the copy lacks its RRC message (call
+    :func:`decode_rc_message_copy` then); E2DecodeError as that function raises it."""
+    params = decode_rc_octs_params(message)
+    rrc = params.get(RC_PARAM_RRC_MESSAGE)
+    if rrc is None:
+        raise Unsupported("no RRC Message")
+    ue, cell = _copy_ids(header, params.get(RC_PARAM_UE_ID), params.get(RC_PARAM_CELL_GLOBAL_ID))
+    return rrc, ue, cell
+
+
+@functools.lru_cache(maxsize=65536)
+def _copy_ids(header: bytes, ue_param: bytes | None, cgi: bytes | None) -> tuple[str, int]:
+    """(header, RAN parameter 4 and 6 octets) -> (UE key, cell id or -1), by the rules of
+    :func:`decode_rc_message_copy` (the header's UE, else parameter 4's; both must agree)."""
+    h = decode_rc_header(header)
+    ue = h.ue
+    if ue_param is not None:
+        pue = decode_ueid(ue_param)
+        if ue is not None and pue != ue:
+            raise Unsupported("UE IDs differ")
+        ue = pue
+    if ue is None:
+        raise Unsupported("no UE ID")
+    return ue.key, decode_cgi(cgi).cell_id if cgi is not None else -1
+
+
 # ------------------------------------------------------------------------------------------------
 # subscription payloads (event trigger and action definition)
 # ------------------------------------------------------------------------------------------------

@@ -97,9 +97,8 @@ class AssociationMap:
                 self._grid = None                   # outside: rebuilt, larger, on the next lookup
 
     def add_latlon(self, lat: float, lon: float, cell: int, n: int = 1) -> None:
-        f = self.ensure_frame(lat, lon)
-        x, y = f.xy(lat, lon)
-        self.add_xy(float(x), float(y), cell, n)
+        f = self.ensure_frame(lat, lon)       # LocalFrame.xy's arithmetic on scalars, without arrays
+        self.add_xy(float((lon - f.lon0) * f.kx), float((lat - f.lat0) * f.ky), cell, n)
 
     def merge(self, other: "AssociationMap", sign: int = 1) -> None:
         """Add (sign=1) or remove (sign=-1) another map's counts (same tile size and frame)."""

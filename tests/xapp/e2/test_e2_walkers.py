@@ -263,3 +263,49 @@ def test_ssb_fast_path_hands_back_truncated_and_padded_reports():
             rrc.decode_ssb_meas_report(b[:cut])
     with pytest.raises(Unsupported):
         rrc.decode_ssb_meas_report(b + b"\x00")
+
+
+def test_ingest_fast_path_equals_decode_indication_or_hands_back():
+    # rc_ssb_report (E2AP lean walker, memoised UE/cell, SSB walker) gives the report of
+    # decode_indication wherever it answers, and hands back (raises) wherever decode_indication
+    # drops or takes another path: header formats 1-3, UE in the header and/or RAN parameter 4,
+    # UEs that differ, no cell, a KPM RAN function, mutated and truncated PDUs
+    from xapp.e2 import e2ap, sm_rc
+    from xapp.e2.ie import Cgi
+    from xapp.e2.ingest import Dropped, IngestConfig, decode_indication, rc_ssb_report
+
+    rng = random.Random(17)
+    cfg = IngestConfig()
+    fast = back = 0
+    for k in range(400):
+        r = _ssb_report(rng)
+        u = UeId(kind="gNB", amf_ue_ngap_id=1 + k % 50, guami=Guami())
+        fmt = rng.choice([1, 2, 3])
+        copy = sm_rc.RcMessageCopy(tracegen.encode_rrc_meas_report(r), u,
+                                   Cgi("00101", 1000 + k % 7) if rng.random() < 0.9 else None, header_format=fmt)
+        h, m = tracegen.encode_rc_message_copy(copy, ue_in_message=rng.random() < 0.5)
+        if rng.random() < 0.05:               # the header names another UE than RAN parameter 4
+            h, _ = tracegen.encode_rc_message_copy(sm_rc.RcMessageCopy(copy.rrc, UeId(kind="gNB", amf_ue_ngap_id=999,
+                                                                                      guami=Guami()), None,
+                                                                       header_format=2))
+        pdu = tracegen.encode_ric_indication(e2ap.RicIndication(1, 1, rng.choice([3, 3, 3, 2]), 1, h, m, sn=k))
+        if rng.random() < 0.15:               # a mutated or truncated PDU
+            b = bytearray(pdu)
+            if rng.random() < 0.5:
+                b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+            else:
+                del b[rng.randrange(len(b)):]
+            pdu = bytes(b)
+        try:
+            want = decode_indication(pdu, "gnb", 3.0, cfg)
+        except Dropped:
+            want = None
+        try:
+            got = rc_ssb_report(pdu, "gnb", 3.0, cfg)
+        except Exception:                     # noqa: BLE001 - handed back to decode_indication
+            back += 1                         # (the other shapes' path is tested above)
+            continue
+        fast += 1
+        assert want is not None and want.service_model == "rc" and want.rs == ["ssb"]
+        assert repr(want.reports) == repr([got]) and not want.dropped and not want.unused
+    assert fast > 120 and back > 120
