@@ -34,18 +34,26 @@ import numpy as np
 
 
 def generate(out_dir: Path, *, seed: int, ues: int, duration_s: float, speed_mps: float,
-             rows: int, cols: int, t0: float = 1_000_000.0) -> tuple[Path, dict[int, int]]:
-    """Generate the default drive's trace; returns (trace path, NRT {pci: cell id})."""
+             rows: int, cols: int, t0: float = 1_000_000.0, isd_m: float = 500.0,
+             convoy: int = 0) -> tuple[Path, dict[int, int]]:
+    """Generate the default drive's trace; returns (trace path, NRT {pci: cell id}).
+
+    ``isd_m``: the sites' inter-site distance, m (xapp.sim.radio.hex_network). ``convoy``: the first
+    ``convoy`` UEs drive the first UE's route with its radio draws (shadowing, fading), so they
+    hand over at the same moments to the same cells (concurrent migrations to one target); the
+    others drive their own."""
     from xapp.e2.convert import ConvertConfig, reports_to_records
     from xapp.e2.trace import TraceWriter
     from xapp.sim.radio import generate_drive, hex_network, manhattan_route
 
-    net = hex_network(rows, cols, seed=seed)
+    net = hex_network(rows, cols, isd_m=isd_m, seed=seed)
     cfg = ConvertConfig()
     streams = []
     for k in range(ues):
-        route = manhattan_route(net, speed_mps * duration_s + 200.0, speed_mps, seed=seed * 1000 + k)
-        sim = generate_drive(net, route, duration_s, seed=seed * 1000 + k, ue_id=f"gen-{k}", t0=t0)
+        kr = 0 if k < convoy else k
+        route = manhattan_route(net, speed_mps * duration_s + 200.0, speed_mps, seed=seed * 1000 + kr,
+                                block_m=min(150.0, isd_m))
+        sim = generate_drive(net, route, duration_s, seed=seed * 1000 + kr, ue_id=f"gen-{k}", t0=t0)
         streams.append(list(reports_to_records(sim.reports, k, cfg)))
     path = out_dir / "drive.e2trace"
     with TraceWriter(str(path)) as w:
@@ -166,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--duration-s", type=float, default=50.0)
     ap.add_argument("--speed-mps", type=float, default=16.0)
     ap.add_argument("--grid", default="2x2", help="gNB sites, ROWSxCOLS (three cells each)")
+    ap.add_argument("--isd-m", type=float, default=500.0, help="inter-site distance, m")
+    ap.add_argument("--convoy", type=int, default=0, metavar="N",
+                    help="the first N UEs on the first UE's route and radio draws: their handovers to one target at once")
     ap.add_argument("--segment", default="", help="'auto' or START:END seconds from the trace's start")
     ap.add_argument("--min-handovers", type=int, default=5)
     ap.add_argument("--lead-s", type=float, default=10.0)
@@ -177,9 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.generate:
         rows, cols = (int(x) for x in a.grid.lower().split("x"))
         trace, nrt = generate(out, seed=a.seed, ues=a.ues, duration_s=a.duration_s, speed_mps=a.speed_mps,
-                              rows=rows, cols=cols)
-        source = (f"generated: {a.ues} UE(s), {a.duration_s:g} s at {a.speed_mps:g} m/s, {rows}x{cols} "
-                  f"three-sector sites, seed {a.seed}")
+                              rows=rows, cols=cols, isd_m=a.isd_m, convoy=a.convoy)
+        source = (f"generated: {a.ues} UE(s){f' ({a.convoy} in convoy)' if a.convoy else ''}, {a.duration_s:g} s at "
+                  f"{a.speed_mps:g} m/s, {rows}x{cols} three-sector sites {a.isd_m:g} m apart, seed {a.seed}")
     else:
         trace = Path(a.trace)
         source = f"trace {trace}"
