@@ -275,3 +275,13 @@ def test_the_hold_knob_in_batch_mode_and_after_the_last_handover():
     assert not hasattr(HoldCorrect(Scripted(), [], 1.0), "update")   # per-UE predictor: no batch path
     with pytest.raises(ValueError):
         HoldCorrect(Scripted(), [], -1.0)
+
+
+def test_the_hold_knob_needs_test_mode_and_the_handovers(capsys):
+    """pallas-xapp refuses --hold-correct-s without --handovers (or outside test mode) instead of
+    running with a knob that has no effect."""
+    from xapp.main import main
+    cfg = str(REPO / "descriptors" / "config-file.json")
+    assert main(["--mode", "test", "--config", cfg, "--trace", "x.e2trace", "--hold-correct-s", "1"]) == 2
+    assert "--hold-correct-s" in capsys.readouterr().err
+    assert main(["--mode", "live", "--config", cfg, "--hold-correct-s", "1", "--handovers", "p.json"]) == 2
