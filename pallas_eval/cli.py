@@ -151,7 +151,10 @@ def print_live(con, r) -> None:
                   + f"  p99 live {row['sit_p99_live_s'] * 1000:6.0f} ms  ITL mean/p99 {row['itl_mean_live_s'] * 1000:.0f}/"
                   f"{row['itl_p99_live_s'] * 1000:.0f} ms  ({row['handovers_with_session']} HOs, "
                   f"{row['prepared_commits']} prepared, lead {row['lead_mean_s']:.2f} s, window {row['window_mean_s']:.2f} s, "
-                  f"CPU {row['cpu_cores']} cores, replay {row['replay_wall_s']} s)", markup=False)
+                  f"CPU {row['cpu_cores']} cores, replay {row['replay_wall_s']} s)"
+                  + (f"; at its {row['triggers']} triggers the engine predicted SIT "
+                     f"{row['trigger_sit_pred_mean_s'] * 1000:.0f} ms, T_early {row['trigger_t_early_pred_mean_s'] * 1000:.0f} ms "
+                     f"at window {row['trigger_window_mean_s']:.2f} s" if row.get("triggers") else ""), markup=False)
     for k, v in r.summary.items():
         if k in ("factors_over_pallas", "handovers_per_session", "concurrent_handovers"):
             con.print(f"  {k}: {v}", markup=False)

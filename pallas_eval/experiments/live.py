@@ -143,10 +143,23 @@ def _mean(xs) -> float:
     return sum(v) / len(v) if v else float("nan")
 
 
-def scheme_rows(summ: dict, **extra) -> list[dict]:
+def trigger_figures(replay_dir: Path | None, scheme: str) -> dict:
+    """The Scheduler Engine's own figures at its triggers under ``scheme`` (the xApp's event log):
+    mean window, and mean SIT and T_early that Eqs. 4-8 predicted at that window (whatever chose
+    it: Eq. 9 or a fixed window), s; NaN without triggers."""
+    p = None if replay_dir is None else replay_dir / scheme / "xapp-events.jsonl"
+    trig = [] if p is None or not p.exists() else [
+        e for e in (json.loads(x) for x in p.read_text().splitlines() if '"trigger"' in x) if e.get("kind") == "trigger"]
+    return {"triggers": len(trig), "trigger_window_mean_s": _mean(e.get("window_s") for e in trig),
+            "trigger_sit_pred_mean_s": _mean(e.get("t_sit_s") for e in trig),
+            "trigger_t_early_pred_mean_s": _mean(e.get("t_early_s") for e in trig)}
+
+
+def scheme_rows(summ: dict, replay_dir: Path | None = None, **extra) -> list[dict]:
     """One row per scheme of a replay's summary: live SIT/ITL, the timing model's SIT for the
-    same handovers at the emulated rates, prepared commits, the mean prediction lead and window
-    of its handovers with a session, and its wall time, pacing and CPU (whole replay)."""
+    same handovers at the run's measured rates, prepared commits, the mean prediction lead and
+    window of its handovers with a session, its wall time, pacing and CPU (whole replay), and
+    with ``replay_dir`` the engine's figures at its triggers (:func:`trigger_figures`)."""
     model = summ.get("simulated", {}) or {}
     hos = summ.get("handovers", [])
     pacing = summ.get("pacing") or {}
@@ -167,7 +180,8 @@ def scheme_rows(summ: dict, **extra) -> list[dict]:
                      "window_mean_s": _mean(h["window_s"] for h in mine),
                      "token_exact": f"{s.get('token_exact', 0)}/{s.get('token_checked', 0)}",
                      "pacing_held": bool(pacing.get("held", False)),
-                     "cpu_cores": round(sum(cpu.values()), 2), "replay_wall_s": round(float(summ.get("wall_s", 0.0)), 1)})
+                     "cpu_cores": round(sum(cpu.values()), 2), "replay_wall_s": round(float(summ.get("wall_s", 0.0)), 1),
+                     **trigger_figures(replay_dir, sch)})
     return rows
 
 
@@ -201,7 +215,7 @@ def run_single(out_dir: Path, con, *, emulate: str = REPLAY_MODEL, ues: int = LI
     opts = replay_options(out_dir / "replay", emulate=emulate, ues=ues, duration_s=duration_s, seed=seed,
                           schemes=COMPARED)
     summ = run_one(opts, con)
-    rows = scheme_rows(summ)
+    rows = scheme_rows(summ, opts.out_dir)
 
     def factor(col: str, sch: str) -> float:
         a = next((r[col] for r in rows if r["scheme"] == sch), float("nan"))
@@ -225,7 +239,7 @@ def run_ablation(out_dir: Path, con, *, emulate: str = LIVE_MODEL, ues: int = LI
     opts = replay_options(out_dir / "replay", emulate=emulate, ues=ues, duration_s=duration_s, seed=seed,
                           schemes=(PALLAS, *ABLATIONS))
     summ = run_one(opts, con)
-    rows = scheme_rows(summ)
+    rows = scheme_rows(summ, opts.out_dir)
     paper = paper_values()
     for r in rows:
         v = paper.get(f"ablation.{r['scheme'].replace('-', '_')}.qwen3-14b.300")
@@ -255,7 +269,7 @@ def run_stress(out_dir: Path, con, *, emulate: str = LIVE_MODEL, ues: int = LIVE
         opts = replay_options(out_dir / f"replay-tavail-{ta:g}", emulate=emulate, ues=ues, duration_s=duration_s,
                               seed=seed, schemes=(PALLAS,), verify=False)
         opts.xapp_args = stress_args(plan_path(opts), ta)
-        rows += scheme_rows(run_one(opts, con), t_avail_imposed_s=ta)
+        rows += scheme_rows(run_one(opts, con), opts.out_dir, t_avail_imposed_s=ta)
     return _result("stress", out_dir, rows, {"t_avail_s": list(t_avail)},
                    f"stress, live: Pallas's SIT against the imposed prediction lead ({emulate} emulated)",
                    [f"T_avail {r['t_avail_imposed_s']:g} s" for r in rows],
@@ -279,7 +293,7 @@ def run_window(out_dir: Path, con, *, emulate: str = LIVE_MODEL, ues: int = LIVE
         tag = "selected" if w is None else f"fixed-{w:g}"
         opts = replay_options(out_dir / f"replay-{tag}", emulate=emulate, ues=ues, duration_s=duration_s,
                               seed=seed, schemes=(PALLAS,), verify=False, xapp_controls=window_controls(w))
-        rows += scheme_rows(run_one(opts, con), window="selected (Eq. 9)" if w is None else f"{w:g}",
+        rows += scheme_rows(run_one(opts, con), opts.out_dir, window="selected (Eq. 9)" if w is None else f"{w:g}",
                             fixed_window_s=float("nan") if w is None else w)
     paper = paper_values()
     return _result("window", out_dir, rows, {"fixed_windows_s": list(windows),
@@ -316,7 +330,7 @@ def run_repeated(out_dir: Path, con, *, emulate: str = REPLAY_MODEL, ues: int = 
     opts = replay_options(out_dir / "replay", emulate=emulate, ues=ues, duration_s=duration_s, seed=seed,
                           schemes=schemes, verify=False, generate_args=("--isd-m", f"{REPEATED_ISD_M:g}"))
     summ = run_one(opts, con)
-    rows = scheme_rows(summ)
+    rows = scheme_rows(summ, opts.out_dir)
     hps = {r["scheme"]: handovers_per_session(summ, r["scheme"]) for r in rows}
     for r in rows:
         r["handovers_per_session_mean"] = hps[r["scheme"]]["mean"]
@@ -377,7 +391,7 @@ def run_contention(out_dir: Path, con, *, emulate: str = REPLAY_MODEL, ues: int 
     opts = replay_options(out_dir / "replay", emulate=emulate, ues=ues, duration_s=duration_s, seed=seed,
                           schemes=schemes, verify=False, generate_args=("--convoy", str(CONTENTION_UES)))
     summ = run_one(opts, con)
-    rows = scheme_rows(summ)
+    rows = scheme_rows(summ, opts.out_dir)
     plan = json.loads(plan_path(opts).read_text())
     at_once: dict[tuple[float, int], int] = {}
     for _ue, t, _a, b in plan["handovers"]:

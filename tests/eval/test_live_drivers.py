@@ -151,3 +151,17 @@ def test_prepare_generates_a_convoy_and_small_cells(tmp_path):
     n_small = len(json.loads((tmp_path / "s" / "plan.json").read_text())["handovers"])
     n_big = len(json.loads((tmp_path / "b" / "plan.json").read_text())["handovers"])
     assert n_small > 2 * n_big          # 9 against 4 (seed 2)
+
+
+def test_trigger_figures_are_the_engines_own_at_its_triggers(tmp_path):
+    d = tmp_path / PALLAS
+    d.mkdir()
+    evs = [{"kind": "start", "start_at": 1.0},
+           {"kind": "trigger", "window_s": 3.0, "t_sit_s": 0.1, "t_early_s": 2.0},
+           {"kind": "trigger", "window_s": 1.0, "t_sit_s": 0.3, "t_early_s": 0.0},
+           {"kind": "commit", "window_s": 9.0}]
+    (d / "xapp-events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
+    f = live.trigger_figures(tmp_path, PALLAS)
+    assert f == {"triggers": 2, "trigger_window_mean_s": 2.0, "trigger_sit_pred_mean_s": pytest.approx(0.2),
+                 "trigger_t_early_pred_mean_s": 1.0}
+    assert live.trigger_figures(None, PALLAS)["triggers"] == 0
