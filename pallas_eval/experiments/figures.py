@@ -272,10 +272,11 @@ def plot_stress(path: Path, curves: Sequence[dict]) -> Path:
 
 
 def plot_live(path: Path, rows: Sequence[dict], labels: Sequence[str], title: str,
-              paper_ms: Sequence[float | None] | None = None) -> Path:
+              paper_ms: Sequence[float | None] | None = None, t_early_s: Sequence[float] | None = None) -> Path:
     """A live experiment: per row (a scheme or a variant), the mean SIT measured live beside the
     timing model's for the same handovers (ms, log), the live P99 as markers and, where given,
-    the paper's value as a black star."""
+    the paper's value as a black star and ``t_early_s`` (the target's idle time, s) on a second
+    axis."""
     fig, axes = _figures(1, 1, (max(7.5, 1.5 * len(rows)), 4.0))
     ax = axes[0][0]
     xs = np.arange(len(rows))
@@ -292,5 +293,14 @@ def plot_live(path: Path, rows: Sequence[dict], labels: Sequence[str], title: st
     ax.set_ylabel("SIT (ms, log)")
     ax.grid(alpha=0.3, axis="y")
     _headroom(ax, 5.0)
-    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    handles, names = ax.get_legend_handles_labels()
+    if t_early_s is not None:
+        ax2 = ax.twinx()
+        ax2.plot(xs, list(t_early_s), "D", color="tab:grey", ms=6, ls="none",
+                 label="engine's T_early at its triggers (s)")
+        ax2.set_ylabel("T_early (s)")
+        ax2.set_ylim(0, max(0.1, 1.5 * max([v for v in t_early_s if np.isfinite(v)] or [0.0])))
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, names = handles + h2, names + l2
+    ax.legend(handles, names, fontsize=7, ncol=2, loc="upper left")
     return _save(fig, path, title)

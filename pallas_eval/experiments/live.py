@@ -197,10 +197,12 @@ def _notes(name: str, emulate: str, rows: list[dict], extra: str = "") -> list[s
 
 
 def _result(name: str, out_dir: Path, rows: list[dict], summary: dict, plot_title: str, labels: list[str],
-            notes: list[str], paper_ms: list[float | None] | None = None, comps=()) -> ExperimentResult:
+            notes: list[str], paper_ms: list[float | None] | None = None, comps=(),
+            t_early: bool = False) -> ExperimentResult:
     from pallas_eval.experiments.figures import plot_live
     out_dir.mkdir(parents=True, exist_ok=True)
-    plot = plot_live(out_dir / f"{name}_live.png", rows, labels, plot_title, paper_ms=paper_ms)
+    plot = plot_live(out_dir / f"{name}_live.png", rows, labels, plot_title, paper_ms=paper_ms,
+                     t_early_s=[r.get("trigger_t_early_pred_mean_s", float("nan")) for r in rows] if t_early else None)
     return ExperimentResult(name, "live", rows, summary, [plot], list(comps), notes)
 
 
@@ -304,7 +306,7 @@ def run_window(out_dir: Path, con, *, emulate: str = LIVE_MODEL, ues: int = LIVE
                    "window_mean_s is the window the triggers used (a prediction nearer than T_w cuts it); the paper's "
                    "Figure 6 point is 1.64 s, 227.57 ms at Qwen3-14B, 300 Mbit/s, 3,000 tokens"),
                    paper_ms=[paper["window.selected_sit"]["value"] if r["window"].startswith("selected") else None
-                             for r in rows])
+                             for r in rows], t_early=True)
 
 
 def handovers_per_session(summ: dict, scheme: str) -> dict:
