@@ -155,6 +155,12 @@ def print_live(con, r) -> None:
                   + (f"; at its {row['triggers']} triggers the engine predicted SIT "
                      f"{row['trigger_sit_pred_mean_s'] * 1000:.0f} ms, T_early {row['trigger_t_early_pred_mean_s'] * 1000:.0f} ms "
                      f"at window {row['trigger_window_mean_s']:.2f} s" if row.get("triggers") else ""), markup=False)
+        if "sit_mean_concurrent_s" in row:
+            con.print(f"    concurrent with another to the same target: {row['handovers_concurrent']} HOs, SIT mean/worst "
+                      f"{row['sit_mean_concurrent_s'] * 1000:.0f}/{row['sit_max_concurrent_s'] * 1000:.0f} ms; alone: "
+                      f"{row['handovers_alone']} HOs, {row['sit_mean_alone_s'] * 1000:.0f}/{row['sit_max_alone_s'] * 1000:.0f} ms; "
+                      f"residents at the target within 2 s: ITL mean/p99 {row['resident_itl_mean_s'] * 1000:.0f}/"
+                      f"{row['resident_itl_p99_s'] * 1000:.0f} ms ({row['resident_gaps']} gaps)", markup=False)
     for k, v in r.summary.items():
         if k in ("factors_over_pallas", "handovers_per_session", "concurrent_handovers"):
             con.print(f"  {k}: {v}", markup=False)

@@ -382,6 +382,22 @@ def resident_itl(replay_dir: Path, summ: dict, scheme: str, around_s: float = 2.
             "resident_gaps": int(g.size)}
 
 
+def sit_by_concurrency(summ: dict, scheme: str) -> dict:
+    """Mean and worst SIT (s) under ``scheme`` of the handovers that shared their moment and
+    target agent with another (concurrent migrations to one target) and of those alone."""
+    hos = [h for h in summ.get("handovers", []) if h["scheme"] == scheme and math.isfinite(_num(h["sit_s"]))]
+    n: dict[tuple[float, str], int] = {}
+    for h in hos:
+        k = (round(h["time_s"], 1), h["to_server"])
+        n[k] = n.get(k, 0) + 1
+    out = {}
+    for tag, pick in (("concurrent", lambda c: c > 1), ("alone", lambda c: c == 1)):
+        v = [_num(h["sit_s"]) for h in hos if pick(n[(round(h["time_s"], 1), h["to_server"])])]
+        out[f"sit_mean_{tag}_s"], out[f"sit_max_{tag}_s"], out[f"handovers_{tag}"] = (
+            _mean(v), max(v, default=float("nan")), len(v))
+    return out
+
+
 def run_contention(out_dir: Path, con, *, emulate: str = REPLAY_MODEL, ues: int = CONTENTION_UES + 1,
                    duration_s: float = LIVE_DURATION_S, seed: int = 2,
                    schemes: tuple[str, ...] = (PALLAS, CTHO)) -> ExperimentResult:
@@ -400,6 +416,7 @@ def run_contention(out_dir: Path, con, *, emulate: str = REPLAY_MODEL, ues: int 
         at_once[(round(float(t), 3), int(b))] = at_once.get((round(float(t), 3), int(b)), 0) + 1
     for r in rows:
         r.update(resident_itl(opts.out_dir, summ, r["scheme"]))
+        r.update(sit_by_concurrency(summ, r["scheme"]))
     paper = paper_values()["contention.pallas_sit_mean.max"]["value"]
     return _result("contention", out_dir, rows, {"replay": str(opts.out_dir), "concurrent_handovers":
                                                  max(at_once.values(), default=0), "pacing": summ.get("pacing")},

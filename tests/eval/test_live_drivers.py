@@ -165,3 +165,15 @@ def test_trigger_figures_are_the_engines_own_at_its_triggers(tmp_path):
     assert f == {"triggers": 2, "trigger_window_mean_s": 2.0, "trigger_sit_pred_mean_s": pytest.approx(0.2),
                  "trigger_t_early_pred_mean_s": 1.0}
     assert live.trigger_figures(None, PALLAS)["triggers"] == 0
+
+
+def test_sit_by_concurrency_splits_handovers_sharing_a_moment_and_target():
+    hos = [{"scheme": PALLAS, "time_s": 5.0, "to_server": "edge-1", "sit_s": 0.4},
+           {"scheme": PALLAS, "time_s": 5.02, "to_server": "edge-1", "sit_s": 0.6},
+           {"scheme": PALLAS, "time_s": 5.0, "to_server": "edge-2", "sit_s": 0.1},     # another target
+           {"scheme": PALLAS, "time_s": 9.0, "to_server": "edge-1", "sit_s": None},    # no session
+           {"scheme": CTHO, "time_s": 5.0, "to_server": "edge-1", "sit_s": 9.0}]
+    f = live.sit_by_concurrency({"handovers": hos}, PALLAS)
+    assert (f["handovers_concurrent"], f["handovers_alone"]) == (2, 1)
+    assert f["sit_mean_concurrent_s"] == pytest.approx(0.5) and f["sit_max_concurrent_s"] == 0.6
+    assert f["sit_mean_alone_s"] == pytest.approx(0.1)

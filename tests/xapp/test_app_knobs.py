@@ -277,10 +277,12 @@ def test_the_hold_knob_in_batch_mode_and_after_the_last_handover():
         HoldCorrect(Scripted(), [], -1.0)
 
 
-def test_the_hold_knob_needs_test_mode_and_the_handovers(capsys):
+def test_the_hold_knob_needs_test_mode_and_the_handovers(capsys, monkeypatch):
     """pallas-xapp refuses --hold-correct-s without --handovers (or outside test mode) instead of
     running with a knob that has no effect."""
+    import xapp.main as xmain
     from xapp.main import main
+    monkeypatch.setattr(xmain, "_configure_logging", lambda level: None)   # keep the process's logging as it is
     cfg = str(REPO / "descriptors" / "config-file.json")
     assert main(["--mode", "test", "--config", cfg, "--trace", "x.e2trace", "--hold-correct-s", "1"]) == 2
     assert "--hold-correct-s" in capsys.readouterr().err
