@@ -177,3 +177,13 @@ def test_sit_by_concurrency_splits_handovers_sharing_a_moment_and_target():
     assert (f["handovers_concurrent"], f["handovers_alone"]) == (2, 1)
     assert f["sit_mean_concurrent_s"] == pytest.approx(0.5) and f["sit_max_concurrent_s"] == 0.6
     assert f["sit_mean_alone_s"] == pytest.approx(0.1)
+
+
+def test_single_runs_the_compared_schemes_and_their_factors_over_pallas(tmp_path, recorded):
+    from pallas_common.schemes import COMPARED, FULL_COPY
+    r = live.run_single(tmp_path, None)
+    (opts,) = recorded
+    assert opts.schemes == COMPARED and opts.emulate == "qwen3-32b" and opts.xapp_args == ()
+    i = COMPARED.index(FULL_COPY)
+    assert r.summary["factors_over_pallas"][FULL_COPY]["live"] == pytest.approx(i + 1)    # 0.2 (i + 1) / 0.2
+    assert r.summary["factors_over_pallas"][FULL_COPY]["model"] == pytest.approx(i + 1)
