@@ -99,8 +99,11 @@ def _add_experiment_parser(sub) -> None:
     e.add_argument("--gpu", default="rtx-a6000", choices=GPUS, help="rates: the paper's GPU or the measured H200")
     e.add_argument("--tiny", action="store_true", help="a tiny size of each experiment (seconds; for tests)")
     e.add_argument("--seed", type=int, default=17)
-    e.add_argument("--emulate", default=PR.REPLAY_ANCHOR_MODEL, choices=PR.MODELS,
-                   help="live mode: the model the replay's engines and link emulate")
+    e.add_argument("--reuse-replays", action="store_true",
+                   help="live mode: read a replay already in --out (its summary.json) instead of running it again")
+    e.add_argument("--emulate", default=None, choices=PR.MODELS,
+                   help="live mode: the model the replay's engines and link emulate (default: the experiment's, "
+                        "pallas_eval/experiments/live.py LIVE_SCALE)")
 
 
 def cmd_experiment(a: argparse.Namespace) -> int:
@@ -118,16 +121,14 @@ def cmd_experiment(a: argparse.Namespace) -> int:
                 con.print(live.message(n), markup=False)
         if not runnable:
             return 2
-        t0 = time.perf_counter()
-        results = [live.run_single(Path(a.out) / n, con, emulate=a.emulate) for n in runnable]
-        for r in results:
-            con.print(f"[bold]{r.name} (live)[/]: " + "; ".join(r.notes))
-            for row in r.rows:
-                con.print(f"  {row['scheme']:14s} SIT live {row['sit_mean_live_s'] * 1000:8.0f} ms  "
-                          f"model {row['sit_mean_model_s'] * 1000:8.0f} ms  ({row['handovers_with_session']} handovers)")
-            con.print(f"  SIT factors over Pallas: {r.summary['factors_over_pallas']}")
+        live.REUSE = a.reuse_replays
+        for n in runnable:
+            t0 = time.perf_counter()
+            kw = {"emulate": a.emulate} if a.emulate else {}
+            r = live.LIVE_DRIVERS[n](Path(a.out) / n, con, **kw)
             r.wall_s = time.perf_counter() - t0
-            r.write(Path(a.out) / r.name)
+            print_live(con, r)
+            r.write(Path(a.out) / n)
         return 0 if len(runnable) == len(names) else 2
     t0 = time.perf_counter()
     out = Path(a.out)
@@ -138,6 +139,35 @@ def cmd_experiment(a: argparse.Namespace) -> int:
     ex.print_results(con, results, time.perf_counter() - t0)
     con.print(f"outputs in {out}/<name>/")
     return 0
+
+
+def print_live(con, r) -> None:
+    """A live experiment's figures: per row (scheme or variant) the live SIT beside the timing
+    model's on the same handovers and the paper's where it gives one."""
+    con.print(f"[bold]{r.name} (live, {r.wall_s:.0f} s)[/]: " + "; ".join(r.notes), markup=True)
+    keys = [k for k in ("t_avail_imposed_s", "window") if r.rows and k in r.rows[0]]
+    for row in r.rows:
+        tag = " ".join(f"{k}={row[k]}" for k in keys)
+        paper = row.get("paper_sit_mean_ms")
+        con.print(f"  {row['scheme']:14s} {tag:22s} SIT mean live {row['sit_mean_live_s'] * 1000:8.0f} ms  "
+                  f"model {row['sit_mean_model_s'] * 1000:8.0f} ms"
+                  + (f"  paper {paper:8.0f} ms" if paper is not None and math.isfinite(paper) else "")
+                  + f"  p99 live {row['sit_p99_live_s'] * 1000:6.0f} ms  ITL mean/p99 {row['itl_mean_live_s'] * 1000:.0f}/"
+                  f"{row['itl_p99_live_s'] * 1000:.0f} ms  ({row['handovers_with_session']} HOs, "
+                  f"{row['prepared_commits']} prepared, lead {row['lead_mean_s']:.2f} s, window {row['window_mean_s']:.2f} s, "
+                  f"CPU {row['cpu_cores']} cores, replay {row['replay_wall_s']} s)"
+                  + (f"; at its {row['triggers']} triggers the engine predicted SIT "
+                     f"{row['trigger_sit_pred_mean_s'] * 1000:.0f} ms, T_early {row['trigger_t_early_pred_mean_s'] * 1000:.0f} ms "
+                     f"at window {row['trigger_window_mean_s']:.2f} s" if row.get("triggers") else ""), markup=False)
+        if "sit_mean_concurrent_s" in row:
+            con.print(f"    concurrent with another to the same target: {row['handovers_concurrent']} HOs, SIT mean/worst "
+                      f"{row['sit_mean_concurrent_s'] * 1000:.0f}/{row['sit_max_concurrent_s'] * 1000:.0f} ms; alone: "
+                      f"{row['handovers_alone']} HOs, {row['sit_mean_alone_s'] * 1000:.0f}/{row['sit_max_alone_s'] * 1000:.0f} ms; "
+                      f"residents at the target within 2 s: ITL mean/p99 {row['resident_itl_mean_s'] * 1000:.0f}/"
+                      f"{row['resident_itl_p99_s'] * 1000:.0f} ms ({row['resident_gaps']} gaps)", markup=False)
+    for k, v in r.summary.items():
+        if k in ("factors_over_pallas", "handovers_per_session", "concurrent_handovers"):
+            con.print(f"  {k}: {v}", markup=False)
 
 
 def _rates_from_file(spec: str) -> Rates:

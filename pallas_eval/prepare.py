@@ -34,13 +34,13 @@ import numpy as np
 
 
 def _drive_records(net, k: int, ue_index: int, *, seed: int, duration_s: float, speed_mps: float,
-                   t0: float, cfg) -> list:
+                   t0: float, cfg, block_m: float = 150.0) -> list:
     """One generated UE's drive on ``net`` as E2 trace records (route and radio seeds from
-    ``seed``, UE index ``ue_index`` in the trace)."""
+    ``seed``, UE index ``ue_index`` in the trace, Manhattan blocks of ``block_m`` metres)."""
     from xapp.e2.convert import reports_to_records
     from xapp.sim.radio import generate_drive, manhattan_route
 
-    route = manhattan_route(net, speed_mps * duration_s + 200.0, speed_mps, seed=seed)
+    route = manhattan_route(net, speed_mps * duration_s + 200.0, speed_mps, seed=seed, block_m=block_m)
     sim = generate_drive(net, route, duration_s, seed=seed, ue_id=f"gen-{k}", t0=t0)
     return list(reports_to_records(sim.reports, ue_index, cfg))
 
@@ -60,10 +60,15 @@ HISTORY_DRIVE_S = 300.0
 
 
 def generate(out_dir: Path, *, seed: int, ues: int, duration_s: float, speed_mps: float,
-             rows: int, cols: int, t0: float = 1_000_000.0, history_drives: int = 0
-             ) -> tuple[Path, dict[int, int], Path | None]:
+             rows: int, cols: int, t0: float = 1_000_000.0, history_drives: int = 0,
+             isd_m: float = 500.0, convoy: int = 0) -> tuple[Path, dict[int, int], Path | None]:
     """Generate the default drive's trace; returns (trace path, NRT {pci: cell id}, history
     trace path or None).
+
+    ``isd_m``: the sites' inter-site distance, m (xapp.sim.radio.hex_network). ``convoy``: the
+    first ``convoy`` UEs drive the first UE's route with its radio draws (shadowing, fading), so
+    they hand over at the same moments to the same cells (concurrent migrations to one target);
+    the others drive their own.
 
     ``history_drives`` > 0 also writes ``history.e2trace``: that many other UEs' drives of
     ``HISTORY_DRIVE_S`` seconds through the same network (same sites, same shadowing; other
@@ -75,16 +80,18 @@ def generate(out_dir: Path, *, seed: int, ues: int, duration_s: float, speed_mps
     from xapp.e2.convert import ConvertConfig
     from xapp.sim.radio import hex_network
 
-    net = hex_network(rows, cols, seed=seed)
+    net = hex_network(rows, cols, isd_m=isd_m, seed=seed)
     cfg = ConvertConfig()
-    streams = [_drive_records(net, k, k, seed=seed * 1000 + k, duration_s=duration_s, speed_mps=speed_mps,
-                              t0=t0, cfg=cfg) for k in range(ues)]
+    block_m = min(150.0, isd_m)
+    streams = [_drive_records(net, k, k, seed=seed * 1000 + (0 if k < convoy else k), duration_s=duration_s,
+                              speed_mps=speed_mps, t0=t0, cfg=cfg, block_m=block_m) for k in range(ues)]
     path = _write_trace(out_dir / "drive.e2trace", streams)
     hist = None
     if history_drives > 0:
         t_h = t0 - HISTORY_DRIVE_S - 60.0
         hs = [_drive_records(net, k, HISTORY_UE_BASE + k, seed=seed * 1000 + HISTORY_SEED_BASE + k,
-                             duration_s=HISTORY_DRIVE_S, speed_mps=speed_mps, t0=t_h, cfg=cfg)
+                             duration_s=HISTORY_DRIVE_S, speed_mps=speed_mps, t0=t_h, cfg=cfg,
+                             block_m=block_m)
               for k in range(history_drives)]
         hist = _write_trace(out_dir / "history.e2trace", hs)
     nrt = {int(c.pci): int(c.cell_id) for c in net.cells}
@@ -194,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--history-drives", type=int, default=0,
                     help="generated drive: also write history.e2trace, this many earlier drives through "
                          "the same network for the xApp to learn from (0: none, it starts empty)")
+    ap.add_argument("--isd-m", type=float, default=500.0, help="inter-site distance, m")
+    ap.add_argument("--convoy", type=int, default=0, metavar="N",
+                    help="the first N UEs on the first UE's route and radio draws: their handovers to one target at once")
     ap.add_argument("--segment", default="", help="'auto' or START:END seconds from the trace's start")
     ap.add_argument("--min-handovers", type=int, default=5)
     ap.add_argument("--lead-s", type=float, default=10.0)
@@ -205,9 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.generate:
         rows, cols = (int(x) for x in a.grid.lower().split("x"))
         trace, nrt, hist = generate(out, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
-                                    speed_mps=a.speed_mps, rows=rows, cols=cols, history_drives=a.history_drives)
-        source = (f"generated: {a.ues} UE(s), {a.duration_s:g} s at {a.speed_mps:g} m/s, {rows}x{cols} "
-                  f"three-sector sites, seed {a.seed}")
+                                    speed_mps=a.speed_mps, rows=rows, cols=cols, history_drives=a.history_drives,
+                                    isd_m=a.isd_m, convoy=a.convoy)
+        source = (f"generated: {a.ues} UE(s){f' ({a.convoy} in convoy)' if a.convoy else ''}, {a.duration_s:g} s at "
+                  f"{a.speed_mps:g} m/s, {rows}x{cols} three-sector sites {a.isd_m:g} m apart, seed {a.seed}")
         if hist is not None:
             source += f"; the xApp learned from {a.history_drives} earlier drives of {HISTORY_DRIVE_S:g} s"
     else:

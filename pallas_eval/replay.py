@@ -85,6 +85,14 @@ class ReplayOptions:
     # process runs plaintext with an explicit --insecure.
     tls: bool = True
     progress: bool = True
+    # Experiment hooks (issue 17, pallas_eval.experiments.live): extra arguments of the xApp's
+    # test-mode command line, and values merged into its descriptor's controls, section by
+    # section (e.g. {"scheduler": {"fixed_window_s": 1.0}}).
+    xapp_args: tuple[str, ...] = ()
+    xapp_controls: dict = field(default_factory=dict)
+    # ... and extra options of the generated drive (python -m pallas_eval.prepare --generate ...,
+    # e.g. ("--isd-m", "100") or ("--convoy",)).
+    generate_args: tuple[str, ...] = ()
 
 
 @dataclass
@@ -191,7 +199,7 @@ def prepare(opts: ReplayOptions) -> dict:
             cmd += ["--segment", opts.segment, "--min-handovers", str(opts.min_handovers)]
     else:
         cmd += ["--generate", "--seed", str(opts.seed), "--ues", str(opts.ues), "--duration-s", str(opts.duration_s),
-                "--history-drives", str(opts.history_drives)]
+                "--history-drives", str(opts.history_drives), *opts.generate_args]
     r = subprocess.run(cmd, cwd=str(REPO), env=_env_with_repo(), capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"preparing the trace failed ({' '.join(cmd)}):\n{r.stderr[-3000:]}")
@@ -368,7 +376,11 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     d = opts.out_dir / scheme
     d.mkdir(parents=True, exist_ok=True)
     cfg = d / "xapp-config.json"
-    cfg.write_text(json.dumps(xapp_descriptor(plan, mapping, servers, scheme), indent=1))
+    desc = xapp_descriptor(plan, mapping, servers, scheme)
+    for k, v in opts.xapp_controls.items():
+        c = desc["controls"]
+        c[k] = {**c[k], **v} if isinstance(v, dict) and isinstance(c.get(k), dict) else v
+    cfg.write_text(json.dumps(desc, indent=1))
     events = d / "xapp-events.jsonl"
     if events.exists():
         events.unlink()
@@ -377,7 +389,7 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     offset = start_at - t_first
     cmd = [xapp_python(opts), "-m", "xapp.main", "--mode", "test", "--config", str(cfg), "--trace", plan["trace"],
            "--start-at", f"{start_at:.6f}", "--events", str(events), "--nrt", str(opts.out_dir / "input" / "nrt.json"),
-           "--linger-s", "5"] + ([] if opts.tls else ["--insecure"])
+           "--linger-s", "5"] + ([] if opts.tls else ["--insecure"]) + list(opts.xapp_args)
     child = sup.start(f"xapp-{scheme}", cmd, env=_env_with_repo(), cwd=REPO)
     if cpu is not None:
         cpu.add("xapp", child.popen.pid)

@@ -18,7 +18,9 @@ Test mode (what ``pallas replay`` runs)::
 replays the trace's records through the same xApp: the first record is delivered at
 ``--start-at`` (wall clock) and the others at their recorded offsets (``--speed 0``: as fast as
 possible). It exits at the end of the trace plus ``--linger-s`` (policies still in flight finish)
-or on SIGTERM/SIGINT.
+or on SIGTERM/SIGINT. ``--hold-correct-s T --handovers plan.json`` holds back each correct
+prediction until T s before its handover (the prediction lead of the stress experiment,
+xapp.hold).
 
 Links and state (issue 16), both chosen at start:
 
@@ -74,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nrt", help="neighbour relation table JSON {PCI: NR cell identity}")
     p.add_argument("--events", help="append the decision/event log (JSON lines) here")
     p.add_argument("--scheme", help="override the configured scheme (pallas, ctho, detour, ...)")
+    p.add_argument("--hold-correct-s", type=float, default=None,
+                   help="test mode: hold back a prediction naming the UE's true next target until this many "
+                        "seconds before that handover (the prediction lead T_avail; needs --handovers; xapp.hold)")
+    p.add_argument("--handovers", help="test mode, with --hold-correct-s: the replay plan JSON whose 'handovers' "
+                                       "list the trace's true handovers (pallas_eval.prepare's plan.json)")
     p.add_argument("--rmr-port", type=int, default=4560)
     p.add_argument("--insecure", action="store_true",
                    help="plaintext gRPC to the agents (tests, the local replay); ignores controls.tls")
@@ -154,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.mode == "test" and not a.trace:
         print("--mode test needs --trace", file=sys.stderr)
         return 2
+    if a.hold_correct_s is not None and (a.mode != "test" or not a.handovers):
+        print("--hold-correct-s is a test-mode knob and needs --handovers", file=sys.stderr)
+        return 2
     try:
         security = link_security(cfg.controls, a.mode, a.insecure)
     except TlsError as e:
@@ -196,9 +206,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         transport = TraceTransport(a.trace, speed=a.speed or None, threaded=True,
                                    clock=anchored_clock if a.speed else time.monotonic)
+        predictor = None
+        if a.hold_correct_s is not None:
+            from xapp.hold import HoldCorrect, load_handovers
+            try:
+                predictor = HoldCorrect(PallasXapp._build_predictor(cfg, nrt), load_handovers(a.handovers),
+                                        a.hold_correct_s, clock=lambda: time.time() - offset)
+            except (OSError, ValueError) as e:
+                print(f"--hold-correct-s: {e}", file=sys.stderr)
+                return 2
         app = PallasXapp(cfg, transport, nrt=nrt, events=events, offset=offset, store=store,
-                         security=security)
-        events.write("start", mode="test", scheme=cfg.scheme, trace=a.trace, start_at=start_at, offset=offset)
+                         security=security, predictor=predictor)
+        events.write("start", mode="test", scheme=cfg.scheme, trace=a.trace, start_at=start_at, offset=offset,
+                     hold_correct_s=a.hold_correct_s)
         # Codecs loaded and telemetry flowing while waiting for the start time; then the replay.
         app.warm_up(first.payload, first.e2_node)
         app.start_telemetry()
@@ -214,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         end = time.time() + a.linger_s
         while not done.is_set() and time.time() < end:
             done.wait(0.1)
-        events.write("end", delivered=transport.delivered, ingest=dict(app.ingest.stats), cycles=app.cycles)
+        events.write("end", delivered=transport.delivered, ingest=dict(app.ingest.stats), cycles=app.cycles,
+                     predictions_held=getattr(predictor, "held", 0))
         app.stop()
         return 0
 

@@ -271,21 +271,36 @@ def plot_stress(path: Path, curves: Sequence[dict]) -> Path:
     return _save(fig, path, "Prediction stress: SIT vs T_avail (simulate mode; the paper's text gives no values)")
 
 
-def plot_live_single(path: Path, rows: Sequence[dict], emulate: str) -> Path:
-    """The live ``single``: mean SIT per scheme measured live beside the timing model's for the
-    same handovers (ms, log), P99 as markers."""
-    fig, axes = _figures(1, 1, (7.5, 4.0))
+def plot_live(path: Path, rows: Sequence[dict], labels: Sequence[str], title: str,
+              paper_ms: Sequence[float | None] | None = None, t_early_s: Sequence[float] | None = None) -> Path:
+    """A live experiment: per row (a scheme or a variant), the mean SIT measured live beside the
+    timing model's for the same handovers (ms, log), the live P99 as markers and, where given,
+    the paper's value as a black star and ``t_early_s`` (the target's idle time, s) on a second
+    axis."""
+    fig, axes = _figures(1, 1, (max(7.5, 1.5 * len(rows)), 4.0))
     ax = axes[0][0]
-    names = [r["scheme"] for r in rows]
     xs = np.arange(len(rows))
     ax.bar(xs - 0.2, [r["sit_mean_live_s"] * 1000 for r in rows], 0.4, color="tab:green", label="live (mean)")
-    ax.bar(xs + 0.2, [r["sit_mean_model_s"] * 1000 for r in rows], 0.4, color="tab:grey", label="timing model (mean)")
+    ax.bar(xs + 0.2, [r["sit_mean_model_s"] * 1000 for r in rows], 0.4, color="tab:grey",
+           label="timing model, same handovers (mean)")
     ax.plot(xs - 0.2, [r["sit_p99_live_s"] * 1000 for r in rows], "v", color="darkgreen", ls="none", label="live P99")
+    if paper_ms is not None and any(p is not None and np.isfinite(p) for p in paper_ms):
+        px = [x for x, p in zip(xs, paper_ms) if p is not None and np.isfinite(p)]
+        ax.plot(px, [p for p in paper_ms if p is not None and np.isfinite(p)], label="paper (mean)", **PAPER_MARK)
     ax.set_xticks(xs)
-    ax.set_xticklabels([label(n) for n in names])
+    ax.set_xticklabels(list(labels), fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("SIT (ms, log)")
     ax.grid(alpha=0.3, axis="y")
     _headroom(ax, 5.0)
-    ax.legend(fontsize=7, ncol=3, loc="upper left")
-    return _save(fig, path, f"single, live: the replay in the paper regime emulating {emulate}")
+    handles, names = ax.get_legend_handles_labels()
+    if t_early_s is not None:
+        ax2 = ax.twinx()
+        ax2.plot(xs, list(t_early_s), "D", color="tab:grey", ms=6, ls="none",
+                 label="engine's T_early at its triggers (s)")
+        ax2.set_ylabel("T_early (s)")
+        ax2.set_ylim(0, max(0.1, 1.5 * max([v for v in t_early_s if np.isfinite(v)] or [0.0])))
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, names = handles + h2, names + l2
+    ax.legend(handles, names, fontsize=7, ncol=2, loc="upper left")
+    return _save(fig, path, title)

@@ -254,21 +254,21 @@ def test_stress(outdir):
 
 # ------------------------------------------------------------------------------ CLI
 
-def test_cli_simulate_and_live_refusal(tmp_path, capsys):
+def test_cli_simulate_and_live_refusal(tmp_path, capsys, monkeypatch):
     from pallas_eval.cli import main
     assert main(["experiment", "window", "--simulate", "--tiny", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "window" in out and "wall time" in out
     d = json.loads((tmp_path / "window" / "window.json").read_text())
     assert d["mode"] == "simulate" and d["plots"] == ["figure6.png"]
-    # The live mode of an experiment without a driver refuses and runs nothing (never vLLM here).
+    # Where the replay lacks what the live mode needs, it refuses and runs nothing (never vLLM here).
+    monkeypatch.setattr(live, "missing", lambda: ["pallas_eval.replay.ReplayOptions.xapp_args"])
     assert main(["experiment", "window", "--out", str(tmp_path / "live")]) == 2
     msg = " ".join(capsys.readouterr().out.split())     # the console wraps long lines
-    assert "live driver for 'window'" in msg and "Nothing was run" in msg
-    if live.missing():          # this checkout's replay lacks the emulated regime: single refuses too
-        assert main(["experiment", "single", "--out", str(tmp_path / "live")]) == 2
-        assert "regime" in capsys.readouterr().out
-        with pytest.raises(live.LiveUnavailable):
-            live.run_single(tmp_path / "live", None)
+    assert "xapp_args" in msg and "Nothing was run" in msg and "fixed windows" in msg
+    with pytest.raises(live.LiveUnavailable):
+        live.run_single(tmp_path / "live", None)
+    with pytest.raises(live.LiveUnavailable):
+        live.run_window(tmp_path / "live", None)
     assert not (tmp_path / "live").exists()
     assert set(NAMES) == {"single", "repeated", "window", "contention", "ablation", "stress"}

@@ -215,3 +215,75 @@ def test_an_a1_error_changes_nothing(xapp):
     before = xapp.config
     assert a1(xapp, {"dt_s": 1e-9, "t_max_s": 60}) == "ERROR"
     assert xapp.config is before and xapp.engine.cfg.dt_s == 0.1
+
+
+# --- issue 17's experiment knobs: a fixed window (descriptor) and the prediction lead (test mode)
+@pytest.mark.parametrize("fixed, triggers, window", [(0.1, False, float("nan")), (1.0, True, 0.3)])
+def test_a_descriptors_fixed_window_replaces_the_selected_one(xapp, fixed, triggers, window):
+    """The same UE, 0.3 s before its handover, triggers at once with the selected window (0.2 s,
+    test above); with controls.scheduler.fixed_window_s 0.1 s it waits, with 1 s it triggers at
+    once with all 0.3 s it has."""
+    c = _controls()
+    c["scheduler"]["fixed_window_s"] = fixed
+    xapp.reconfigure(load_controls(c))
+    assert xapp.engine.cfg.fixed_window_s == fixed
+    xapp.predictor_script.lead_s = 0.3
+    xapp.control_cycle()
+    assert len(calls(xapp, "Trigger")) == int(triggers)
+    if triggers:
+        assert float(xapp.engine.last_window[xapp.engine._slot["s1"]]) == pytest.approx(window, abs=0.02)
+
+
+@pytest.mark.parametrize("hold_s, truth_cell, triggers", [
+    (0.1, CELL_B, False),     # the correct prediction is held until 0.1 s before the handover
+    (0.5, CELL_B, True),      # released: 0.3 s ahead is within the 0.5 s lead
+    (0.1, CELL_A + 7, True),  # a wrong prediction (the UE really goes elsewhere) is never held
+])
+def test_the_hold_knob_delays_only_the_correct_prediction(xapp, hold_s, truth_cell, triggers):
+    from xapp.hold import HoldCorrect
+    now = time.time()
+    hold = HoldCorrect(xapp.predictor_script, [("7", now + 0.3, CELL_A, truth_cell)], hold_s)
+    xapp.control.predictor = hold
+    xapp.predictor_script.lead_s = 0.3
+    xapp.control_cycle()
+    assert len(calls(xapp, "Trigger")) == int(triggers)
+    assert hold.held == int(not triggers)
+
+
+def test_the_hold_knob_in_batch_mode_and_after_the_last_handover():
+    """A batch predictor's result is filtered by the trace clock; past the UE's last known
+    handover nothing is held."""
+    from xapp.hold import HoldCorrect
+
+    class Batch:
+        def __init__(self, preds):
+            self.preds = preds
+
+        def update(self, store):
+            return type("R", (), {"ue_ids": ["7", "8"], "__len__": lambda s: 2,
+                                  "get": lambda s, i: self.preds[i]})()
+
+    p = Prediction(CELL_B, 0.0, 1.0, "x")
+    clock = [100.0]
+    h = HoldCorrect(Batch([p, p]), [("7", 103.0, CELL_A, CELL_B), ("8", 99.0, CELL_A, CELL_B)], 2.0,
+                    clock=lambda: clock[0])
+    res = h.update(None)
+    assert [res.get(i) for i in range(len(res))] == [None, p]     # UE 8 is past its handover
+    clock[0] = 101.5
+    res = h.update(None)
+    assert res.get(0) is p and h.held == 1
+    assert not hasattr(HoldCorrect(Scripted(), [], 1.0), "update")   # per-UE predictor: no batch path
+    with pytest.raises(ValueError):
+        HoldCorrect(Scripted(), [], -1.0)
+
+
+def test_the_hold_knob_needs_test_mode_and_the_handovers(capsys, monkeypatch):
+    """pallas-xapp refuses --hold-correct-s without --handovers (or outside test mode) instead of
+    running with a knob that has no effect."""
+    import xapp.main as xmain
+    from xapp.main import main
+    monkeypatch.setattr(xmain, "_configure_logging", lambda level: None)   # keep the process's logging as it is
+    cfg = str(REPO / "descriptors" / "config-file.json")
+    assert main(["--mode", "test", "--config", cfg, "--trace", "x.e2trace", "--hold-correct-s", "1"]) == 2
+    assert "--hold-correct-s" in capsys.readouterr().err
+    assert main(["--mode", "live", "--config", cfg, "--hold-correct-s", "1", "--handovers", "p.json"]) == 2

@@ -51,7 +51,11 @@ _RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "c_sync_s": (0.0, True, 10.0, True),
     "rtt_s": (0.0, True, 10.0, True),
     "tie_tol_s": (0.0, True, 1.0, True),
+    "fixed_window_s": (0.0, True, 60.0, True),
 }
+
+#: Fields that may be None (then absent from the descriptor): None means "not in force".
+_OPTIONAL = frozenset({"fixed_window_s"})
 
 
 @dataclass(frozen=True)
@@ -92,11 +96,14 @@ class SchedulerConfig:
     c_sync_s: float = 0.05
     rtt_s: float = 0.002
     tie_tol_s: float = 1e-9
+    fixed_window_s: float | None = None
 
     def __post_init__(self) -> None:
         errors = []
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name in _OPTIONAL:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 errors.append((f.name, f"must be a number, got {value!r}"))
                 continue
@@ -131,8 +138,9 @@ class SchedulerConfig:
         return cls(**dict(data))
 
     def to_dict(self) -> dict[str, float]:
-        """The configuration as a plain dict (the inverse of :meth:`from_dict`)."""
-        return asdict(self)
+        """The configuration as a plain dict (the inverse of :meth:`from_dict`); an optional
+        field that is None is left out."""
+        return {k: v for k, v in asdict(self).items() if not (v is None and k in _OPTIONAL)}
 
     @property
     def default_goodput_bytes_per_s(self) -> float:

@@ -22,6 +22,7 @@ Per cycle (:meth:`SchedulerEngine.cycle`):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Callable, Iterable, Sequence
@@ -31,7 +32,7 @@ import structlog
 from prometheus_client import Counter, Histogram
 
 from pallas_common.schemes import PROACTIVE, SessionState
-from pallas_common.timing import WindowInputs, decide
+from pallas_common.timing import Decision, DecisionParams, WindowInputs, decide, evaluate_windows
 from pallas_proto import pallas_pb2
 
 from .admission import ModelKey, admit
@@ -77,7 +78,7 @@ class SchedulerEngine:
         self._reactive = fallback if self.proactive else scheme
         self.min_confidence = float(min_confidence)
         self._params = cfg.decision_params()
-        self._horizon = cfg.t_max_s + self._params.trigger_lookahead
+        self._horizon = _horizon(cfg, self._params)
         # Sessions: a slot each; arrays indexed by slot.
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
@@ -128,7 +129,7 @@ class SchedulerEngine:
         if cfg is not None:
             self.cfg = cfg
             self._params = cfg.decision_params()
-            self._horizon = cfg.t_max_s + self._params.trigger_lookahead
+            self._horizon = _horizon(cfg, self._params)
             self.telemetry.reconfigure(cfg)
         if scheme is not None:
             self.scheme, self.proactive = scheme, scheme in PROACTIVE
@@ -444,6 +445,8 @@ class SchedulerEngine:
             bandwidth=self.telemetry.goodput.read(self._pair_slot[src, tgt], now),
             s_kv=self._s_kv[cand], c_sync=self.cfg.c_sync_s)
         d = decide(inputs, self._params)
+        if self.cfg.fixed_window_s is not None:
+            d = fixed_window_decision(inputs, d, self.cfg.fixed_window_s, self._params)
         self.last_window[cand] = d.window
         actions: list[Action] = []
         for i in np.flatnonzero(d.trigger):
@@ -540,3 +543,23 @@ class SchedulerEngine:
                 ACTIONS.labels("cancel", "").inc()
             elif isinstance(a, CommitAction):
                 ACTIONS.labels("commit", pallas_pb2.Scheme.Name(a.scheme)).inc()
+
+
+def _horizon(cfg: SchedulerConfig, params: DecisionParams) -> float:
+    """How far ahead of its predicted HO a session becomes a candidate, s: the largest window
+    (T_max, or a longer fixed window) plus the trigger look-ahead."""
+    return max(cfg.t_max_s, cfg.fixed_window_s or 0.0) + params.trigger_lookahead
+
+
+def fixed_window_decision(inputs: WindowInputs, d: Decision, window_s: float, params: DecisionParams) -> Decision:
+    """``d`` with its window forced to ``window_s`` (``SchedulerConfig.fixed_window_s``): every
+    UE's window is min(T_w, max(T_remain_hat, 0)) s; SIT, T_early, J, T_ready and L_hist are
+    Eqs. 4-8 at that window (``timing.evaluate_windows``, alpha of ``params``), K_HO and
+    T_limit are unchanged; the trigger fires where T_remain_hat <= T_w + look-ahead. Shapes
+    (n_ue,) as in ``d``. The fixed-window baseline of Figure 6 (paper section 6.3)."""
+    w = np.minimum(float(window_s), np.maximum(inputs.t_remain, 0.0))
+    c = evaluate_windows(inputs, w[:, None], params.alpha)
+    return dataclasses.replace(
+        d, window=w, index=np.full(w.shape, -1, np.int64), j=c.j[:, 0], t_sit=c.t_sit[:, 0],
+        t_early=c.t_early[:, 0], t_ready=c.t_ready[:, 0], l_hist=c.l_hist[:, 0],
+        trigger=inputs.t_remain <= float(window_s) + params.trigger_lookahead + 1e-9)

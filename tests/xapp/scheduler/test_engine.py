@@ -411,3 +411,54 @@ def test_a_rule_that_now_forbids_proactive_migration_cancels_a_prepared_attempt(
     assert [type(a) for a in acts] == [CancelAction]
     assert eng.session("s1").state is S.PLANNED and eng.reserved_at("b") == 0
     assert eng.on_handover("ue1", "b", T0 + 8.0)[0].prepared_target is None
+
+
+# --- a fixed window (controls.scheduler.fixed_window_s; issue 17's window experiment) ----------
+@pytest.mark.parametrize("fixed", [0.2, 3.0])
+def test_a_fixed_window_triggers_at_that_window_not_the_selected_one(cfg, fixed):
+    """With fixed_window_s the trigger comes when T_remain_hat falls to the fixed window (within
+    one cycle), whatever Eq. 9 would pick, and its predicted SIT/T_early/prefix are Eqs. 4-8 at
+    that window."""
+    eng0 = make_engine(cfg)
+    add(eng0)
+    t_ho = T0 + 8.0
+    eng0.set_prediction("ue1", "b", t_ho)
+    _, sel = run_until_trigger(eng0, T0, t_ho)
+    selected = sel[0].window_s
+    assert abs(selected - fixed) > 0.3                  # the selected one differs from both
+    fcfg = dataclasses.replace(cfg, fixed_window_s=fixed)
+    eng = make_engine(fcfg)
+    add(eng)
+    eng.set_prediction("ue1", "b", t_ho)
+    t, acts = run_until_trigger(eng, T0, t_ho)
+    assert len(acts) == 1 and isinstance(acts[0], TriggerAction)
+    act = acts[0]
+    assert fixed <= t_ho - t <= fixed + fcfg.trigger_lookahead_s + 1e-9
+    assert act.window_s == pytest.approx(fixed)
+    k_now = 2850 + 30.0 * (t - T0)
+    costs = timing.evaluate_windows(timing.WindowInputs(
+        k_curr=k_now, t_remain=t_ho - t, block_size=BLOCK, r_p=2700.0, r_d=30.0,
+        bandwidth=cfg.default_goodput_bytes_per_s, s_kv=S_KV, c_sync=cfg.c_sync_s), [fixed])
+    assert act.predicted_sit_s == pytest.approx(costs.t_sit[0, 0])
+    assert act.predicted_early_s == pytest.approx(costs.t_early[0, 0])
+    assert act.predicted_split_tokens == pytest.approx(costs.l_hist[0, 0])
+
+
+def test_a_fixed_window_beyond_the_prediction_lead_triggers_at_once(cfg):
+    """A prediction 1 s ahead with a 3 s fixed window: triggered in the first cycle, window 1 s."""
+    fcfg = dataclasses.replace(cfg, fixed_window_s=3.0)
+    eng = make_engine(fcfg)
+    add(eng)
+    eng.set_prediction("ue1", "b", T0 + 1.0)
+    t, acts = run_until_trigger(eng, T0, T0 + 1.0)
+    assert t == T0 and acts[0].window_s == pytest.approx(1.0)
+
+
+def test_fixed_window_config_is_optional_and_bounded():
+    from xapp.scheduler import SchedulerConfig
+    from xapp.scheduler.config import SchedulerConfigError
+    assert SchedulerConfig.from_dict({}).fixed_window_s is None
+    assert "fixed_window_s" not in SchedulerConfig().to_dict()
+    assert SchedulerConfig.from_dict({"fixed_window_s": 1.6}).fixed_window_s == 1.6
+    with pytest.raises(SchedulerConfigError, match="fixed_window_s"):
+        SchedulerConfig.from_dict({"fixed_window_s": -0.1})
