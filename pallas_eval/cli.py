@@ -371,7 +371,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     rows_all, summaries, sit_by, itl_by, gaps_by = [], [], {}, {}, {}
     for r in runs:
         rows, sits = rp.handover_rows(r, plan, mapping, servers)
-        gaps_by[r.scheme] = (gap_between_tokens(sits), sum(1 for h in sits if math.isfinite(h.sit)))
+        gaps_by[r.scheme] = gap_between_tokens(sits)
         rows_all += rows
         commits = sum(1 for x in rows if x.outcome in ("commit", "recovered"))
         fallbacks = sum(1 for x in rows if x.outcome.startswith("fallback"))
@@ -402,12 +402,12 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
         for line in live_vs_model_lines(vs_model):
             con.print("  " + line)
     for sm in summaries:
-        gaps, n_sit = gaps_by.get(sm.scheme, (np.zeros(0), 0))
+        gaps = gaps_by.get(sm.scheme, np.zeros(0))
         if spec_for(sm.scheme).bridge and math.isfinite(sm.itl_mean) and sm.itl_mean > 0 and gaps.size:
             p99 = float(np.percentile(gaps, 99))
             con.print(f"{sm.scheme}: largest token gap across a handover p99 {p99 * 1000:.0f} ms "
                       f"= {p99 / sm.itl_mean:.1f} x its mean ITL ({sm.itl_mean * 1000:.0f} ms), over the "
-                      f"{gaps.size} handovers between two tokens ({n_sit - gaps.size} in a session's prefill "
+                      f"{gaps.size} handovers between two tokens ({sm.handovers_with_session - gaps.size} in a session's prefill "
                       f"left out: no token gap across them)")
     con.print(cpu_table({r.scheme: r.cpu for r in runs}))
     con.print(regime.describe())
