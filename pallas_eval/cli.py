@@ -9,6 +9,7 @@ table and the per-scheme summary. See ``pallas replay --help`` and the README.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -287,6 +288,9 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     schemes = opts.schemes
+    # Absolute: the prepare step and the xApp run as subprocesses in the repository's folder,
+    # which need not be the caller's (a relative --out was written there and read here).
+    opts = dataclasses.replace(opts, out_dir=Path(opts.out_dir).resolve())
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     con.print(f"[bold]pallas replay[/] -> {opts.out_dir}")

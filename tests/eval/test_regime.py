@@ -173,3 +173,25 @@ def test_history_drives_knob_reaches_the_prepare_step(tmp_path, monkeypatch):
         rp.prepare(opts)
         cmd = seen[-1]
         assert cmd[cmd.index("--history-drives") + 1] == want
+
+
+def test_a_relative_out_folder_is_made_absolute_before_the_subprocesses_see_it(tmp_path, monkeypatch):
+    """The prepare step runs in the repository's folder: a relative ``--out`` from another
+    folder was written there and then not found here (a clean clone using another checkout's
+    environment showed it)."""
+    from rich.console import Console
+
+    from pallas_eval import cli
+
+    seen = []
+
+    def stop(opts):
+        seen.append(opts.out_dir)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(rp, "prepare", stop)
+    monkeypatch.chdir(tmp_path)
+    opts = cli.options_from_args(cli.build_parser().parse_args(["replay", "--out", "rel/run"]))
+    with pytest.raises(RuntimeError, match="stop here"):
+        cli.run_replay(opts, Console(quiet=True))
+    assert seen == [tmp_path / "rel" / "run"] and seen[0].is_absolute()
