@@ -101,6 +101,21 @@ class SubscriptionNotificationHandler:
         return self.ledger.notify(body)
 
 
+class _UnknownTypes:
+    """The unknown-message-type counts as a prometheus-client collector (read at scrape time)."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+        c = CounterMetricFamily("pallas_xapp_unknown_messages", "RMR messages of a type the xApp has no "
+                                "handler for, by type", labels=["mtype"])
+        for k, v in list(self.counts.items()):
+            c.add_metric([k], v)
+        yield c
+
+
 class PallasXapp:
     """The xApp: builds and wires the parts (module docstring).
 
@@ -121,13 +136,19 @@ class PallasXapp:
             (when ``engine`` is built here), the migration journal, the recovery at start.
         security: a ``pallas_common.tls.LinkSecurity`` whose ``channel`` opens the policy and
             telemetry channels (None: plaintext channels, as the library's default).
+        registry: a prometheus-client registry (live mode: the default one, which
+            ``/ric/v1/metrics`` serves) for the E2 ingest counters (when ``ingest`` is built
+            here) and ``pallas_xapp_unknown_messages_total{mtype}`` (RMR messages of a type
+            the xApp has no handler for; at most 64 distinct types, the rest as ``other``).
     """
+
+    MAX_UNKNOWN_TYPES = 64
 
     def __init__(self, config: XappConfig, transport: Any, *, policy: PolicyClient | None = None,
                  telemetry: TelemetryConsumer | None | bool = None, predictor: Any = None, engine: Any = None,
                  nrt: Mapping[int, int] | None = None, events: EventLog | None = None, offset: float = 0.0,
                  a1: Any = None, ingest: Any = None, subscriptions: Any = None,
-                 store: XappStore | None = None, security: Any = None) -> None:
+                 store: XappStore | None = None, security: Any = None, registry: Any = None) -> None:
         from xapp.e2.ingest import Ingestor
 
         self.config = config
@@ -145,7 +166,10 @@ class PallasXapp:
         # the tracks hold what the predictor reads; a UE silent for ue_silence_s is freed
         self.tracks = TrackStore(capacity=getattr(pcfg, "window_reports", 32),
                                  silence_s=getattr(pcfg, "ue_silence_s", 30.0))
-        self.ingest = ingest or Ingestor(self.tracks, self._ingest_config(config))
+        self.ingest = ingest or Ingestor(self.tracks, self._ingest_config(config), registry=registry)
+        self.unknown_types: dict[str, int] = {}       # RMR message type (or "other") -> count
+        if registry is not None:
+            registry.register(_UnknownTypes(self.unknown_types))
         self.engine = engine if engine is not None else self._build_engine(config, self.store)
         endpoints = self._endpoints(config)
         channel = {} if security is None else {"channel_factory": security.channel}
@@ -265,7 +289,12 @@ class PallasXapp:
         """The transport callback (one thread): the handler of the message's type. Never raises."""
         handler = self.handlers.get(msg.mtype)
         if handler is None:
-            log.debug("message ignored", mtype=msg.mtype)
+            key = str(msg.mtype)
+            if key not in self.unknown_types and len(self.unknown_types) >= self.MAX_UNKNOWN_TYPES:
+                key = "other"
+            n = self.unknown_types[key] = self.unknown_types.get(key, 0) + 1
+            if n == 1 or n % 1000 == 0:
+                log.warning("rmr_message_type_unknown", mtype=msg.mtype, count=n, bytes=len(msg.payload))
             return
         try:
             handler(msg)

@@ -145,6 +145,9 @@ class E2SubscriptionConfig:
     kpm_measurements: Mapping[str, str]
     #: E2 node (or "*") -> {"kpm"|"rc": version}: pinned E2SM versions (xapp.e2.ingest.IngestConfig)
     sm_versions: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
+    #: the RMR receive loop's bounds (``controls.e2.rmr``: batch, handle_max, handle_budget_s,
+    #: queue_size, control_queue_size, shed_after_s; xapp.e2.rmrloop.RmrReceiver), given ones only
+    rmr: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def rc_ran_function_ids(self) -> tuple[int, ...]:
@@ -366,7 +369,8 @@ def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None
             ran_functions=MappingProxyType({int(k): v for k, v in e2["ran_functions"].items()}),
             report_period_ms=int(e2["report_period_ms"]),
             kpm_measurements=MappingProxyType(dict(e2["kpm_measurements"])),
-            sm_versions=MappingProxyType({k: dict(v) for k, v in e2.get("sm_versions", {}).items()})),
+            sm_versions=MappingProxyType({k: dict(v) for k, v in e2.get("sm_versions", {}).items()}),
+            rmr=MappingProxyType(dict(e2.get("rmr", {})))),
         a1=A1Config(policy_type_id=int(c["a1"]["policy_type_id"]), handler_id=c["a1"]["handler_id"]),
         controls=MappingProxyType(c),
     )

@@ -242,16 +242,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     # live
     from xapp.a1 import A1PolicyHandler, default_policy_type_path, load_policy_type
     from xapp.e2.transport import A1_POLICY_QUERY, RmrTransport
-    transport = RmrTransport(rmr_port=a.rmr_port, use_fake_sdl=bool(os.environ.get("USE_FAKE_SDL")))
+    from prometheus_client import REGISTRY
+    transport = RmrTransport(rmr_port=a.rmr_port, use_fake_sdl=bool(os.environ.get("USE_FAKE_SDL")),
+                             registry=REGISTRY, **dict(cfg.e2.rmr))
     a1 = A1PolicyHandler(cfg, load_policy_type(default_policy_type_path(cfg.a1.policy_type_id)))
     from xapp.e2.subscription import SubmgrClient, SubscriptionManager
     subscriptions = SubscriptionManager(SubmgrClient(cfg.e2.submgr_url))
     app = PallasXapp(cfg, transport, nrt=nrt, events=events, a1=a1, subscriptions=subscriptions,
-                     store=store, security=security)
+                     store=store, security=security, registry=REGISTRY)
     started = threading.Event()
     try:
         from xapp.httpd import serve_http
-        serve_http("0.0.0.0", cfg.e2.client_http_port, started.is_set,
+        # ready: started, and the RMR receive loop runs (a round began within 5 s) with SDL up
+        serve_http("0.0.0.0", cfg.e2.client_http_port, lambda: started.is_set() and transport.healthy(),
                    on_subscription_response=app.on_subscription_response)
     except OSError as e:
         log.error("http endpoints not served", port=cfg.e2.client_http_port, error=str(e))

@@ -1,7 +1,7 @@
 """The xApp's live mode with RMR stubbed (osc-notes.md section 1, "Verified workaround").
 
-RIC_INDICATION messages delivered through ricxappframe's own RMR receive path (RMRXapp's work
-loop, its queue and callback dispatch; only the C library is faked) make the xApp subscribe to
+RIC_INDICATION messages delivered through the xApp's RMR receive loop (xapp.e2.rmrloop over
+ricxappframe's RMR wrappers; only the C library is faked, tests/xapp/fake_rmr.py) make the xApp subscribe to
 the E2 nodes through a loopback fake subscription manager, predict the handover, and send the
 trigger and then the commit to a test agent (a fake Control gRPC servicer on loopback, which
 also streams the telemetry the window decision needs), exactly as the replay does.
@@ -12,20 +12,19 @@ from __future__ import annotations
 import copy
 import json
 import queue
-import sys
 import threading
 import time
-import types
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from unittest import mock
 
 import grpc
 import pytest
 
 from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc as pbg
+
+from fake_rmr import FakeRmrLib
 
 REPO = Path(__file__).resolve().parents[2]
 # The xApp's parts (issues 3, 4, 7) this test wires together; until they are on the branch
@@ -35,25 +34,6 @@ for _mod in ("xapp.e2.transport", "xapp.scheduler", "xapp.predict"):
 CELL_A, CELL_B = 0xA81B0C01, 0xA81C0D01        # 36-bit NR cell identities (gNB 0xA81B0C, 0xA81C0D)
 PCI_A, PCI_B = 101, 202
 UE = 7
-
-
-def _install_fake_rmrclib() -> None:
-    """Put a fake ``ricxappframe.rmr.rmrclib.rmrclib`` in sys.modules (no librmr_si.so here)."""
-    name = "ricxappframe.rmr.rmrclib.rmrclib"
-    if name in sys.modules and getattr(sys.modules[name], "_pallas_fake", False):
-        return
-    consts = {"RMR_MAX_RCV_BYTES": 65536, "RMRFL_MTCALL": 2, "RMRFL_NONE": 0, "RMR_OK": 0,
-              "RMR_ERR_BADARG": 1, "RMR_ERR_NOENDPT": 2, "RMR_ERR_EMPTY": 3, "RMR_ERR_NOHDR": 4,
-              "RMR_ERR_SENDFAILED": 5, "RMR_ERR_CALLFAILED": 6, "RMR_ERR_NOWHOPEN": 7, "RMR_ERR_WHID": 8,
-              "RMR_ERR_OVERFLOW": 9, "RMR_ERR_RETRY": 10, "RMR_ERR_RCVFAILED": 11, "RMR_ERR_TIMEOUT": 12,
-              "RMR_ERR_UNSET": 13, "RMR_ERR_TRUNC": 14, "RMR_ERR_INITFAILED": 15, "RMR_ERR_NOTSUPP": 16}
-    m = types.ModuleType(name)
-    m._pallas_fake = True
-    m.rmr_c_lib = mock.MagicMock()
-    m.get_constants = lambda cache={}: consts
-    m.get_mapping_dict = lambda cache={}: {v: k for k, v in consts.items() if k.startswith("RMR_")}
-    m.state_to_status = lambda s: "RMR_OK" if s == 0 else "RMR_ERR_TIMEOUT"
-    sys.modules[name] = m
 
 
 class FakeAgent(pbg.ControlServicer):
@@ -138,48 +118,10 @@ def _indication(serving_cell: int, serving_pci: int, rsrp: float, nb_pci: int, n
 
 @pytest.fixture
 def rmr_stub(monkeypatch):
-    """ricxappframe importable and runnable without librmr_si.so; returns the injection queue."""
-    _install_fake_rmrclib()
-    from ricxappframe.rmr import rmr
-    from ricxappframe.rmr.rmr_mocks import rmr_mocks
-    from ricxappframe import xapp_frame
-
-    rmr_mocks.patch_rmr(monkeypatch)
-    alloc = rmr.rmr_alloc_msg
-    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_alloc_msg",
-                        lambda vctx=None, size=0, *a, **kw: alloc(vctx, size, *a, **kw))  # 3.2.2 mock bug
-    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_init", lambda *a, **k: object())
-    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_ready", lambda *a, **k: 1)
-    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_close", lambda *a, **k: None)
-    sent: list = []
-    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_send_msg", lambda mrc, sbuf: (sent.append(sbuf), sbuf)[1])
-    monkeypatch.setattr("ricxappframe.rmr.rmr.rmr_rts_msg", lambda mrc, sbuf: (sent.append(sbuf), sbuf)[1])
-    monkeypatch.setattr(xapp_frame._BaseXapp, "xapp_shutdown", lambda self: None)
-    monkeypatch.setattr(xapp_frame._BaseXapp, "registerXapp", lambda self: None)
-    inbox: "queue.Queue[tuple[int, bytes, str]]" = queue.Queue()
-
-    def rcvall(mrc, pass_filter=None, timeout=0):
-        out = []
-        try:
-            item = inbox.get(timeout=0.05)
-        except queue.Empty:
-            return out
-        while True:
-            mtype, payload, meid = item
-            sbuf = rmr_mocks.Rmr_mbuf_t()
-            sbuf.contents.mtype, sbuf.contents.payload, sbuf.contents.meid = mtype, payload, meid.encode()
-            summary = {rmr.RMR_MS_MSG_TYPE: mtype, rmr.RMR_MS_PAYLOAD: payload, rmr.RMR_MS_SUB_ID: 1,
-                       rmr.RMR_MS_MEID: meid.encode(), rmr.RMR_MS_MSG_STATUS: "RMR_OK",
-                       rmr.RMR_MS_PAYLOAD_LEN: len(payload)}
-            out.append((summary, sbuf))
-            try:
-                item = inbox.get_nowait()
-            except queue.Empty:
-                return out
-
-    monkeypatch.setattr("ricxappframe.xapp_rmr.helpers.rmr_rcvall_msgs_raw", rcvall)
-    monkeypatch.delenv("CONFIG_FILE", raising=False)
-    return types.SimpleNamespace(inbox=inbox, sent=sent)
+    """ricxappframe importable and runnable without librmr_si.so: RMR's C primitives stubbed
+    under ricxappframe's own wrappers (tests/xapp/fake_rmr.py); returns the fake library, whose
+    ``push`` is a message arriving at RMR."""
+    return FakeRmrLib().install(monkeypatch)
 
 
 def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
@@ -222,7 +164,7 @@ def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
                 msg = _indication(CELL_A, PCI_A, -80.0 - 4.0 * dt, PCI_B, -100.0 + 4.0 * dt, k)
             else:
                 msg = _indication(CELL_B, PCI_B, -80.0, PCI_A, -100.0, k)
-            rmr_stub.inbox.put((RIC_INDICATION, msg, "gnb_001_01_00a81b0c"))
+            rmr_stub.push(RIC_INDICATION, msg, b"gnb_001_01_00a81b0c", 1)
             k += 1
             if dt >= 4.0:
                 break

@@ -2,11 +2,12 @@
 
 Everything above this module sees only :class:`Transport` and :class:`RmrMessage`:
 
-- :class:`RmrTransport` (live): OSC ricxappframe's ``RMRXapp`` (RMR C library ``librmr_si.so``
-  needed at run time, imported lazily on :meth:`RmrTransport.start`, so importing this module,
-  and everything else in the xApp, works without it). RMRXapp answers RIC_HEALTH_CHECK_REQ (100)
-  itself with "OK"; Pallas's callback receives RIC_INDICATION (12050), A1_POLICY_REQ (20010)
-  and any other type.
+- :class:`RmrTransport` (live): the xApp's own bounded receive loop (:mod:`xapp.e2.rmrloop`)
+  over OSC ricxappframe's RMR primitives (RMR C library ``librmr_si.so`` needed at run time,
+  imported lazily on :meth:`RmrTransport.start`, so importing this module, and everything else
+  in the xApp, works without it). The loop answers RIC_HEALTH_CHECK_REQ (100) itself with "OK";
+  Pallas's callback receives RIC_INDICATION (12050), A1_POLICY_REQ (20010) and any other type,
+  each stamped with its receipt time.
 - :class:`TraceTransport` (test mode): replays a :mod:`xapp.e2.trace` file at recorded speed or
   as fast as possible; what the xApp sends is kept in ``sent`` instead of going anywhere.
 
@@ -94,47 +95,72 @@ def _safe(on_message: Callable[[RmrMessage], None], msg: RmrMessage) -> None:
 
 
 class RmrTransport:
-    """Live transport over ricxappframe 3.2.2's ``RMRXapp`` (threaded dispatch loop).
+    """Live transport: the xApp's own bounded RMR receive loop (:class:`xapp.e2.rmrloop.RmrReceiver`)
+    over ricxappframe 3.2.2's RMR primitives, and ricxappframe's framework for the rest (SDL,
+    the R-NIB's ``GetNodeb``, appmgr registration, ``rmr_send``/``rmr_rts``) without its
+    ``RmrLoop`` (whose ``rmr_rcvall_msgs_raw`` stalls under a continuous inflow, issue 28).
 
     ``rmr_port``: RMR data port (4560 in the descriptor). ``use_fake_sdl``: SDL in memory.
-    ``wait_for_ready``: block start() until RMR has a route table. Raises OSError from
-    start() when librmr_si.so is missing.
+    ``wait_for_ready``: block start() until RMR has a route table. ``rmr_timeout_s``: the
+    longest a receive waits when nothing arrives (the loop's stop latency). The receive loop's
+    bounds (``queue_size``, ``batch``, ``handle_max``, ``handle_budget_s``, ``shed_after_s``,
+    ``control_queue_size``) and ``clock`` (receipt times, Unix s) are
+    :class:`~xapp.e2.rmrloop.RmrReceiver`'s. ``registry``: a
+    prometheus-client registry the loop's metrics are registered with (None: none).
+    RIC_HEALTH_CHECK_REQ (100) is answered by the loop itself (``OK`` while the loop runs and
+    SDL answers). Raises OSError from start() when librmr_si.so is missing, and
+    ``ricxappframe.rmr.exceptions.InitFailed`` when RMR cannot start (port taken).
     """
 
     def __init__(self, rmr_port: int = 4560, use_fake_sdl: bool = False, wait_for_ready: bool = True,
-                 rmr_timeout_s: int = 1) -> None:
+                 rmr_timeout_s: float = 0.1, *, queue_size: int = 8192, batch: int = 512,
+                 handle_max: int = 128, handle_budget_s: float = 0.02, shed_after_s: float = 1.0,
+                 control_queue_size: int = 256, registry: Any = None,
+                 clock: Callable[[], float] = _time.time) -> None:
         self.rmr_port = rmr_port
         self.use_fake_sdl = use_fake_sdl
         self.wait_for_ready = wait_for_ready
         self.rmr_timeout_s = rmr_timeout_s
-        self.xapp: Any = None
-        self._on_message: Callable[[RmrMessage], None] | None = None
+        self.bounds = dict(queue_size=queue_size, batch=batch, handle_max=handle_max,
+                           handle_budget_s=handle_budget_s, shed_after_s=shed_after_s,
+                           control_queue_size=control_queue_size, clock=clock)
+        self.registry = registry
+        self.xapp: Any = None          # the framework: SDL, GetNodeb, rmr_send, rmr_rts
+        self.receiver: Any = None      # xapp.e2.rmrloop.RmrReceiver
+        self.mrc: Any = None
+        self._sdl_ok = (0.0, True)
 
-    def _dispatch(self, xapp: Any, summary: dict, sbuf: Any) -> None:
-        from ricxappframe.rmr import rmr  # lazy: needs librmr_si.so
-        try:
-            meid = summary.get(rmr.RMR_MS_MEID) or b""  # rmr_get_meid gives bytes
-            msg = RmrMessage(
-                mtype=summary[rmr.RMR_MS_MSG_TYPE], payload=bytes(summary[rmr.RMR_MS_PAYLOAD] or b""),
-                sub_id=summary.get(rmr.RMR_MS_SUB_ID, -1),
-                e2_node=meid.decode("utf-8", "replace") if isinstance(meid, bytes) else str(meid),
-                time=_time.time(), handle=sbuf)
-            if self._on_message is not None:
-                _safe(self._on_message, msg)
-        except Exception as e:  # noqa: BLE001 - never kill RMRXapp's loop thread
-            log.error("rmr_dispatch_failed", error=f"{type(e).__name__}: {e}")
-        finally:
-            xapp.rmr_free(sbuf)
+    def healthy(self) -> bool:
+        """The receive loop runs (a round began within 5 s) and SDL answers (checked at most
+        once a second)."""
+        if self.receiver is None or not self.receiver.alive():
+            return False
+        at, ok = self._sdl_ok
+        now = _time.monotonic()
+        if now - at >= 1.0 and self.xapp is not None:
+            try:
+                ok = bool(self.xapp.sdl.healthcheck())
+            except Exception:  # noqa: BLE001 - an SDL that cannot answer is unhealthy
+                ok = False
+            self._sdl_ok = (now, ok)
+        return ok
 
     def start(self, on_message: Callable[[RmrMessage], None]) -> None:
-        """Create the RMRXapp, register the callbacks and run its loop in a thread."""
-        from ricxappframe.xapp_frame import RMRXapp  # lazy: needs librmr_si.so
-        self._on_message = on_message
-        self.xapp = RMRXapp(self._dispatch, rmr_port=self.rmr_port, use_fake_sdl=self.use_fake_sdl,
-                            rmr_wait_for_ready=self.wait_for_ready)
-        for mtype in (RIC_INDICATION, A1_POLICY_REQ):
-            self.xapp.register_callback(self._dispatch, mtype)
-        self.xapp.run(thread=True, rmr_timeout=self.rmr_timeout_s)
+        """Start RMR (``rmr_init``, multi-threaded receive), wait for a route table when asked,
+        then the framework (SDL, registration) and the receive loop's threads."""
+        from ricxappframe.rmr import rmr  # lazy: needs librmr_si.so
+        from .rmrloop import RmrReceiver
+
+        self.mrc = rmr.rmr_init(str(self.rmr_port).encode(), rmr.RMR_MAX_RCV_BYTES, rmr.RMRFL_MTCALL)
+        if self.wait_for_ready:
+            while rmr.rmr_ready(self.mrc) == 0:
+                _time.sleep(0.1)
+        self.receiver = RmrReceiver(self.mrc, lambda m: _safe(on_message, m), healthy=self.healthy,
+                                    wait_ms=max(1, int(self.rmr_timeout_s * 1000)), **self.bounds)
+        self.xapp = _framework(self.receiver, self.mrc, self.use_fake_sdl)
+        if self.registry is not None:
+            self.registry.register(self.receiver)
+        self.receiver.start()
 
     def send(self, mtype: int, payload: bytes, sub_id: int = -1) -> bool:
         """rmr_send by message type. The RMR sub id of a fresh buffer is -1 (ricxappframe's
@@ -152,10 +178,65 @@ class RmrTransport:
         return bool(self.xapp.rmr_rts(msg.handle, new_payload=payload, new_mtype=mtype))
 
     def stop(self) -> None:
-        """Stop RMRXapp's loop and release RMR; idempotent."""
-        if self.xapp is not None:
-            self.xapp.stop()
-            self.xapp = None
+        """Deregister from appmgr (when registered), stop the receive loop, close RMR; idempotent."""
+        if self.xapp is None:
+            return
+        xapp, self.xapp = self.xapp, None
+        try:
+            xapp.xapp_shutdown()
+        except Exception as e:  # noqa: BLE001 - the loop still stops
+            log.error("rmr_deregister_failed", error=repr(e))
+        self.receiver.stop()          # its metrics stay on the registry, frozen
+        from ricxappframe.rmr import rmr
+        rmr.rmr_close(self.mrc)
+
+
+def _framework(receiver: Any, mrc: Any, use_fake_sdl: bool) -> Any:
+    """ricxappframe's ``_BaseXapp`` services (SDL, R-NIB reads such as ``GetNodeb``,
+    ``rmr_send``/``rmr_rts``/``rmr_free``, appmgr registration when ``$CONFIG_FILE`` names a
+    file) on the RMR context ``mrc``, without the ``RmrLoop`` its constructor would start:
+    ``receiver`` (an :class:`~xapp.e2.rmrloop.RmrReceiver`) receives instead. Built on
+    ricxappframe 3.2.2's attributes (the version pyproject pins)."""
+    import json
+    from mdclogpy import Logger
+    from ricxappframe.util.constants import Constants
+    from ricxappframe.xapp_frame import _BaseXapp
+    from ricxappframe.xapp_sdl import SDLWrapper
+
+    class _Loop:                      # what _BaseXapp reads of its RmrLoop
+        def __init__(self) -> None:
+            self.mrc = mrc
+
+        def healthcheck(self, seconds: float = 30) -> bool:
+            return receiver.alive(stall_s=seconds)
+
+        def stop(self) -> None:
+            receiver.stop()
+
+    class Framework(_BaseXapp):
+        def __init__(self) -> None:   # deliberately not _BaseXapp.__init__ (it starts RmrLoop)
+            self.logger = Logger(name="pallas.xapp.rmr")
+            self._rmr_loop = _Loop()
+            self._mrc = mrc
+            self.sdl = SDLWrapper(use_fake_sdl)
+            self._config_path = os.environ.get(Constants.CONFIG_FILE_ENV, None)
+            self._inotify = None
+            self._config_data = {}
+            if self._config_path and os.path.isfile(self._config_path):
+                with open(self._config_path) as f:
+                    self._config_data = json.load(f)
+            self._keep_registration = bool(self._config_data)
+            self.registered = self._keep_registration
+            threading.Thread(target=self.registerXapp, name="appmgr-register", daemon=True).start()
+            self._appthread = None
+
+        def xapp_shutdown(self) -> None:
+            """Deregister and wait for appmgr (ricxappframe's, 10 s) only when registration ran."""
+            self._keep_registration = False
+            if self.registered:
+                super().xapp_shutdown()
+
+    return Framework()
 
 
 class TraceTransport:

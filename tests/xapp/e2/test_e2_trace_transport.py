@@ -4,8 +4,7 @@ import io
 import json
 import sys
 import threading
-import types
-from unittest import mock
+from pathlib import Path
 
 import pytest
 
@@ -127,75 +126,21 @@ def test_trace_transport_threaded_stop(e2):
 
 # ----------------------------------------------------------------------------- live transport, RMR stubbed
 
-def _fake_rmrclib():
-    """osc-notes.md 1: a stand-in for ricxappframe.rmr.rmrclib.rmrclib (it dlopens librmr_si.so)."""
-    name = "ricxappframe.rmr.rmrclib.rmrclib"
-    if name in sys.modules:
-        return
-    try:
-        __import__(name)
-        return  # the real library is installed
-    except OSError:
-        pass
-    consts = {"RMR_MAX_RCV_BYTES": 65536, "RMRFL_MTCALL": 2, "RMRFL_NONE": 0, "RMR_OK": 0,
-              "RMR_ERR_NOENDPT": 2, "RMR_ERR_RETRY": 10, "RMR_ERR_TIMEOUT": 12, "RMR_MAX_MEID": 32,
-              "RMR_MAX_XID": 32, "RMR_MAX_SRC": 64}
-    m = types.ModuleType(name)
-    m.rmr_c_lib = mock.MagicMock()
-    m.get_constants = lambda cache={}: consts
-    m.get_mapping_dict = lambda cache={}: {v: k for k, v in consts.items()}
-    m.state_to_status = lambda s: "RMR_OK" if s == 0 else "RMR_ERR"
-    sys.modules[name] = m
-    import ricxappframe.rmr.rmrclib as pkg
-    pkg.rmrclib = m
-
-
 def test_rmr_transport_with_rmr_stubbed(monkeypatch, e2):
-    _fake_rmrclib()
-    from ricxappframe.rmr import rmr
-    from ricxappframe.rmr.rmr_mocks import rmr_mocks
-    from ricxappframe import xapp_frame
+    """The live transport over ricxappframe's RMR wrappers with the C library stubbed
+    (tests/xapp/fake_rmr.py): an indication, an A1 request answered by return to sender, a
+    health check answered by the receive loop itself, and a send."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from fake_rmr import FakeRmrLib
 
     from xapp.e2.transport import RmrTransport
 
-    rmr_mocks.patch_rmr(monkeypatch)
-    real_alloc = rmr.rmr_alloc_msg  # the mock; 3.2.2's mock rejects the vctx=/size= keywords
-    monkeypatch.setattr(rmr, "rmr_alloc_msg", lambda vctx=None, size=0, **kw: real_alloc(vctx, size, **kw))
-    monkeypatch.setattr(rmr, "rmr_init", lambda *a, **k: object())
-    monkeypatch.setattr(rmr, "rmr_ready", lambda *a: 1)
-    monkeypatch.setattr(rmr, "rmr_close", lambda *a: None)
-    sent = []
-
-    def fake_send(_mrc, sbuf):
-        sent.append((sbuf.contents.mtype, sbuf.contents.payload))
-        sbuf.contents.state = 0
-        return sbuf
-
-    def fake_rts(_mrc, sbuf, payload=None, mtype=None):
-        sent.append(("rts", mtype, payload))
-        sbuf.contents.state = 0
-        return sbuf
-
-    monkeypatch.setattr(rmr, "rmr_send_msg", fake_send)
-    monkeypatch.setattr(rmr, "rmr_rts_msg", fake_rts)
-    monkeypatch.setattr(xapp_frame._BaseXapp, "registerXapp", lambda self: None)
-    monkeypatch.setattr(xapp_frame._BaseXapp, "xapp_shutdown", lambda self: None)
-
+    fake = FakeRmrLib().install(monkeypatch)
     ind = e2.rc_indication(e2.ue(5), e2.rrc())
-    inbox = [(RIC_INDICATION, ind, 3, b"gnb_001_01_0000a81b"), (A1_POLICY_REQ, b'{"policy_type_id": 20000}', 20000, b""),
-             (100, b"ping", -1, b"")]
+    fake.push(RIC_INDICATION, ind, b"gnb_001_01_0000a81b", 3)
+    fake.push(A1_POLICY_REQ, b'{"policy_type_id": 20000}', b"", 20000)
+    fake.push(100, b"ping", b"", -1)
     done = threading.Event()
-
-    def rcvall(_mrc, timeout=0):
-        while inbox:
-            mtype, payload, sub, meid = inbox.pop(0)
-            sb = rmr_mocks.Rmr_mbuf_t()
-            sb.contents.mtype, sb.contents.payload, sb.contents.sub_id, sb.contents.meid = mtype, payload, sub, meid
-            yield ({rmr.RMR_MS_MSG_TYPE: mtype, rmr.RMR_MS_PAYLOAD: payload, rmr.RMR_MS_SUB_ID: sub,
-                    rmr.RMR_MS_MEID: meid}, sb)
-        done.wait(0.05)
-
-    monkeypatch.setattr("ricxappframe.xapp_rmr.helpers.rmr_rcvall_msgs_raw", rcvall)
     got = []
     tr = RmrTransport(rmr_port=4560, use_fake_sdl=True)
 
@@ -210,12 +155,13 @@ def test_rmr_transport_with_rmr_stubbed(monkeypatch, e2):
     assert done.wait(10)
     assert tr.send(30000, b"hello")
     tr.stop()
-    assert [(m.mtype, m.sub_id, m.e2_node) for m in got] == [(RIC_INDICATION, 3, "gnb_001_01_0000a81b"),
-                                                             (A1_POLICY_REQ, 20000, "")]
-    assert got[0].payload == ind
-    assert ("rts", 101, b"OK\n") in sent  # the health check answered by RMRXapp itself
-    assert ("rts", A1_POLICY_RESP, b'{"status": "OK"}') in sent
-    assert (30000, b"hello") in sent
+    assert sorted((m.mtype, m.sub_id, m.e2_node) for m in got) == [(RIC_INDICATION, 3, "gnb_001_01_0000a81b"),
+                                                                   (A1_POLICY_REQ, 20000, "")]
+    assert next(m for m in got if m.mtype == RIC_INDICATION).payload == ind
+    assert (101, b"OK\n", "rts") in fake.sent  # the health check answered by the receive loop
+    assert (A1_POLICY_RESP, b'{"status": "OK"}', "rts") in fake.sent
+    assert (30000, b"hello", "send") in fake.sent
+    assert fake.live() == 0 and fake.closed
 
 
 # ----------------------------------------------------------------------------- inspect
