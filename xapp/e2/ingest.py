@@ -301,7 +301,7 @@ def decode_indication(payload: bytes, e2_node: str, t: float, config: IngestConf
     try:
         ind = e2ap.decode_ric_indication(payload)
     except E2DecodeError as e:
-        raise Dropped(f"E2AP: {e.reason}") from None
+        raise Dropped(f"E2AP: {_unprefixed(e.reason, 'E2AP')}") from None
     sm = config.ran_functions.get(ind.ran_function_id)
     if sm is None:
         raise Dropped(f"unknown RAN function: {ind.ran_function_id}")
@@ -345,8 +345,40 @@ def decode_indication(payload: bytes, e2_node: str, t: float, config: IngestConf
                 d.reports.append(MeasurementReport(time=t, ue_id=key, e2_node=e2_node, **fields))
                 d.rs.append("kpm")
     except E2DecodeError as e:
-        raise Dropped(f"E2SM-{sm.upper()}{' v' + version if version else ''}: {e.reason}") from None
+        layer = f"E2SM-{sm.upper()}"
+        raise Dropped(f"{layer}{' v' + version if version else ''}: {_unprefixed(e.reason, layer)}") from None
     return d
+
+
+def _unprefixed(reason: str, layer: str) -> str:
+    """``reason`` without a leading ``layer`` name (the decoders name their layer too, which
+    the drop reason already starts with: "E2SM-RC: E2SM-RC message copy ..." reads
+    "E2SM-RC: message copy ...")."""
+    if reason.startswith(layer) and reason[len(layer):len(layer) + 1] in (" ", ":"):
+        rest = reason[len(layer):].lstrip(": ")
+        return rest or reason
+    return reason
+
+
+_PARENS = re.compile(r"\s*\([^()]*\)")
+_LAYER = re.compile(r"^(E2AP|E2SM-[A-Z]+)( v[0-9.]+)?$")
+
+
+def reason_class(reason: str) -> str:
+    """A drop reason without its variable details, for a metric label: parenthesised parts
+    removed, a layer's version dropped, cut after the first clause that follows the layer
+    ("E2SM-KPM v2.03: record count: measData item 3 ..." -> "E2SM-KPM: record count"; "value
+    out of range: L1M.SS-RSRP=NaN (UE 7)" -> "value out of range"); at most 80 characters."""
+    r = reason
+    for _ in range(3):                                  # nested parentheses, innermost first
+        r = _PARENS.sub("", r)
+    parts = r.split(": ")
+    m = _LAYER.match(parts[0])
+    if m and len(parts) > 1:
+        out = f"{m.group(1)}: {parts[1]}"
+    else:
+        out = parts[0]
+    return " ".join(out.split())[:80]
 
 
 class Ingestor:
@@ -357,8 +389,10 @@ class Ingestor:
     'unused:<kind>' per kind of value read but not used, 'rs:<ssb|csi-rs|kpm>' per report's
     source. ``kpm_values``: per UE key its latest KPM values by measurement name (every name,
     mapped or not; ``max_kpm_ues`` most recent UEs kept). Metrics (prometheus-client, on
-    ``registry`` if given): ``pallas_e2_indications_total`` {outcome} and
-    ``pallas_e2_reports_total``.
+    ``registry`` if given): ``pallas_e2_indications_total`` {outcome},
+    ``pallas_e2_reports_total``, ``pallas_e2_dropped_total`` {reason} (:func:`reason_class`; an
+    indication dropped whole and one UE's report dropped count one each) and
+    ``pallas_e2_unused_total`` {kind}.
     """
 
     def __init__(self, store: TrackStore, config: IngestConfig | None = None,
@@ -371,6 +405,8 @@ class Ingestor:
         self.config = config or IngestConfig()
         self.clock = clock
         self.stats: Counter[str] = Counter()
+        #: drops per :func:`reason_class` (at most MAX_REASON_CLASSES, the rest as "other")
+        self.reasons: Counter[str] = Counter()
         self._n_dropped = 0                            # indications dropped whole
         if registry is not None:
             registry.register(self)                    # metrics read at scrape time: collect()
@@ -402,8 +438,14 @@ class Ingestor:
         ``stats`` without bound."""
         return reason.split(":")[0].split(" (")[0][:60]
 
+    MAX_REASON_CLASSES = 64
+
     def _drop(self, reason: str, **ctx: Any) -> None:
         self.stats[f"dropped:{self._kind(reason)}"] += 1
+        cls = reason_class(reason)
+        if cls not in self.reasons and len(self.reasons) >= self.MAX_REASON_CLASSES:
+            cls = "other"
+        self.reasons[cls] += 1
         log.warning("e2_dropped", reason=reason, **ctx)
 
     def on_indication(self, payload: bytes, e2_node: str = "", t: float | None = None,
@@ -472,6 +514,16 @@ class Ingestor:
         rep = CounterMetricFamily("pallas_e2_reports", "UE measurement reports added to tracks")
         rep.add_metric([], self.stats["reports"])
         yield rep
+        drop = CounterMetricFamily("pallas_e2_dropped", "indications or UE reports dropped, by reason "
+                                   "(reason_class: the reason without its details)", labels=["reason"])
+        for cls, n in list(self.reasons.items()):
+            drop.add_metric([cls], n)
+        yield drop
+        unused = CounterMetricFamily("pallas_e2_unused", "values read but not used, by kind", labels=["kind"])
+        for k, n in list(self.stats.items()):
+            if k.startswith("unused:"):
+                unused.add_metric([k[7:]], n)
+        yield unused
 
 
 def decode_trace(path: str, config: IngestConfig | None = None) -> tuple[list[tuple[float, MeasurementReport]], dict]:
