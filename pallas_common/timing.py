@@ -36,6 +36,8 @@ import numpy as np
 __all__ = [
     "BYTES_PER_ELEMENT",
     "DecisionParams",
+    "HopCost",
+    "PAPER_HOP_COST",
     "Decision",
     "WindowCosts",
     "WindowInputs",
@@ -43,6 +45,7 @@ __all__ = [
     "ctho_split",
     "decide",
     "detour_itl",
+    "detour_itl_samples",
     "discard_bound",
     "evaluate_windows",
     "kv_bytes_per_token",
@@ -698,6 +701,90 @@ def sit_detour(hops: Any, hop_delay_s: Any) -> Any:
 def detour_itl(itl_s: Any, hops: Any, hop_delay_s: Any) -> Any:
     """ITL under Detour: the source's ITL plus ``hops * hop_delay_s`` per token, s (section 6)."""
     return np.add(itl_s, sit_detour(hops, hop_delay_s))
+
+
+@dataclass(frozen=True)
+class HopCost:
+    """What one backhaul forwarding hop adds to every relayed token's gap, s (Detour's relay).
+
+    Per token and per hop, independently: a fixed forwarding delay ``fixed_s``, a log-normal
+    jitter (median ``jitter_median_s``, log-sd ``jitter_sigma``) and, with probability
+    ``stall_prob``, a stall drawn from an exponential of mean ``stall_mean_s`` (a lost segment
+    waiting for its retransmission: Linux's minimum TCP RTO is 200 ms). Over ``h`` hops the
+    token's gap grows by the sum of ``h`` such draws: the relay forwards a token only after the
+    previous one crossed, so the cost lands on every inter-token latency (paper section 2.2:
+    "this path-induced penalty affects every token generated after handover"), and ITL at ``h``
+    hops is ``1 / r_d + D_h``.
+
+    Calibration (:data:`PAPER_HOP_COST`; docs/model.md "Detour"): fitted by Monte Carlo to the
+    paper's Figure 1 for Qwen3-32B on its A6000 testbed (decode step 48 ms,
+    ``pallas_eval.experiments.presets.PAPER_ITL_S``): ITL over the 100 ms SLO 1.93% at two hops
+    and 12.94% at three, P99 at three hops 263.5 ms, P90 126.7 ms. The fit gives 1.9% / 13.1%,
+    263 ms and 102 ms (P90 20% low: no per-hop law of this family puts 10% of the mass above
+    127 ms while keeping only 13% above 100 ms). ``benchmarks/detour_calibration.py`` prints
+    the fitted figures beside the paper's for both of its models.
+    """
+
+    fixed_s: float = 0.0082
+    jitter_median_s: float = 0.0052
+    jitter_sigma: float = 0.60
+    stall_prob: float = 0.008
+    stall_mean_s: float = 0.188
+
+    def __post_init__(self) -> None:
+        if min(self.fixed_s, self.jitter_median_s, self.jitter_sigma, self.stall_mean_s) < 0:
+            raise ValueError(f"hop cost parts must be >= 0: {self}")
+        if not 0.0 <= self.stall_prob <= 1.0:
+            raise ValueError(f"stall_prob must be in [0, 1], got {self.stall_prob}")
+
+    def mean_s(self) -> float:
+        """Expected cost of one hop per token, s."""
+        return (self.fixed_s + self.jitter_median_s * math.exp(self.jitter_sigma ** 2 / 2.0)
+                + self.stall_prob * self.stall_mean_s)
+
+    def with_mean(self, mean_s: float) -> "HopCost":
+        """The same shape scaled so one hop costs ``mean_s`` on average (0: a free hop).
+
+        Raises ValueError for a negative mean."""
+        if mean_s < 0:
+            raise ValueError(f"mean hop cost must be >= 0, got {mean_s}")
+        k = mean_s / self.mean_s() if self.mean_s() > 0 else 0.0
+        return HopCost(self.fixed_s * k, self.jitter_median_s * k, self.jitter_sigma, self.stall_prob,
+                       self.stall_mean_s * k)
+
+    def sample(self, rng: np.random.Generator, hops: Any, size: int | None = None) -> np.ndarray:
+        """Per-token added gap over ``hops`` hops, s: shape ``np.shape(hops)`` (or ``(size,)``
+        of one hop count when ``size`` is given). Raises ValueError for negative hops."""
+        h = np.asarray(hops, dtype=np.int64)
+        if np.any(h < 0):
+            raise ValueError("hops must be >= 0")
+        if size is not None:
+            h = np.broadcast_to(h, (size,))
+        h = np.atleast_1d(h)
+        n_max = int(h.max()) if h.size else 0
+        out = np.zeros(h.shape, dtype=np.float64)
+        for k in range(n_max):
+            on = h > k
+            m = int(on.sum())
+            jit = self.jitter_median_s * np.exp(self.jitter_sigma * rng.standard_normal(m))
+            stall = np.where(rng.random(m) < self.stall_prob, rng.exponential(self.stall_mean_s, m), 0.0)
+            out[on] += self.fixed_s + jit + stall
+        return out if (size is not None or np.ndim(hops)) else out.reshape(())
+
+
+#: Figure 1's calibration (see :class:`HopCost`): 15.9 ms per hop on average.
+PAPER_HOP_COST = HopCost()
+
+
+def detour_itl_samples(rng: np.random.Generator, itl_s: float, hops: int, n: int,
+                       cost: HopCost = PAPER_HOP_COST) -> np.ndarray:
+    """``n`` inter-token latencies of a stream relayed over ``hops`` hops, s: shape ``(n,)``.
+
+    ``itl_s`` the source's own gap (1 / r_d) plus each token's draw of ``cost`` over ``hops``
+    (see :class:`HopCost`). Raises ValueError for negative hops, ``n`` or ``itl_s``."""
+    if n < 0 or itl_s < 0:
+        raise ValueError(f"n and itl_s must be >= 0, got {n}, {itl_s}")
+    return itl_s + cost.sample(rng, hops, n)
 
 
 def sit_bridge(block_size: Any, r_p: Any, r_d: Any, c_sync: Any, hop_delay_s: Any) -> Any:

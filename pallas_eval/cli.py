@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--peer-rate-mbps", type=float, default=None,
                    help="agents' block-stream limit, Mbit/s (default: the regime's; 0: none)")
     r.add_argument("--hop-delay-ms", type=float, default=None,
-                   help="delay of each relayed stream (default: the regime's, 30 ms in paper, 0 in native)")
+                   help="mean per-token cost of each relay hop (jitter and stalls scaled with it, "
+                        "pallas_common.timing.HopCost; default: the regime's, 15.9 ms in paper, 0 in native)")
     r.add_argument("--engine-multiprocessing", action="store_true",
                    help="vLLM's default engine/worker processes (busy-polls between steps); the default runs "
                         "the worker inside the EngineCore process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
@@ -322,6 +323,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
 
     from pallas_eval.cpu import CpuSampler
     from pallas_eval.procs import Supervisor
+    from pallas_common.timing import PAPER_HOP_COST
     from pallas_eval.relay import ProxyPool
     regime = rp.regime_of(opts, rp.tiny_kv_bytes_per_token(opts.model_preset))
     con.print(regime.describe())
@@ -334,7 +336,8 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                 return front
             key = front.rstrip("/")
             if key not in relay:
-                relay[key] = proxies.add(key, regime.hop_delay_s).url
+                cost = PAPER_HOP_COST.with_mean(regime.hop_delay_s)
+                relay[key] = proxies.add(key, 0.0, cost=cost, seed=len(relay) + 1000 * opts.seed).url
             return relay[key]
 
         with con.status(f"starting {opts.servers} vLLM servers with agents (tiny model, first start builds it)"):

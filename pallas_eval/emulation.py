@@ -49,8 +49,8 @@ E2E_PACE = (20_000.0, 1000.0 / 15.0)
 #: The paper's inter-gNB goodput of the headline settings (Table 1, Figures 5 and 9), Mbit/s
 #: (pallas_eval.experiments.presets).
 PAPER_LINK_MBPS = PR.PAPER_GOODPUT_MBPS
-#: Detour's extra delay per forwarding hop: the paper's Figure 1 (P90 ITL about 130 ms at three
-#: hops against about 40 ms without, so about 30 ms a hop); the presets' and the simulation's.
+#: Detour's mean per-token cost per forwarding hop (pallas_common.timing.PAPER_HOP_COST, fitted
+#: to the paper's Figure 1); the presets' and the simulation's.
 PAPER_HOP_DELAY_S = PR.HOP_DELAY_S
 
 

@@ -1,12 +1,14 @@
-"""A delaying HTTP proxy: the extra forwarding hop of a relayed token stream, in the harness.
+"""A delaying HTTP proxy: the extra backhaul hop of a relayed token stream, in the harness.
 
 In the paper's regime every token that an agent relays for another (Detour, or the target's
-front while the session is not there yet) crosses one more hop between gNBs, which the paper
-measures at about 30 ms (its Figure 1; pallas_eval.emulation.PAPER_HOP_DELAY_S). On loopback
-that hop costs nothing, so the replay points the UE's ``origin`` (the old agent's front, which
-the new agent relays) at a :class:`DelayProxy` in front of it: every chunk of the response
-reaches the relaying agent ``delay_s`` after the old front sent it (a latency, not a rate
-limit: chunks keep their spacing). Requests and their bodies are forwarded as they are.
+front while the session is not there yet) crosses one more backhaul hop between gNBs. On
+loopback that hop costs nothing, so the replay points every peer front URL (and the UE's
+``origin``) at a :class:`DelayProxy` in front of the real front: each chunk of the response
+pays one draw of the hop's per-token cost (``pallas_common.timing.HopCost``: a fixed delay,
+jitter and rare stalls, calibrated to the paper's Figure 1) on top of its gap to the previous
+chunk, so the relayed stream's inter-token latencies grow as the timing model's do and a chain
+of relays (A -> B -> C) pays two hops. Without a cost the proxy adds one fixed latency per
+chunk and keeps the chunks' spacing. Requests and their bodies are forwarded as they are.
 
 The proxies run on one event loop in a background thread (:class:`ProxyPool`).
 """
@@ -19,24 +21,43 @@ import time
 from typing import Any
 
 import httpx
+import numpy as np
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from pallas_common.timing import HopCost
 from pallas_eval.procs import free_port
 
-__all__ = ["DelayProxy", "ProxyPool", "delayed"]
+__all__ = ["DelayProxy", "ProxyPool", "delayed", "relay_due"]
 
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
 
 
-async def delayed(chunks, delay_s: float, *, clock=time.monotonic, sleep=asyncio.sleep):
-    """Yield every chunk of the async iterator ``chunks`` ``delay_s`` seconds after it arrived
-    (each chunk's own arrival; a slow consumer does not add the delay twice)."""
+def relay_due(last: tuple[float, float] | None, arrival: float, delay_s: float,
+              draw: float) -> tuple[float, float]:
+    """``(arrival, leaves)`` of a chunk that pays ``draw`` seconds of hop cost, s: the first one
+    (``last`` None) leaves ``delay_s + draw`` after it arrived, every later one ``draw`` after
+    the previous one left plus its own gap to the previous arrival (:func:`delayed`)."""
+    if last is None:
+        return arrival, arrival + delay_s + draw
+    return arrival, last[1] + (arrival - last[0]) + draw
+
+
+async def delayed(chunks, delay_s: float, *, cost: HopCost | None = None, hops: int = 1,
+                  rng: np.random.Generator | None = None, clock=time.monotonic, sleep=asyncio.sleep):
+    """Yield every chunk of the async iterator ``chunks`` late.
+
+    Without ``cost``: ``delay_s`` after the chunk arrived (a latency: a slow consumer does not
+    add the delay twice, chunks keep their spacing). With ``cost``: chunk ``i`` leaves at
+    ``out_{i-1} + (arrival_i - arrival_{i-1}) + D_i`` (``out_0 = arrival_0 + delay_s + D_0``),
+    ``D_i`` one draw of ``cost`` over ``hops`` hops, s: each gap grows by the hop's per-token
+    cost, as ``pallas_common.timing.detour_itl_samples`` models it."""
     q: asyncio.Queue = asyncio.Queue()
     done = object()
+    rng = rng if rng is not None else np.random.default_rng()
 
     async def pump():
         try:
@@ -47,10 +68,16 @@ async def delayed(chunks, delay_s: float, *, clock=time.monotonic, sleep=asyncio
         await q.put((clock(), done))
 
     task = asyncio.create_task(pump())
+    last: tuple[float, float] | None = None
     try:
         while True:
             t, c = await q.get()
-            wait = t + delay_s - clock()
+            if cost is None or c is done or isinstance(c, Exception):
+                due = t + delay_s
+            else:
+                last = relay_due(last, t, delay_s, float(cost.sample(rng, hops)))
+                due = last[1]
+            wait = due - clock()
             if wait > 0:
                 await sleep(wait)
             if c is done:
@@ -63,14 +90,17 @@ async def delayed(chunks, delay_s: float, *, clock=time.monotonic, sleep=asyncio
 
 
 class DelayProxy:
-    """A reverse proxy to ``upstream`` (``http://host:port``) adding ``delay_s`` to every
-    response chunk (module docstring). ``url`` is where it listens, after :meth:`ProxyPool.add`."""
+    """A reverse proxy to ``upstream`` (``http://host:port``) delaying every response chunk by
+    ``delay_s`` and, with ``cost``, by ``hops`` hops' per-token cost (:func:`delayed`). ``url`` is where it listens, after :meth:`ProxyPool.add`."""
 
-    def __init__(self, upstream: str, delay_s: float, port: int = 0) -> None:
-        if delay_s < 0:
-            raise ValueError(f"delay_s must be >= 0, got {delay_s}")
+    def __init__(self, upstream: str, delay_s: float, port: int = 0, *, cost: HopCost | None = None,
+                 hops: int = 1, seed: int | None = None) -> None:
+        if delay_s < 0 or hops < 0:
+            raise ValueError(f"delay_s and hops must be >= 0, got {delay_s}, {hops}")
         self.upstream = upstream.rstrip("/")
         self.delay_s = float(delay_s)
+        self.cost, self.hops = cost, int(hops)
+        self.rng = np.random.default_rng(seed)
         self.port = port or free_port()
         self.client: httpx.AsyncClient | None = None
         self.app = Starlette(routes=[Route("/{path:path}", self._forward,
@@ -92,7 +122,8 @@ class DelayProxy:
 
         async def body():
             try:
-                async for c in delayed(up.aiter_raw(), self.delay_s):
+                async for c in delayed(up.aiter_raw(), self.delay_s, cost=self.cost, hops=self.hops,
+                                         rng=self.rng):
                     yield c
             finally:
                 await up.aclose()
@@ -110,13 +141,14 @@ class ProxyPool:
         self._thread.start()
         self._servers: list[tuple[DelayProxy, uvicorn.Server, Any]] = []
 
-    def add(self, upstream: str, delay_s: float) -> DelayProxy:
-        """Start a proxy to ``upstream``; returns once it accepts connections.
+    def add(self, upstream: str, delay_s: float, **kw: Any) -> DelayProxy:
+        """Start a proxy to ``upstream`` (``kw``: :class:`DelayProxy`'s ``cost``, ``hops``,
+        ``seed``); returns once it accepts connections.
 
         Raises:
             RuntimeError: it did not start within 10 s.
         """
-        p = DelayProxy(upstream, delay_s)
+        p = DelayProxy(upstream, delay_s, **kw)
         srv = uvicorn.Server(uvicorn.Config(p.app, host="127.0.0.1", port=p.port, log_level="warning",
                                             access_log=False, lifespan="off"))
         fut = asyncio.run_coroutine_threadsafe(srv.serve(), self.loop)

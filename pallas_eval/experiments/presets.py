@@ -24,9 +24,10 @@ GPUs:
   PyTorch, bf16): r_p the median prefill rate over 1K-4K tokens, r_d the CUDA-graph decode rate
   per request (median of 1K and 4K). c_sync is not measured there; the A6000's is used.
 
-Detour's hop delay (both GPUs): 30 ms per forwarding hop, from Figure 1 (section 2.2: P90 ITL
-at three hops 126.68-130.54 ms against a decode step of 28-48 ms). Block size 16 (vLLM's
-GPU default).
+Detour's hop cost (both GPUs): ``pallas_common.timing.PAPER_HOP_COST``, a fixed delay, a jitter
+and rare stalls per token and hop, fitted to Figure 1 (section 2.2: Qwen3-32B's ITL over the
+100 ms SLO 1.93% at two hops and 12.94% at three, P99 263.5 ms at three); its mean, 15.9 ms a
+hop, is ``hop_delay_s``. Block size 16 (vLLM's GPU default).
 
 The replay's setting (``paper-replay``, :func:`replay_rates`): what ``pallas replay --regime
 paper`` emulates (``pallas_eval.emulation`` paces the tiny model to these rates and scales the
@@ -71,7 +72,7 @@ LABELS = {"llama-3-8b": "Llama-3-8B", "qwen3-14b": "Qwen3-14B", "qwen3-32b": "Qw
 GPUS = ("rtx-a6000", "h200")
 
 BLOCK_SIZE = 16
-HOP_DELAY_S = 0.030
+HOP_DELAY_S = timing.PAPER_HOP_COST.mean_s()
 PAPER_C_SYNC_S = 0.150
 #: The paper's inter-gNB goodput in its headline settings (Table 1, Figures 2, 5 and 9), Mbit/s.
 PAPER_GOODPUT_MBPS = 300.0
@@ -153,7 +154,7 @@ _REPLAY_SOURCES = {True: "paper Table 1 / Fig. 5(d) (model.md section 6)",
 def replay_rates(model: str = REPLAY_ANCHOR_MODEL) -> Rates:
     """The replay's setting (``paper-replay``, module docstring) for ``model``: the anchor's
     rates for Qwen3-32B, the others' scaled by the H200 ratio; at 300 Mbit/s, block size 16,
-    c_sync 20 ms, 30 ms per Detour hop. KeyError for an unknown model."""
+    c_sync 20 ms, Detour's hop cost (15.9 ms a hop on average). KeyError for an unknown model."""
     _check_model(model)
     if model == REPLAY_ANCHOR_MODEL:
         r_p, r_d = REPLAY_R_P, REPLAY_R_D

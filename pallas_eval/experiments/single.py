@@ -197,9 +197,9 @@ WHY = {
                                    "wider 2.35-7.28 needs other prefill rates than we could derive from its text",
     "single.factor_ctho": "preset: as for Recomputation (ctHO is nearly all prefill at these goodputs: shipping a token "
                           "costs 2-21 ms against 0.2-0.45 ms to recompute it)",
-    "single.itl_reduction_vs_detour": "model.md: Detour adds a fixed 30 ms per hop (Figure 1) to every gap, so one hop "
-                                      "reduces by 30 / (1/r_d + 30) ms = 37-51%; the paper's 16% would need about 9 ms "
-                                      "for the hop at 48 ms per token",
+    "single.itl_reduction_vs_detour": "model: Detour adds 15.9 ms per hop on average (the fit to Figure 1) to every gap, "
+                                      "so one hop reduces by 15.9 / (1/r_d + 15.9) ms = 25-36%; the paper's 16% would need "
+                                      "about 9 ms for the hop at 48 ms per token",
     "single.trace": "model.md/preset: Figure 5(e)'s SNOB-5G traces are not available; ours are synthetic (mean 250 Mbit/s, "
                     "blockage episodes), so the transfer-bound factors follow our traces, not theirs",
     "single.pallas_itl": "preset: r_d per model is set from this very range (28 and 48 ms); the 256-token ITL window adds the SIT/256",

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pallas_common import timing
 from pallas_eval import replay as rp
 from pallas_eval.cpu import CpuSample, CpuSampler, cpu_share
 from pallas_eval.metrics import SessionRecord
@@ -21,7 +22,8 @@ from pallas_eval.report import cpu_table
 def test_paper_regime_paces_scales_the_link_and_delays_the_relay(tmp_path):
     opts = rp.ReplayOptions(out_dir=tmp_path)
     r = rp.regime_of(opts, 2048.0)
-    assert (r.name, r.model.name, r.hop_delay_s) == ("paper", "qwen3-32b", 0.03)
+    assert (r.name, r.model.name) == ("paper", "qwen3-32b")
+    assert r.hop_delay_s == pytest.approx(timing.PAPER_HOP_COST.mean_s())
     assert r.peer_rate_mbps == pytest.approx(300 * 2048 / 262_144)
     assert "emulating qwen3-32b" in r.describe() and "2.34 Mbit/s" in r.describe()
     r14 = rp.regime_of(rp.ReplayOptions(out_dir=tmp_path, emulate="qwen3-14b", hop_delay_s=0.0), 2048.0)
@@ -195,3 +197,38 @@ def test_a_relative_out_folder_is_made_absolute_before_the_subprocesses_see_it(t
     with pytest.raises(RuntimeError, match="stop here"):
         cli.run_replay(opts, Console(quiet=True))
     assert seen == [tmp_path / "rel" / "run"] and seen[0].is_absolute()
+
+
+def test_relay_due_lengthens_every_gap_by_the_hops_cost():
+    """A relay hop's per-token cost lands on each gap: chunks arriving 10 ms apart that pay
+    10 ms each (two hops of 5 ms) leave 20 ms apart, the first one 10 ms (+ the latency) late."""
+    from pallas_eval.relay import relay_due
+    last, out = None, []
+    for t in (0.0, 0.01, 0.02, 0.03):
+        last = relay_due(last, t, 0.002, 0.010)
+        out.append(last[1])
+    assert out == [pytest.approx(x) for x in (0.012, 0.032, 0.052, 0.072)]
+
+
+def test_delayed_with_a_hop_cost_draws_per_chunk_and_keeps_order():
+    from pallas_common.timing import HopCost
+    clock = [0.0]
+    waits = []
+
+    async def sleep(dt):
+        waits.append(dt)
+        clock[0] += dt
+
+    async def chunks():
+        for k in range(4):
+            yield k
+
+    cost = HopCost(fixed_s=0.005, jitter_median_s=0.0, jitter_sigma=0.0, stall_prob=0.0, stall_mean_s=0.0)
+
+    async def go():
+        return [(c, clock[0]) async for c in delayed(chunks(), 0.0, cost=cost, hops=2, clock=lambda: clock[0],
+                                                     sleep=sleep)]
+    out = asyncio.run(go())
+    # all arrive at 0; each leaves 10 ms (two hops of 5 ms) after the one before
+    assert [c for c, _ in out] == [0, 1, 2, 3]
+    assert [t for _, t in out] == [pytest.approx(x) for x in (0.01, 0.02, 0.03, 0.04)]
