@@ -26,7 +26,7 @@ from pallas_eval.experiments import presets as PR
 from pallas_eval.lengths import LengthSampler, ue_session_stream
 from pallas_eval.metrics import gap_between_tokens, summarize
 from pallas_eval.report import (HandoverRow, cpu_table, handover_table, live_vs_model, live_vs_model_lines,
-                                plot_cdfs, plot_timeline, summary_table,
+                                plot_cdfs, plot_timeline, ratio_table, summary_table,
                                 write_csv, write_json)
 from pallas_eval.simulate import Rates, SimHandover, measured_rates, simulate, summarize_sim
 
@@ -403,6 +403,9 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     con.print(handover_table(rows_all))
     con.print(summary_table(summaries, title=f"Per scheme (live, {regime.name} regime)  |  model: {rates.describe()}",
                             simulated=sim))
+    ratios = ratio_table(sit_by, runs[0].scheme)
+    if ratios is not None:
+        con.print(ratios)
     vs_model = live_vs_model(summaries, sim, rows_all, rates.r_d)
     if vs_model:
         con.print("live against the timing model (same handovers, the run's rates):")

@@ -160,12 +160,53 @@ def mean(x: Iterable[float]) -> float:
     return float(a.mean()) if a.size else float("nan")
 
 
+#: Bootstrap resamples behind every interval (95%, percentile method).
+BOOTSTRAP_N = 2000
+
+
+def bootstrap_ci(x: Iterable[float], *, stat=np.mean, n_boot: int = BOOTSTRAP_N, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``stat`` over the finite values of ``x``: (lo, hi), the
+    unit of ``x``; (NaN, NaN) with fewer than two values. Deterministic for a ``seed``."""
+    a = np.asarray(list(x) if not isinstance(x, np.ndarray) else x, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    if a.size < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, a.size, (n_boot, a.size))
+    v = stat(a[idx], axis=1)
+    q = (1.0 - level) / 2.0
+    return float(np.quantile(v, q)), float(np.quantile(v, 1.0 - q))
+
+
+def ratio_ci(num: Iterable[float], den: Iterable[float], *, n_boot: int = BOOTSTRAP_N, seed: int = 0,
+             level: float = 0.95) -> tuple[float, float, float]:
+    """mean(num) / mean(den) and its percentile-bootstrap interval, both samples resampled
+    independently (two schemes' SITs over the same drive): (ratio, lo, hi); NaNs when either
+    has fewer than two finite values or a mean of 0."""
+    a = np.asarray(list(num), dtype=np.float64)
+    b = np.asarray(list(den), dtype=np.float64)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if a.size < 2 or b.size < 2 or b.mean() == 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    ra = a[rng.integers(0, a.size, (n_boot, a.size))].mean(axis=1)
+    rb = b[rng.integers(0, b.size, (n_boot, b.size))].mean(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = ra / rb
+    r = r[np.isfinite(r)]
+    q = (1.0 - level) / 2.0
+    return float(a.mean() / b.mean()), float(np.quantile(r, q)), float(np.quantile(r, 1.0 - q))
+
+
 @dataclass
 class SchemeSummary:
     """Per-scheme figures (seconds; shares in [0, 1]).
 
     ``itl_over_slo`` is the share of ITLs above ``ITL_SLO_S``. ``t_early_mean`` is the mean
     early-preparation exposure (model.md Eq. 7) of the triggers, NaN for reactive schemes.
+    ``*_ci``: 95% bootstrap intervals (lo, hi) of the means (:func:`bootstrap_ci`; the ITL's over
+    sessions' mean gaps, since a session's gaps are not independent of each other).
     """
 
     scheme: str
@@ -184,6 +225,9 @@ class SchemeSummary:
     token_checked: int
     commits: int = 0
     fallbacks: int = 0
+    itl_p90: float = float("nan")
+    sit_mean_ci: tuple[float, float] = (float("nan"), float("nan"))
+    itl_mean_ci: tuple[float, float] = (float("nan"), float("nan"))
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -205,6 +249,7 @@ def summarize(scheme: str, sits: Sequence[HandoverSIT], sessions: Sequence[Sessi
     sit = np.array([h.sit for h in sits], dtype=np.float64)
     itl = np.concatenate([s.itls() for s in sessions]) if sessions else np.zeros(0)
     checked = [s.matches_reference() for s in sessions if s.reference is not None]
+    per_session = [float(g.mean()) for g in (s.itls() for s in sessions) if g.size]
     return SchemeSummary(
         scheme=scheme,
         handovers=len(sits),
@@ -218,4 +263,5 @@ def summarize(scheme: str, sits: Sequence[HandoverSIT], sessions: Sequence[Sessi
         token_exact=int(sum(1 for c in checked if c)),
         token_checked=len(checked),
         commits=commits, fallbacks=fallbacks,
+        itl_p90=percentile(itl, 90), sit_mean_ci=bootstrap_ci(sit), itl_mean_ci=bootstrap_ci(per_session),
     )

@@ -92,7 +92,8 @@ def summary_table(summaries: Sequence[SchemeSummary], title: str = "Per scheme",
     """A rich Table of per-scheme summaries; ``simulated`` adds the timing model's SIT beside."""
     from rich.table import Table
     t = Table(title=title)
-    cols = ["scheme", "HOs (w/ session)", "SIT mean", "SIT p50", "SIT p99", "ITL mean", "ITL p99",
+    cols = ["scheme", "HOs (w/ session)", "SIT mean [95% CI]", "SIT p50", "SIT p99", "ITL mean [95% CI]", "ITL p90",
+            "ITL p99",
             f"ITL>{ITL_SLO_S * 1000:.0f}ms", "T_early", "token-exact", "prepared commits"]
     if simulated:
         cols += ["model SIT mean", "model SIT p99"]
@@ -100,14 +101,41 @@ def summary_table(summaries: Sequence[SchemeSummary], title: str = "Per scheme",
         t.add_column(c + (" (ms)" if c.startswith(("SIT", "ITL ", "T_early", "model")) else ""),
                      justify="left" if c == "scheme" else "right")
     for s in summaries:
-        row = [s.scheme, f"{s.handovers} ({s.handovers_with_session})", _ms(s.sit_mean), _ms(s.sit_p50),
-               _ms(s.sit_p99), _ms(s.itl_mean), _ms(s.itl_p99),
+        row = [s.scheme, f"{s.handovers} ({s.handovers_with_session})", _ms_ci(s.sit_mean, s.sit_mean_ci),
+               _ms(s.sit_p50), _ms(s.sit_p99), _ms_ci(s.itl_mean, s.itl_mean_ci), _ms(s.itl_p90), _ms(s.itl_p99),
                "-" if not math.isfinite(s.itl_over_slo) else f"{100 * s.itl_over_slo:.1f}%",
                _ms(s.t_early_mean), f"{s.token_exact}/{s.token_checked}", str(s.commits)]
         if simulated:
             m = simulated.get(s.scheme, {})
             row += [_ms(m.get("sit_mean", float("nan"))), _ms(m.get("sit_p99", float("nan")))]
         t.add_row(*row)
+    return t
+
+
+def _ms_ci(v: float, ci: Sequence[float]) -> str:
+    """``v`` in ms with its interval, ``278 [231-330]``; without a finite interval just ``v``."""
+    lo, hi = (tuple(ci) + (float("nan"), float("nan")))[:2]
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return _ms(v)
+    return f"{_ms(v)} [{lo * 1000:.0f}-{hi * 1000:.0f}]"
+
+
+def ratio_table(sit_by: dict[str, Sequence[float]], base: str, title: str | None = None):
+    """Each scheme's mean SIT over ``base``'s (``x`` times), with its 95% bootstrap interval
+    (:func:`pallas_eval.metrics.ratio_ci`); ``None`` without ``base`` or another scheme."""
+    from rich.table import Table
+    from pallas_eval.metrics import ratio_ci
+    if base not in sit_by or len(sit_by) < 2:
+        return None
+    t = Table(title=title or f"Mean SIT of each scheme over {base}'s (95% bootstrap interval)")
+    for c in ("scheme", "ratio", "95% CI"):
+        t.add_column(c, justify="left" if c == "scheme" else "right")
+    for sch, x in sit_by.items():
+        if sch == base:
+            continue
+        r, lo, hi = ratio_ci(x, sit_by[base])
+        t.add_row(sch, "-" if not math.isfinite(r) else f"{r:.2f}x",
+                  "-" if not math.isfinite(lo) else f"{lo:.2f}-{hi:.2f}x")
     return t
 
 
