@@ -24,6 +24,7 @@ from pallas_common.schemes import ABLATIONS, REPLAYED, spec_for
 from pallas_eval import replay as rp
 from pallas_eval.experiments import presets as PR
 from pallas_eval.lengths import LengthSampler, ue_session_stream
+from pallas_eval.ues import first_session_delay
 from pallas_eval.metrics import gap_between_tokens, summarize
 from pallas_eval.report import (HandoverRow, cpu_table, handover_table, live_vs_model, live_vs_model_lines,
                                 plot_cdfs, plot_timeline, ratio_table, summary_table,
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "xApp learns its association map, handover places and successors from at start, as "
                         "a deployed xApp would have learned them online (0: it starts empty)")
     r.add_argument("--seed", type=int, default=2, help="drive and session-length seed")
+    r.add_argument("--first-session-spread-s", type=float, default=5.0,
+                   help="the UEs open their first sessions at times spread uniformly over this many seconds "
+                        "from their first report (fixed per seed and UE), not all at once")
     r.add_argument("--azure", help="Azure LLM trace CSV to draw session lengths from "
                    "(default: the bundled distribution derived from it)")
     r.add_argument("--model-preset", default="tiny", choices=["tiny", "m152"])
@@ -238,7 +242,8 @@ def _sim_handovers_offline(plan: dict, opts: rp.ReplayOptions, rates: Rates, sam
     out = []
     for u in plan["ues"]:
         stream = ue_session_stream(opts.seed, u["ue_id"], sampler, 2048)
-        t, end = float(u["start"]), float(u["end"])
+        t = float(u["start"]) + first_session_delay(opts.seed, u["ue_id"], opts.first_session_spread_s)
+        end = float(u["end"])
         sessions = []
         while t < end:
             s = next(stream)
@@ -270,7 +275,7 @@ def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
                             hop_delay_s=None if a.hop_delay_ms is None else a.hop_delay_ms / 1000.0,
                             engine_multiprocessing=a.engine_multiprocessing, verify=not a.no_verify,
                             simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python, lead_s=a.lead_s,
-                            tls=not a.insecure)
+                            tls=not a.insecure, first_session_spread_s=a.first_session_spread_s)
 
 
 def cmd_replay(a: argparse.Namespace) -> int:

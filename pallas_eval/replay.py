@@ -73,6 +73,7 @@ class ReplayOptions:
     hop_delay_s: float | None = None
     engine_multiprocessing: bool = False
     start_delay_s: float = 10.0
+    first_session_spread_s: float = 5.0
     verify: bool = True
     simulate: bool = True
     simulate_only: bool = False
@@ -371,7 +372,7 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     this run, and the run's CPU share per process (from the UEs' start to their end) is
     returned in ``SchemeRun.cpu``. ``origin_of(front)``: what a UE names as the relay origin at
     a handover (pallas_eval.ues.run_ue)."""
-    from pallas_eval.ues import UEPlan, run_ues
+    from pallas_eval.ues import UEPlan, first_session_delay, run_ues
 
     d = opts.out_dir / scheme
     d.mkdir(parents=True, exist_ok=True)
@@ -398,7 +399,9 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     def front_of_cell(cell: int) -> str:
         return by_agent[mapping.get(int(cell), 0)]
 
-    plans = [UEPlan(u["ue_id"], float(u["start"]) + offset, float(u["end"]) + offset,
+    plans = [UEPlan(u["ue_id"], float(u["start"]) + offset
+                    + first_session_delay(opts.seed, u["ue_id"], opts.first_session_spread_s),
+                    float(u["end"]) + offset,
                     [(float(t) + offset, int(c)) for t, c in u["cells"]]) for u in plan["ues"]]
     streams = {u["ue_id"]: ue_session_stream(opts.seed, u["ue_id"], sampler, vocab_size) for u in plan["ues"]}
     total = float(plan["t_last"]) - t_first

@@ -25,6 +25,22 @@ from pallas_common.aio import cancel_and_wait
 
 log = structlog.get_logger("pallas.eval.ues")
 
+#: Over how many seconds from the start of the drive the UEs open their first sessions, s.
+FIRST_SESSION_SPREAD_S = 5.0
+
+
+def first_session_delay(seed: int, ue_id: str, spread_s: float = FIRST_SESSION_SPREAD_S) -> float:
+    """When a UE opens its first session after it appears, s: uniform in ``[0, spread_s)``,
+    fixed per (seed, UE) so every scheme's run sees the same start. A cell's users do not all
+    open a session in the same instant; without the spread every UE's first prompt is
+    prefilled at once and the first handovers of the drive meet engines busy with all of them
+    (issue 26). Raises ValueError for a negative spread."""
+    if spread_s < 0:
+        raise ValueError(f"spread_s must be >= 0, got {spread_s}")
+    import zlib
+    u = zlib.crc32(f"{seed}:{ue_id}".encode()) / 2 ** 32
+    return spread_s * u
+
 
 @dataclass
 class UEPlan:

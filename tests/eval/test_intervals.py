@@ -47,3 +47,24 @@ def test_the_tables_print_the_intervals():
     t = ratio_table({"pallas": [0.2, 0.25, 0.22], "ctho": [0.8, 0.9, 0.7]}, "pallas")
     assert t is not None and t.row_count == 1
     assert ratio_table({"ctho": [0.8, 0.9]}, "pallas") is None
+
+
+def test_first_sessions_are_spread_over_the_start_of_the_drive():
+    """Issue 26: the UEs no longer open their first sessions in one instant; the start is fixed
+    per (seed, UE), so every scheme's run meets the same load."""
+    from pallas_eval.ues import first_session_delay
+    d = [first_session_delay(2, f"ue{k}", 5.0) for k in range(200)]
+    assert all(0.0 <= x < 5.0 for x in d)
+    assert np.std(d) == pytest.approx(5.0 / math.sqrt(12), rel=0.2)       # uniform over [0, 5)
+    assert first_session_delay(2, "ue3", 5.0) == first_session_delay(2, "ue3", 5.0)
+    assert first_session_delay(2, "ue3", 5.0) != first_session_delay(3, "ue3", 5.0)
+    assert first_session_delay(2, "ue3", 0.0) == 0.0
+    with pytest.raises(ValueError):
+        first_session_delay(2, "ue3", -1.0)
+
+
+def test_the_spread_knob_reaches_the_replay_options():
+    from pallas_eval.cli import build_parser, options_from_args
+    a = build_parser().parse_args(["replay", "--first-session-spread-s", "2.5"])
+    assert options_from_args(a).first_session_spread_s == 2.5
+    assert options_from_args(build_parser().parse_args(["replay"])).first_session_spread_s == 5.0
