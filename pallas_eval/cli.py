@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generated drive: earlier drives (300 s each, other UEs and routes, same network) the "
                         "xApp learns its association map, handover places and successors from at start, as "
                         "a deployed xApp would have learned them online (0: it starts empty)")
+    r.add_argument("--history", default="",
+                   help="with --trace: a folder of drive-test CSVs of the same area (e.g. ../shared/data/ucc-5g); "
+                        "the xApp learns its association map, handover places and successors from every one "
+                        "of them but the replayed drive, as a deployed xApp would have")
     r.add_argument("--seed", type=int, default=2, help="drive and session-length seed")
     r.add_argument("--first-session-spread-s", type=float, default=5.0,
                    help="the UEs open their first sessions at times spread uniformly over this many seconds "
@@ -268,7 +272,7 @@ def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
     schemes = tuple(s.strip() for s in a.schemes.split(",") if s.strip()) + (ABLATIONS if a.ablations else ())
     return rp.ReplayOptions(out_dir=Path(a.out), trace=a.trace, segment=a.segment, min_handovers=a.min_handovers,
                             servers=a.servers, schemes=schemes, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
-                            history_drives=a.history_drives,
+                            history_drives=a.history_drives, history=a.history,
                             azure=a.azure, model_preset=a.model_preset, max_model_len=a.max_model_len,
                             max_output=a.max_output, peer_rate_mbps=a.peer_rate_mbps, regime=a.regime,
                             emulate=a.emulate,

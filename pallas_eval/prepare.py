@@ -116,6 +116,35 @@ def _handovers(reports) -> list[tuple[str, float, int, int]]:
     return hos
 
 
+def history_folder(history: Path, trace: Path, out: Path) -> tuple[Path, list[str]]:
+    """What a deployed xApp knows of the area of a real drive: ``out`` (made anew) holding a
+    link to every drive-test CSV under ``history`` but the one ``trace`` was converted from
+    (``xapp.e2.convert`` names a trace ``<folder>_<stem>.e2trace``); the xApp learns its
+    association map, handover places and successors from that folder
+    (``xapp.predict.maps.knowledge_from_drives_at``), as ``xapp.predict.evaluate --map-from``
+    scores it. Returns (folder, names of the CSVs left out).
+
+    Raises:
+        ValueError: ``history`` is not a folder, or holds no CSV besides the replayed drive.
+    """
+    if not history.is_dir():
+        raise ValueError(f"--history {history}: not a folder")
+    import shutil
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    kept, left_out = 0, []
+    for i, f in enumerate(sorted(history.rglob("*.csv"))):
+        if f"{f.parent.name}_{f.stem}" == trace.stem:
+            left_out.append(str(f))
+            continue
+        (out / f"{i:04d}_{f.parent.name}_{f.name}").symlink_to(f.resolve())
+        kept += 1
+    if kept == 0:
+        raise ValueError(f"--history {history}: no drive-test CSV besides the replayed drive {trace.name}")
+    return out, left_out
+
+
 def cut(trace: Path, out: Path, t_start: float, t_end: float) -> int:
     """Copy the records with t_start <= time <= t_end to ``out``; returns how many."""
     from xapp.e2.trace import TraceWriter, read_trace
@@ -204,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--isd-m", type=float, default=500.0, help="inter-site distance, m")
     ap.add_argument("--convoy", type=int, default=0, metavar="N",
                     help="the first N UEs on the first UE's route and radio draws: their handovers to one target at once")
+    ap.add_argument("--history", default="",
+                    help="--trace: a folder of drive-test CSVs of the same area; the xApp learns from every one "
+                         "of them but the replayed drive")
     ap.add_argument("--segment", default="", help="'auto' or START:END seconds from the trace's start")
     ap.add_argument("--min-handovers", type=int, default=5)
     ap.add_argument("--lead-s", type=float, default=10.0)
@@ -212,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     nrt: dict[int, int] = {}
+    hist: Path | None = None
     if a.generate:
         rows, cols = (int(x) for x in a.grid.lower().split("x"))
         trace, nrt, hist = generate(out, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
@@ -224,6 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         trace = Path(a.trace)
         source = f"trace {trace}"
+        if a.history:
+            hist, left = history_folder(Path(a.history), trace, out / "history")
+            source += (f"; the xApp learned from {sum(1 for _ in hist.iterdir())} drive(s) of {a.history}"
+                       + (f" (the replayed {Path(left[0]).name} left out)" if left else ""))
         if a.segment:
             reports, _ = _decode(trace)
             t_first = min(t for t, _ in reports)
@@ -237,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             source += f", segment {t0 - t_first:.0f}-{t1 - t_first:.0f} s ({n} records)"
             trace = seg
     plan = build_plan(trace, nrt, source)
-    plan["history"] = str(hist) if a.generate and hist is not None else ""
+    plan["history"] = str(hist) if hist is not None else ""
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
     (out / "nrt.json").write_text(json.dumps(plan["nrt"]))
     print(json.dumps({"plan": str(out / "plan.json"), "ues": len(plan["ues"]), "handovers": len(plan["handovers"]),

@@ -63,6 +63,7 @@ class ReplayOptions:
     ues: int = 6
     duration_s: float = 90.0
     history_drives: int = 16
+    history: str = ""
     azure: str | None = None
     model_preset: str = "tiny"
     max_model_len: int = 2048
@@ -193,11 +194,15 @@ def _env_with_repo() -> dict[str, str]:
 def prepare(opts: ReplayOptions) -> dict:
     """Run pallas_eval.prepare in the xApp's environment; returns the plan."""
     out = opts.out_dir / "input"
+    if opts.history and not opts.trace:
+        raise ValueError("--history is for a real drive (--trace); a generated drive has --history-drives")
     cmd = [xapp_python(opts), "-m", "pallas_eval.prepare", str(out)]
     if opts.trace:
         cmd += ["--trace", opts.trace]
         if opts.segment:
             cmd += ["--segment", opts.segment, "--min-handovers", str(opts.min_handovers)]
+        if opts.history:
+            cmd += ["--history", str(Path(opts.history).resolve())]
     else:
         cmd += ["--generate", "--seed", str(opts.seed), "--ues", str(opts.ues), "--duration-s", str(opts.duration_s),
                 "--history-drives", str(opts.history_drives), *opts.generate_args]
