@@ -31,11 +31,38 @@ def e2sm_spec() -> Any:
     return asn1tools.compile_files(ASN1_PATH, "per")
 
 
+@functools.lru_cache(maxsize=None)
+def e2sm_decode_spec() -> Any:
+    """The same module compiled with every REAL read as the OCTET STRING of its contents, for
+    decoding: aligned PER writes a REAL as an aligned length and the X.690 clause 8.5 contents
+    octets (X.691 clause 15), exactly as it writes an unconstrained OCTET STRING, so this spec
+    reads every PDU the first one reads, and hands each REAL's contents to
+    :func:`.per.decode_real`. asn1tools' own REAL decoder reads only base 2 with scale factor 0
+    and 1- or 2-octet exponents, and raises on a malformed REAL, which would lose the whole
+    PDU for one value (issue 28); 0.4 s once."""
+    import re
+
+    import asn1tools
+    with open(ASN1_PATH, encoding="utf-8") as f:
+        text = f.read()
+    code = "\n".join(line.split("--")[0] for line in text.splitlines())  # comments may say REAL
+    return asn1tools.compile_string(re.sub(r"\bREAL\b", "OCTET STRING", code), "per")
+
+
 def asn_decode(type_name: str, b: bytes) -> Any:
     """Decode ``b`` as ``type_name`` of the project's E2SM module; any asn1tools failure becomes
     :class:`E2DecodeError` naming the type."""
     try:
         return e2sm_spec().decode(type_name, b)
+    except Exception as e:  # noqa: BLE001 - asn1tools raises DecodeError and others
+        raise E2DecodeError(f"{type_name}: {type(e).__name__}: {e}") from None
+
+
+def asn_decode_raw_reals(type_name: str, b: bytes) -> Any:
+    """:func:`asn_decode` with :func:`e2sm_decode_spec`: every REAL comes out as its contents
+    octets (decode them with :func:`.per.decode_real`)."""
+    try:
+        return e2sm_decode_spec().decode(type_name, b)
     except Exception as e:  # noqa: BLE001 - asn1tools raises DecodeError and others
         raise E2DecodeError(f"{type_name}: {type(e).__name__}: {e}") from None
 

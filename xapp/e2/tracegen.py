@@ -5,7 +5,7 @@ kept beside the trace tools (:mod:`.convert`, :mod:`.trace`) and out of the xApp
 - E2AP RICindication: :func:`encode_ric_indication` (fast writer, byte-identical to pycrate's
   :func:`encode_ric_indication_pycrate`, tested);
 - E2SM-RC REPORT Style 1: :func:`encode_rc_message_copy` (header Format 1, 2 or 3 and message
-  Format 1);
+  Format 1, its parameters as ELEMENTs with or without the key flag, in a STRUCTURE or a LIST);
 - E2SM-KPM: :func:`encode_kpm_indication` (header Format 1 of v02.0x or v03.00+, message Format 3
   with one measData item per granularity period);
 - NR RRC MeasurementReport: :func:`encode_rrc_meas_report` (fast writer for SSB-only cells,
@@ -404,22 +404,54 @@ def rc_header(fmt: int = 1, condition_id: int | None = 1, ue: UeId | None = None
         f"indicationHeader-Format{fmt}", body)})
 
 
-def encode_rc_message_copy(m: RcMessageCopy, ue_in_message: bool = True) -> tuple[bytes, bytes]:
+#: How :func:`encode_rc_message_copy` writes the RAN parameters (every RANParameter-ValueType
+#: alternative that can carry an OCTET STRING, E2SM-RC clause 9.3.11): each an ELEMENT with the
+#: key flag (ranP-Choice-ElementTrue) or without it (ranP-Choice-ElementFalse); all inside one
+#: STRUCTURE (ranP-Choice-Structure, parameter :data:`RC_CONTAINER_ID`); or inside a LIST of
+#: one STRUCTURE (ranP-Choice-List, same ID)
+RC_VALUE_TYPES = ("element-true", "element-false", "structure", "list")
+RC_CONTAINER_ID = 1
+
+
+def rc_param_items(items: list[tuple[int, bytes]], value_type: str = "element-true") -> list[dict]:
+    """[(RAN parameter ID, octets)] -> the asn1tools value of a ranP-Reported-List that holds them
+    in the way ``value_type`` (one of :data:`RC_VALUE_TYPES`) names."""
+    if value_type not in RC_VALUE_TYPES:
+        raise ValueError(f"value_type must be one of {RC_VALUE_TYPES}, got {value_type!r}")
+    if value_type == "element-false":
+        return [{"ranParameter-ID": p, "ranParameter-valueType": (
+            "ranP-Choice-ElementFalse", {"ranParameter-value": ("valueOctS", b)})} for p, b in items]
+    elems = [_elem_octs(p, b) for p, b in items]
+    if value_type == "element-true":
+        return elems
+    struct = {"sequence-of-ranParameters": elems}
+    if value_type == "structure":
+        return [{"ranParameter-ID": RC_CONTAINER_ID, "ranParameter-valueType": (
+            "ranP-Choice-Structure", {"ranParameter-Structure": struct})}]
+    return [{"ranParameter-ID": RC_CONTAINER_ID, "ranParameter-valueType": (
+        "ranP-Choice-List", {"ranParameter-List": {"list-of-ranParameter": [struct]}})}]
+
+
+def encode_rc_message_copy(m: RcMessageCopy, ue_in_message: bool = True,
+                           value_type: str = "element-true") -> tuple[bytes, bytes]:
     """RcMessageCopy -> (E2SM-RC IndicationHeader of ``m.header_format``, IndicationMessage
     Format 1), aligned PER; ``ue_in_message`` False leaves RAN parameter 4 out (the header's UE
-    ID then stands alone; Format 1 always carries it).
-    The message is written by :func:`encode_rc_octs_params` (byte-identical to
-    asn1tools, tested), the header, UEID and CGI by asn1tools (memoised)."""
+    ID then stands alone; Format 1 always carries it); ``value_type`` how the parameters are
+    written (:data:`RC_VALUE_TYPES`).
+    ELEMENTs with the key flag are written by :func:`encode_rc_octs_params` (byte-identical to
+    asn1tools, tested), the other shapes, the header, UEID and CGI by asn1tools (memoised)."""
     items = [(RC_PARAM_RRC_MESSAGE, m.rrc)]
     if ue_in_message or m.header_format == 1:
         items.append((RC_PARAM_UE_ID, encode_ueid(m.ue)))
     if m.cell is not None:
         items.append((RC_PARAM_CELL_GLOBAL_ID, encode_cgi(m.cell)))
     try:
+        if value_type != "element-true":
+            raise Unsupported(value_type)
         message = encode_rc_octs_params(items)
     except Unsupported:
         message = e2sm_spec().encode("E2SM-RC-IndicationMessage", {"ric-indicationMessage-formats": (
-            "indicationMessage-Format1", {"ranP-Reported-List": [_elem_octs(p, b) for p, b in items]})})
+            "indicationMessage-Format1", {"ranP-Reported-List": rc_param_items(items, value_type)})})
     header = rc_header(m.header_format, m.condition_id, m.ue if m.header_format != 1 else None,
                        m.insert_style if m.insert_style is not None else 3,
                        m.insert_indication_id if m.insert_indication_id is not None else 1)
@@ -478,7 +510,8 @@ def encode_kpm_indication(k: KpmIndication, version: str = "3.00") -> tuple[byte
 def sample_pdus() -> dict[str, bytes]:
     """Name -> a valid RIC_INDICATION payload, one per format and version the decoders read:
     E2SM-RC header Formats 1, 2, 3 (message Format 1) over NR MeasurementReports with SSB,
-    CSI-RS-only, per-beam, E-UTRA-neighbour and location contents; E2SM-KPM v03.00 and v02.03
+    CSI-RS-only, per-beam, E-UTRA-neighbour and location contents, and the RAN parameters
+    written in every :data:`RC_VALUE_TYPES` way; E2SM-KPM v03.00 and v02.03
     header Format 1 with message Formats 1, 2 and 3 (several granularity periods, noValue,
     labels). RAN functions: 3 = RC, 2 = KPM (the ingest's defaults)."""
     from .rrc import BeamResult, EutraResult, ServingResult
@@ -505,6 +538,9 @@ def sample_pdus() -> dict[str, bytes]:
             h, m = encode_rc_message_copy(RcMessageCopy(encode_rrc_meas_report(r), u if fmt != 3 or name != "eutra" else du,
                                                         cell, 1 if fmt != 2 else None, fmt), ue_in_message=fmt == 1)
             out[f"rc-f{fmt}-{name}"] = ind(3, h, m)
+    for vt in RC_VALUE_TYPES[1:]:
+        h, m = encode_rc_message_copy(RcMessageCopy(encode_rrc_meas_report(ssb), u, cell), value_type=vt)
+        out[f"rc-f1-ssb-{vt}"] = ind(3, h, m)
     reps = (KpmUeReport(u, (("L1M.SS-RSRP", -95.0), ("L1M.SS-RSRQ", -11.0), ("L1M.SS-SINR", 13)), 100,
                         ((("L1M.SS-RSRP", -96.0),), (("L1M.SS-RSRP", -95.0), ("L1M.SS-RSRQ", -11.0), ("L1M.SS-SINR", 13)))),
             KpmUeReport(du, (("DRB.UEThpDl", 1200),)))
