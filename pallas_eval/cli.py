@@ -27,7 +27,7 @@ from pallas_eval.lengths import LengthSampler, ue_session_stream
 from pallas_eval.ues import first_session_delay
 from pallas_eval.metrics import gap_between_tokens, summarize
 from pallas_eval.report import (HandoverRow, cpu_table, handover_table, live_vs_model, live_vs_model_lines,
-                                plot_cdfs, plot_timeline, ratio_table, summary_table,
+                                lead_summary, plot_cdfs, plot_timeline, ratio_table, summary_table,
                                 write_csv, write_json)
 from pallas_eval.simulate import Rates, SimHandover, measured_rates, simulate, summarize_sim
 
@@ -410,6 +410,10 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     sim = summarize_sim(simulate(sim_hos, rates, schemes)) if sim_hos else {}
 
     con.print(handover_table(rows_all))
+    for sch in (x for x in schemes if spec_for(x).proactive):
+        line = lead_summary(rows_all, sch)
+        if line:
+            con.print(line)
     con.print(summary_table(summaries, title=f"Per scheme (live, {regime.name} regime)  |  model: {rates.describe()}",
                             simulated=sim))
     ratios = ratio_table(sit_by, runs[0].scheme)

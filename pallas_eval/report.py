@@ -112,6 +112,23 @@ def summary_table(summaries: Sequence[SchemeSummary], title: str = "Per scheme",
     return t
 
 
+def lead_summary(rows: Sequence[HandoverRow], scheme: str) -> str:
+    """One line on how early the xApp named each handover's target under ``scheme``: of the
+    handovers, how many had the right target named ahead (T_avail > 0), at least 1 s and 2 s
+    ahead (``xapp.predict.evaluate``'s L = 1, 2 columns score the same drive this way), the
+    median lead, and how many commits were prepared; "" without rows of that scheme."""
+    rs = [r for r in rows if r.scheme == scheme]
+    if not rs:
+        return ""
+    lead = np.array([r.lead_s for r in rs], dtype=np.float64)
+    named = lead[np.isfinite(lead) & (lead > 0)]
+    prepared = sum(1 for r in rs if r.outcome == "commit")
+    med = f"{np.median(named):.1f} s" if named.size else "-"
+    return (f"{scheme}: right target named ahead for {named.size} of {len(rs)} handovers "
+            f"(>= 1 s: {int(np.sum(named >= 1.0))}, >= 2 s: {int(np.sum(named >= 2.0))}; median lead {med}); "
+            f"prepared commits {prepared}")
+
+
 def _ms_ci(v: float, ci: Sequence[float]) -> str:
     """``v`` in ms with its interval, ``278 [231-330]``; without a finite interval just ``v``."""
     lo, hi = (tuple(ci) + (float("nan"), float("nan")))[:2]
