@@ -119,7 +119,8 @@ def _handovers(reports) -> list[tuple[str, float, int, int]]:
 def history_folder(history: Path, trace: Path, out: Path) -> tuple[Path, list[str]]:
     """What a deployed xApp knows of the area of a real drive: ``out`` (made anew) holding a
     link to every drive-test CSV under ``history`` but the one ``trace`` was converted from
-    (``xapp.e2.convert`` names a trace ``<folder>_<stem>.e2trace``); the xApp learns its
+    (``xapp.e2.convert`` names a trace ``<folder>_<stem>.e2trace``: a CSV whose stem the
+    trace's name ends with, whatever folder it was converted from); the xApp learns its
     association map, handover places and successors from that folder
     (``xapp.predict.maps.knowledge_from_drives_at``), as ``xapp.predict.evaluate --map-from``
     scores it. Returns (folder, names of the CSVs left out).
@@ -135,7 +136,7 @@ def history_folder(history: Path, trace: Path, out: Path) -> tuple[Path, list[st
     out.mkdir(parents=True)
     kept, left_out = 0, []
     for i, f in enumerate(sorted(history.rglob("*.csv"))):
-        if f"{f.parent.name}_{f.stem}" == trace.stem:
+        if trace.stem == f.stem or trace.stem.endswith("_" + f.stem):
             left_out.append(str(f))
             continue
         (out / f"{i:04d}_{f.parent.name}_{f.name}").symlink_to(f.resolve())

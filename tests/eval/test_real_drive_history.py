@@ -25,6 +25,9 @@ def test_history_holds_every_ucc_drive_but_the_replayed_one(tmp_path):
     targets = {p.resolve() for p in links}
     assert replayed.resolve() not in targets and all(p.is_symlink() for p in links)
     assert targets == {f.resolve() for f in all_csv} - {replayed.resolve()}
+    # converted from a copy in another folder: still the same drive, still left out
+    _, left2 = history_folder(UCC, tmp_path / f"elsewhere_{replayed.stem}.e2trace", tmp_path / "history")
+    assert left2 == [str(replayed)]
 
 
 def test_history_refuses_a_folder_with_nothing_but_the_replayed_drive(tmp_path):
