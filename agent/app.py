@@ -361,6 +361,30 @@ class PinnedPeerPool(PeerPool):
         self._retired.clear()
 
 
+def check_load_failure_policy(hello: Any, vllm_url: str) -> None:
+    """Refuse a vLLM whose connector reports a KV load-failure policy other than "recompute".
+
+    The connector reports blocks that fail to load at a resume (missing, or bad after their
+    checksum passed) and relies on vLLM recomputing them; under vLLM's default ``"fail"`` the
+    resumed request fails instead (issue 25). The agent launches vLLM with
+    ``"kv_load_failure_policy": "recompute"`` in ``--kv-transfer-config``; an attached one
+    (``--vllm-url``) must have it too.
+
+    Raises:
+        RuntimeError: the policy is "fail" or not reported (a connector older than this check),
+            naming the fix.
+    """
+    policy = getattr(hello, "load_failure_policy", "") if hello is not None else ""
+    if policy == "recompute":
+        return
+    said = f"kv_load_failure_policy={policy!r}" if policy else "no kv_load_failure_policy report"
+    raise RuntimeError(
+        f"vLLM at {vllm_url} runs with {said}: a KV block that fails to load at a resume "
+        "would fail the user's request instead of being recomputed. Start it with "
+        "\"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config (the agent does "
+        "when it launches vLLM itself)")
+
+
 def load_tokenizer(path: str | None):
     """A transformers tokenizer from ``path`` if it has one, else None (token ids only)."""
     if not path or not os.path.isdir(path):
@@ -486,7 +510,8 @@ class Agent:
 
         Raises:
             TimeoutError: not ready within ``timeout_s`` (default ``vllm_ready_timeout_s``).
-            RuntimeError: the launched vLLM exited, or it runs with tensor parallelism > 1.
+            RuntimeError: the launched vLLM exited, it runs with tensor parallelism > 1, or
+                without ``kv_load_failure_policy=recompute`` (:func:`check_load_failure_policy`).
         """
         assert self.migration is not None
         loop = asyncio.get_running_loop()
@@ -505,6 +530,8 @@ class Agent:
         if tp > 1:
             raise RuntimeError(f"vLLM runs with tensor parallelism {tp}: Pallas moves one KV copy "
                                "per block and cannot migrate a sharded cache; run it with TP = 1")
+        check_load_failure_policy(self.hub.sched_info, vllm_url)
+        self.engine.on_failed = self.migration.session_failed
 
     def _launch_vllm(self) -> str:
         from agent.server import ServerConfig, VLLMServer

@@ -42,7 +42,7 @@ Routes (JSON bodies; every field of the open request except the prompt is option
 
     {"session_id", "ue_id", "agent_id", "state", "prompt_tokens", "output_tokens",
      "max_tokens", "finish_reason", "epoch", "scheme", "resumed_from", "decode_rate",
-     "moved_to"}
+     "moved_to", "error"}
 
   With ``?include_tokens=true`` it also carries ``output_token_ids`` and ``token_times`` (when
   each output token reached this agent; tokens copied in at a resume carry the resume time).
@@ -59,10 +59,13 @@ Event stream (each line ``data: <json>``, then a blank line)::
     {"object": "session.token", "session_id", "index", "token_id", "text"?, "time",
      "agent_id", "relayed_by"?}                                one per token
     {"object": "session.end", "session_id", "next_index", "state", "finish_reason",
-     "moved_to"?, "moved_to_url"?, "agent_id"}                 last event
+     "moved_to"?, "moved_to_url"?, "agent_id", "error"?}       last event
     [DONE]
 
-``index`` is the output index (0 = first generated token); ``time`` is when the token reached
+A session whose vLLM request failed (an error in vLLM's stream, a stream without a
+``finish_reason``, the engine gone: agent.session.EngineError) ends with ``state``
+``"failed"`` and ``error`` naming the cause; ``"finished"`` always carries vLLM's
+``finish_reason``. ``index`` is the output index (0 = first generated token); ``time`` is when the token reached
 the serving agent (Unix seconds); ``text`` appears when the agent has a tokenizer;
 ``agent_id`` is the agent that decoded the token (the origin, when relayed; the previous
 holder for the tokens it decoded before a handover that the UE gets from the new one after
@@ -448,6 +451,7 @@ class SessionFront:
             "finish_reason": s.finish_reason, "epoch": s.epoch,
             "scheme": scheme_name(scheme) if scheme else None, "resumed_from": s.resumed_from,
             "decode_rate": s.decode_rate(), "moved_to": moved,
+            "error": s.error or None,
         }
 
     def _text(self, tok: int) -> str | None:
@@ -525,6 +529,8 @@ class SessionFront:
                     i = idx + 1
                 end = {"object": "session.end", "session_id": sid, "next_index": i, "state": _state(s),
                        "finish_reason": s.finish_reason, "agent_id": self.agent_id}
+                if s.state == SessionState.FAILED:
+                    end["error"] = s.error or "the session failed at this agent"
                 if s.state == SessionState.HANDED_OVER:
                     moved = _moved_to(s)
                     end["moved_to"] = moved

@@ -22,6 +22,9 @@ Metrics are prometheus-client objects registered once per process in the default
 - ``pallas_control_calls_total{method, status}``: xApp-facing Control calls by status.
 - ``pallas_sessions{state}``: UE sessions by state.
 - ``pallas_relayed_tokens_total``: tokens relayed for another agent (Detour).
+- ``pallas_session_failures_total{role, cause}``: sessions that ended ``failed`` here because
+  their vLLM request failed (``role``: source/target; ``cause``: the failure's kind, see
+  :class:`agent.session.EngineError`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ __all__ = [
     "CONTROL_CALLS",
     "SESSIONS",
     "RELAYED_TOKENS",
+    "SESSION_FAILURES",
     "BYTES_MOVED",
     "KV_BLOCKS_HELD",
     "CallbackCollector",
@@ -133,6 +137,11 @@ CONTROL_CALLS = Counter(
 SESSIONS = Gauge("pallas_sessions", "UE sessions known to this agent, by state.", ["state"])
 RELAYED_TOKENS = Counter(
     "pallas_relayed_tokens", "Tokens this agent relayed from another agent (Detour)."
+)
+SESSION_FAILURES = Counter(
+    "pallas_session_failures",
+    "Sessions that ended failed at this agent because their vLLM request failed.",
+    ["role", "cause"],
 )
 
 

@@ -79,6 +79,9 @@ class ServerConfig:
         kv_connector_class: the connector class in that module (``kv_connector``).
         kv_connector_extra: more ``kv_connector_extra_config`` entries (beside
             ``agent_address``), e.g. an emulation connector's rates.
+        kv_load_failure_policy: vLLM's ``kv_load_failure_policy`` ("recompute": a block the
+            connector reports failed to load is recomputed; "fail": the request fails). The
+            connector's worker side relies on "recompute" (issue 25).
         extra_args: more CLI arguments of ``vllm serve``.
         env: more environment variables.
         log_path: file for the server's stdout/stderr (default: a temp file under .cache).
@@ -96,6 +99,7 @@ class ServerConfig:
     kv_connector_module: str = "agent.connector"
     kv_connector_class: str = "PallasConnector"
     kv_connector_extra: dict[str, Any] = field(default_factory=dict)
+    kv_load_failure_policy: str = "recompute"
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     log_path: str | None = None
@@ -139,7 +143,7 @@ class VLLMServer:
                "--kv-cache-memory-bytes", str(int(c.kv_cache_gib * (1 << 30)))]
         if c.agent_address:
             cfg = {"kv_connector": c.kv_connector_class, "kv_connector_module_path": c.kv_connector_module,
-                   "kv_role": "kv_both",
+                   "kv_role": "kv_both", "kv_load_failure_policy": c.kv_load_failure_policy,
                    "kv_connector_extra_config": {**c.kv_connector_extra, "agent_address": c.agent_address}}
             cmd += ["--kv-transfer-config", json.dumps(cfg)]
         return cmd + list(c.extra_args)

@@ -20,12 +20,13 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import structlog
 
+from agent.obs import SESSION_FAILURES
 from pallas_common.aio import cancel_and_wait
 from pallas_common.schemes import SessionState
 
@@ -118,7 +119,9 @@ class Session:
             loaded: its :class:`~agent.connector.messages.Loaded` report of the blocks it loaded.
         handover: where and how the session left this agent (:class:`Handover`), source side.
         cached_tokens: vLLM's prompt tokens served from its prefix cache (usage details).
-        error: why the request failed here ("" if it did not).
+        error: why the session failed here ("" if it did not): set with the state ``FAILED``
+            (:meth:`fail`), the reason the UE's stream and the xApp's replies name.
+        failure_cause: the failure's kind (:attr:`EngineError.cause`), "" if none.
         sit_observed: the target-side handover gap was recorded (agent.obs).
     """
 
@@ -143,6 +146,8 @@ class Session:
     error: str = ""
     sit_observed: bool = False
     held_finish: str | None = None  # vLLM's finish reason held back while frozen
+    held_error: tuple[str, str] | None = None  # (reason, cause) of a failure while frozen
+    failure_cause: str = ""
     # Engine bookkeeping (not part of the session's identity).
     frozen_at: int | None = None  # output length at which appends pause (commit point)
     held_token_ids: list[int] = dataclasses.field(default_factory=list)  # produced past it
@@ -249,10 +254,39 @@ class Session:
         fin, self.held_finish = self.held_finish, None
         if fin is not None and not self.done:
             self.set_state(SessionState.FINISHED, finish_reason=fin)
+        err, self.held_error = self.held_error, None
+        if err is not None and not self.done:
+            self.fail(*err)
+
+    def fail(self, reason: str, cause: str = "internal") -> bool:
+        """The session's request failed here: terminal state ``FAILED`` with ``reason``.
+
+        While the session is frozen (a commit in flight) the failure is held instead, as a
+        finish is: the commit decides (a target that takes over continues the session from the
+        commit point; otherwise :meth:`unfreeze` publishes the failure). A session already done
+        stays as it is. Counts ``pallas_session_failures_total``. Returns True when the state
+        became ``FAILED`` now.
+        """
+        if self.done:
+            return False
+        if self.frozen_at is not None:
+            self.held_error = (reason, cause)
+            return False
+        self.error, self.failure_cause = reason, cause
+        SESSION_FAILURES.labels("target" if self.resumed_agent else "source", cause).inc()
+        self.set_state(SessionState.FAILED)
+        return True
 
     def set_state(self, state: SessionState, *, finish_reason: str | None = None) -> None:
-        """Change the state and wake readers."""
-        self.state = state
+        """Change the state and wake readers.
+
+        Raises:
+            agent.migration.states.IllegalTransition: the move is not in
+                :data:`agent.migration.states.SESSION_TRANSITIONS` (e.g. out of ``FAILED``).
+        """
+        from agent.migration.states import check_session  # agent.migration imports this module
+
+        self.state = check_session(self.state, state)
         if finish_reason is not None:
             self.finish_reason = finish_reason
         self.notify()
@@ -334,7 +368,29 @@ def new_session_id() -> str:
 
 
 class EngineError(RuntimeError):
-    """The local vLLM server refused or failed a request."""
+    """The local vLLM server refused or failed a request.
+
+    ``cause`` (the label of ``pallas_session_failures_total``): ``http_status`` (vLLM answered
+    with an error status), ``stream_error`` (an ``{"error": ...}`` chunk in the completion
+    stream, e.g. a KV load failure under ``kv_load_failure_policy=fail`` or a dead engine
+    core), ``request_error`` (a choice finished with ``finish_reason`` "error"),
+    ``no_finish_reason`` (the stream ended without one), ``unreachable`` (no connection:
+    the server is gone), ``connection_lost`` (the connection broke mid-stream),
+    ``kv_load`` (a failure after the connector reported blocks that failed to load).
+    """
+
+    def __init__(self, message: str, cause: str = "internal") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def _error_text(err: Any) -> str:
+    """The message of vLLM's error object (``{"message", "type", "code"}``) or its repr."""
+    if isinstance(err, dict):
+        msg = err.get("message") or err.get("type") or json.dumps(err)[:300]
+        code = err.get("code")
+        return f"{msg} (code {code})" if code is not None else str(msg)
+    return str(err)[:300]
 
 
 class Engine:
@@ -349,13 +405,18 @@ class Engine:
         base_url: e.g. ``"http://127.0.0.1:8001"``.
         model: the served model name (the ``--model`` path unless ``--served-model-name``).
         timeout_s: per-request timeout for non-streaming calls, seconds.
+        transport: the HTTP transport (tests give a fake vLLM; default: the network).
     """
 
-    def __init__(self, base_url: str, model: str, *, timeout_s: float = 600.0) -> None:
+    def __init__(self, base_url: str, model: str, *, timeout_s: float = 600.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self._client = httpx.AsyncClient(base_url=self.base_url,
+        self._client = httpx.AsyncClient(base_url=self.base_url, transport=transport,
                                          timeout=httpx.Timeout(timeout_s, connect=10.0))
+        # Called with a session right after its request failed here (the migration engine
+        # abandons the session's attempt); None: nothing.
+        self.on_failed: Callable[[Session], None] | None = None
 
     async def close(self) -> None:
         """Close the HTTP client (running generations are aborted)."""
@@ -392,12 +453,14 @@ class Engine:
 
         The prompt is ``session.all_token_ids`` (a resumed session's outputs so far become
         prompt tokens), ``max_tokens`` is ``session.remaining_tokens``. Sets the state to
-        ``FINISHED`` when vLLM finishes the request (unless the session was handed over or
-        frozen meanwhile) and returns the finish reason. Cancelling the task closes the HTTP
-        stream, which aborts the request inside vLLM.
+        ``FINISHED`` when vLLM finishes the request with a ``finish_reason`` (unless the
+        session was handed over or frozen meanwhile) and returns it. Cancelling the task closes
+        the HTTP stream, which aborts the request inside vLLM.
 
         Raises:
-            EngineError: the server answered with an error status.
+            EngineError: the server answered with an error status, sent an error chunk,
+                finished the request with "error", ended the stream without a
+                ``finish_reason``, or could not be reached (:attr:`EngineError.cause`).
         """
         remaining = session.remaining_tokens
         if remaining <= 0:
@@ -407,33 +470,53 @@ class Engine:
                           min_tokens=session.remaining_min_tokens, stream=True,
                           kv_transfer_params=kv_transfer_params)
         finish = None
-        async with self._client.stream("POST", "/v1/completions", json=body,
-                                       timeout=httpx.Timeout(None, connect=10.0)) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")[:500]
-                raise EngineError(f"vLLM {resp.status_code}: {text}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:].strip()
-                if data == "[DONE]":
-                    break
-                try:
-                    chunk = json.loads(data)
-                except json.JSONDecodeError:
-                    log.warning("bad_stream_chunk", session=session.session_id, chunk=data[:200])
-                    continue
-                usage = chunk.get("usage")
-                if usage:
-                    details = usage.get("prompt_tokens_details") or {}
-                    if details.get("cached_tokens") is not None:
-                        session.cached_tokens = int(details["cached_tokens"])
-                for choice in chunk.get("choices") or []:
-                    toks = choice.get("token_ids") or []
-                    if toks:
-                        session.append_tokens(toks)
-                    if choice.get("finish_reason"):
-                        finish = choice["finish_reason"]
+        try:
+            async with self._client.stream("POST", "/v1/completions", json=body,
+                                           timeout=httpx.Timeout(None, connect=10.0)) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")[:500]
+                    raise EngineError(f"vLLM answered HTTP {resp.status_code}: {text}",
+                                      "http_status")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except json.JSONDecodeError:
+                        log.warning("bad_stream_chunk", session=session.session_id,
+                                    chunk=data[:200])
+                        continue
+                    if not isinstance(chunk, dict):
+                        continue
+                    if chunk.get("error") is not None:
+                        raise EngineError("vLLM failed the request: "
+                                          f"{_error_text(chunk['error'])}", "stream_error")
+                    usage = chunk.get("usage")
+                    if usage:
+                        details = usage.get("prompt_tokens_details") or {}
+                        if details.get("cached_tokens") is not None:
+                            session.cached_tokens = int(details["cached_tokens"])
+                    for choice in chunk.get("choices") or []:
+                        toks = choice.get("token_ids") or []
+                        if toks:
+                            session.append_tokens(toks)
+                        if choice.get("finish_reason"):
+                            finish = choice["finish_reason"]
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise EngineError(f"vLLM at {self.base_url} is unreachable: {exc!r}",
+                              "unreachable") from exc
+        except httpx.HTTPError as exc:
+            raise EngineError(f"the connection to vLLM at {self.base_url} broke mid-stream: "
+                              f"{exc!r}", "connection_lost") from exc
+        if finish == "error":
+            raise EngineError("vLLM finished the request with an error", "request_error")
+        if finish is None:
+            raise EngineError(f"vLLM's stream ended after {len(session.output_token_ids)} "
+                              "output tokens without a finish_reason (the request did not "
+                              "complete)", "no_finish_reason")
         if finish is not None and not session.done:
             if session.frozen_at is not None:
                 session.held_finish = finish  # published by unfreeze() if it stays here
@@ -443,7 +526,8 @@ class Engine:
 
     def start(self, session: Session, *,
               kv_transfer_params: dict[str, Any] | None = None) -> asyncio.Task:
-        """Start :meth:`generate` as a task tied to the session; a failure marks it ``FAILED``.
+        """Start :meth:`generate` as a task tied to the session; a failure marks it ``FAILED``
+        with the reason (:meth:`Session.fail`) and calls :attr:`on_failed` with it.
 
         The request always carries ``kv_transfer_params["pallas"]["sid"] = session_id`` so the
         Pallas connector can export its blocks later (a trigger may come at any time).
@@ -462,10 +546,20 @@ class Engine:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the session fails; the agent runs on
-                log.error("generate_failed", session=session.session_id, error=repr(exc))
-                session.error = repr(exc)
-                if not session.done:
-                    session.set_state(SessionState.FAILED)
+                reason = str(exc) if isinstance(exc, EngineError) else repr(exc)
+                cause = getattr(exc, "cause", "internal")
+                loaded = session.loaded
+                if loaded is not None and loaded.failed:
+                    reason += (f" (KV load failure: blocks {list(loaded.failed)} failed to load "
+                               "at this agent)")
+                    cause = "kv_load"
+                log.error("generate_failed", session=session.session_id, error=reason,
+                          cause=cause, n_tokens=len(session.output_token_ids))
+                if session.fail(reason, cause) and self.on_failed is not None:
+                    try:
+                        self.on_failed(session)
+                    except Exception:  # noqa: BLE001 - the hook must not hide the failure
+                        log.exception("on_failed_hook_failed", session=session.session_id)
                 return None
 
         task = asyncio.get_running_loop().create_task(run(), name=f"gen-{session.session_id}")

@@ -88,6 +88,8 @@ class SchedHello(Message):
     saves_emitted: int = 0
     loads_emitted: int = 0
     pid: int = 0
+    # vLLM's kv_transfer_config.kv_load_failure_policy ("recompute" | "fail"; "" = not said)
+    load_failure_policy: str = ""
 
     def to_header(self) -> dict[str, Any]:
         return {**super().to_header(), "role": self.ROLE}

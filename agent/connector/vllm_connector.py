@@ -108,6 +108,10 @@ class PallasConnector(KVConnectorBase_V1):
         self._address = _agent_address(vllm_config)
         self._bs = vllm_config.cache_config.block_size
         self._num_blocks = getattr(kv_cache_config, "num_blocks", None)
+        # What vLLM does with a block this connector reports failed (get_block_ids_with_load_
+        # errors): "recompute" it, or "fail" the request; the agent checks it at attach.
+        self._load_failure_policy = str(getattr(vllm_config.kv_transfer_config,
+                                                "kv_load_failure_policy", "") or "")
         self._pool = None
         self._requests: dict[str, "Request"] = {}
         self.policy: SchedulerPolicy | None = None
@@ -145,7 +149,8 @@ class PallasConnector(KVConnectorBase_V1):
             except Exception:
                 pool = {}
         counters = self.policy.stats() if self.policy is not None else {}
-        return SchedHello(block_size=self._bs, **pool, **counters)
+        return SchedHello(block_size=self._bs, load_failure_policy=self._load_failure_policy,
+                          **pool, **counters)
 
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
         self._pool = gpu_block_pool

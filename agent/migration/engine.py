@@ -33,6 +33,7 @@ from pallas_proto import pallas_pb2
 
 from agent.ipc import BlockHub
 from agent.migration.source import Outbound, SourceRole
+from agent.migration.states import SourceState
 from agent.migration.target import Inbound, TargetRole
 from agent.obs import MIGRATIONS
 from agent.session import Engine, Session, SessionState, SessionStore
@@ -183,6 +184,8 @@ class MigrationEngine(SourceRole, TargetRole):
         hub.on_block = self._on_local_block
         hub.on_claim = self._on_claim
         hub.on_loaded = self._on_loaded
+        if hasattr(engine, "on_failed"):
+            engine.on_failed = self.session_failed
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -229,6 +232,23 @@ class MigrationEngine(SourceRole, TargetRole):
         if requested not in (None, 0, ""):
             return scheme_value(requested)
         return self.pinned_scheme(session_id) or self.cfg.default_scheme
+
+    def failed_reply(self, s: Session, epoch: int, scheme: int = 0) -> pallas_pb2.ControlReply:
+        """The non-OK reply to a Control call about a session that failed here: STATUS_ERROR
+        naming the failure (:attr:`Session.error`)."""
+        return self.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
+                          message=f"session failed at agent {self.agent_id}: "
+                                  f"{s.error or 'no reason recorded'}")
+
+    def session_failed(self, s: Session) -> None:
+        """A session's request failed here (:attr:`agent.session.Engine.on_failed`): abandon its
+        outbound attempt at once, so the target frees what it holds (nothing is left to
+        migrate: a failed session is terminal)."""
+        out = self.outbound.get(s.session_id)
+        if out is not None and out.state not in (SourceState.COMMITTING,):
+            MIGRATIONS.labels("source", scheme_name(out.scheme), "failed").inc()
+            self._spawn(self._abandon(out, f"the session failed at the source: {s.error}"),
+                        f"abandon-failed-{s.session_id}")
 
     def forget(self, session_id: str) -> None:
         """Drop every record of a session that ended here."""
@@ -285,6 +305,8 @@ class MigrationEngine(SourceRole, TargetRole):
         spec = SCHEMES[value]
 
         async def work(s: Session) -> pallas_pb2.ControlReply:
+            if s.state == SessionState.FAILED:
+                return self.failed_reply(s, epoch, value)
             old = self.outbound.get(session_id)
             if old is not None:
                 await self._abandon(old, f"superseded by epoch {epoch}")
@@ -337,6 +359,12 @@ class MigrationEngine(SourceRole, TargetRole):
         spec = SCHEMES[value]
 
         async def work(s: Session) -> pallas_pb2.ControlReply:
+            if s.state == SessionState.FAILED:
+                old = self.outbound.get(session_id)
+                if old is not None:
+                    await self._abandon(old, "the session failed at the source")
+                MIGRATIONS.labels("source", spec.name, "failed").inc()
+                return self.failed_reply(s, epoch, value)
             if not spec.migrates:  # Detour: the source serves on, the new agent relays
                 old = self.outbound.get(session_id)
                 if old is not None:
@@ -376,6 +404,12 @@ class MigrationEngine(SourceRole, TargetRole):
             split = None
             if use.commit_split == "ctho":
                 split = await self._ctho(s, actual_target)
+            if s.state == SessionState.FAILED:   # its request failed while this call waited
+                old = self.outbound.get(session_id)
+                if old is not None:
+                    await self._abandon(old, "the session failed at the source")
+                MIGRATIONS.labels("source", use.name, "failed").inc()
+                return self.failed_reply(s, epoch, use.value)
             deadline = time.monotonic() + self.cfg.commit_deadline_s
             s.freeze(freeze_at)
             back = s.state
@@ -399,9 +433,12 @@ class MigrationEngine(SourceRole, TargetRole):
                 MIGRATIONS.labels("source", use.name,
                                   "fallback" if use is not spec else "committed").inc()
             else:
-                s.unfreeze()
                 if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
                     s.set_state(SessionState.SERVING if back != SessionState.RESUMED else back)
+                s.unfreeze()   # publishes a finish or a failure held during the commit
+                if s.state == SessionState.FAILED:
+                    rep.message = (f"{rep.message}; the session failed at the source meanwhile: "
+                                   f"{s.error}")
                 rep.state = s.state.proto
                 MIGRATIONS.labels("source", use.name, "error").inc()
             return rep

@@ -331,8 +331,17 @@ class SourceRole:
                 ship = Ship.SUFFIX
             elif choice.option == "recompute":
                 ship, warmup_wait = Ship.NONE, 0.0
-        finished_here = s.state == SessionState.FINISHED or s.request_done
-        shipping = ship != Ship.NONE and not finished_here
+        # Finished here only when vLLM said so (a finish_reason, published or held back by the
+        # freeze): a request that ended without one failed, and the target continues the
+        # session from the commit point by recomputing what it cannot load (issue 25: a
+        # source engine that died was read as "finished" and the target ended the session
+        # short of its max_tokens).
+        finished_here = s.state == SessionState.FINISHED or s.held_finish is not None
+        failed_here = s.held_error is not None
+        if failed_here:
+            log.warning("commit_after_source_failure", session=sid, epoch=epoch,
+                        error=s.held_error[0])
+        shipping = ship != Ship.NONE and not finished_here and not failed_here
         # A prepared attempt's tail (the last, partial block) crosses the link only where that
         # is faster than recomputing it at the target (model.md Eq. 6: s_kv / B against 1 / r_p).
         ship_tail = shipping and (not prepared or self._tail_pays(out, r_p))
@@ -397,6 +406,8 @@ class SourceRole:
         self.outbound.pop(sid, None)
         await self.engine.abort(s)
         s.held_token_ids.clear()
+        s.held_error = None   # the target serves on: a failure here after the commit point
+        s.held_finish = None  # (or a finish held back) no longer concerns the session
         s.handover = Handover(target=target.address, agent_id=target.agent_id, n_tokens=n,
                               t_commit=t0, t_synced=time.time(), streamed_blocks=streamed,
                               tail=tail_msg is not None, reused_tokens=rep.reused_tokens)

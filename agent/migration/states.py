@@ -1,12 +1,24 @@
-"""States of one migration attempt, source and target side, and their one transition table.
+"""States of one migration attempt, source and target side, and of a session at one agent,
+with their transition tables.
 
 An attempt is one (session, epoch). :data:`TRANSITIONS` lists every allowed move; anything else
-is a bug (:class:`IllegalTransition`). tests/agent/test_engine.py walks the table.
+is a bug (:class:`IllegalTransition`). :data:`SESSION_TRANSITIONS` does the same for a
+session's state at one agent (:class:`pallas_common.schemes.SessionState`, enforced by
+:meth:`agent.session.Session.set_state`). tests/agent/test_engine.py walks both tables.
+
+The session rules (issue 25): ``FINISHED`` only when vLLM gave a ``finish_reason`` (or nothing
+was left to generate); every vLLM failure the agent sees (an error chunk, a stream without a
+``finish_reason``, an HTTP error, the engine unreachable, a KV load failure) moves the session
+to ``FAILED`` with a reason, which is terminal: no move leaves ``FAILED``, ``HANDED_OVER``,
+and ``FINISHED`` is left only by handing the finished record over. A failure while the session
+is frozen for a commit is held (the commit decides: handed over, or ``FAILED`` once unfrozen).
 """
 
 from __future__ import annotations
 
 import enum
+
+from pallas_common.schemes import SessionState
 
 
 class SourceState(str, enum.Enum):
@@ -44,6 +56,22 @@ TRANSITIONS: dict[enum.Enum, frozenset[enum.Enum]] = {
 }
 TERMINAL = frozenset(k for k, v in TRANSITIONS.items() if not v)
 
+Q = SessionState
+SESSION_TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
+    # FINISHED from NEW: nothing left to generate (a resume with max_tokens reached)
+    Q.NEW: frozenset({Q.SERVING, Q.FINISHED, Q.FAILED}),
+    Q.PREPARING: frozenset({Q.RESUMED, Q.FINISHED, Q.FAILED}),
+    Q.SERVING: frozenset({Q.MIGRATING, Q.COMMITTING, Q.HANDED_OVER, Q.FINISHED, Q.FAILED}),
+    Q.MIGRATING: frozenset({Q.SERVING, Q.COMMITTING, Q.HANDED_OVER, Q.FINISHED, Q.FAILED}),
+    # back to SERVING/RESUMED: the commit failed; HANDED_OVER: the target took over
+    Q.COMMITTING: frozenset({Q.SERVING, Q.RESUMED, Q.HANDED_OVER, Q.FINISHED, Q.FAILED}),
+    Q.RESUMED: frozenset({Q.MIGRATING, Q.COMMITTING, Q.HANDED_OVER, Q.FINISHED, Q.FAILED}),
+    Q.FINISHED: frozenset({Q.HANDED_OVER}),   # a finished record handed over to be read there
+    Q.HANDED_OVER: frozenset(),
+    Q.FAILED: frozenset(),
+}
+SESSION_TERMINAL = frozenset(k for k, v in SESSION_TRANSITIONS.items() if not v)
+
 
 class IllegalTransition(RuntimeError):
     """A move the table does not allow."""
@@ -57,4 +85,16 @@ def check(old: enum.Enum, new: enum.Enum) -> enum.Enum:
     """
     if new not in TRANSITIONS[old]:
         raise IllegalTransition(f"{old.value} -> {new.value}")
+    return new
+
+
+def check_session(old: SessionState, new: SessionState) -> SessionState:
+    """``new`` if a session may move ``old -> new`` (:data:`SESSION_TRANSITIONS`; staying in
+    the same state is always allowed).
+
+    Raises:
+        IllegalTransition: it may not (e.g. out of ``FAILED``).
+    """
+    if new != old and new not in SESSION_TRANSITIONS[old]:
+        raise IllegalTransition(f"session {old.value} -> {new.value}")
     return new

@@ -24,10 +24,12 @@ from pallas_proto import pallas_pb2
 
 from agent.connector.messages import Claim, Loaded
 from agent.migration.states import TargetState, check
+from agent.obs import MIGRATIONS
 from agent.session import SamplingSpec, Session, SessionState
 from agent.transfer import CALLER, identity_mismatch
 from agent.wire import Block
 from pallas_common.aio import cancel_and_wait
+from pallas_common.schemes import scheme_name
 
 log = structlog.get_logger("pallas.agent.migration")
 S = pallas_pb2
@@ -314,17 +316,26 @@ class TargetRole:
             "last_block": last, "deadline": now + resume_s}}}
         claim_fut = asyncio.get_running_loop().create_future()
         self._claims[(sid, epoch)] = claim_fut
-        self.engine.start(session, kv_transfer_params=params)
+        task = self.engine.start(session, kv_transfer_params=params)
         self._spawn(self._release_after_first_token(inb, session), f"drop-{sid}-{epoch}")
         reused = 0
         try:
-            claim = await asyncio.wait_for(asyncio.shield(claim_fut),
-                                           resume_s + self.cfg.claim_wait_s)
-            reused = claim.local + claim.external
-            session.reused_tokens = reused
-            session.claim = claim
-        except asyncio.TimeoutError:
-            log.warning("no_claim_report", session=sid, epoch=epoch)
+            waiters = [asyncio.ensure_future(asyncio.shield(claim_fut))]
+            if isinstance(task, asyncio.Future):
+                waiters.append(task)  # a request that fails before its claim fails the Sync
+            await asyncio.wait(waiters, timeout=resume_s + self.cfg.claim_wait_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not waiters[0].done():
+                waiters[0].cancel()
+            if claim_fut.done():
+                claim = claim_fut.result()
+                reused = claim.local + claim.external
+                session.reused_tokens = reused
+                session.claim = claim
+            elif session.state == SessionState.FAILED:
+                return await self._resume_failed(inb, session, old)
+            else:
+                log.warning("no_claim_report", session=sid, epoch=epoch)
         finally:
             self._claims.pop((sid, epoch), None)
         log.info("resumed", session=sid, epoch=epoch, n_tokens=n, reused=reused,
@@ -332,6 +343,23 @@ class TargetRole:
                  warmup_wait_s=round(time.monotonic() - t_in, 4))
         return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=reused,
                                     blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
+
+    async def _resume_failed(self, inb: Inbound, session: Session,
+                             old: Session | None) -> pallas_pb2.SyncReply:
+        """The resumed request failed here before it got going (vLLM refused it, or is gone):
+        undo the resume (the session record goes, or the one of an earlier stay comes back;
+        the attempt's blocks are dropped) and answer the Sync non-OK with the reason, so the
+        source keeps the session (one holder)."""
+        sid = session.session_id
+        if self.sessions.get(sid) is session:
+            self.sessions.pop(sid)
+            if old is not None:
+                self.sessions.add(old)
+        await self._drop_inbound(inb, "resume failed")
+        MIGRATIONS.labels("target", scheme_name(inb.scheme), "failed").inc()
+        log.warning("resume_failed", session=sid, epoch=inb.epoch, error=session.error)
+        return pallas_pb2.SyncReply(status=S.STATUS_ERROR,
+                                    message=f"the resume failed at the target: {session.error}")
 
     async def _release_after_first_token(self, inb: Inbound, session: Session) -> None:
         """Buffered blocks are loaded before the first token: release them then."""
@@ -346,9 +374,19 @@ class TargetRole:
             fut.set_result(claim)
 
     def _on_loaded(self, loaded: Loaded) -> None:
+        """The connector's report of a load; blocks that failed to load (missing, or bad after
+        their checksum passed) are recomputed by vLLM (``kv_load_failure_policy=recompute``)
+        or fail the request: either way the attempt's buffered blocks are of no more use and
+        are released now."""
         s = self.sessions.get(loaded.sid)
         if s is not None:
             s.loaded = loaded
+        inb = self.inbound.get(loaded.sid)
+        if loaded.failed and inb is not None and inb.epoch == loaded.epoch:
+            log.warning("blocks_failed_to_load", session=loaded.sid, epoch=loaded.epoch,
+                        failed=list(loaded.failed), loaded=len(loaded.blocks))
+            self._spawn(self._drop_inbound(inb, "blocks failed to load"),
+                        f"drop-failed-{loaded.sid}-{loaded.epoch}")
 
     async def _drop_inbound(self, inb: Inbound, reason: str) -> int:
         if self.inbound.get(inb.session_id) is inb:

@@ -26,6 +26,7 @@ def test_server_command_carries_the_connector_and_the_cpu_settings(tmp_path):
     assert kv["kv_connector_module_path"] == "agent.connector"
     assert kv["kv_connector_extra_config"]["agent_address"] == "tcp://127.0.0.1:5"
     assert kv["kv_connector_extra_config"] == {"agent_address": "tcp://127.0.0.1:5"}  # no pacing in the product
+    assert kv["kv_load_failure_policy"] == "recompute"   # issue 25: a failed block load recomputes
     env = srv.environment()
     assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(2 << 30)
     assert "VLLM_CPU_KVCACHE_SPACE" not in env and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"

@@ -36,9 +36,10 @@ def test_prepare_and_sync_cannot_take_over_a_session_that_lives_here():
         assert r.status == pb.STATUS_REJECTED and "lives at this agent" in r.message, r
         assert m.inbound == {} and eng.prefills == [] and m.ledger.newest_in("s") == -1
         # An attempt prepared before the session appeared here: its Sync does not replace it.
-        live.set_state(SessionState.HANDED_OVER)
+        # (states set by hand: a handed-over record never serves again in the product)
+        live.state = SessionState.HANDED_OVER
         assert (await m.on_prepare(_prep())).status == pb.STATUS_OK
-        live.set_state(SessionState.SERVING)
+        live.state = SessionState.SERVING
         r = await m.on_sync(_sync())
         assert r.status == pb.STATUS_REJECTED and "lives at this agent" in r.message, r
         assert m.sessions.get("s") is live and live.state == SessionState.SERVING

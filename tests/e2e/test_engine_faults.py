@@ -67,14 +67,19 @@ def agents(tmp_path_factory):
             lt.run(a.attach(srv.base_url), 300)
         yield lt, nodes[0], nodes[1]
     finally:
-        for a in nodes:
-            try:
-                lt.run(a.stop(), 30)
-            except Exception:
-                pass
-        for srv in servers:
-            srv.stop()
-        lt.close()
+        stop_all(lt, nodes, servers)
+
+
+def stop_all(lt: LoopThread, nodes: list[Agent], servers: list[VLLMServer]) -> None:
+    """Stop the agents (on ``lt``), then their vLLM servers, then the loop."""
+    for a in nodes:
+        try:
+            lt.run(a.stop(), 30)
+        except Exception:
+            pass
+    for srv in servers:
+        srv.stop()
+    lt.close()
 
 
 def _prompt(n: int, seed: int) -> list[int]:
