@@ -119,7 +119,8 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         if self.engine.inbound.get(sid) is None:
             return rep
         rel = await self.engine.on_release(pallas_pb2.ReleaseRequest(
-            session_id=sid, epoch=epoch, reason=request.reason or "cancelled by the xApp"))
+            session_id=sid, epoch=epoch, reason=request.reason or "cancelled by the xApp"),
+            undo_resume=False)
         _log.info("cancel_released_inbound", session=sid, epoch=epoch,
                   status=_STATUS_NAME.get(rel.status), blocks=rel.blocks_released)
         if rep.status == S.STATUS_UNKNOWN_SESSION:  # only the attempt lives here

@@ -261,12 +261,17 @@ class MigrationEngine(SourceRole, TargetRole):
                     work: Callable[[Session], Awaitable[pallas_pb2.ControlReply]],
                     allow_closed: tuple[str, ...] = ()) -> pallas_pb2.ControlReply:
         """Run ``work`` once per (method, session, epoch) after the epoch checks; retries,
-        also concurrent ones, get the first call's reply."""
+        also concurrent ones, get the first call's reply, except a retry of a commit that
+        ended non-OK (the session stayed at the source, nothing was handed over): it runs
+        again (issue 25: "a retry of the same commit works")."""
         if not sid:
             return self.reply(S.STATUS_INVALID, sid, epoch, message="session_id is empty")
         e = self.ledger.entry(sid, epoch)
         fut = e.replies.get(method)
-        if fut is not None:
+        if fut is not None and method == "commit" and fut.done() \
+                and fut.result().status != S.STATUS_OK:
+            del e.replies[method]   # a failed commit left the session here: a retry runs again
+        elif fut is not None:
             return await asyncio.shield(fut)
         newest = self.ledger.newest(sid)
         if epoch < newest:

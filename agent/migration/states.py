@@ -12,6 +12,15 @@ was left to generate); every vLLM failure the agent sees (an error chunk, a stre
 to ``FAILED`` with a reason, which is terminal: no move leaves ``FAILED``, ``HANDED_OVER``,
 and ``FINISHED`` is left only by handing the finished record over. A failure while the session
 is frozen for a commit is held (the commit decides: handed over, or ``FAILED`` once unfrozen).
+
+One holder at all times (issue 25): the source's commit ends ``COMMITTED`` only on the target's
+OK to its Sync, and the target answers every Sync before the deadline the source sent with it
+(``SyncRequest.deadline_s``, less a margin). A target whose vLLM has not taken the resumed
+request up by then undoes the resume (its session ``RESUMED -> HANDED_OVER``, back to the
+source; the attempt ``RESUMED -> RELEASED``) and answers non-OK. A source whose Sync failed or
+timed out (``COMMITTING -> CANCELLED``) releases the epoch before it answers the xApp, and a
+Release of an epoch resumed at the target undoes that resume the same way; the source then
+serves on (``COMMITTING -> SERVING``). A retry of a commit that ended non-OK runs again.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ TRANSITIONS: dict[enum.Enum, frozenset[enum.Enum]] = {
     S.CANCELLED: frozenset(),
     S.FAILED: frozenset(),
     T.PREPARING: frozenset({T.RESUMED, T.RELEASED}),
-    T.RESUMED: frozenset({T.RELEASED}),
+    T.RESUMED: frozenset({T.RELEASED}),   # after the first token, or the resume undone
     T.RELEASED: frozenset(),
 }
 TERMINAL = frozenset(k for k, v in TRANSITIONS.items() if not v)

@@ -25,7 +25,7 @@ from pallas_proto import pallas_pb2
 from agent.connector.messages import Claim, Loaded
 from agent.migration.states import TargetState, check
 from agent.obs import MIGRATIONS
-from agent.session import SamplingSpec, Session, SessionState
+from agent.session import Handover, SamplingSpec, Session, SessionState
 from agent.transfer import CALLER, identity_mismatch
 from agent.wire import Block
 from pallas_common.aio import cancel_and_wait
@@ -33,6 +33,10 @@ from pallas_common.schemes import scheme_name
 
 log = structlog.get_logger("pallas.agent.migration")
 S = pallas_pb2
+
+# The target answers a Sync this much (at most a tenth of the source's deadline) before the
+# deadline the source sent, so that the answer reaches the source while it still listens.
+SYNC_REPLY_MARGIN_S = 0.5
 
 # A warm-up that computed fewer tokens than this (most of its prefix was in the prefix cache)
 # measures the request's fixed overhead, not a prefill rate: it is not an r_p sample.
@@ -263,12 +267,20 @@ class TargetRole:
             return pallas_pb2.SyncReply(status=S.STATUS_INVALID, message="bad token counts")
         bs = self.block_size
         t_in = time.monotonic()
+        # The source gives up at its deadline (and then serves on): every wait here ends
+        # before it, so that the answer says who holds the session (issue 25: a Sync that
+        # waited past it left a resumed copy here while the source served on).
+        budget = float(req.deadline_s) if req.deadline_s > 0 else None
+        end = None if budget is None else t_in + budget - min(SYNC_REPLY_MARGIN_S, budget / 10)
+
+        def left(cap: float) -> float:
+            return cap if end is None else max(0.0, min(cap, end - time.monotonic()))
         if req.HasField("tail") and req.tail.data:
             self.on_block(req.tail)
         if inb.warmup is not None and not inb.warmup.done():
             try:  # never longer than the source's choice allows (0: do not wait)
                 await asyncio.wait_for(asyncio.shield(inb.warmup),
-                                       min(req.warmup_wait_s, self.cfg.warmup_timeout_s))
+                                       left(min(req.warmup_wait_s, self.cfg.warmup_timeout_s)))
             except Exception as exc:  # a slow or failed warm-up only costs recomputation
                 log.info("warmup_not_awaited", session=sid, epoch=epoch, error=repr(exc))
         tokens = list(req.token_ids)
@@ -323,7 +335,8 @@ class TargetRole:
             waiters = [asyncio.ensure_future(asyncio.shield(claim_fut))]
             if isinstance(task, asyncio.Future):
                 waiters.append(task)  # a request that fails before its claim fails the Sync
-            await asyncio.wait(waiters, timeout=resume_s + self.cfg.claim_wait_s,
+            wait_s = resume_s + self.cfg.claim_wait_s
+            await asyncio.wait(waiters, timeout=left(wait_s),
                                return_when=asyncio.FIRST_COMPLETED)
             if not waiters[0].done():
                 waiters[0].cancel()
@@ -334,6 +347,16 @@ class TargetRole:
                 session.claim = claim
             elif session.state == SessionState.FAILED:
                 return await self._resume_failed(inb, session, old)
+            elif end is not None and time.monotonic() >= end - 1e-3:
+                # vLLM has not taken the request up (all its sequences busy, or a long step)
+                # and the source is about to give up: undo the resume, the source serves on.
+                await self._hand_back(session, inb, "not admitted by vLLM before the source's "
+                                      f"deadline ({budget:.2f} s)")
+                return pallas_pb2.SyncReply(
+                    status=S.STATUS_ERROR,
+                    message=f"the target's vLLM did not take the resumed request up within the "
+                            f"source's deadline ({budget:.2f} s; busy?): resume undone, the "
+                            "source keeps the session")
             else:
                 log.warning("no_claim_report", session=sid, epoch=epoch)
         finally:
@@ -360,6 +383,23 @@ class TargetRole:
         log.warning("resume_failed", session=sid, epoch=inb.epoch, error=session.error)
         return pallas_pb2.SyncReply(status=S.STATUS_ERROR,
                                     message=f"the resume failed at the target: {session.error}")
+
+    async def _hand_back(self, session: Session, inb: Inbound | None, why: str) -> None:
+        """Undo a resume here (the source serves the session: one holder): the resumed request
+        is aborted, the record says the session went back to its source (a UE streaming it
+        here is relayed there) and the attempt's blocks are dropped."""
+        await self.engine.abort(session)
+        if not session.done:
+            session.handover = Handover(target=inb.source.address if inb is not None else "",
+                                        agent_id=session.resumed_agent,
+                                        n_tokens=session.num_tokens, t_commit=time.time())
+            session.set_state(SessionState.HANDED_OVER)
+        if inb is not None:
+            await self._drop_inbound(inb, f"resume undone: {why}")
+        MIGRATIONS.labels("target", scheme_name(inb.scheme) if inb is not None else "",
+                          "handed_back").inc()
+        log.warning("resume_undone", session=session.session_id, epoch=session.epoch,
+                    peer=session.resumed_agent, why=why)
 
     async def _release_after_first_token(self, inb: Inbound, session: Session) -> None:
         """Buffered blocks are loaded before the first token: release them then."""
@@ -400,8 +440,16 @@ class TargetRole:
                  reason=reason)
         return n
 
-    async def on_release(self, req: pallas_pb2.ReleaseRequest) -> pallas_pb2.ReleaseReply:
-        """Drop everything held for (session, epoch): blocks, buffers, reservation, warm-up."""
+    async def on_release(self, req: pallas_pb2.ReleaseRequest, *,
+                         undo_resume: bool = True) -> pallas_pb2.ReleaseReply:
+        """Drop everything held for (session, epoch): blocks, buffers, reservation, warm-up.
+
+        From the attempt's source (``undo_resume``), a Release of an epoch that resumed here
+        means the source gave the commit up (its Sync failed or timed out there, and it serves
+        on): the resume is undone (:meth:`_hand_back`), so one agent holds the session. A
+        source never releases an epoch it committed. The xApp's Cancel at the target does not
+        undo a resume (it cannot know whether the commit succeeded).
+        """
         sid, epoch = req.session_id, req.epoch
         newest = self.ledger.newest_in(sid)
         if epoch < newest:
@@ -411,6 +459,18 @@ class TargetRole:
         if inb is not None and _not_source(inb.source):  # before the epoch is recorded
             return pallas_pb2.ReleaseReply(status=S.STATUS_REJECTED,
                                            message=_not_source(inb.source))
+        s = self.sessions.get(sid)
+        if undo_resume and s is not None and s.state == SessionState.RESUMED \
+                and s.epoch == epoch and s.resumed_agent \
+                and not _not_source(pallas_pb2.PeerEndpoint(agent_id=s.resumed_agent)):
+            mine = inb if inb is not None and inb.epoch == epoch else None
+            blocks = self.hub.store.num_blocks
+            await self._hand_back(s, mine, f"the source abandoned the commit "
+                                           f"({req.reason or 'no reason given'})")
+            self.ledger.see_in(sid, epoch)
+            return pallas_pb2.ReleaseReply(
+                status=S.STATUS_OK, blocks_released=max(0, blocks - self.hub.store.num_blocks),
+                message="resume undone: the source keeps the session")
         self.ledger.see_in(sid, epoch)
         if inb is None or inb.state != TargetState.PREPARING:
             return pallas_pb2.ReleaseReply(status=S.STATUS_OK, message="nothing held")

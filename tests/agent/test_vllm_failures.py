@@ -374,3 +374,108 @@ def test_attach_refuses_a_vllm_whose_failed_block_loads_fail_the_request(policy)
     if policy != "recompute":
         assert "would fail the user's request" in msg and '"kv_load_failure_policy": "recompute"' in msg
         assert ("kv_load_failure_policy='fail'" if policy else "no kv_load_failure_policy") in msg
+
+
+# ------------------------------------------------------------------ one holder (item 3)
+
+class _Aborts:
+    """A fake engine's ``start``/``abort`` that records the sessions aborted (the request
+    never gets going: no claim comes)."""
+
+    def __init__(self, eng):
+        self.aborted: list[str] = []
+
+        async def abort(s):
+            self.aborted.append(s.session_id)
+        eng.abort = abort
+
+
+def _resume(m, deadline_s=8.0, epoch=1):
+    return m.on_sync(pb.SyncRequest(
+        session_id="s", epoch=epoch, token_ids=list(range(100)), prompt_tokens=70,
+        streamed_blocks=1, split_tokens=64, ue_id="ue",
+        sampling=pb.SamplingParams(max_tokens=20), deadline_s=deadline_s))
+
+
+def test_a_sync_not_taken_up_by_vllm_is_undone_before_the_sources_deadline():
+    """The target's vLLM is full (its request waits, no claim): the Sync used to wait
+    resume + claim bounds (10 s) past the source's deadline, the source gave up and the
+    target kept a resumed copy that decoded later (two holders)."""
+    async def run_():
+        m, hub, eng = _engine(claim_wait_s=5.0, resume_deadline_s=5.0)
+        ab = _Aborts(eng)
+        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        assert m.on_block(_blk(2)) == "ok"
+        t0 = asyncio.get_running_loop().time()
+        rep = await _resume(m, deadline_s=1.0)
+        took = asyncio.get_running_loop().time() - t0
+        await asyncio.sleep(0.01)
+        held, s = m.held(), m.sessions.get("s")
+        await m.close()
+        return rep, took, held, s, ab.aborted
+    rep, took, held, s, aborted = asyncio.run(run_())
+    assert rep.status == pb.STATUS_ERROR and "resume undone" in rep.message, rep
+    assert 0.85 <= took < 1.0, took                      # answered before the source's 1 s
+    assert aborted == ["s"] and s.state == SessionState.HANDED_OVER
+    assert s.handover.agent_id == "a" and held["inbound"] == 0 and held["blocks"] == 0
+
+
+def test_a_release_from_the_source_undoes_a_resume_it_gave_up_and_a_cancel_does_not():
+    """The source's Sync timed out (or failed) after the target resumed: its Release of that
+    epoch hands the session back (the source serves on); the xApp's Cancel at the target
+    (undo_resume=False) leaves a resume alone (the xApp cannot know the commit failed)."""
+    from agent.connector.messages import Claim
+
+    async def resumed(m):
+        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        assert m.on_block(_blk(2)) == "ok"
+        sync = asyncio.ensure_future(_resume(m))
+        await asyncio.sleep(0.01)
+        m._on_claim(Claim("s", 1, 64, 32, 100, 0.0, ()))
+        assert (await sync).status == pb.STATUS_OK
+        return m.sessions.get("s")
+
+    async def run_():
+        m, hub, eng = _engine()
+        ab = _Aborts(eng)
+        s = await resumed(m)
+        kept = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=1, reason="x"),
+                                  undo_resume=False)
+        kept_state = s.state
+        undone = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=1,
+                                                      reason="sync failed"))
+        held = m.held()
+        await m.close()
+        return kept, kept_state, undone, s, held, ab.aborted
+    kept, kept_state, undone, s, held, aborted = asyncio.run(run_())
+    assert kept.status == pb.STATUS_OK and kept_state == SessionState.RESUMED
+    assert undone.status == pb.STATUS_OK and "resume undone" in undone.message
+    assert s.state == SessionState.HANDED_OVER and aborted == ["s"]
+    assert held["inbound"] == 0 and held["blocks"] == 0
+
+
+def test_the_source_releases_an_abandoned_sync_before_it_answers_and_a_retry_commits():
+    """A Sync that times out at the source is released at the target before the xApp gets
+    the non-OK reply; the xApp's retry of the same commit (same epoch) runs again and
+    commits (it used to get the cached failure)."""
+    async def run_():
+        m, hub, eng = _engine(commit_deadline_s=0.5)
+        target = Target(sync_delay_s=30.0)
+        server, tgt = await _served(target)
+        s = _serving(m)
+        try:
+            r1 = await m.commit("s", 1, tgt, pb.SCHEME_RECOMPUTATION)
+            ops1 = target.ops()
+            state1 = s.state
+            target.sync_delay_s = 0.0
+            r2 = await m.commit("s", 1, tgt, pb.SCHEME_RECOMPUTATION)
+            r3 = await m.commit("s", 1, tgt, pb.SCHEME_RECOMPUTATION)
+        finally:
+            await m.close()
+            await server.stop(0)
+        return r1, ops1, state1, r2, r3, s, target.ops()
+    r1, ops1, state1, r2, r3, s, ops = asyncio.run(run_())
+    assert r1.status == pb.STATUS_ERROR and ops1 == ["prepare", "sync", "release"], ops1
+    assert state1 == SessionState.SERVING
+    assert r2.status == pb.STATUS_OK and s.state == SessionState.HANDED_OVER, r2
+    assert r3 == r2 and ops.count("sync") == 2                 # an OK reply stays cached

@@ -39,37 +39,44 @@ from tests.e2e.test_engine_faults import (NOTHING_HELD, _prompt, _run, _settled,
                                           stop_all)
 
 
-
-@pytest.fixture(scope="module")
-def agents(tmp_path_factory):
-    """Agents "fa" (source, paced like the other e2e tests) and "fb" (target, vLLM with the
-    fault-injecting connector; its control file is ``fault_file``)."""
+def agent_pair(server_kw: list[dict], **agent_kw):
+    """Start agents "fa" and "fb" (plaintext links), each beside its own vLLM server with
+    ``server_kw[i]`` (ServerConfig fields), and yield ``(loop, agents, servers)``; stops all."""
     model = str(build_model("tiny"))
-    fault_file = tmp_path_factory.mktemp("faults") / "faults.json"
     lt = LoopThread()
     nodes, servers = [], []
     try:
         for i, name in enumerate(("fa", "fb")):
+            kw = dict(resume_deadline_s=20.0, commit_deadline_s=30.0)
+            kw.update(agent_kw)
             cfg = AgentConfig(agent_id=name, model=model, host="127.0.0.1", peer_port=free_port(),
                               hub_address=f"tcp://127.0.0.1:{free_port()}", vllm_url="-",
-                              resume_deadline_s=20.0, commit_deadline_s=30.0, insecure=True)
+                              insecure=True, **kw)
             a = Agent(cfg)
             lt.run(a.start_core())
-            conn = server_settings(*E2E_PACE) if name == "fa" else {
-                "kv_connector_module": "tests.fault_connector",
-                "kv_connector_class": "FaultyPallasConnector",
-                "kv_connector_extra": {"fault_file": str(fault_file)}}
             srv = VLLMServer(ServerConfig(model=model, agent_address=a.hub.address,
-                                          omp_threads_bind=str(i), **conn))
+                                          omp_threads_bind=str(i), **server_kw[i]))
             srv.start()
             nodes.append(a)
             servers.append(srv)
         for a, srv in zip(nodes, servers):
             srv.wait_ready(600)
             lt.run(a.attach(srv.base_url), 300)
-        yield lt, nodes, servers, fault_file
+        yield lt, nodes, servers
     finally:
         stop_all(lt, nodes, servers)
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory):
+    """Agents "fa" (source, paced like the other e2e tests) and "fb" (target, vLLM with the
+    fault-injecting connector; its control file is ``fault_file``)."""
+    fault_file = tmp_path_factory.mktemp("faults") / "faults.json"
+    faulty = {"kv_connector_module": "tests.fault_connector",
+              "kv_connector_class": "FaultyPallasConnector",
+              "kv_connector_extra": {"fault_file": str(fault_file)}}
+    for lt, nodes, servers in agent_pair([server_settings(*E2E_PACE), faulty]):
+        yield lt, nodes, servers, fault_file
 
 
 def test_a_block_that_fails_to_load_after_its_checksum_is_recomputed_token_exact(agents):
