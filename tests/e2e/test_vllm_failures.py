@@ -12,7 +12,11 @@ failures, never "finished", and a KV load failure at the target is recovered tok
   it, the target holds nothing. Before: the session stayed ``migrating`` and the Commit was
   ``STATUS_OK "finished"`` with the target marking the session finished short of its tokens.
 
-The engine-kill test leaves the source's vLLM dead: it runs last in this module.
+- the target's vLLM engine core killed after it resumed a session: the session fails there
+  with a reason naming vLLM, its tokens so far token-exact; nothing held at either agent.
+
+The engine-kill tests leave the vLLM they kill dead: they run last in this module, the
+target's first (the source's test needs a live source; a dead target only refuses it).
 """
 
 from __future__ import annotations
@@ -79,18 +83,27 @@ def agents(tmp_path_factory):
         yield lt, nodes, servers, fault_file
 
 
+async def _triggered(a: Agent, b: Agent, prompt_len: int, seed: int, split: int, outputs: int,
+                     ref_tokens: int = 0):
+    """A 2,000-token session at ``a`` triggered (epoch 1, ``split``) to ``b`` and run to
+    ``outputs`` outputs; returns it and ``a``'s greedy reference of ``ref_tokens`` tokens."""
+    prompt = _prompt(prompt_len, seed)
+    ref = (await a.engine.complete(prompt, SamplingSpec(max_tokens=ref_tokens, ignore_eos=True))
+           if ref_tokens else [])
+    s = await _run(a, prompt, 2000)
+    assert await s.wait_tokens(5, 120)
+    assert (await a.migration.trigger(s.session_id, 1, b.endpoint,
+                                      split_tokens=split)).status == pb.STATUS_OK
+    assert await s.wait_tokens(outputs, 120)
+    return s, ref
+
+
 def test_a_block_that_fails_to_load_after_its_checksum_is_recomputed_token_exact(agents):
     lt, (a, b), servers, fault_file = agents
 
     async def go():
         base = await _settled(b)
-        prompt = _prompt(200, 21)
-        ref = await a.engine.complete(prompt, SamplingSpec(max_tokens=160, ignore_eos=True))
-        s = await _run(a, prompt, 2000)
-        assert await s.wait_tokens(5, 120)
-        assert (await a.migration.trigger(s.session_id, 1, b.endpoint,
-                                          split_tokens=192)).status == pb.STATUS_OK
-        assert await s.wait_tokens(60, 120)
+        s, ref = await _triggered(a, b, 200, 21, 192, 60, ref_tokens=160)
         fault_file.write_text(json.dumps({"drop_loads": 1}))   # B's next verified block is lost
         r = await a.migration.commit(s.session_id, 1, b.endpoint, pb.SCHEME_PALLAS)
         assert r.status == pb.STATUS_OK, r
@@ -127,24 +140,53 @@ def _engine_core(srv: VLLMServer) -> psutil.Process:
     raise AssertionError(f"no EngineCore under pid {srv.proc.pid}")
 
 
+async def _kill_engine_core(srv: VLLMServer, s, bound_s: float) -> float:
+    """SIGKILL ``srv``'s EngineCore, wait (at most ``bound_s``) until session ``s`` ends at its
+    agent; returns the seconds from the kill to then (printed with the state and reason)."""
+    core = _engine_core(srv)
+    t_kill = time.monotonic()
+    os.kill(core.pid, signal.SIGKILL)
+    while not s.done and time.monotonic() - t_kill < bound_s:
+        await asyncio.sleep(0.05)
+    took = time.monotonic() - t_kill
+    print(f"engine core of {srv.base_url} killed -> session {s.state.value} after {took:.2f} s:"
+          f" {s.error}")
+    return took
+
+
+def test_the_target_engine_dying_after_the_resume_fails_the_session_there(agents):
+    """The target's vLLM engine core killed after it resumed a session: the session fails
+    there within a bounded time, with a reason naming vLLM (the UE's stream ends with it), its
+    tokens up to then token-exact; nothing is held at either agent. (Leaves the target's vLLM
+    dead: runs after the load-failure test.)"""
+    lt, (a, b), servers, fault_file = agents
+    bound_s = 30.0
+
+    async def go():
+        s, ref = await _triggered(a, b, 150, 23, 128, 40, ref_tokens=400)
+        r = await a.migration.commit(s.session_id, 1, b.endpoint, pb.SCHEME_PALLAS)
+        assert r.status == pb.STATUS_OK, r
+        t = b.sessions.get(s.session_id)
+        assert t is not None and await t.wait_tokens(t.resumed_from + 5, 120)
+        t_failed = await _kill_engine_core(servers[1], t, bound_s)
+        return t.state, t.error, list(t.output_token_ids), ref, t_failed, \
+            await _settled(a), await _settled(b)
+
+    state, error, out, ref, t_failed, after_a, after_b = lt.run(go(), 400)
+    assert state == SessionState.FAILED, f"{state.value} {t_failed:.1f} s after the kill"
+    assert t_failed < bound_s and "vLLM" in error, (t_failed, error)
+    assert out == ref[:len(out)] and len(out) < 2000
+    assert after_a["held"] == NOTHING_HELD and after_b["held"] == NOTHING_HELD, (after_a, after_b)
+
+
 def test_the_source_engine_dying_between_trigger_and_commit_fails_the_session(agents):
     """(Runs last: the source's vLLM stays dead.)"""
     lt, (a, b), servers, fault_file = agents
     bound_s = 30.0
 
     async def go():
-        prompt = _prompt(150, 22)
-        s = await _run(a, prompt, 2000)
-        assert await s.wait_tokens(5, 120)
-        assert (await a.migration.trigger(s.session_id, 1, b.endpoint,
-                                          split_tokens=128)).status == pb.STATUS_OK
-        assert await s.wait_tokens(40, 120)
-        core = _engine_core(servers[0])
-        t_kill = time.monotonic()
-        os.kill(core.pid, signal.SIGKILL)
-        while not s.done and time.monotonic() - t_kill < bound_s:
-            await asyncio.sleep(0.05)
-        t_failed = time.monotonic() - t_kill
+        s, _ = await _triggered(a, b, 150, 22, 128, 40)
+        t_failed = await _kill_engine_core(servers[0], s, bound_s)
         state, error, n = s.state, s.error, len(s.output_token_ids)
         r = await a.migration.commit(s.session_id, 1, b.endpoint, pb.SCHEME_PALLAS)
         t = b.sessions.get(s.session_id)
