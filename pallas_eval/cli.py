@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the xApp learns its association map, handover places and successors from every one "
                         "of them but the replayed drive, as a deployed xApp would have")
     r.add_argument("--seed", type=int, default=2, help="drive and session-length seed")
+    r.add_argument("--seeds", default="",
+                   help="comma-separated seeds (e.g. 1,2,3): one generated drive per seed, all replayed on the same "
+                        "engines (one start), the statistics pooled over them; each seed's files in OUT/seed-N")
     r.add_argument("--first-session-spread-s", type=float, default=5.0,
                    help="the UEs open their first sessions at times spread uniformly over this many seconds "
                         "from their first report (fixed per seed and UE), not all at once")
@@ -279,7 +282,22 @@ def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
                             hop_delay_s=None if a.hop_delay_ms is None else a.hop_delay_ms / 1000.0,
                             engine_multiprocessing=a.engine_multiprocessing, verify=not a.no_verify,
                             simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python, lead_s=a.lead_s,
-                            tls=not a.insecure, first_session_spread_s=a.first_session_spread_s)
+                            tls=not a.insecure, first_session_spread_s=a.first_session_spread_s,
+                            seeds=_seeds(a.seeds))
+
+
+def _seeds(spec: str) -> tuple[int, ...]:
+    """``--seeds 1,2,3`` as (1, 2, 3); "" as (). Raises SystemExit (argparse's way) for a
+    non-integer or a repeated seed."""
+    if not spec.strip():
+        return ()
+    try:
+        out = tuple(int(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        raise SystemExit(f"--seeds: integers separated by commas, got {spec!r}") from None
+    if len(set(out)) != len(out):
+        raise SystemExit(f"--seeds: a seed repeated in {spec!r}")
+    return out
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
@@ -304,20 +322,27 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     con.print(f"[bold]pallas replay[/] -> {opts.out_dir}")
-    plan = rp.prepare(opts)
-    con.print(f"input: {plan['source']}: {len(plan['ues'])} UE(s), {len(plan['handovers'])} handover(s), "
-              f"{len(plan['cells'])} cell(s), {plan['t_last'] - plan['t_first']:.0f} s")
-    mapping = rp.server_map(plan, opts.servers)
-    hard = [(h[2], h[3]) for h in plan["handovers"]]
-    con.print(f"cells -> servers: {', '.join(f'{c}->edge-{i}' for c, i in sorted(mapping.items()))}"
-              f"  (handover pairs sharing a server: {len(rp.shared_pairs(mapping, hard))})")
+    inputs = []        # one (options, plan, cell map) per seed: --seeds pools several drives
+    for sd in opts.seeds or (opts.seed,):
+        sopts = opts if not opts.seeds else dataclasses.replace(opts, seed=sd, out_dir=opts.out_dir / f"seed-{sd}")
+        plan = rp.prepare(sopts)
+        con.print(f"input{f' (seed {sd})' if opts.seeds else ''}: {plan['source']}: {len(plan['ues'])} UE(s), "
+                  f"{len(plan['handovers'])} handover(s), {len(plan['cells'])} cell(s), "
+                  f"{plan['t_last'] - plan['t_first']:.0f} s")
+        mapping = rp.server_map(plan, opts.servers)
+        hard = [(h[2], h[3]) for h in plan["handovers"]]
+        con.print(f"cells -> servers: {', '.join(f'{c}->edge-{i}' for c, i in sorted(mapping.items()))}"
+                  f"  (handover pairs sharing a server: {len(rp.shared_pairs(mapping, hard))})")
+        inputs.append((sopts, plan, mapping))
+    _, plan, mapping = inputs[0]
     sampler = LengthSampler(opts.azure, max_model_len=opts.max_model_len, max_output=opts.max_output)
     result: dict = {"input": {k: plan[k] for k in ("source", "trace", "cells", "handovers")},
+                    "seeds": [so.seed for so, _, _ in inputs],
                     "options": {k: str(v) for k, v in vars(opts).items()}, "cell_map": mapping}
 
     if opts.simulate_only:
         rates = _pick_rates(opts.rates if opts.rates not in ("measured", "auto", "emulated") else "paper", None)
-        hos = _sim_handovers_offline(plan, opts, rates, sampler, opts.lead_s)
+        hos = [h for so, pl, _ in inputs for h in _sim_handovers_offline(pl, so, rates, sampler, so.lead_s)]
         res = simulate(hos, rates, schemes)
         sm = summarize_sim(res)
         _print_sim(con, sm, rates, hos)
@@ -358,16 +383,19 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
         cpu.add("harness", os.getpid(), alone=True)
         from pallas_eval.models import build_model, model_config
         vocab = int(model_config(build_model(opts.model_preset)).get("vocab_size", 2048))
-        runs = []
+        runs, ctx = [], {}     # ctx: id(run) -> its seed's (options, plan, cell map)
         before = rp.agent_counters(servers)
         counters = {}
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
                       TimeElapsedColumn(), console=con, transient=False) as prog:
             for sch in schemes:
-                rp.end_sessions(servers)
-                rp.reset_prefix_caches(servers)
-                runs.append(rp.run_scheme(sup, opts, plan, mapping, servers, sch, sampler, vocab, prog,
-                                          cpu=cpu, origin_of=origin_of))
+                for so, pl, mp in inputs:
+                    rp.end_sessions(servers)
+                    rp.reset_prefix_caches(servers)
+                    run = rp.run_scheme(sup, so, pl, mp, servers, sch, sampler, vocab, prog,
+                                        cpu=cpu, origin_of=origin_of)
+                    runs.append(run)
+                    ctx[id(run)] = (so, pl, mp)
                 after = rp.agent_counters(servers)
                 counters[sch] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
                 before = after
@@ -385,16 +413,23 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     leftover = sup.leftovers()
 
     rows_all, summaries, sit_by, itl_by, gaps_by = [], [], {}, {}, {}
-    for r in runs:
-        rows, sits = rp.handover_rows(r, plan, mapping, servers)
-        gaps_by[r.scheme] = gap_between_tokens(sits)
+    for sch in schemes:     # the seeds' runs of a scheme pooled
+        mine = [r for r in runs if r.scheme == sch]
+        rows, sits = [], []
+        for r in mine:
+            _, pl, mp = ctx[id(r)]
+            rw, st = rp.handover_rows(r, pl, mp, servers)
+            rows += rw
+            sits += st
+        sessions = [s for r in mine for s in r.sessions]
+        gaps_by[sch] = gap_between_tokens(sits)
         rows_all += rows
         commits = sum(1 for x in rows if x.outcome in ("commit", "recovered"))
         fallbacks = sum(1 for x in rows if x.outcome.startswith("fallback"))
         t_early = [x.t_early_s for x in rows]
-        summaries.append(summarize(r.scheme, sits, r.sessions, t_early, commits, fallbacks))
-        sit_by[r.scheme] = np.array([x.sit_s for x in rows])
-        itl_by[r.scheme] = np.concatenate([s.itls() for s in r.sessions] or [np.zeros(0)])
+        summaries.append(summarize(sch, sits, sessions, t_early, commits, fallbacks))
+        sit_by[sch] = np.array([x.sit_s for x in rows])
+        itl_by[sch] = np.concatenate([s.itls() for s in sessions] or [np.zeros(0)])
     measured = rp.measured_rates(runs)
     if not measured.get("s_kv"):
         from pallas_eval.models import build_model, model_config
@@ -405,7 +440,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     rates = _pick_rates(opts.rates, measured, s_kv=measured["s_kv"], regime=regime)
     pacing = rp.pacing_check(regime, [rp.load_pace(opts, s.index) for s in servers], runs) if regime.model else {}
     for r in runs:
-        rp.save_sessions(opts.out_dir / r.scheme / "sessions.jsonl", r)
+        rp.save_sessions(ctx[id(r)][0].out_dir / r.scheme / "sessions.jsonl", r)
     sim_hos = _sim_handovers_live([x for x in rows_all if x.scheme == runs[0].scheme])
     sim = summarize_sim(simulate(sim_hos, rates, schemes)) if sim_hos else {}
 
@@ -436,7 +471,10 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     con.print(regime.describe())
     if pacing:
         con.print(("[green]" if pacing["held"] else "[red]") + pacing["verdict"] + "[/]")
-    errors = {r.scheme: r.errors for r in runs if r.errors}
+    errors: dict[str, list] = {}
+    for r in runs:
+        if r.errors:
+            errors.setdefault(r.scheme, []).extend(r.errors)
     if errors:
         con.print(f"[yellow]errors: {sum(len(v) for v in errors.values())} (see summary.json)[/]")
     con.print(f"processes left running: {len(leftover)}; wall time {time.time() - t_start:.0f} s")
@@ -454,7 +492,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     ue0 = max(plan["ues"], key=lambda u: len(u["cells"]))["ue_id"]
     # One UE's tokens across its handovers, each scheme on its own run's clock (time since start).
     plot_timeline(out / "timeline.png", ue0,
-                  {r.scheme: [_shifted(s, -r.start_at) for s in r.sessions] for r in runs},
+                  {r.scheme: [_shifted(s, -r.start_at) for s in r.sessions] for r in runs if ctx[id(r)][1] is plan},
                   [float(h[1]) - float(plan["t_first"]) for h in plan["handovers"] if h[0] == ue0], t0=0.0)
     con.print(f"wrote {out}/handovers.csv, summary.csv, summary.json, sit_cdf.png, itl_cdf.png, timeline.png")
     return {**result, "summary": [s.as_dict() for s in summaries], "leftover_pids": sorted(leftover),

@@ -75,6 +75,8 @@ class ReplayOptions:
     engine_multiprocessing: bool = False
     start_delay_s: float = 10.0
     first_session_spread_s: float = 5.0
+    #: several generated drives pooled in one run (one engine start); () = just ``seed``
+    seeds: tuple[int, ...] = ()
     verify: bool = True
     simulate: bool = True
     simulate_only: bool = False

@@ -1,4 +1,5 @@
-"""The main job end to end on a short generated drive with two servers (``pallas replay``).
+"""The main job end to end on two short generated drives (``--seeds 2,3``, pooled on the same
+engines) with two servers (``pallas replay``).
 
 Real processes: two vLLM CPU servers (tiny random Llama) each with its ``pallas-agent``, the
 xApp in test mode in its own environment, one UE client per UE, real gRPC on loopback. Checks:
@@ -26,9 +27,18 @@ def test_replay_short_generated_drive_two_servers(tmp_path):
     from pallas_eval.cli import run_replay
     from pallas_eval.procs import _proc_table
 
-    opts = rp.ReplayOptions(out_dir=tmp_path / "run", servers=2, schemes=("pallas", "ctho"), seed=2, ues=1,
+    opts = rp.ReplayOptions(out_dir=tmp_path / "run", servers=2, schemes=("pallas", "ctho"), seeds=(2, 3), ues=1,
                             duration_s=30.0, max_model_len=1024, max_output=192)
     res = run_replay(opts, Console(record=True, width=160))
+    # --seeds: both drives ran under each scheme on the same engines, their statistics pooled
+    assert res["seeds"] == [2, 3] and len(res["runs"]) == 4
+    plans = {sd: __import__("json").loads((opts.out_dir / f"seed-{sd}" / "input" / "plan.json").read_text())
+             for sd in (2, 3)}
+    n_ho = sum(len(p["handovers"]) for p in plans.values())
+    for sm in res["summary"]:
+        assert sm["handovers"] == n_ho, (sm["scheme"], sm["handovers"], n_ho)
+        for sd in (2, 3):
+            assert (opts.out_dir / f"seed-{sd}" / sm["scheme"] / "sessions.jsonl").stat().st_size > 0
 
     # Every process started (agents, their vLLM servers and engine cores, the xApps) is gone.
     assert res["started_pids"], "the harness recorded no process"

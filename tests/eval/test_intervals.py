@@ -80,3 +80,12 @@ def test_lead_summary_counts_the_handovers_named_in_time():
     assert "named ahead for 3 of 4 handovers" in line
     assert ">= 1 s: 2, >= 2 s: 1" in line and "median lead 1.5 s" in line and "prepared commits 2" in line
     assert lead_summary(rows, "full-copy") == ""
+
+
+def test_seeds_knob():
+    from pallas_eval.cli import build_parser, options_from_args
+    assert options_from_args(build_parser().parse_args(["replay", "--seeds", "1,2, 3"])).seeds == (1, 2, 3)
+    assert options_from_args(build_parser().parse_args(["replay"])).seeds == ()
+    for bad in ("1,x", "2,2"):
+        with pytest.raises(SystemExit):
+            options_from_args(build_parser().parse_args(["replay", "--seeds", bad]))
