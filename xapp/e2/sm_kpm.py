@@ -15,10 +15,18 @@ in order; ``noValue`` records are skipped. Each measurement is kept as a value u
 (``name|fiveQI=9``). Problems confined to one UE (a record count that matches no layout, an
 unsupported UE ID kind) drop that UE only (``KpmIndication.dropped``), never the indication.
 
+A malformed value (a REAL with a reserved base or special value, a decimal REAL with
+non-numeric contents, a REAL beyond a double: :func:`~.per.decode_real`) drops that record
+only, with its reason in ``dropped`` (``malformed value: ...``), in every format: the rest of
+the UE's record and every other UE stay (issue 28).
+
 One decode path: Format 3 with plain shapes (gNB UEIDs without optional parts or gNB-DU UEIDs, measName or
 measID types with noLabel, integer/real/noValue records) is read by the walker
-:func:`decode_f3_fast`, which yields exactly asn1tools' value (tested on generated PDUs) and
-hands anything else to asn1tools on the same bytes.
+:func:`decode_f3_fast`, which yields exactly the reference's value (tested on generated PDUs)
+and hands anything else to the reference on the same bytes: asn1tools with every REAL read as
+its contents octets, decoded by :func:`~.per.decode_real` (:func:`asn1tools_message_value`;
+asn1tools' own REAL decoder reads base 2 with scale factor 0 only and raises on a malformed
+REAL, which would drop the whole indication).
 """
 
 from __future__ import annotations
@@ -29,8 +37,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .ie import Cgi, E2DecodeError, UeId, asn_decode, cgi_to_asn, e2sm_spec, ueid_from_asn
-from .per import Bits, Unsupported
+from .ie import Cgi, E2DecodeError, UeId, asn_decode, asn_decode_raw_reals, cgi_to_asn, e2sm_spec, ueid_from_asn
+from .per import BadValue, Bits, Unsupported, decode_real
 
 KPM_STYLE_UE_CONDITION = 4
 NTP_EPOCH_OFFSET = 2208988800  # seconds from 1900-01-01 to 1970-01-01
@@ -131,8 +139,9 @@ def _keys(info: Sequence[Mapping]) -> tuple[list[str], list[str]]:
     return keys, names
 
 
-def _periods(f1: Mapping, who: str) -> tuple[list[str], list[list[tuple[str, Any]]]]:
-    """A Format 1 body -> (keys, per measData item the (key, value) pairs without noValue).
+def _periods(f1: Mapping, who: str, dropped: list[str]) -> tuple[list[str], list[list[tuple[str, Any]]]]:
+    """A Format 1 body -> (keys, per measData item the (key, value) pairs without noValue and
+    without malformed values: each of those is left out with its reason in ``dropped``).
     E2DecodeError (the caller's per-UE drop) when a record matches neither layout."""
     if "measInfoList" not in f1:
         raise E2DecodeError(f"no measInfoList ({who})")
@@ -149,7 +158,16 @@ def _periods(f1: Mapping, who: str) -> tuple[list[str], list[list[tuple[str, Any
             raise E2DecodeError(f"record count: measData item {k} has {len(rec)} values for {len(keys)} "
                                 f"measurement/label pairs ({who})")
         order = order or use
-        out.append([(n, v[1]) for n, v in zip(use, rec) if v[0] != "noValue"])
+        vals = []
+        for n, v in zip(use, rec):
+            x = v[1]
+            if v[0] == "noValue":
+                continue
+            if type(x) is BadValue:
+                dropped.append(f"malformed value: {x.reason} (measData item {k}, {n}, {who})")
+                continue
+            vals.append((n, x))
+        out.append(vals)
     return order or keys, out
 
 
@@ -170,7 +188,7 @@ def _ue_report(ue_val: tuple, f1: Mapping, dropped: list[str]) -> KpmUeReport | 
         dropped.append(f"UE report: {e.reason}")
         return None
     try:
-        order, periods = _periods(f1, f"UE {ue.key}")
+        order, periods = _periods(f1, f"UE {ue.key}", dropped)
     except E2DecodeError as e:
         dropped.append(e.reason)
         return None
@@ -214,7 +232,7 @@ def indication_from_value(h: Mapping, m: tuple) -> KpmIndication:
                 ues.append(r)
     elif alt == "indicationMessage-Format1":
         fmt = 1
-        order, periods = _periods(body, "Format 1")
+        order, periods = _periods(body, "Format 1", dropped)
         node = _latest(order, periods)
     elif alt == "indicationMessage-Format2":
         fmt = 2
@@ -243,6 +261,9 @@ def _format2(body: Mapping, dropped: list[str]) -> tuple[list[KpmUeReport], tupl
             if v[0] == "noValue":
                 continue
             name = _meas_name(c["measType"])
+            if type(v[1]) is BadValue:
+                dropped.append(f"malformed value: {v[1].reason} (measData item {k}, Format 2, {name})")
+                continue
             ues = c.get("matchingUEidList", ())
             if len(ues) == 1:
                 try:
@@ -264,17 +285,6 @@ def _format2(body: Mapping, dropped: list[str]) -> tuple[list[KpmUeReport], tupl
 # ------------------------------------------------------------------------------------------------
 # the Format 3 walker (aligned PER)
 # ------------------------------------------------------------------------------------------------
-
-def _glen(r: Bits) -> int:
-    """General (semi-constrained) length determinant, aligned; unfragmented."""
-    r.align()
-    x = r.read(8)
-    if x < 0x80:
-        return x
-    if x < 0xC0:
-        return ((x & 0x3F) << 8) | r.read(8)
-    raise Unsupported("fragmented length")
-
 
 def _uint(r: Bits, octets_bits: int) -> int:
     """Constrained whole number with a range above 64K: octet count - 1 in ``octets_bits``
@@ -315,33 +325,8 @@ def _ueid(r: Bits) -> tuple:
     return ("gNB-UEID", {"amf-UE-NGAP-ID": amf, "guami": gv})
 
 
-def _real(b: bytes) -> float:
-    """X.690 clause 8.5 REAL contents -> float (binary base 2 and the special values)."""
-    if not b:
-        return 0.0
-    f = b[0]
-    if f & 0x80:
-        if f & 0x30:
-            raise Unsupported("REAL base 8/16")
-        scale = (f >> 2) & 3
-        ef = f & 3
-        if ef == 3:
-            raise Unsupported("REAL long exponent")
-        ne = ef + 1
-        if len(b) < 1 + ne + 1:
-            raise Unsupported("REAL truncated")
-        e = int.from_bytes(b[1:1 + ne], "big", signed=True)
-        mant = int.from_bytes(b[1 + ne:], "big")
-        try:
-            v = math.ldexp(mant << scale, e)
-        except OverflowError:        # beyond a double: the reference decoder decides
-            raise Unsupported("REAL out of range") from None
-        return -v if f & 0x40 else v
-    raise Unsupported("REAL decimal or special")
-
-
 def _records(r: Bits) -> list:
-    n = _glen(r)
+    n = r.aligned_length()
     out = []
     for _ in range(n):
         x = r.read(3)                # ext bit, alternative (2 bits)
@@ -350,8 +335,8 @@ def _records(r: Bits) -> list:
         elif x == 0:
             out.append(("integer", _uint(r, 2)))
         elif x == 1:
-            ln = _glen(r)
-            out.append(("real", _real(r.octets(ln))))
+            ln = r.aligned_length()
+            out.append(("real", decode_real(r.octets(ln))))
         else:
             raise Unsupported("record alternative")
     return out
@@ -381,7 +366,7 @@ def _info(r: Bits) -> list:
                 raise Unsupported("measID extension")
             r.align()
             mt = ("measID", r.read(16) + 1)
-        if _glen(r) != 1:
+        if r.aligned_length() != 1:
             raise Unsupported("several labels")
         # LabelInfoItem ext, MeasurementLabel ext, 21 presence bits (noLabel only), noLabel ext
         if r.read(24) != 0x200000:
@@ -414,18 +399,48 @@ def _format1(r: Bits) -> dict:
     return f1
 
 
+def _open_type(b: bytes, i: int) -> bytes:
+    """The contents of an open type whose aligned length determinant is at octet ``i`` and
+    that runs to the end of ``b``; reassembled when fragmented (X.691 clause 11.9.3.8: parts of
+    16K, 32K, 48K or 64K octets, each after an octet 0xC1..0xC4, then a last part under 16K
+    with its own length, possibly 0), as a message of many UEs is. Unsupported when the parts
+    do not fill ``b`` exactly."""
+    n = len(b)
+    parts = []
+    while True:
+        if i >= n:
+            raise Unsupported("truncated open type")
+        x = b[i]
+        if x < 0x80:
+            ln, i = x, i + 1
+        elif x < 0xC0:
+            if i + 1 >= n:
+                raise Unsupported("truncated open type")
+            ln, i = ((x & 0x3F) << 8) | b[i + 1], i + 2
+        elif 0xC1 <= x <= 0xC4:
+            ln, i = (x & 7) << 14, i + 1
+        else:
+            raise Unsupported("bad length fragment")
+        if i + ln > n:
+            raise Unsupported("truncated open type")
+        parts.append(b[i:i + ln])
+        i += ln
+        if x < 0xC0:
+            break
+    if i != n:
+        raise Unsupported("open type or message length mismatch")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 def decode_f3_fast(b: bytes) -> tuple:
-    """The walker: E2SM-KPM-IndicationMessage octets -> asn1tools' value of the
-    ``indicationMessage-formats`` CHOICE for Format 3 in the plain shapes (see the module
-    docstring); :class:`~.per.Unsupported` otherwise."""
-    r = Bits(b)
-    # message ext, CHOICE ext (Format 3 is an extension addition), small number index 0
-    if r.read(9) != 0b010000000:
+    """The walker: E2SM-KPM-IndicationMessage octets -> the reference's value
+    (:func:`asn1tools_message_value`) of the ``indicationMessage-formats`` CHOICE for Format 3
+    in the plain shapes (see the module docstring); :class:`~.per.Unsupported` otherwise."""
+    # message ext, CHOICE ext (Format 3 is an extension addition), small number index 0, then
+    # the open type from octet 2 (aligned)
+    if len(b) < 3 or b[0] != 0x40 or b[1] & 0x80:
         raise Unsupported("not Format 3")
-    n = _glen(r)
-    end = r.p + 8 * n
-    if end > r.n:
-        raise Unsupported("truncated open type")
+    r = Bits(_open_type(b, 2))
     if r.read(1):
         raise Unsupported("Format 3 extension")
     r.align()
@@ -436,8 +451,8 @@ def decode_f3_fast(b: bytes) -> tuple:
         ue = _ueid(r)
         reports.append({"ueID": ue, "measReport": _format1(r)})
     r.align()
-    if r.p != end or end != r.n:
-        raise Unsupported("open type or message length mismatch")
+    if r.p != r.n:
+        raise Unsupported("open type length mismatch")
     return ("indicationMessage-Format3", {"ueMeasReportList": reports})
 
 
@@ -450,14 +465,46 @@ def _header(header: bytes, family: int) -> dict:
     return h
 
 
+def _with_reals(m: tuple) -> tuple:
+    """asn1tools' value of the message CHOICE decoded with REALs as their contents octets
+    (:func:`~.ie.asn_decode_raw_reals`) -> the same value with each REAL record a float, or a
+    :class:`~.per.BadValue` where its contents are malformed (dropped per record later)."""
+    alt, body = m
+    bodies = [it["measReport"] for it in body["ueMeasReportList"]] if alt == "indicationMessage-Format3" else [body]
+    for b in bodies:
+        for item in b.get("measData", ()) if isinstance(b, dict) else ():
+            item["measRecord"] = [("real", decode_real(v[1])) if v[0] == "real" else v for v in item["measRecord"]]
+    return m
+
+
+def asn1tools_message_value(message: bytes, family: int = 3) -> tuple:
+    """The reference: E2SM-KPM-IndicationMessage octets, decoded by asn1tools with the types of
+    ``family`` (REAL contents by :func:`~.per.decode_real`) -> the ``indicationMessage-formats``
+    CHOICE value. E2DecodeError when malformed as a whole."""
+    name = "E2SM-KPM-IndicationMessage" if family == 3 else "E2SM-KPM-IndicationMessage-v2"
+    return _with_reals(asn_decode_raw_reals(name, _asn1tools_open_type(message))["indicationMessage-formats"])
+
+
+def _asn1tools_open_type(message: bytes) -> bytes:
+    """A Format 3 message whose open type is 16K octets or more, fragmented as X.691 says ->
+    the form asn1tools 0.169 reads (and writes): one fragment octet, then the whole contents.
+    asn1tools decodes an extension addition from the octets after its first length octet, so
+    it misreads the standard form (the fragment headers inside); anything else unchanged."""
+    if len(message) > 16384 and message[0] == 0x40 and 0xC1 <= message[2] <= 0xC4:
+        try:
+            return message[:2] + b"\xc1" + _open_type(message, 2)
+        except Unsupported:
+            pass                      # asn1tools' own form already (or malformed: it says so)
+    return message
+
+
 def decode_message_value(message: bytes, family: int = 3) -> tuple:
     """E2SM-KPM-IndicationMessage octets -> the ``indicationMessage-formats`` CHOICE value
-    (walker for Format 3, asn1tools otherwise)."""
+    (walker for Format 3, asn1tools otherwise: :func:`asn1tools_message_value`)."""
     try:
         return decode_f3_fast(message)
     except Unsupported:
-        name = "E2SM-KPM-IndicationMessage" if family == 3 else "E2SM-KPM-IndicationMessage-v2"
-        return asn_decode(name, message)["indicationMessage-formats"]
+        return asn1tools_message_value(message, family)
 
 
 def decode_kpm_indication(header: bytes, message: bytes, version: str | None = None) -> KpmIndication:
@@ -478,8 +525,7 @@ def decode_kpm_indication_asn1tools(header: bytes, message: bytes, version: str 
     family = kpm_family(version)
     name = "E2SM-KPM-IndicationHeader" if family == 3 else "E2SM-KPM-IndicationHeader-v2"
     h = asn_decode(name, header)["indicationHeader-formats"][1]
-    mname = "E2SM-KPM-IndicationMessage" if family == 3 else "E2SM-KPM-IndicationMessage-v2"
-    return indication_from_value(h, asn_decode(mname, message)["indicationMessage-formats"])
+    return indication_from_value(h, asn1tools_message_value(message, family))
 
 
 # ------------------------------------------------------------------------------------------------

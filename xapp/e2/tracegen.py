@@ -22,7 +22,7 @@ from .e2ap import (IE_RAN_FUNCTION_ID, IE_RIC_ACTION_ID, IE_RIC_CALL_PROCESS_ID,
                    IE_RIC_INDICATION_MESSAGE, IE_RIC_INDICATION_SN, IE_RIC_INDICATION_TYPE, IE_RIC_REQUEST_ID,
                    PROC_RIC_INDICATION, RicIndication, e2ap_pdu as _e2ap_pdu)
 from .ie import Cgi, Guami, UeId, cgi_to_asn, e2sm_spec, ueid_to_asn
-from .per import Unsupported
+from .per import Unsupported, with_length
 from .rrc import CellResult, RrcMeasReport, lpp as _lpp, ul_dcch as _ul_dcch
 from .sm_kpm import KpmIndication, time_to_ntp
 from .sm_rc import RC_PARAM_CELL_GLOBAL_ID, RC_PARAM_RRC_MESSAGE, RC_PARAM_UE_ID, RcMessageCopy
@@ -500,7 +500,17 @@ def encode_kpm_indication(k: KpmIndication, version: str = "3.00") -> tuple[byte
         reports.append({"ueID": ueid_to_asn(r.ue), "measReport": f1})
     message = s.encode("E2SM-KPM-IndicationMessage", {"indicationMessage-formats": (
         "indicationMessage-Format3", {"ueMeasReportList": reports})})
-    return header, message
+    return header, standard_open_type(message)
+
+
+def standard_open_type(message: bytes) -> bytes:
+    """An E2SM-KPM Format 3 message as asn1tools 0.169 writes it -> the X.691 encoding. Below
+    16K octets they are the same; from 16K on asn1tools writes one fragment octet (0xC1..0xC4)
+    and then the whole open type, where X.691 clause 11.9.3.8 cuts it into fragments, each
+    with its length (what an E2 node's encoder sends, and what the walker reads)."""
+    if len(message) > 16384 and message[0] == 0x40 and 0xC1 <= message[2] <= 0xC4:
+        return message[:2] + with_length(message[3:])
+    return message
 
 
 # ------------------------------------------------------------------------------------------------

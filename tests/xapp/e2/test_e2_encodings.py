@@ -6,13 +6,10 @@
   field on the fast path (octet walker, bit walker) and the reference path (asn1tools), with a
   differential property test of the walkers against asn1tools on generated RAN parameter trees.
 - REAL contents (X.690 clause 8.5): every form decoded; a malformed one is a value-level
-  :class:`BadValue`, never a whole-PDU failure.
-- E2SM-KPM: a malformed REAL in one UE's record drops that record with a counted reason; every
-  other value of that UE and every other UE stay (Formats 1, 2 and 3, walker and reference).
+  :class:`BadValue`, never a whole-PDU failure (E2SM-KPM's use of it: test_e2_kpm_values.py).
 """
 
 import math
-import random
 
 import pytest
 from asn1tools.codecs.ber import decode_real as asn1tools_decode_real
@@ -20,9 +17,9 @@ from asn1tools.codecs.ber import encode_real as asn1tools_encode_real
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xapp.e2 import e2ap, rrc, sm_kpm, sm_rc, tracegen
-from xapp.e2.ie import Cgi, E2DecodeError, Guami, UeId, e2sm_decode_spec, e2sm_spec, ueid_to_asn
-from xapp.e2.ingest import Dropped, IngestConfig, Ingestor, decode_indication, rc_ssb_report
+from xapp.e2 import e2ap, rrc, sm_rc, tracegen
+from xapp.e2.ie import Cgi, E2DecodeError, Guami, UeId, e2sm_decode_spec, e2sm_spec
+from xapp.e2.ingest import IngestConfig, Ingestor, decode_indication, rc_ssb_report
 from xapp.e2.per import BadValue, Unsupported, decode_real
 from xapp.tracks import TrackStore
 
