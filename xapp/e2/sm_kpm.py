@@ -102,6 +102,13 @@ class KpmIndication:
     format: int = 3
     node_values: tuple[tuple[str, int | float | None], ...] = ()
     dropped: tuple[str, ...] = ()
+    #: the header's other optional fields (clause 8.3.x): file format version, sender type,
+    #: vendor name; None when absent
+    file_format_version: str | None = None
+    sender_type: str | None = None
+    vendor_name: str | None = None
+    #: Format 1's granularity period in ms (Format 3 has one per UE: KpmUeReport), if sent
+    granularity_ms: int | None = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -240,7 +247,8 @@ def indication_from_value(h: Mapping, m: tuple) -> KpmIndication:
     else:
         raise E2DecodeError(f"unsupported E2SM-KPM indication message {alt}")
     return KpmIndication(ntp_to_time(h["colletStartTime"]), tuple(ues), h.get("senderName"), fmt, node,
-                         tuple(dropped))
+                         tuple(dropped), h.get("fileFormatversion"), h.get("senderType"), h.get("vendorName"),
+                         body.get("granulPeriod") if fmt != 3 else None)
 
 
 def _format2(body: Mapping, dropped: list[str]) -> tuple[list[KpmUeReport], tuple]:

@@ -478,8 +478,10 @@ def encode_kpm_indication(k: KpmIndication, version: str = "3.00") -> tuple[byte
     fam = kpm_family(version)
     ts = time_to_ntp(k.collect_start)
     h: dict = {"colletStartTime": ts if fam == 3 else ts[:4]}
-    if k.sender_name is not None:
-        h["senderName"] = k.sender_name
+    for field, name in (("file_format_version", "fileFormatversion"), ("sender_name", "senderName"),
+                        ("sender_type", "senderType"), ("vendor_name", "vendorName")):
+        if getattr(k, field) is not None:
+            h[name] = getattr(k, field)
     header = s.encode("E2SM-KPM-IndicationHeader" if fam == 3 else "E2SM-KPM-IndicationHeader-v2",
                       {"indicationHeader-formats": ("indicationHeader-Format1", h)})
     reports = []
