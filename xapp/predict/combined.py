@@ -32,7 +32,8 @@ from xapp.predict.maps import Knowledge, TransitionModel
 from xapp.tracks import MeasurementReport, TrackStore, TrackView, UETrack, batch_of_one
 
 #: ``Raw.source`` / ``Predictions.source`` codes
-SOURCES = ("a3", "cvh", "places", "history", "combined:a3", "combined:places", "combined:cvh", "combined:history")
+SOURCES = ("a3", "cvh", "places", "history", "combined:a3", "combined:places", "combined:cvh", "combined:history",
+           "combined:dwell")
 _SRC = {s: i for i, s in enumerate(SOURCES)}
 
 
@@ -231,8 +232,11 @@ class CombinedPredictor:
     TTT + HO delay: the entry condition already holds, the most exact clock); the handover place ahead for that
     target (if its score reaches ``places_time_min_score``); A3 for that target, or for an
     anonymous neighbour if ``time_from_anonymous_a3``; CVH for that target if ``time_from_cvh``
-    (off by default: its area-exit times raised many false alarms on both data sets); else no
-    time (the target alone, from history). ``source`` = ``combined:<time source>``.
+    (off by default: its area-exit times raised many false alarms on both data sets); the
+    learned dwell on the serving cell before that target if ``time_from_dwell`` (the time the
+    cell began serving the UE plus the median dwell of that pair, ``maps.DwellModel``, at least
+    ``dwell_min_lead_s`` ahead); else no time (the target alone, from history).
+    ``source`` = ``combined:<time source>``.
     """
 
     name = "combined"
@@ -240,8 +244,10 @@ class CombinedPredictor:
     def __init__(self, a3: A3Forecaster, cvh: CVHPredictor, places: PlacesPredictor, hist: HistoryPredictor,
                  w_cvh: float = 0.5, w_places: float = 3.0, w_a3: float = 2.0, a3_trust_s: float = 0.4,
                  calibrator: Calibrator | None = None, time_from_anonymous_a3: bool = True,
-                 time_from_cvh: bool = False, places_time_min_score: float = 0.0) -> None:
+                 time_from_cvh: bool = False, places_time_min_score: float = 0.0,
+                 time_from_dwell: bool = False, dwell_min_lead_s: float = 0.5) -> None:
         self.a3, self.cvh, self.places, self.hist = a3, cvh, places, hist
+        self.time_from_dwell, self.dwell_min_lead_s = time_from_dwell, dwell_min_lead_s
         self.w_cvh, self.w_places, self.w_a3, self.a3_trust_s = w_cvh, w_places, w_a3, a3_trust_s
         self.time_from_anonymous_a3 = time_from_anonymous_a3
         self.time_from_cvh = time_from_cvh
@@ -258,7 +264,25 @@ class CombinedPredictor:
         mo = motion_batch(v, self.cvh.assoc, self.cvh.cfg)
         pl = places_batch(v, now, self.places.assoc, self.places.places, self.places.cfg, mo)
         cv = cvh_batch(v, now, self.cvh.assoc, self.cvh.cfg, mo)
-        return _Sources(sc, f, a3_cell, pl, cv, self.hist.summary(v, ues))
+        return _Sources(sc, f, a3_cell, pl, cv, self.hist.summary(v, ues), self._entered(v, ues))
+
+    def _entered(self, v: TrackView, ues: Sequence[str]) -> np.ndarray:
+        """Per UE (U,): when its serving cell began serving it, s (trace clock): the last change
+        of the view's window (midpoint of the two reports), else the knowledge's online record,
+        else NaN."""
+        s, t = v.serving_cell, v.time
+        valid = ~np.isnan(t)
+        ch = (s[:, 1:] != s[:, :-1]) & valid[:, :-1] & valid[:, 1:]
+        k = np.where(ch, np.arange(s.shape[1] - 1), -1).max(axis=1, initial=-1)
+        rows = np.arange(len(s))
+        kk = np.maximum(k, 0)
+        out = np.where(k >= 0, 0.5 * (t[rows, kk] + t[rows, np.minimum(kk + 1, s.shape[1] - 1)]), np.nan)
+        kn = self.hist.knowledge
+        if kn is not None and ues:
+            for i in np.flatnonzero(k < 0).tolist():
+                if ues[i]:
+                    out[i] = kn.entered(ues[i])
+        return out
 
     def modes(self, v: TrackView, now: np.ndarray, ues: Sequence[str], modes: Sequence[str]) -> dict[str, Raw]:
         """The raw output of each of ``modes`` ('a3', 'cvh', 'places', 'history', 'combined')
@@ -329,10 +353,24 @@ class CombinedPredictor:
         anon = self.time_from_anonymous_a3 & f.has & (a3_cell < 0) & (f.pci < 0)
         t3 = ~t1 & ~t2 & (a3_is | anon)
         t4 = ~t1 & ~t2 & ~t3 & self.time_from_cvh & cv.has & (cv.cell == target)
-        t_ho = np.select([t1, t2, t3, t4], [f.t_ho, pl.t_ho, f.t_ho, cv.t_ho], np.nan)
-        src = np.select([t1 | t3, t2, t4], [_SRC["combined:a3"], _SRC["combined:places"], _SRC["combined:cvh"]],
-                        _SRC["combined:history"])
+        t5 = ~t1 & ~t2 & ~t3 & ~t4 & has & self.time_from_dwell
+        t_dw = self._dwell_t_ho(src, target, now) if t5.any() else np.full(U, np.nan)
+        t5 &= np.isfinite(t_dw)
+        t_ho = np.select([t1, t2, t3, t4, t5], [f.t_ho, pl.t_ho, f.t_ho, cv.t_ho, t_dw], np.nan)
+        src = np.select([t1 | t3, t2, t4, t5], [_SRC["combined:a3"], _SRC["combined:places"], _SRC["combined:cvh"],
+                                                _SRC["combined:dwell"]], _SRC["combined:history"])
         return Raw.of(has, target, t_ho, conf, src, sc, np.where(a3_is, f.pci, -1))
+
+    def _dwell_t_ho(self, src: "_Sources", target: np.ndarray, now: np.ndarray) -> np.ndarray:
+        """Per UE (U,): entry time + median learned dwell of (serving, target), at least
+        ``dwell_min_lead_s`` after ``now``; NaN where the entry or every dwell is unknown, s."""
+        kn = self.hist.knowledge
+        U = len(target)
+        if kn is None:
+            return np.full(U, np.nan)
+        med = np.array([kn.dwell.median(int(a), int(b)) if b >= 0 else np.nan
+                        for a, b in zip(src.sc.tolist(), target.tolist())], dtype=np.float64)
+        return np.maximum(src.entered + med, now + self.dwell_min_lead_s)
 
     def predict(self, view: TrackView, now: float, ue_id: str = "") -> Prediction | None:
         if len(view.time) == 0:
@@ -351,6 +389,7 @@ class _Sources:
     pl: object
     cv: object
     h: _Summary
+    entered: np.ndarray
 
 
 def _a3_batch(a3: A3Forecaster, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
@@ -398,7 +437,9 @@ class HandoverPredictor:
                                           calibrator=cal.get("combined"),
                                           time_from_anonymous_a3=cfg.time_from_anonymous_a3,
                                           time_from_cvh=cfg.time_from_cvh,
-                                          places_time_min_score=cfg.places_time_min_score)
+                                          places_time_min_score=cfg.places_time_min_score,
+                                          time_from_dwell=cfg.time_from_dwell,
+                                          dwell_min_lead_s=cfg.dwell_min_lead_s)
         self.active = {"a3": self.a3, "cvh": self.cvh, "places": self.places, "history": self.history,
                        "combined": self.combined}[cfg.mode]
         self._rows: dict[str, int] = {}          # UE id -> row of the stabiliser bank

@@ -146,7 +146,11 @@ class PredictorConfig:
     probabilities in the combination; ``time_from_anonymous_a3``/``time_from_cvh``: whether the
     combination may take the time from A3 on an unidentified neighbour or from CVH, and
     ``places_time_min_score`` the handover-places score below which it gives no time (these
-    trade timed predictions against false alarms). ``min_confidence``: predictions below it are not reported.
+    trade timed predictions against false alarms). ``time_from_dwell``: a target no source times
+    gets the time its serving cell's learned dwell before that target ends (``maps.DwellModel``),
+    never sooner than ``dwell_min_lead_s`` from now: a deployed xApp on a real drive, where GPS
+    fixes come every 100 m and neighbours carry no identity, otherwise names the target and no
+    time, and nothing is prepared (issue 26). ``min_confidence``: predictions below it are not reported.
     ``ue_silence_s``: a UE with no report for this long (trace clock) has gone: its track and
     predictor state are freed (issue 14, bounded memory under churn)."""
 
@@ -159,6 +163,8 @@ class PredictorConfig:
     time_from_anonymous_a3: bool = True
     time_from_cvh: bool = False
     places_time_min_score: float = 0.0
+    time_from_dwell: bool = True
+    dwell_min_lead_s: float = 0.5
     ue_silence_s: float = 30.0
     a3: A3Config = field(default_factory=A3Config)
     cvh: CVHConfig = field(default_factory=CVHConfig)

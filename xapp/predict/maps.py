@@ -440,6 +440,66 @@ class NeighbourRelations:
         return n
 
 
+class DwellModel:
+    """How long UEs stayed on a cell before handing over to a given neighbour: per (A, B) a
+    histogram of dwell times on A, s, in ``bin_s`` bins up to ``max_s`` (longer dwells in the
+    last bin), plus one histogram over every pair. Counts, so that ``merge`` with a sign
+    subtracts a drive (the leave-one-drive-out scoring of ``xapp.predict.evaluate``).
+
+    ``median(a, b)`` is the median dwell of the pair (the all-pairs median with fewer than
+    ``min_count`` samples; NaN with none at all). The UCC drives: median 14 s, p10 2 s
+    (``../shared/design/drive-data-notes.md`` section 1).
+    """
+
+    def __init__(self, bin_s: float = 0.5, max_s: float = 300.0, min_count: int = 3) -> None:
+        if bin_s <= 0 or max_s <= bin_s:
+            raise ValueError(f"need 0 < bin_s < max_s, got {bin_s}, {max_s}")
+        self.bin_s, self.max_s, self.min_count = float(bin_s), float(max_s), int(min_count)
+        self.pairs: dict[tuple[int, int], Counter] = defaultdict(Counter)
+        self.all: Counter = Counter()
+
+    def add(self, a: int, b: int, dwell_s: float, n: int = 1) -> None:
+        """One dwell of ``dwell_s`` seconds on ``a`` that ended in a handover to ``b`` (NaN or
+        negative dwells are ignored)."""
+        if not (dwell_s == dwell_s) or dwell_s < 0:
+            return
+        k = int(min(dwell_s, self.max_s) // self.bin_s)
+        self.pairs[(a, b)][k] += n
+        self.all[k] += n
+
+    def _median(self, c: Counter) -> float:
+        tot = sum(max(v, 0) for v in c.values())
+        if tot <= 0:
+            return float("nan")
+        acc = 0
+        for k in sorted(c):
+            acc += max(c[k], 0)
+            if acc * 2 >= tot:
+                return (k + 0.5) * self.bin_s
+        return float("nan")
+
+    def median(self, a: int, b: int) -> float:
+        """Median dwell on ``a`` before a handover to ``b``, s (class doc)."""
+        c = self.pairs.get((a, b))
+        if c is not None and sum(max(v, 0) for v in c.values()) >= self.min_count:
+            return self._median(c)
+        return self._median(self.all)
+
+    def merge(self, other: "DwellModel", sign: int = 1) -> None:
+        for k, c in other.pairs.items():
+            mine = self.pairs[k]
+            for b, n in c.items():
+                mine[b] += sign * n
+        for b, n in other.all.items():
+            self.all[b] += sign * n
+
+    def copy(self) -> "DwellModel":
+        d = DwellModel(self.bin_s, self.max_s, self.min_count)
+        d.pairs = defaultdict(Counter, {k: Counter(v) for k, v in self.pairs.items()})
+        d.all = Counter(self.all)
+        return d
+
+
 @dataclass
 class Knowledge:
     """Association map, transition model and NRT together; learn offline and online."""
@@ -449,6 +509,9 @@ class Knowledge:
     nrt: NeighbourRelations = field(default_factory=NeighbourRelations)
     places: HandoverPlaces = field(default_factory=HandoverPlaces)
     max_dr_m: float = 200.0
+    dwell: DwellModel = field(default_factory=DwellModel)
+    # online: when each UE's current serving cell began serving it (s; freed by ``forget``)
+    _entered: dict[str, float] = field(default_factory=dict, repr=False)
     # online state per UE: (previous report's time, its serving cell, the cell before the
     # current serving, last fix (t, lat, lon, speed, heading) or None); freed by ``forget``
     _ue: dict[str, tuple[float, int, int, tuple | None]] = field(default_factory=dict, repr=False)
@@ -492,8 +555,12 @@ class Knowledge:
                 hx, hy = f.xy(la, lo)
                 self.places.add(h.source_cell, h.target_cell, float(hx), float(hy), float(hk))
         prev_cell = -1
+        since = float(reps[0].time)
         for h in drive.handovers:
             self.trans.add(prev_cell, h.source_cell, h.target_cell)
+            if prev_cell >= 0:                 # the first dwell began before the log did
+                self.dwell.add(h.source_cell, h.target_cell, 0.5 * (h.time + h.prev_time) - since)
+            since = 0.5 * (h.time + h.prev_time)
             prev_cell = h.source_cell
         for i, r in enumerate(reps):
             self._learn_ids(r, reps[i - 1].serving_cell if i else None)
@@ -516,6 +583,11 @@ class Knowledge:
             fix = (r.time, r.lat, r.lon, r.speed_mps, r.heading_deg)
         if prev_cell is not None and prev_cell != r.serving_cell:
             self.trans.add(before, prev_cell, r.serving_cell)
+            t_ho = 0.5 * (r.time + prev_t)
+            entered = self._entered.get(r.ue_id)
+            if entered is not None:
+                self.dwell.add(prev_cell, r.serving_cell, t_ho - entered)
+            self._entered[r.ue_id] = t_ho
             before = prev_cell
             if fix is not None and self.assoc.frame is not None and fix[3] == fix[3] and fix[4] == fix[4]:
                 # dead-reckon from the last fix to the handover (causal)
@@ -532,9 +604,15 @@ class Knowledge:
         st = self._ue.get(ue_id)
         return st[2] if st else -1
 
+    def entered(self, ue_id: str) -> float:
+        """When the current serving cell began serving ``ue_id``, as seen online (the midpoint
+        of the two reports around the change), s; NaN before its first handover here."""
+        return self._entered.get(ue_id, float("nan"))
+
     def forget(self, ue_id: str) -> None:
         """Drop the online state of a UE that left (what it taught the maps stays)."""
         self._ue.pop(ue_id, None)
+        self._entered.pop(ue_id, None)
 
     @property
     def ues(self) -> int:
@@ -546,9 +624,11 @@ class Knowledge:
         self.trans.merge(other.trans, sign)
         self.nrt.merge(other.nrt, sign)
         self.places.merge(other.places, sign)
+        self.dwell.merge(other.dwell, sign)
 
     def copy(self) -> "Knowledge":
-        return Knowledge(self.assoc.copy(), self.trans.copy(), self.nrt.copy(), self.places.copy(), self.max_dr_m)
+        return Knowledge(self.assoc.copy(), self.trans.copy(), self.nrt.copy(), self.places.copy(), self.max_dr_m,
+                         self.dwell.copy())
 
     @classmethod
     def from_drives(cls, drives: Iterable[Drive], tile_m: float = 35.0, smoothing: float = 0.5,
