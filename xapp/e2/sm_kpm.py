@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .ie import Cgi, E2DecodeError, UeId, asn_decode, asn_decode_raw_reals, cgi_to_asn, e2sm_spec, ueid_from_asn
-from .per import BadValue, Bits, Unsupported, decode_real
+from .per import BadValue, Bits, Unsupported, bit_reader, decode_real
 
 KPM_STYLE_UE_CONDITION = 4
 NTP_EPOCH_OFFSET = 2208988800  # seconds from 1900-01-01 to 1970-01-01
@@ -448,7 +448,7 @@ def decode_f3_fast(b: bytes) -> tuple:
     # the open type from octet 2 (aligned)
     if len(b) < 3 or b[0] != 0x40 or b[1] & 0x80:
         raise Unsupported("not Format 3")
-    r = Bits(_open_type(b, 2))
+    r = bit_reader(_open_type(b, 2))
     if r.read(1):
         raise Unsupported("Format 3 extension")
     r.align()

@@ -35,7 +35,7 @@ from typing import Any
 
 from .ie import (E2DecodeError, UeId, Cgi, asn_decode, asn_decode_raw_reals, decode_cgi, decode_ueid, e2sm_spec,
                  ueid_from_asn)
-from .per import Bits, Unsupported, alen, decode_real
+from .per import Bits, Unsupported, alen, bit_reader, decode_real
 from .rrc import RRC_MSG_ID_MEASUREMENT_REPORT
 
 # E2SM-RC REPORT Style 1 RAN parameter ids (O-RAN.WG3.E2SM-RC-v01.03 clause 8.2.1)
@@ -175,7 +175,7 @@ def rc_leaves_fast(b: bytes) -> tuple[RcLeaf, ...]:
     and of RANParameter-Value. What :func:`rc_leaves_asn1tools` gives for the same octets
     (tested on generated PDUs); :class:`~.per.Unsupported` for extensions, fragmented lengths,
     nesting deeper than 16 and anything malformed (the reference then says what is wrong)."""
-    r = Bits(b)
+    r = bit_reader(b)
     if r.read(6) != 0:               # message ext, CHOICE ext, Format 1 (index 0), Format 1 ext
         raise Unsupported("not an E2SM-RC indication message Format 1 without extensions")
     leaves: list[RcLeaf] = []

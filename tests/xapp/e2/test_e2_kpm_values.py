@@ -145,3 +145,23 @@ def test_kpm_format3_of_16k_octets_or_more_in_both_open_type_forms():
     k = sm_kpm.decode_kpm_indication(h, std)
     assert k.ue_reports[199].values == (("L1M.SS-RSRP", -80.0 - 199 % 50), ("L1M.SS-RSRQ", -10.5), ("L1M.SS-SINR", 22))
     assert repr(sm_kpm.decode_kpm_indication(h, asn)) == repr(k)
+
+
+def test_wide_bit_reader_reads_what_the_bit_reader_reads():
+    from xapp.e2.per import Bits, WideBits, bit_reader
+    rng = random.Random(5)
+    for _ in range(50):
+        b = rng.randbytes(rng.randrange(0, 4000))
+        x, y = Bits(b), WideBits(b)
+        while True:
+            k = rng.choice([0, 1, 2, 3, 7, 8, 9, 16, 31, 64, 100])
+            if rng.random() < 0.2:
+                x.align(), y.align()
+            try:
+                want = x.read(k)
+            except Unsupported:
+                with pytest.raises(Unsupported):
+                    y.read(k)
+                break
+            assert y.read(k) == want and y.p == x.p
+    assert type(bit_reader(bytes(3071))) is Bits and type(bit_reader(bytes(3072))) is WideBits
