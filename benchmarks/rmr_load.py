@@ -23,13 +23,20 @@ Three processes on loopback, routed by a static RMR route table (``RMR_SEED_RT``
   every 0.25 s whose answer time it measures (as ``rmr_probe`` would);
 - the **driver** (this process, on the sender's core): fake agents, the phases, the figures.
 
+When the xApp's core is saturated, RMR's own receive thread in the xApp reads its socket late
+and the sender's sends come back RMR_ERR_RETRY (TCP backpressure; counted as ``send_retries``):
+the offered rate then falls below the phase's (``sent/s``), which is the xApp's capacity
+showing, not the sender's.
+
 Per phase (after each phase the driver waits ``--drain-s`` for the queue to empty):
 offered rate (sent/s), handled rate (indications handed to the xApp's ingest per second of the
 phase), lag from an indication's receipt to the end of the control cycle whose prediction used
 it (p50, p99; ``xapp_load``'s definition, from the receipt time instead of the schedule), lost
 (sent by the sender and never received by the xApp: RMR's ring overflow or the transport),
 dropped (received, the xApp's queue full) and shed (older than ``shed_after_s`` when their turn
-came), CPU of the xApp per indication received, its RSS at the phase's end, and the answer time
+came), CPU of the xApp per indication received (all threads; and of the receive thread, which
+also decodes and ingests, and of the control cycle), the share of a core the xApp got, its RSS
+at the phase's end, and the answer time
 of the RMR health checks (max; and of ``GET /ric/v1/health/ready``, max).
 
 Last line: ``rmr_load: sustained <N>/s, p99 lag <X> ms at 5000/s, lost <L>, shed <S>, health <H> ms``
@@ -78,6 +85,18 @@ def _quiet_logs() -> None:
     import logging
     import structlog
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+
+
+def thread_cpu(native_id: int | None) -> float:
+    """CPU seconds (user + system) of one thread of this process, from /proc; 0 if unknown."""
+    if not native_id:
+        return 0.0
+    try:
+        with open(f"/proc/self/task/{native_id}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -154,6 +173,16 @@ def run_xapp(a: argparse.Namespace) -> None:
         return out
     app.control.control_cycle = control_cycle
 
+    profiles: dict = {}
+    if a.profile:                       # cProfile of the receive thread and of the control cycle
+        import cProfile
+        for name, owner, attr in (("rx", transport_rx_class(), "_run_rx"), ("cycle", PallasXapp, "_cycle_loop")):
+            def wrap(fn, name=name):
+                def run(self):
+                    profiles[name] = cProfile.Profile()
+                    profiles[name].runcall(fn, self)
+                return run
+            setattr(owner, attr, wrap(getattr(owner, attr)))
     started = threading.Event()
     http = serve_http("127.0.0.1", a.http_port, lambda: started.is_set() and transport.healthy(), registry=reg)
     app.start()
@@ -183,7 +212,11 @@ def run_xapp(a: argparse.Namespace) -> None:
                 lg, il = lags[:], ingest_lags[:]
                 lags.clear()
                 ingest_lags.clear()
+            rx = getattr(transport.receiver, "_rx", None)
+            cy = getattr(app, "_cycle_thread", None)
             print(json.dumps({"cpu": time.process_time(), "wall": time.time(), "rss": rss_bytes(),
+                              "cpu_rx": thread_cpu(getattr(rx, "native_id", None)),
+                              "cpu_cycle": thread_cpu(getattr(cy, "native_id", None)),
                               "received": st.get("received:indication", 0), "handled": st.get("handled", 0),
                               "shed": st.get("shed", 0), "dropped": sum(v for k, v in st.items()
                                                                         if k.startswith("dropped:")),
@@ -195,6 +228,13 @@ def run_xapp(a: argparse.Namespace) -> None:
     stop.set()
     http.shutdown()
     app.stop()
+    for name, prof in profiles.items():
+        prof.dump_stats(str(Path(a.profile) / f"{name}.prof"))
+
+
+def transport_rx_class():
+    from xapp.e2.rmrloop import RmrReceiver
+    return RmrReceiver
 
 
 # ----------------------------------------------------------------------------------- the sender
@@ -338,7 +378,9 @@ def run_driver(a: argparse.Namespace) -> int:
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "proto"), os.environ.get("PYTHONPATH", "")])}
     env.pop("CONFIG_FILE", None)
     os.sched_setaffinity(0, {a.sender_cpu})
-    xp = _spawn("xapp", a.xapp_cpu, a, {**env, "RMR_SRC_ID": "127.0.0.1"}, ["--agents", ",".join(addrs), "--http-port", str(a.http_port)])
+    xp = _spawn("xapp", a.xapp_cpu, a, {**env, "RMR_SRC_ID": "127.0.0.1"},
+                ["--agents", ",".join(addrs), "--http-port", str(a.http_port)]
+                + (["--profile", str(Path(a.profile).resolve())] if a.profile else []))
     sp = _spawn("sender", a.sender_cpu, a, {**env, "RMR_SRC_ID": "127.0.0.1"}, [])
     try:
         _ask(xp, "", 300)
@@ -350,7 +392,8 @@ def run_driver(a: argparse.Namespace) -> int:
         _ask(sp, f"phase 1000 {a.warmup_s}")           # warm-up: codecs, learning, route table
         time.sleep(a.drain_s)
         print(f"{'phase':>9} | {'sent/s':>7} {'handled/s':>9} | {'lag p50':>7} {'p99 ms':>7} | {'ingest p99':>10} | "
-              f"{'lost':>6} {'dropped':>7} {'shed':>6} | {'CPU us/ind':>10} | {'RSS MB':>6} | "
+              f"{'lost':>6} {'dropped':>7} {'shed':>6} | {'CPU us/ind':>10} {'rx':>5} {'cycle':>5} {'core':>4} | "
+              f"{'RSS MB':>6} | "
               f"{'health max ms':>13} {'ready max ms':>12}", flush=True)
         rows = []
         for rate, secs in [(r, a.phase_s) for r in a.rates] + [(0, a.flat_s)]:
@@ -381,12 +424,17 @@ def run_driver(a: argparse.Namespace) -> int:
                    "ingest_p99_ms": 1e3 * m1["ingest_p99"], "lost": s["sent"] - rec,
                    "dropped": m1["dropped"] - m0["dropped"], "shed": m1["shed"] - m0["shed"],
                    "cpu_us": 1e6 * (m1["cpu"] - m0["cpu"]) / max(1, rec), "rss_mb": m1["rss"] / 2 ** 20,
+                   "cpu_rx_us": 1e6 * (m1["cpu_rx"] - m0["cpu_rx"]) / max(1, rec),
+                   "cpu_cycle_us": 1e6 * (m1["cpu_cycle"] - m0["cpu_cycle"]) / max(1, rec),
+                   "cpu_share": (m1["cpu"] - m0["cpu"]) / max(1e-9, m1["wall"] - m0["wall"]),
                    "health_max_ms": 1e3 * s["health_max"], "health_unanswered": s["health_unanswered"],
-                   "ready_max_ms": max(ready_ms) if ready_ms else float("nan"), "send_failed": s["failed"]}
+                   "ready_max_ms": max(ready_ms) if ready_ms else float("nan"), "send_failed": s["failed"],
+                   "send_retries": s["retries"]}
             rows.append(row)
             print(f"{row['phase']:>9} | {row['sent_s']:7.0f} {row['handled_s']:9.0f} | {row['lag_p50_ms']:7.1f} "
                   f"{row['lag_p99_ms']:7.1f} | {row['ingest_p99_ms']:10.1f} | {row['lost']:6d} {row['dropped']:7d} "
-                  f"{row['shed']:6d} | {row['cpu_us']:10.1f} | {row['rss_mb']:6.0f} | "
+                  f"{row['shed']:6d} | {row['cpu_us']:10.1f} {row['cpu_rx_us']:5.0f} {row['cpu_cycle_us']:5.0f} "
+                  f"{row['cpu_share']:4.2f} | {row['rss_mb']:6.0f} | "
                   f"{row['health_max_ms']:13.1f} {row['ready_max_ms']:12.1f}", flush=True)
             print("#   " + json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),
                   flush=True)
@@ -428,6 +476,8 @@ def main() -> int:
     ap.add_argument("--sender-cpu", type=int, default=1)
     ap.add_argument("--http-port", type=int, default=18080)
     ap.add_argument("--agents", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", default="", help="write cProfile stats of the xApp's receive thread and "
+                                                  "control cycle to DIR/rx.prof and DIR/cycle.prof")
     a = ap.parse_args()
     if a.role == "xapp":
         run_xapp(a)
