@@ -98,7 +98,7 @@ def test_continuous_inflow_is_delivered_at_once_with_bounded_memory_and_counted_
 
 def test_health_checks_and_a1_requests_are_handled_ahead_of_indications(monkeypatch):
     """2,000 indications already waiting, then a health check and an A1 request: the health
-    check is answered in the receive phase that takes it (after at most 3 x 128 indications were
+    check is answered in the receive phase that takes it (after at most 3 x 32 indications were
     handled), the A1 request by the control thread while most of the backlog still waits."""
     from xapp.e2.transport import RmrTransport
 
@@ -130,7 +130,7 @@ def test_health_checks_and_a1_requests_are_handled_ahead_of_indications(monkeypa
         assert _wait(lambda: handled[0] == 2010, 60), (handled, tr.receiver.stats)
     finally:
         tr.stop()
-    assert at_health and at_health[0] <= 3 * 128
+    assert at_health and at_health[0] <= 3 * tr.receiver.handle_max        # 3 x 32
     assert at_a1 and at_a1[0] < 2000
     assert (HEALTH_RESP, b"OK\n", "rts") in fake.sent and (A1_RESP, b'{"status": "OK"}', "rts") in fake.sent
     assert tr.receiver.stats["health_answered"] == 1 and tr.receiver.stats["shed"] == 0

@@ -28,7 +28,9 @@ through ricxappframe's ctypes wrappers) in rounds:
      an A1 request never waits behind indications and a slow A1 change never stops receiving;
 
 2. **handle** queued indications, oldest first, at most ``handle_max`` or for ``handle_budget_s``
-   (whichever ends first; so a health check waits at most about one budget): one older than
+   (whichever ends first; so a health check waits at most about one budget, and RMR's ring is
+   drained every few milliseconds even when the xApp cannot keep up, so that what cannot be
+   handled is dropped here, counted, rather than in RMR): one older than
    ``shed_after_s`` when its turn comes is shed (counted; not handed on, and not counted against
    ``handle_max``, so a full queue of stale indications cannot starve the fresh ones behind
    it), the others go to ``on_message``.
@@ -141,7 +143,7 @@ class RmrReceiver:
 
     def __init__(self, mrc: Any, on_message: Callable[[Any], None], *, calls: RmrCalls | None = None,
                  healthy: Callable[[], bool] = lambda: True, queue_size: int = 8192, batch: int = 512,
-                 handle_max: int = 128, handle_budget_s: float = 0.02, shed_after_s: float = 1.0,
+                 handle_max: int = 32, handle_budget_s: float = 0.005, shed_after_s: float = 1.0,
                  control_queue_size: int = 256, wait_ms: int = 100,
                  clock: Callable[[], float] = _time.time) -> None:
         for name, v in (("queue_size", queue_size), ("batch", batch), ("handle_max", handle_max),
@@ -336,11 +338,15 @@ class RmrReceiver:
                 return
 
     def _maybe_log(self) -> None:
+        t = _time.monotonic()
+        if t - self._logged_at < 1.0:
+            return
+        self._logged_at = t
         s = self.stats
         dropped = sum(v for k, v in s.items() if k.startswith("dropped:"))
         now = (dropped, s["shed"])
-        if now != self._logged and _time.monotonic() - self._logged_at >= 1.0:
-            self._logged_at, self._logged = _time.monotonic(), now
+        if now != self._logged:
+            self._logged = now
             log.warning("rmr_overload", dropped=dropped, shed=s["shed"], queued=len(self.indications),
                         reasons={k[8:]: v for k, v in s.items() if k.startswith("dropped:")},
                         note="indications dropped (queue full) or shed (older than shed_after_s)")

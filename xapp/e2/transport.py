@@ -114,7 +114,7 @@ class RmrTransport:
 
     def __init__(self, rmr_port: int = 4560, use_fake_sdl: bool = False, wait_for_ready: bool = True,
                  rmr_timeout_s: float = 0.1, *, queue_size: int = 8192, batch: int = 512,
-                 handle_max: int = 128, handle_budget_s: float = 0.02, shed_after_s: float = 1.0,
+                 handle_max: int = 32, handle_budget_s: float = 0.005, shed_after_s: float = 1.0,
                  control_queue_size: int = 256, registry: Any = None,
                  clock: Callable[[], float] = _time.time) -> None:
         self.rmr_port = rmr_port
