@@ -7,7 +7,13 @@
   descriptor's ``metrics.url``; E2 ingestion, scheduler and policy counters).
 - ``POST /ric/v1/subscriptions/response``: the subscription manager's notification of the E2
   outcome of a subscription (``SubscriptionResponse`` JSON), handed to ``on_subscription_response``;
-  200 when taken, 400 for a malformed body (logged; the xApp runs on), 404 without a handler.
+  200 when taken, 400 for a malformed body (logged; the xApp runs on), 413 for a body over
+  ``MAX_BODY`` (read and discarded up to ``MAX_DRAIN`` so the client sees the answer rather than a
+  reset; a larger claim is answered at once and the connection closed), 408 for a body that does
+  not arrive within ``REQUEST_TIMEOUT_S``, 404 without a handler.
+
+A client gets ``REQUEST_TIMEOUT_S`` per read on its connection, so a slow or stalled peer ties up
+one handler thread for a bounded time and never the probes (each connection has its own thread).
 
 Served from a daemon thread on the descriptor's http port (``controls.e2.client_endpoint.http_port``,
 8080 by default), so the RIC's probes and Prometheus reach the xApp the way they reach
@@ -29,6 +35,8 @@ log = structlog.get_logger("pallas.xapp.httpd")
 
 SUBSCRIPTION_RESPONSE_PATH = "/ric/v1/subscriptions/response"
 MAX_BODY = 1 << 20  # bytes; a notification is a few hundred
+MAX_DRAIN = 4 << 20  # bytes; an over-cap body up to this is read and discarded before the 413
+REQUEST_TIMEOUT_S = 10.0  # per socket read of one connection
 
 
 def serve_http(host: str, port: int, ready: Callable[[], bool],
@@ -43,6 +51,8 @@ def serve_http(host: str, port: int, ready: Callable[[], bool],
     """
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_S  # StreamRequestHandler sets it on the connection's socket
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             path = self.path.split("?", 1)[0].rstrip("/")
             if path == "/ric/v1/health/alive":
@@ -57,14 +67,40 @@ def serve_http(host: str, port: int, ready: Callable[[], bool],
 
         def do_POST(self) -> None:  # noqa: N802
             path = self.path.split("?", 1)[0].rstrip("/")
-            if path != SUBSCRIPTION_RESPONSE_PATH or on_subscription_response is None:
-                self._reply(404, b"not found\n", "text/plain")
-                return
             try:
                 n = int(self.headers.get("Content-Length") or 0)
-                if not 0 < n <= MAX_BODY:
-                    raise ValueError(f"Content-Length {n} outside 1..{MAX_BODY}")
-                on_subscription_response(json.loads(self.rfile.read(n)))
+            except ValueError:
+                n = -1
+            if n < 0 or n > MAX_DRAIN:
+                # No length to trust, or more than is worth reading: answer, then close.
+                self.close_connection = True
+                code = 413 if n > MAX_DRAIN else 400
+                log.warning("http_request_refused", path=path, content_length=n, code=code)
+                self._reply(code, f"Content-Length {n} outside 1..{MAX_BODY}\n".encode(),
+                            "text/plain")
+                return
+            if path != SUBSCRIPTION_RESPONSE_PATH or on_subscription_response is None:
+                self._drain(n)
+                self._reply(404, b"not found\n", "text/plain")
+                return
+            if not 0 < n <= MAX_BODY:
+                self._drain(n)
+                log.warning("subscription_notification_dropped", content_length=n,
+                            error="body size outside the cap")
+                self._reply(413 if n else 400, f"Content-Length {n} outside 1..{MAX_BODY}\n".encode(),
+                            "text/plain")
+                return
+            try:
+                body = self.rfile.read(n)
+                if len(body) < n:
+                    raise TimeoutError(f"body ended after {len(body)} of {n} bytes")
+            except OSError as e:  # TimeoutError included: a stalled or vanished client
+                self.close_connection = True
+                log.warning("subscription_notification_dropped", error=f"body not read: {e}")
+                self._reply(408, b"request body not received in time\n", "text/plain")
+                return
+            try:
+                on_subscription_response(json.loads(body))
             except ValueError as e:  # json.JSONDecodeError is one too
                 log.warning("subscription_notification_dropped", error=str(e))
                 self._reply(400, f"{e}\n".encode(), "text/plain")
@@ -74,6 +110,19 @@ def serve_http(host: str, port: int, ready: Callable[[], bool],
                 self._reply(500, f"{e!r}\n".encode(), "text/plain")
                 return
             self._reply(200, b"OK\n", "text/plain")
+
+        def _drain(self, n: int) -> None:
+            """Read and discard ``n`` body bytes (n <= MAX_DRAIN) so the reply is not lost to a reset."""
+            try:
+                while n > 0:
+                    chunk = self.rfile.read(min(n, 1 << 16))
+                    if not chunk:
+                        break
+                    n -= len(chunk)
+            except OSError:  # the client stalled or went away: answer if it can still hear
+                pass
+            if n > 0:
+                self.close_connection = True
 
         def _reply(self, code: int, body: bytes, ctype: str) -> None:
             self.send_response(code)

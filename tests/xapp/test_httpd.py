@@ -97,4 +97,59 @@ def test_a_notification_body_at_the_cap_is_read_and_one_byte_more_refused():
         srv.shutdown()
     assert len(at_cap) == MAX_BODY
     assert codes[0] == 200 and got == [{"SubscriptionId": "sub-1"}]
-    assert codes[1][0] == 400 and f"outside 1..{MAX_BODY}" in codes[1][1]
+    assert codes[1][0] == 413 and f"outside 1..{MAX_BODY}" in codes[1][1]
+
+
+def _raw(port: int, head: bytes, body: bytes = b"", timeout: float = 5.0) -> bytes:
+    """Send ``head`` (and ``body``) on a fresh connection; return all the server sent back."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(head + body)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_a_claimed_body_too_large_to_read_is_answered_at_once_and_the_connection_closed():
+    from xapp.httpd import MAX_DRAIN
+
+    srv = serve_http("127.0.0.1", 0, lambda: True, on_subscription_response=lambda b: None)
+    port = srv.server_address[1]
+    try:
+        head = (b"POST /ric/v1/subscriptions/response HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Length: %d\r\n\r\n" % (MAX_DRAIN + 1))
+        reply = _raw(port, head, b"{}")  # returns once the server closes: nothing waits for the body
+        bad = _raw(port, b"POST /ric/v1/subscriptions/response HTTP/1.1\r\nHost: x\r\n"
+                   b"Content-Length: -5\r\n\r\n")
+        assert _get(f"http://127.0.0.1:{port}/ric/v1/health/alive")[0] == 200
+    finally:
+        srv.shutdown()
+    assert reply.startswith(b"HTTP/1.0 413") or reply.startswith(b"HTTP/1.1 413"), reply[:80]
+    assert bad.split(b" ", 2)[1] == b"400", bad[:80]
+
+
+def test_a_stalled_client_is_cut_off_after_the_read_timeout_while_probes_are_answered(monkeypatch):
+    import time
+
+    import xapp.httpd as httpd
+
+    monkeypatch.setattr(httpd, "REQUEST_TIMEOUT_S", 0.5)
+    srv = serve_http("127.0.0.1", 0, lambda: True, on_subscription_response=lambda b: None)
+    port = srv.server_address[1]
+    try:
+        import socket
+
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"POST /ric/v1/subscriptions/response HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Length: 100\r\n\r\n{")  # 99 bytes never come
+            t0 = time.monotonic()
+            assert _get(f"http://127.0.0.1:{port}/ric/v1/health/alive")[0] == 200
+            probe_s = time.monotonic() - t0
+            rest = s.recv(65536)  # the server gives up on the body and closes
+            cut_s = time.monotonic() - t0
+    finally:
+        srv.shutdown()
+    assert probe_s < 0.5, probe_s
+    assert cut_s < 4.0 and rest.split(b" ", 2)[1] == b"408", (cut_s, rest[:80])
