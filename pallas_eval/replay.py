@@ -502,6 +502,17 @@ def _lead(events: list[dict], ue: str, t_ho: float, to_cell: int) -> float:
     return t_ho - since if math.isfinite(since) else float("nan")
 
 
+def _t_ho_error(events: list[dict], ue: str, t_ho: float) -> float:
+    """The xApp's predicted minus actual handover time for the handover of ``ue`` at ``t_ho``
+    (trace clock), from its ``handover`` event (xapp/control.py); NaN without a prediction."""
+    for e in events:
+        if (e.get("kind") == "handover" and e.get("ue") == ue
+                and abs(float(e.get("trace_t", -1e18)) - t_ho) < 1e-6):
+            v = e.get("timing_error_s")
+            return float(v) if v is not None else float("nan")
+    return float("nan")
+
+
 def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: Sequence[Server]
                   ) -> tuple[list[HandoverRow], list[HandoverSIT]]:
     """One row per handover of the trace under this scheme (see report.HandoverRow)."""
@@ -560,7 +571,7 @@ def handover_rows(run: SchemeRun, plan: dict, mapping: dict[int, int], servers: 
             scheme=run.scheme, ue_id=ue, time_s=float(t) - float(plan["t_first"]), from_cell=int(a), to_cell=int(b),
             from_server=names.get(mapping.get(int(a), -1), "?"), to_server=new_agent or "?",
             session_id=sit.session_id, tokens_at_ho=sit.tokens_at_ho,
-            lead_s=_lead(run.events, ue, float(t), int(b)),
+            lead_s=_lead(run.events, ue, float(t), int(b)), t_ho_error_s=_t_ho_error(run.events, ue, float(t)),
             window_s=float(commit["window_s"]) if commit and commit.get("window_s") is not None else float("nan"),
             t_early_s=float(commit["t_early_s"]) if commit and commit.get("t_early_s") is not None else float("nan"),
             sit_s=sit.sit, outcome=outcome)

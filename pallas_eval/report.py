@@ -25,7 +25,9 @@ class HandoverRow:
     """One handover under one scheme: what the xApp did and what the UE saw.
 
     ``lead_s``: how long before the handover the xApp's prediction named the right target and
-    kept it (T_avail, model.md section 5), NaN if never. ``window_s``: the chosen T_w* (Eq. 9),
+    kept it (T_avail, model.md section 5), NaN if never. ``t_ho_error_s``: the xApp's latest
+    predicted handover time minus the actual one (s; > 0: the HO came early; NaN: no predicted
+    time), as the trigger margin measures it (xapp/scheduler/ho_timing.py). ``window_s``: the chosen T_w* (Eq. 9),
     NaN if no trigger. ``sit_s``: measured at the UE (section 7), NaN with no session in flight.
     ``outcome``: commit, fallback:<scheme>, recovered:<scheme> (reactive baselines), cancel,
     no-session, or error:<reason>.
@@ -49,6 +51,7 @@ class HandoverRow:
     prefill_tokens: int = 0
     outcome: str = ""
     commit_s: float = float("nan")
+    t_ho_error_s: float = float("nan")
 
 
 def _ms(x: float) -> str:
@@ -76,12 +79,12 @@ def handover_table(rows: Sequence[HandoverRow], title: str = "Handovers"):
     from rich.table import Table
     t = Table(title=title, show_lines=False)
     for col, just in (("scheme", "left"), ("t (s)", "right"), ("UE", "left"), ("from→to cell", "left"),
-                      ("servers", "left"), ("lead (s)", "right"), ("T_w* (s)", "right"),
+                      ("servers", "left"), ("lead (s)", "right"), ("t_HO err (s)", "right"), ("T_w* (s)", "right"),
                       ("SIT (ms)", "right"), ("bytes", "right"), ("prefill tok", "right"), ("outcome", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in rows:
         t.add_row(r.scheme, f"{r.time_s:.1f}", r.ue_id, f"{r.from_cell}→{r.to_cell}",
-                  f"{r.from_server}→{r.to_server}", _s(r.lead_s), _s(r.window_s), _ms(r.sit_s),
+                  f"{r.from_server}→{r.to_server}", _s(r.lead_s), _s(r.t_ho_error_s), _s(r.window_s), _ms(r.sit_s),
                   f"{r.bytes_moved:,}" if r.bytes_moved else "-",
                   f"{r.prefill_tokens:,}" if r.prefill_tokens else "-", r.outcome)
     return t
@@ -116,7 +119,8 @@ def lead_summary(rows: Sequence[HandoverRow], scheme: str) -> str:
     """One line on how early the xApp named each handover's target under ``scheme``: of the
     handovers, how many had the right target named ahead (T_avail > 0), at least 1 s and 2 s
     ahead (``xapp.predict.evaluate``'s L = 1, 2 columns score the same drive this way), the
-    median lead, and how many commits were prepared; "" without rows of that scheme."""
+    median lead, the median error of the predicted handover time (predicted - actual, s), and
+    how many commits were prepared; "" without rows of that scheme."""
     rs = [r for r in rows if r.scheme == scheme]
     if not rs:
         return ""
@@ -124,9 +128,12 @@ def lead_summary(rows: Sequence[HandoverRow], scheme: str) -> str:
     named = lead[np.isfinite(lead) & (lead > 0)]
     prepared = sum(1 for r in rs if r.outcome == "commit")
     med = f"{np.median(named):.1f} s" if named.size else "-"
+    err = np.array([r.t_ho_error_s for r in rs], dtype=np.float64)
+    err = err[np.isfinite(err)]
+    err_s = f"{np.median(err):+.1f} s over {err.size}" if err.size else "-"
     return (f"{scheme}: right target named ahead for {named.size} of {len(rs)} handovers "
             f"(>= 1 s: {int(np.sum(named >= 1.0))}, >= 2 s: {int(np.sum(named >= 2.0))}; median lead {med}); "
-            f"prepared commits {prepared}")
+            f"t_HO predicted - actual median {err_s}; prepared commits {prepared}")
 
 
 def _ms_ci(v: float, ci: Sequence[float]) -> str:

@@ -45,7 +45,8 @@ _PASS_STATES = frozenset({SessionState.NEW, SessionState.SERVING, SessionState.M
 @dataclass
 class UEState:
     """What the xApp knows of one UE: its serving cell and since when, when it was last heard
-    (trace clock), and its S-NSSAI (``"SST"`` or ``"SST-SD"``; None while unknown)."""
+    (trace clock), its S-NSSAI (``"SST"`` or ``"SST-SD"``; None while unknown), and the handover
+    time its latest prediction gave (trace clock, NaN: none)."""
 
     ue_id: str
     serving_cell: int = -1
@@ -53,6 +54,7 @@ class UEState:
     reported_target: int = -2
     last_heard: float = float("nan")
     snssai: str | None = None
+    predicted_t_ho: float = float("nan")
 
 
 class ControlLoop:
@@ -117,7 +119,11 @@ class ControlLoop:
             if r.serving_cell < 0 or r.serving_cell == ue.serving_cell:
                 return
             old, ue.serving_cell, ue.since = ue.serving_cell, r.serving_cell, r.time
-        self.events.write("handover", ue=r.ue_id, trace_t=r.time, from_cell=old, to_cell=r.serving_cell)
+            predicted, ue.predicted_t_ho = ue.predicted_t_ho, float("nan")
+            error = self.engine.observe_ho_timing(predicted, r.time)
+        self.events.write("handover", ue=r.ue_id, trace_t=r.time, from_cell=old, to_cell=r.serving_cell,
+                          predicted_t_ho=None if error is None else predicted, timing_error_s=error,
+                          margin_s=self.engine.ho_timing.margin_s)
         self.on_handover(r.ue_id, old, r.serving_cell, r.time)
 
     def note_slice(self, ue_id: str, snssai: str | None) -> None:
@@ -275,6 +281,7 @@ class ControlLoop:
         tl = np.where(has, cell, -1).tolist()
         tho = np.where(has, tho, np.nan)
         fin = np.isfinite(tho).tolist()
+        tho_list = tho.tolist()
         agent = {c: (cfg.agent_for_cell(c) if c >= 0 else None) for c in set(tl)}
         rules: dict[tuple[int, int, str | None], bool] = {}
         known = self.ues.get
@@ -286,6 +293,7 @@ class ControlLoop:
             ue = known(uid)
             if ue is None:
                 continue
+            ue.predicted_t_ho = tho_list[i]
             if c != ue.reported_target:
                 ue.reported_target = c
                 pred = get_pred(i)

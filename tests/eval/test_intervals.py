@@ -72,13 +72,15 @@ def test_the_spread_knob_reaches_the_replay_options():
 
 def test_lead_summary_counts_the_handovers_named_in_time():
     from pallas_eval.report import HandoverRow, lead_summary
-    rows = [HandoverRow("pallas", "u", float(k), 1, 2, lead_s=lead, outcome=out)
-            for k, (lead, out) in enumerate([(3.0, "commit"), (1.5, "commit"), (0.4, "fallback:ctho"),
-                                             (float("nan"), "fallback:ctho")])]
+    rows = [HandoverRow("pallas", "u", float(k), 1, 2, lead_s=lead, t_ho_error_s=err, outcome=out)
+            for k, (lead, err, out) in enumerate([(3.0, 2.0, "commit"), (1.5, -1.0, "commit"),
+                                                  (0.4, 4.0, "fallback:ctho"),
+                                                  (float("nan"), float("nan"), "fallback:ctho")])]
     rows.append(HandoverRow("ctho", "u", 9.0, 1, 2, lead_s=5.0, outcome="recovered:ctho"))
     line = lead_summary(rows, "pallas")
     assert "named ahead for 3 of 4 handovers" in line
     assert ">= 1 s: 2, >= 2 s: 1" in line and "median lead 1.5 s" in line and "prepared commits 2" in line
+    assert "predicted - actual median +2.0 s over 3" in line
     assert lead_summary(rows, "full-copy") == ""
 
 

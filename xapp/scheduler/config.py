@@ -52,10 +52,17 @@ _RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "rtt_s": (0.0, True, 10.0, True),
     "tie_tol_s": (0.0, True, 1.0, True),
     "fixed_window_s": (0.0, True, 60.0, True),
+    "ho_timing_quantile": (0.0, True, 1.0, True),
+    "ho_timing_max_margin_s": (0.0, True, 60.0, True),
+    "ho_timing_window": (1.0, True, 4096.0, True),
 }
 
 #: Fields that may be None (then absent from the descriptor): None means "not in force".
 _OPTIONAL = frozenset({"fixed_window_s"})
+#: Fields the descriptor may leave out (they have defaults; added after descriptors existed).
+_DEFAULTED = frozenset({"ho_timing_quantile", "ho_timing_max_margin_s", "ho_timing_window"})
+#: Fields that must hold whole numbers.
+_INTEGRAL = frozenset({"ho_timing_window"})
 
 
 @dataclass(frozen=True)
@@ -77,9 +84,14 @@ class SchedulerConfig:
       :meth:`decision_params`). Default 2 ms.
     - ``tie_tol_s``: J values within this tie; ties go to the smaller window (Eq. 9). The only
       field not in the descriptor schema (``controls.scheduler`` cannot set it).
+    - ``ho_timing_quantile`` q, ``ho_timing_max_margin_s`` M_max (s) and ``ho_timing_window``
+      (handovers): the trigger plans for the handover coming M = clip(Q_q(e), 0, M_max) before
+      its predicted time, e the error t_HO_hat - t_HO of the last ``ho_timing_window``
+      handovers (:mod:`xapp.scheduler.ho_timing`; issue 26 item 4). M_max = 0 is Eq. 9's
+      literal rule.
 
-    Every other field is required by ``descriptors/schema.json`` with the same bounds as
-    here. Raises :class:`SchedulerConfigError` naming every field that is not a finite number
+    Every other field is in ``descriptors/schema.json`` with the same bounds as here, required
+    there except the optional ``fixed_window_s`` and the defaulted ``ho_timing_*``. Raises :class:`SchedulerConfigError` naming every field that is not a finite number
     in its range.
     """
 
@@ -97,6 +109,9 @@ class SchedulerConfig:
     rtt_s: float = 0.002
     tie_tol_s: float = 1e-9
     fixed_window_s: float | None = None
+    ho_timing_quantile: float = 0.8
+    ho_timing_max_margin_s: float = 10.0
+    ho_timing_window: int = 32
 
     def __post_init__(self) -> None:
         errors = []
@@ -115,7 +130,12 @@ class SchedulerConfig:
                 errors.append((f.name, f"must be {'>=' if lo_inc else '>'} {lo}, got {value!r}"))
             if hi is not None and (value > hi or (value == hi and not hi_inc)):
                 errors.append((f.name, f"must be {'<=' if hi_inc else '<'} {hi}, got {value!r}"))
-            object.__setattr__(self, f.name, float(value))
+            if f.name in _INTEGRAL:
+                if value != int(value):
+                    errors.append((f.name, f"must be a whole number, got {value!r}"))
+                object.__setattr__(self, f.name, int(value))
+            else:
+                object.__setattr__(self, f.name, float(value))
         if not errors and self.t_max_s / self.dt_s > MAX_WINDOW_STEPS * (1 + 1e-12):
             errors.append(("t_max_s", f"t_max_s / dt_s must be <= {MAX_WINDOW_STEPS} windows, got "
                                       f"{self.t_max_s!r} / {self.dt_s!r}"))

@@ -7,8 +7,10 @@ root to send. No I/O and no clock: every call takes ``now`` (s, the same clock a
 
 Per cycle (:meth:`SchedulerEngine.cycle`):
 
-1. Sessions in PLANNED whose predicted HO is within T_max + the trigger lookahead are
-   gathered into arrays. The rest cannot trigger this cycle (T_w* <= T_max), so their
+1. Sessions in PLANNED whose predicted HO, brought forward by the timing margin M
+   (:mod:`xapp.scheduler.ho_timing`: how late the recent predictions have been), is within
+   T_max + the trigger lookahead are gathered into arrays; T_remain_hat below is
+   t_HO_hat - M - now. The rest cannot trigger this cycle (T_w* <= T_max), so their
    evaluation is skipped; so are sessions that will finish generating before the HO.
 2. K_curr is extrapolated from the last report at the session's r_d; r_p (target), r_d
    (session) and B (source -> target) are the EWMA estimates, or the conservative defaults
@@ -37,6 +39,7 @@ from pallas_proto import pallas_pb2
 
 from .admission import ModelKey, admit
 from .config import SchedulerConfig
+from .ho_timing import HandoverTimingError
 from .state import (Action, CancelAction, CommitAction, MigrationState,
                     SessionMigration, TriggerAction)
 from .telemetry import TelemetryStore
@@ -79,6 +82,8 @@ class SchedulerEngine:
         self.min_confidence = float(min_confidence)
         self._params = cfg.decision_params()
         self._horizon = _horizon(cfg, self._params)
+        self.ho_timing = HandoverTimingError(cfg.ho_timing_quantile, cfg.ho_timing_max_margin_s,
+                                             cfg.ho_timing_window)
         # Sessions: a slot each; arrays indexed by slot.
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
@@ -131,6 +136,8 @@ class SchedulerEngine:
             self._params = cfg.decision_params()
             self._horizon = _horizon(cfg, self._params)
             self.telemetry.reconfigure(cfg)
+            self.ho_timing.configure(cfg.ho_timing_quantile, cfg.ho_timing_max_margin_s,
+                                     cfg.ho_timing_window)
         if scheme is not None:
             self.scheme, self.proactive = scheme, scheme in PROACTIVE
         if fallback is not None:
@@ -417,21 +424,24 @@ class SchedulerEngine:
         self._expire_reservations(now)
         if self.proactive and self._n:
             n = self._n
+            ahead = now + self.ho_timing.margin_s       # plan for the HO coming M early
             cand = np.flatnonzero(self._planned[:n] & self._allowed[:n]
-                                  & (self._t_ho[:n] - now <= self._horizon))
+                                  & (self._t_ho[:n] - ahead <= self._horizon))
             if cand.size:
-                actions = self._decide(cand, now)
+                actions = self._decide(cand, now, ahead)
         CYCLE_SECONDS.observe(time.perf_counter() - t0)
         self._count(actions)
         return actions
 
-    def _decide(self, cand: np.ndarray, now: float) -> list[Action]:
+    def _decide(self, cand: np.ndarray, now: float, ahead: float) -> list[Action]:
+        """Eq. 9 and admission for the candidate slots ``cand`` at ``now``; T_remain_hat is
+        t_HO_hat - ``ahead`` (``ahead`` = now + the timing margin, s)."""
         r_d = self.telemetry.decode.read(self._decode_slot[cand], now)
         age = np.maximum(now - self._tokens_time[cand], 0.0)
         grown = np.minimum(r_d * age, self._remaining[cand])
         k_curr = self._tokens[cand] + grown
         left = self._remaining[cand] - grown                  # tokens still to generate now
-        t_remain = self._t_ho[cand] - now
+        t_remain = self._t_ho[cand] - ahead
         alive_at_ho = left > r_d * np.maximum(t_remain, 0.0)  # still generating at the HO
         if not alive_at_ho.all():
             cand, r_d, k_curr, t_remain = (cand[alive_at_ho], r_d[alive_at_ho],
@@ -473,6 +483,12 @@ class SchedulerEngine:
         return actions
 
     # -- handovers and replies ----------------------------------------------------------------
+    def observe_ho_timing(self, predicted_t_ho: float, actual_t_ho: float) -> float | None:
+        """A handover at ``actual_t_ho`` (s) whose latest prediction said ``predicted_t_ho``
+        (s, the same clock; NaN: none): its error feeds the trigger margin from the next
+        :meth:`cycle` on. Returns the error recorded, s, or None (no usable prediction)."""
+        return self.ho_timing.observe(predicted_t_ho, actual_t_ho)
+
     def on_handover(self, ue_id: str, actual_target: str, now: float) -> list[Action]:
         """E2 shows ``ue_id`` now served by a cell of agent ``actual_target``.
 

@@ -66,18 +66,19 @@ def test_not_a_mapping():
 
 def test_the_descriptor_schema_has_the_same_fields_and_bounds():
     """controls.scheduler in descriptors/schema.json and SchedulerConfig agree: the same fields
-    (tie_tol_s is the engine's own; the optional ones, fixed_window_s, are not required) and
-    the same bounds, inclusive or exclusive."""
+    (tie_tol_s is the engine's own; the optional fixed_window_s and the defaulted ho_timing_*
+    are not required) and the same bounds, inclusive or exclusive; the whole-number ones are
+    "integer" there."""
     from dataclasses import fields
-    from xapp.scheduler.config import _OPTIONAL, _RANGES
+    from xapp.scheduler.config import _DEFAULTED, _INTEGRAL, _OPTIONAL, _RANGES
     props = json.loads((REPO / "descriptors" / "schema.json").read_text())["properties"]["scheduler"]
     names = {f.name for f in fields(SchedulerConfig)} - {"tie_tol_s"}
     assert set(props["properties"]) == names
-    assert set(props["required"]) == names - _OPTIONAL
+    assert set(props["required"]) == names - _OPTIONAL - _DEFAULTED
     for name in names:
         p = props["properties"][name]
         lo, lo_inc, hi, hi_inc = _RANGES[name]
-        assert p["type"] == "number", name
+        assert p["type"] == ("integer" if name in _INTEGRAL else "number"), name
         assert (p.get("minimum"), p.get("exclusiveMinimum")) == ((lo, None) if lo_inc else (None, lo)), name
         assert (p.get("maximum"), p.get("exclusiveMaximum")) == ((hi, None) if hi_inc else (None, hi)), name
 
