@@ -638,7 +638,8 @@ def sit_recomputation(k: Any, r_p: Any, c_sync: Any = 0.0) -> Any:
     return np.add(c_sync, np.divide(k, np.asarray(r_p, dtype=np.float64)))
 
 
-def ctho_split(k: Any, block_size: Any, r_p: Any, s_kv: Any, bandwidth: Any) -> tuple[Any, Any]:
+def ctho_split(k: Any, block_size: Any, r_p: Any, s_kv: Any, bandwidth: Any,
+               held_tokens: Any = 0) -> tuple[Any, Any]:
     """ctHO's optimal block-aligned prefix/suffix split (model.md section 6; paper §2.2, §6.1).
 
     After the HO the target recomputes the first p tokens (p / r_p) while the source ships the
@@ -647,16 +648,26 @@ def ctho_split(k: Any, block_size: Any, r_p: Any, s_kv: Any, bandwidth: Any) -> 
     convex in p, so the optimum is one of the two grid points around the continuous balance
     point p* = K a / (1 / r_p + a), a = s_kv / B; ties go to the smaller p.
 
+    ``held_tokens`` h: tokens of the session whose KV the target already holds (its prefix
+    cache, from when it served the session before: a UE handing back to the cell it came
+    from), floored to whole blocks and capped at floor(K / P) P. Those are never redone
+    (model.md section 8): recomputing p >= h costs (p - h) / r_p, so the split is h plus the
+    split of the K - h tokens after them.
+
     Returns ``(split_tokens, seconds)``: Python (int, float) for scalar inputs, else int64 and
     float64 arrays of the broadcast shape. ``seconds`` excludes c_sync (see :func:`sit_ctho`).
-    Raises ValueError for K < 0 or a non-positive block size, rate, s_kv or bandwidth.
+    Raises ValueError for K < 0, h < 0 or a non-positive block size, rate, s_kv or bandwidth.
     """
-    scalar = all(np.ndim(v) == 0 for v in (k, block_size, r_p, s_kv, bandwidth))
-    k_, p_, rp, s, b = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64)
-                                             for v in (k, block_size, r_p, s_kv, bandwidth)))
+    scalar = all(np.ndim(v) == 0 for v in (k, block_size, r_p, s_kv, bandwidth, held_tokens))
+    k_, p_, rp, s, b, h_ = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64)
+                                                 for v in (k, block_size, r_p, s_kv, bandwidth, held_tokens)))
     if np.any(k_ < 0) or np.any(p_ <= 0) or np.any(rp <= 0) or np.any(s <= 0) or np.any(b <= 0):
         raise ValueError("ctho_split needs K >= 0 and positive block_size, r_p, s_kv, bandwidth")
+    if np.any(h_ < 0):
+        raise ValueError("ctho_split needs held_tokens >= 0")
     a = s / b                                   # s per shipped token
+    held = np.minimum(np.floor(h_ / p_ + _GRID_EPS), np.floor(k_ / p_ + _GRID_EPS)) * p_
+    k_ = k_ - held                              # what the target does not hold
     max_blocks = np.floor(k_ / p_ + _GRID_EPS)
     balance = k_ * a / (1.0 / rp + a) / p_      # continuous optimum, in blocks
     lo = np.clip(np.floor(balance), 0, max_blocks)
@@ -669,7 +680,7 @@ def ctho_split(k: Any, block_size: Any, r_p: Any, s_kv: Any, bandwidth: Any) -> 
     c_lo, c_hi = cost(lo), cost(hi)
     blocks = np.where(c_hi < c_lo, hi, lo)
     seconds = np.minimum(c_lo, c_hi)
-    split = (blocks * p_).astype(np.int64)
+    split = (held + blocks * p_).astype(np.int64)
     if scalar:
         return int(split), float(seconds)
     return split, seconds

@@ -46,6 +46,16 @@ log = structlog.get_logger("pallas.agent.migration")
 S = pallas_pb2
 
 
+def held_at(s: Session, target: pallas_pb2.PeerEndpoint) -> int:
+    """Tokens of ``s`` whose KV ``target`` computed while it served the session, if it is the
+    agent the session came from here (``Session.resumed_agent``), else 0: the prompt and the
+    outputs before ``resumed_from`` but the last of them (whose KV is computed only with the
+    next decode step). The caller floors it to whole blocks (vLLM caches whole blocks)."""
+    if not s.resumed_agent or target.agent_id != s.resumed_agent:
+        return 0
+    return max(0, len(s.prompt_token_ids) + s.resumed_from - 1)
+
+
 @dataclasses.dataclass
 class MigrationConfig:
     """Knobs of the migration engine (seconds unless noted; agent/app.py sets them from flags).
@@ -453,7 +463,13 @@ class MigrationEngine(SourceRole, TargetRole):
     async def _ctho(self, s: Session, target: pallas_pb2.PeerEndpoint) -> int:
         """ctHO's split p (model.md section 6) with the *target's* measured r_p (asked with a
         Progress call; this agent's, then the default, when it does not say) and the measured
-        goodput to it; 0 (ship everything) without a model identity."""
+        goodput to it; 0 (ship everything) without a model identity.
+
+        A target that is the agent this session came from (``Session.resumed_agent``: the UE
+        hands back to the cell it left, a ping-pong) still holds in vLLM's prefix cache the
+        whole blocks of the tokens it had then (:func:`held_at`); they are not shipped again
+        and its prefill of them is a cache hit (``ctho_split``'s ``held_tokens``). Should
+        vLLM have evicted them meanwhile, the target recomputes them: slower, never wrong."""
         client = self.peers.get(target)
         try:
             r_p = (await client.progress(pallas_pb2.ProgressRequest(session_id=s.session_id),
@@ -465,8 +481,13 @@ class MigrationEngine(SourceRole, TargetRole):
         try:
             ident = self.identity()
             goodput = client.goodput_bytes_per_s or client.bucket.rate or 1e9
-            return int(ctho_split(s.num_tokens, int(ident.block_size), r_p,
-                                  float(ident.kv_bytes_per_token), goodput)[0])
+            held = held_at(s, target)
+            split = int(ctho_split(s.num_tokens, int(ident.block_size), r_p,
+                                   float(ident.kv_bytes_per_token), goodput, held)[0])
+            if held:
+                log.info("ctho_held_at_target", session=s.session_id, target=target.agent_id,
+                         held_tokens=held, split=split, tokens=s.num_tokens)
+            return split
         except (ValueError, RuntimeError) as exc:
             log.warning("ctho_rates_unavailable", session=s.session_id, error=repr(exc))
             return 0

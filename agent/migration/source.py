@@ -29,6 +29,9 @@ S = pallas_pb2
 # After the source's request ended, how long a commit still waits for a block copy in flight
 # on the local channel (the worker sends a step's copies before vLLM streams that step's token).
 BLOCK_FLUSH_GRACE_S = 0.05
+#: What a warm-up the target reports still running needs at least, s (one engine step): the
+#: commit-time choice then finishes the prepared state (timing.commit_choice).
+WARMUP_STEP_S = 0.01
 
 
 @dataclasses.dataclass(eq=False)
@@ -268,8 +271,14 @@ class SourceRole:
         # blocks streamed from the split on are of no use.
         prefix = min(out.split, n // self.block_size * self.block_size)
         # The warm-up started when the target answered Prepare; what it still needs at r_p.
-        left = max(0.0, out.split / r_p - (time.monotonic() - out.t_prepared)) \
-            if out.t_prepared and not prog.warmup_failed else 0.0
+        # While the target says it is still running it needs at least one more engine step,
+        # however long it has taken so far: a target slower than r_p (busy with other
+        # prefills) left the estimate at 0 and the choice then took ctHO from L_done = 0,
+        # which queued behind the same warm-up and shipped blocks the target was about to
+        # have (measured: a 2.0 s commit of a 1,952-token prefix, 1.6 s after its trigger).
+        running = (not prog.warmup_failed and prog.prefilled_tokens < out.split)
+        left = max(WARMUP_STEP_S, out.split / r_p - (time.monotonic() - out.t_prepared)) \
+            if out.t_prepared and running else 0.0
         st = HandoverState(prefix_tokens=prefix,
                            prefilled_tokens=min(prefix, prog.prefilled_tokens),
                            received_blocks=prog.blocks_received if prefix == out.split else 0,
@@ -277,7 +286,7 @@ class SourceRole:
                            block_size=self.block_size, s_kv=float(ident.kv_bytes_per_token),
                            r_p=r_p, goodput=goodput, c_sync=self.cfg.c_sync_s,
                            hop_delay_s=self.cfg.relay_hop_s,
-                           warmup_left_s=left if prog.prefilled_tokens < out.split else 0.0)
+                           warmup_left_s=left)
         return commit_choice(st), r_p
 
     async def _commit_attempt(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,

@@ -462,6 +462,35 @@ def test_prepared_commit_with_a_failed_warmup_takes_the_choice_and_reports_it():
     asyncio.run(run())
 
 
+def test_a_warmup_running_past_its_estimate_is_finished_not_redone_by_ctho():
+    """Found in the default replay: a target slower than its r_p (busy with other prefills)
+    was still warming 1.6 s after the trigger, beyond split / r_p; the estimate of what the
+    warm-up had left was 0, the choice took ctHO from L_done = 0 (queued behind the same
+    warm-up, then shipping blocks the target was about to have) and the commit took 2.0 s.
+    A warm-up the target reports running is at least one more step: finishing wins."""
+    async def run():
+        m, hub, eng = _engine()
+        target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, prefix_tokens=96,
+                                                  prefilled_tokens=0, warmup_done=False,
+                                                  prefill_rate=10.0))
+        server, tgt = await _served(target)
+        s = _serving(m, n_prompt=100)
+        try:
+            assert (await m.trigger("s", 1, tgt, split_tokens=96)).status == pb.STATUS_OK
+            m.outbound["s"].t_prepared -= 100.0          # 96 / 10 tok/s = 9.6 s, long past
+            s._task = asyncio.ensure_future(asyncio.sleep(0))
+            await asyncio.sleep(0.01)
+            r = await m.commit("s", 1, tgt)
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK, r.message
+        assert r.HasField("choice") and r.choice.option == "finish", r.choice
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        assert sync.split_tokens == 96
+    asyncio.run(run())
+
+
 def test_a_commit_point_behind_the_prepared_split_still_commits():
     """Found by benchmarks/soak.py: the UE's commit point (``ue_tokens``) can lie behind the
     split the trigger prepared (the trigger came at a block boundary the UE had not reached);
@@ -543,27 +572,56 @@ def test_commit_block_wait_ends_with_the_request_not_at_a_poll_timeout():
     asyncio.run(run())
 
 
+async def _ctho_commit_split(setup, outputs=(), max_tokens=50):
+    """Commit session "s" (300 prompt tokens, ``outputs``) by the ctHO scheme to a target that
+    measures r_p 50 tok/s over a 4-blocks/s link; ``setup(m, s, tgt)`` runs first. Returns
+    (the split the Sync carried, what ``setup`` returned)."""
+    m, hub, eng = _engine(commit_deadline_s=4.0)   # no block comes: waits half of it
+    target = Target(progress=pb.ProgressReply(status=pb.STATUS_UNKNOWN_SESSION,
+                                              prefill_rate=50.0))
+    server, tgt = await _served(target)
+    m.peers.get(tgt).bucket.rate = 65536.0 * 4     # B: 4 blocks/s
+    s = _serving(m, n_prompt=300, outputs=outputs, max_tokens=max_tokens)
+    m.session_schemes["s"] = pb.SCHEME_CTHO        # the ctHO scheme's own session
+    extra = setup(m, s, tgt)
+    try:
+        r = await m.commit("s", 1, tgt, "ctho")
+    finally:
+        await m.close()
+        await server.stop(0)
+    assert r.status == pb.STATUS_OK
+    (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+    return sync.split_tokens, extra
+
+
 def test_ctho_split_uses_the_targets_measured_prefill_rate():
     """Issue 13 item 3: the split used the source's (never written, 5,000 tokens/s) rate."""
-    async def run():
-        m, hub, eng = _engine(commit_deadline_s=4.0)   # no block comes: waits half of it
+    def fast_source(m, s, tgt):
         m.prefill_rate = lambda: 1e6                    # the source prefills fast
-        target = Target(progress=pb.ProgressReply(status=pb.STATUS_UNKNOWN_SESSION,
-                                                  prefill_rate=50.0))
-        server, tgt = await _served(target)
-        m.peers.get(tgt).bucket.rate = 65536.0 * 4     # B: 4 blocks/s
-        s = _serving(m, n_prompt=300, outputs=())
-        m.session_schemes["s"] = pb.SCHEME_CTHO        # the ctHO scheme's own session
-        try:
-            r = await m.commit("s", 1, tgt, "ctho")
-        finally:
-            await m.close()
-            await server.stop(0)
-        assert r.status == pb.STATUS_OK
-        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
-        want, _ = ctho_split(300, 32, 50.0, 2048.0, 65536.0 * 4)
-        assert sync.split_tokens == want and want < ctho_split(300, 32, 1e6, 2048.0, 65536.0 * 4)[0]
-    asyncio.run(run())
+
+    split, _ = asyncio.run(_ctho_commit_split(fast_source))
+    want, _ = ctho_split(300, 32, 50.0, 2048.0, 65536.0 * 4)
+    assert split == want and want < ctho_split(300, 32, 1e6, 2048.0, 65536.0 * 4)[0]
+
+
+def test_ctho_back_to_the_agent_the_session_came_from_ships_only_what_it_lacks():
+    """A ping-pong: the session came here from agent "t" and hands back to it; "t" still holds
+    the blocks it computed (vLLM's prefix cache), so ctHO's split starts after them
+    (model.md section 8) instead of shipping blocks "t" has; to any other agent it is plain."""
+    from agent.migration.engine import held_at
+
+    def came_from(agent):
+        def setup(m, s, tgt):
+            s.resumed_agent, s.resumed_from = agent, 30     # it took over after output 30
+            return held_at(s, tgt)
+        return setup
+
+    split, held = asyncio.run(_ctho_commit_split(came_from("t"), tuple(range(1, 41)), 100))
+    assert held == 300 + 30 - 1
+    want, _ = ctho_split(340, 32, 50.0, 2048.0, 65536.0 * 4, held_tokens=held)
+    assert split == want and want >= 320 > ctho_split(340, 32, 50.0, 2048.0, 65536.0 * 4)[0]
+    assert asyncio.run(_ctho_commit_split(came_from("elsewhere"), tuple(range(1, 41)), 100)) \
+        == (ctho_split(340, 32, 50.0, 2048.0, 65536.0 * 4)[0], 0)
 
 
 def test_goodput_counts_time_spent_sending_not_waiting_for_blocks():

@@ -396,3 +396,21 @@ def test_hop_cost_mean_scaling_and_bad_input():
         c.with_mean(-0.01)
     with pytest.raises(ValueError):
         T.HopCost(stall_prob=1.5)
+
+
+def test_ctho_split_never_redoes_what_the_target_holds():
+    """model.md section 8: tokens the target holds (its prefix cache from serving the session
+    before) are neither shipped nor recomputed: the split is the held whole blocks plus the
+    split of the rest, and the time is the rest's."""
+    k, bs, r_p, s_kv, b = 1_800, 32, 1_850.0, 2_048.0, 292_500.0
+    plain, t_plain = T.ctho_split(k, bs, r_p, s_kv, b)
+    held, t_held = T.ctho_split(k, bs, r_p, s_kv, b, held_tokens=1_700)
+    rest, t_rest = T.ctho_split(k - 1_696, bs, r_p, s_kv, b)     # 1,700 floors to 53 blocks
+    assert (held, t_held) == (1_696 + rest, t_rest)
+    assert t_held < t_plain / 5 and held > plain
+    assert T.ctho_split(k, bs, r_p, s_kv, b, held_tokens=0) == (plain, t_plain)
+    assert T.ctho_split(100, bs, r_p, s_kv, b, held_tokens=10_000)[0] == 96   # capped at K's blocks
+    arr, _ = T.ctho_split(np.array([k, k]), bs, r_p, s_kv, b, held_tokens=np.array([0, 1_700]))
+    assert arr.tolist() == [plain, held]
+    with pytest.raises(ValueError, match="held_tokens"):
+        T.ctho_split(k, bs, r_p, s_kv, b, held_tokens=-1)
