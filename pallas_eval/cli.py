@@ -29,7 +29,7 @@ from pallas_eval.metrics import gap_between_tokens, summarize
 from pallas_eval.report import (HandoverRow, cpu_table, handover_table, live_vs_model, live_vs_model_lines,
                                 lead_summary, plot_cdfs, plot_timeline, ratio_table, summary_table,
                                 write_csv, write_json)
-from pallas_eval.simulate import Rates, SimHandover, measured_rates, simulate, summarize_sim
+from pallas_eval.simulate import Rates, SimHandover, held_from_rows, measured_rates, simulate, summarize_sim
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,12 +232,12 @@ def _pick_rates(spec: str, measured: dict | None, block_size: int = 32, s_kv: fl
 
 def _sim_handovers_live(rows: list[HandoverRow]) -> list[SimHandover]:
     out, hops = [], {}
-    for r in rows:
+    for r, (cached, known) in zip(rows, held_from_rows(rows)):
         if not math.isfinite(r.sit_s):
             continue
         h = hops.get(r.session_id, 0)
         out.append(SimHandover(r.ue_id, r.time_s, r.from_cell, r.to_cell, int(r.tokens_at_ho),
-                               r.lead_s if math.isfinite(r.lead_s) else 0.0, h))
+                               r.lead_s if math.isfinite(r.lead_s) else 0.0, h, cached, known))
         hops[r.session_id] = h + 1
     return out
 

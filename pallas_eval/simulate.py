@@ -9,6 +9,11 @@ equations (through ``pallas_common.timing``, the same code the xApp's Scheduler 
   no usable prediction (lead 0 or a wrong target) Pallas falls back to ctHO, as it does live.
 - w/o RC, w/o SM: the ablations' SIT at the same window (``sit_no_rc``, ``sit_no_sm``).
 - Full-Copy, Recomputation, ctHO: model.md section 6 with K = tokens at the handover.
+- A target that served the session before (a UE handing back to a cell it left) still holds
+  the whole blocks it computed then in vLLM's prefix cache (``cached_tokens``): Recomputation
+  and ctHO's prefill skip them. ctHO's split counts them only where the source knows of them
+  (``known_held_tokens``: the target is the agent the session came from, as the agent's
+  ``agent/migration/engine.py:held_at`` sees it).
 - Detour: hops * hop delay, the hops of a session growing by one at each of its handovers.
 
 Every target-side scheme's SIT includes c_sync and the first decode step at the target
@@ -60,7 +65,10 @@ class Rates:
 class SimHandover:
     """A handover with a session in flight: tokens at the handover K, the prediction lead
     (T_avail, s; 0 if the target was never predicted right) and the session's earlier
-    handovers (Detour's hop count grows with them)."""
+    handovers (Detour's hop count grows with them). ``cached_tokens``: tokens of the session the
+    target computed when it served the session before (0: never); ``known_held_tokens``: the
+    same where the target is the agent the session came from (the source then knows it), else
+    0 (see the module docstring)."""
 
     ue_id: str
     time: float
@@ -69,6 +77,8 @@ class SimHandover:
     k_ho: int
     lead_s: float
     hops_before: int = 0
+    cached_tokens: int = 0
+    known_held_tokens: int = 0
 
 
 @dataclass
@@ -109,6 +119,7 @@ class SchemeArrays:
 
 def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARED, *, hops=1,
                     bandwidth=None, est_bandwidth=None, ho_error_s=0.0, r_p=None, est_r_p=None,
+                    cached_tokens=0, known_held_tokens=0,
                     alpha: float = 0.8, dt: float = 0.1, t_max: float = 5.0) -> SchemeArrays:
     """Every handover under every scheme, vectorised (the module docstring's rules).
 
@@ -117,7 +128,9 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARE
     ``hops`` Detour's forwarding hops at this HO; ``bandwidth`` the goodput the migration gets
     (bytes/s; default ``rates.bandwidth``) and ``est_bandwidth`` the Scheduler Engine's estimate
     of it when deciding (default: the same); ``r_p``/``est_r_p`` likewise for the target's
-    prefill rate; ``ho_error_s`` the actual HO time minus the predicted one (s; > 0: later).
+    prefill rate; ``ho_error_s`` the actual HO time minus the predicted one (s; > 0: later);
+    ``cached_tokens`` / ``known_held_tokens`` what the target holds of the session from serving
+    it before, and what of that the source knows (tokens; :class:`SimHandover`).
 
     Pallas decides Eq. 9 with T_remain_hat = min(lead, T_max) on the estimates and triggers
     T_w* before the predicted HO; the window actually used is T_w* + ho_error (if that is
@@ -170,7 +183,12 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARE
                 no_rc[idx] = timing.sit_no_rc(xr, w[:, None])[:, 0]
             if NO_SM in schemes:
                 no_sm[idx] = timing.sit_no_sm(xr, w[:, None])[:, 0]
-    split, ctho_s = timing.ctho_split(k, P, rp, rates.s_kv, B)
+    cached = np.minimum(np.floor(np.broadcast_to(np.asarray(cached_tokens, dtype=np.float64), k.shape) / P) * P,
+                        np.floor(k / P) * P)
+    known = np.minimum(np.broadcast_to(np.asarray(known_held_tokens, dtype=np.float64), k.shape), cached)
+    split, _ = timing.ctho_split(k, P, rp, rates.s_kv, B, held_tokens=known)
+    # The target's prefill of the split skips what its prefix cache holds, known or not.
+    ctho_s = np.maximum(np.maximum(split - cached, 0.0) / rp, (k - split) * (rates.s_kv / B))
     ctho_sit = rates.c_sync + ctho_s + first_step
     sit, moved, pre = {}, {}, {}
     for sch in schemes:
@@ -191,8 +209,8 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARE
             sit[sch] = timing.sit_full_copy(k, rates.s_kv, B, rates.c_sync) + first_step
             moved[sch], pre[sch] = k * rates.s_kv, np.zeros(n)
         elif sch == RECOMPUTATION:
-            sit[sch] = timing.sit_recomputation(k, rp, rates.c_sync) + first_step
-            moved[sch], pre[sch] = np.zeros(n), k.copy()
+            sit[sch] = timing.sit_recomputation(k - cached, rp, rates.c_sync) + first_step
+            moved[sch], pre[sch] = np.zeros(n), k - cached
         else:   # detour
             sit[sch] = timing.sit_detour(hops, rates.hop_delay_s)
             moved[sch], pre[sch] = np.zeros(n), np.zeros(n)
@@ -208,7 +226,9 @@ def simulate(handovers: Sequence[SimHandover], rates: Rates, schemes: Iterable[s
         simulate_arrays(np.zeros(0), np.zeros(0), rates, schemes)      # still checks the names
         return []
     a = simulate_arrays([h.k_ho for h in handovers], [h.lead_s for h in handovers], rates, schemes,
-                        hops=[h.hops_before + 1 for h in handovers], alpha=alpha, dt=dt, t_max=t_max)
+                        hops=[h.hops_before + 1 for h in handovers],
+                        cached_tokens=[h.cached_tokens for h in handovers],
+                        known_held_tokens=[h.known_held_tokens for h in handovers], alpha=alpha, dt=dt, t_max=t_max)
     out: list[SimResult] = []
     for i, ho in enumerate(handovers):
         for sch in schemes:
@@ -255,3 +275,26 @@ def measured_rates(*, r_p: float | None, r_d: float | None, bandwidth: float | N
     return replace(b, name="measured (this run)", r_p=pick(r_p, b.r_p), r_d=pick(r_d, b.r_d),
                    bandwidth=pick(bandwidth, b.bandwidth), s_kv=s_kv, block_size=block_size,
                    c_sync=pick(c_sync, b.c_sync), hop_delay_s=pick(hop_delay_s, b.hop_delay_s))
+
+
+def held_from_rows(rows: Sequence) -> list[tuple[int, int]]:
+    """(cached_tokens, known_held_tokens) of :class:`SimHandover` for each of a scheme's
+    handover rows (``pallas_eval.report.HandoverRow``: session_id, from_server, to_server,
+    tokens_at_ho, in time order): what the target computed of the session when it last left
+    that server (tokens at that handover, less the last token, whose KV is computed with the
+    next step), and the same if the target is the server the session came from to its source.
+    Rows without a session, or within one server, count nothing."""
+    left: dict[tuple[str, str], int] = {}
+    came_from: dict[str, str] = {}
+    out = []
+    for r in rows:
+        sid = r.session_id
+        if not sid or r.from_server == r.to_server:     # no session, or it did not move
+            out.append((0, 0))
+            continue
+        cached = left.get((sid, r.to_server), 0)
+        known = cached if came_from.get(sid) == r.to_server else 0
+        out.append((cached, known))
+        left[(sid, r.from_server)] = max(0, int(r.tokens_at_ho) - 1)
+        came_from[sid] = r.from_server
+    return out

@@ -272,3 +272,28 @@ def test_cli_simulate_and_live_refusal(tmp_path, capsys, monkeypatch):
         live.run_window(tmp_path / "live", None)
     assert not (tmp_path / "live").exists()
     assert set(NAMES) == {"single", "repeated", "window", "contention", "ablation", "stress"}
+
+
+def test_a_target_that_served_the_session_before_is_modelled_with_its_prefix_cache():
+    """A ping-pong A -> B -> A: at the second handover A holds the blocks it computed before
+    the first; Recomputation recomputes only the rest, ctHO (the source B knows: the session
+    came from A) ships only what A lacks; a third server C holds nothing."""
+    from types import SimpleNamespace as NS
+    from pallas_eval.simulate import held_from_rows
+    from pallas_eval.experiments.presets import PAPER_QWEN3_32B as R
+    rows = [NS(session_id="s", from_server="A", to_server="B", tokens_at_ho=1_000),
+            NS(session_id="s", from_server="B", to_server="A", tokens_at_ho=1_100),
+            NS(session_id="s", from_server="A", to_server="C", tokens_at_ho=1_200),
+            NS(session_id="s", from_server="C", to_server="B", tokens_at_ho=1_300),
+            NS(session_id="", from_server="A", to_server="B", tokens_at_ho=0)]
+    assert held_from_rows(rows) == [(0, 0), (999, 999), (0, 0), (1_099, 0), (0, 0)]
+    k = np.array([1_100.0, 1_100.0])
+    a = simulate_arrays(k, 0.0, R, ("recomputation", "ctho"), cached_tokens=[0, 999], known_held_tokens=[0, 999])
+    P = R.block_size
+    held = 999 // P * P
+    assert a.sit["recomputation"][1] == pytest.approx(a.sit["recomputation"][0] - held / R.r_p)
+    assert a.prefill_tokens["recomputation"].tolist() == [1_100, 1_100 - held]
+    assert a.sit["ctho"][1] < a.sit["ctho"][0] / 3
+    # cached but unknown to the source: the split is the plain one, its prefill cheaper
+    b = simulate_arrays(k, 0.0, R, ("ctho",), cached_tokens=[0, 999], known_held_tokens=[0, 0])
+    assert a.sit["ctho"][1] <= b.sit["ctho"][1] < b.sit["ctho"][0]
