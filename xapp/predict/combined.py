@@ -88,14 +88,20 @@ class Predictions(Raw):
         return {self.ue_ids[i]: self.get(i) for i in np.flatnonzero(self.has).tolist()}  # type: ignore[misc]
 
 
-def previous_cells(v: TrackView) -> np.ndarray:
-    """Per UE of a batched view (U, w): the cell served before the current one if the window
-    contains the change, else -1."""
+def last_change(v: TrackView) -> np.ndarray:
+    """Per UE of a batched view (U, w): the column k of the last serving-cell change in the
+    window (reports k and k + 1, both valid, name different cells), else -1."""
     s = v.serving_cell
     valid = ~np.isnan(v.time)
     ch = (s[:, 1:] != s[:, :-1]) & valid[:, :-1] & valid[:, 1:]
-    k = np.where(ch, np.arange(s.shape[1] - 1), -1).max(axis=1, initial=-1)
-    return np.where(k >= 0, s[np.arange(len(s)), np.maximum(k, 0)], -1)
+    return np.where(ch, np.arange(s.shape[1] - 1), -1).max(axis=1, initial=-1)
+
+
+def previous_cells(v: TrackView) -> np.ndarray:
+    """Per UE of a batched view (U, w): the cell served before the current one if the window
+    contains the change, else -1."""
+    k = last_change(v)
+    return np.where(k >= 0, v.serving_cell[np.arange(len(k)), np.maximum(k, 0)], -1)
 
 
 def previous_cell_in_view(view: TrackView) -> int:
@@ -270,13 +276,11 @@ class CombinedPredictor:
         """Per UE (U,): when its serving cell began serving it, s (trace clock): the last change
         of the view's window (midpoint of the two reports), else the knowledge's online record,
         else NaN."""
-        s, t = v.serving_cell, v.time
-        valid = ~np.isnan(t)
-        ch = (s[:, 1:] != s[:, :-1]) & valid[:, :-1] & valid[:, 1:]
-        k = np.where(ch, np.arange(s.shape[1] - 1), -1).max(axis=1, initial=-1)
-        rows = np.arange(len(s))
+        t = v.time
+        k = last_change(v)
+        rows = np.arange(len(k))
         kk = np.maximum(k, 0)
-        out = np.where(k >= 0, 0.5 * (t[rows, kk] + t[rows, np.minimum(kk + 1, s.shape[1] - 1)]), np.nan)
+        out = np.where(k >= 0, 0.5 * (t[rows, kk] + t[rows, np.minimum(kk + 1, t.shape[1] - 1)]), np.nan)
         kn = self.hist.knowledge
         if kn is not None and ues:
             for i in np.flatnonzero(k < 0).tolist():
@@ -354,23 +358,29 @@ class CombinedPredictor:
         t3 = ~t1 & ~t2 & (a3_is | anon)
         t4 = ~t1 & ~t2 & ~t3 & self.time_from_cvh & cv.has & (cv.cell == target)
         t5 = ~t1 & ~t2 & ~t3 & ~t4 & has & self.time_from_dwell
-        t_dw = self._dwell_t_ho(src, target, now) if t5.any() else np.full(U, np.nan)
+        t_dw = self._dwell_t_ho(src, target, now, t5)
         t5 &= np.isfinite(t_dw)
         t_ho = np.select([t1, t2, t3, t4, t5], [f.t_ho, pl.t_ho, f.t_ho, cv.t_ho, t_dw], np.nan)
         src = np.select([t1 | t3, t2, t4, t5], [_SRC["combined:a3"], _SRC["combined:places"], _SRC["combined:cvh"],
                                                 _SRC["combined:dwell"]], _SRC["combined:history"])
         return Raw.of(has, target, t_ho, conf, src, sc, np.where(a3_is, f.pci, -1))
 
-    def _dwell_t_ho(self, src: "_Sources", target: np.ndarray, now: np.ndarray) -> np.ndarray:
+    def _dwell_t_ho(self, src: "_Sources", target: np.ndarray, now: np.ndarray,
+                    want: np.ndarray) -> np.ndarray:
         """Per UE (U,): entry time + median learned dwell of (serving, target), at least
-        ``dwell_min_lead_s`` after ``now``; NaN where the entry or every dwell is unknown, s."""
-        kn = self.hist.knowledge
+        ``dwell_min_lead_s`` after ``now``, s; NaN where ``want`` (U,) bool is False, the target
+        is -1, or the entry or every dwell is unknown. The dwell model is asked once per distinct
+        (serving, target) pair among the wanted rows (this runs in every batched cycle)."""
         U = len(target)
-        if kn is None:
-            return np.full(U, np.nan)
-        med = np.array([kn.dwell.median(int(a), int(b)) if b >= 0 else np.nan
-                        for a, b in zip(src.sc.tolist(), target.tolist())], dtype=np.float64)
-        return np.maximum(src.entered + med, now + self.dwell_min_lead_s)
+        out = np.full(U, np.nan)
+        kn = self.hist.knowledge
+        rows = np.flatnonzero(want & (target >= 0) & np.isfinite(src.entered))
+        if kn is None or not len(rows):
+            return out
+        pairs, inv = np.unique(np.stack([src.sc[rows], target[rows]], 1), axis=0, return_inverse=True)
+        med = np.array([kn.dwell.median(int(a), int(b)) for a, b in pairs.tolist()], dtype=np.float64)
+        out[rows] = np.maximum(src.entered[rows] + med[inv.reshape(-1)], now[rows] + self.dwell_min_lead_s)
+        return out
 
     def predict(self, view: TrackView, now: float, ue_id: str = "") -> Prediction | None:
         if len(view.time) == 0:
