@@ -25,7 +25,7 @@ from pallas_eval import replay as rp
 from pallas_eval.experiments import presets as PR
 from pallas_eval.lengths import LengthSampler, ue_session_stream
 from pallas_eval.ues import first_session_delay
-from pallas_eval.metrics import gap_between_tokens, summarize
+from pallas_eval.metrics import ITL_SLO_S, gap_between_tokens, hop_itl_line, itl_by_hops, percentile, summarize
 from pallas_eval.report import (HandoverRow, cpu_table, handover_table, live_vs_model, live_vs_model_lines,
                                 lead_summary, plot_cdfs, plot_timeline, ratio_table, summary_table,
                                 write_csv, write_json)
@@ -467,6 +467,11 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                       f"= {p99 / sm.itl_mean:.1f} x its mean ITL ({sm.itl_mean * 1000:.0f} ms), over the "
                       f"{gaps.size} handovers between two tokens ({sm.handovers_with_session - gaps.size} in a session's prefill "
                       f"left out: no token gap across them)")
+    hop_itls = {sch: itl_by_hops([s for r in runs if r.scheme == sch for s in r.sessions]) for sch in schemes}
+    for sch in schemes:
+        line = hop_itl_line(sch, hop_itls[sch])
+        if line:
+            con.print(line)
     con.print(cpu_table({r.scheme: r.cpu for r in runs}))
     con.print(regime.describe())
     if pacing:
@@ -485,6 +490,10 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                                       [vars(x) for x in rows_all], "measured_rates": measured, "model_rates": vars(rates),
                                       "pacing": pacing, "cpu": {r.scheme: r.cpu for r in runs},
                                       "simulated": sim, "live_vs_model": vs_model,
+                                      "itl_by_relay_hops": {sch: {str(k): {"n": int(g.size), "p90_s": percentile(g, 90),
+                                                                           "p99_s": percentile(g, 99),
+                                                                           "over_slo": float((g > ITL_SLO_S).mean())}
+                                                                  for k, g in v.items()} for sch, v in hop_itls.items()},
                                       "agent_counters": counters, "errors": errors,
                                       "leftover_pids": sorted(leftover), "wall_s": time.time() - t_start})
     plot_cdfs(out / "sit_cdf.png", sit_by, "SIT (ms)", log_x=True)

@@ -242,6 +242,52 @@ def gap_between_tokens(sits: Sequence[HandoverSIT]) -> np.ndarray:
                     dtype=np.float64)
 
 
+def relay_hops(s: SessionRecord) -> np.ndarray:
+    """Per token of ``s`` (n,) int: how many backhaul hops it crossed to reach the UE, as the
+    agents' fronts relay (agent/frontend.py ``relay_origin``): 0 when the agent serving the UE
+    decoded it; 1 when the serving agent relayed it from the UE's previous agent and that agent
+    decoded it (the holder); 2 otherwise (the previous agent relays on from the holder: a front
+    relays at most two hops). The serving agent is the token's ``relayed`` agent, else its
+    decoder; the previous agent is the serving agent before the current run of tokens."""
+    n = len(s.times)
+    out = np.zeros(n, dtype=np.int64)
+    rel = s.relayed if len(s.relayed) == n else [""] * n
+    dec = s.agents if len(s.agents) == n else [""] * n
+    cur, prev = None, None
+    for i in range(n):
+        serving = rel[i] or dec[i]
+        if serving != cur:
+            prev, cur = cur, serving
+        if rel[i] and rel[i] != dec[i]:
+            out[i] = 1 if prev == dec[i] else 2
+    return out
+
+
+def itl_by_hops(sessions: Sequence[SessionRecord]) -> dict[int, np.ndarray]:
+    """The inter-token gaps (s) of ``sessions`` keyed by the relay hops of the gap's later token
+    (:func:`relay_hops`): {hops: gaps (m,)}, only the hop counts that occur."""
+    parts: dict[int, list[np.ndarray]] = {}
+    for s in sessions:
+        g = s.itls()
+        if not g.size:
+            continue
+        h = relay_hops(s)[1:]
+        for k in np.unique(h).tolist():
+            parts.setdefault(int(k), []).append(g[h == k])
+    return {k: np.concatenate(v) for k, v in sorted(parts.items())}
+
+
+def hop_itl_line(scheme: str, by_hops: dict[int, np.ndarray]) -> str | None:
+    """One line of ITL P90 / P99 / share over the SLO per relay hop count, or None when no
+    token of the scheme was relayed."""
+    if not any(k > 0 for k in by_hops):
+        return None
+    parts = [f"{k} hop{'s' if k != 1 else ''}: n {g.size}, P90 {percentile(g, 90) * 1000:.0f} ms, "
+             f"P99 {percentile(g, 99) * 1000:.0f} ms, >100 ms {float((g > ITL_SLO_S).mean()) * 100:.1f}%"
+             for k, g in by_hops.items()]
+    return f"{scheme}: ITL by relay hops (gaps by their later token's path): " + "; ".join(parts)
+
+
 def summarize(scheme: str, sits: Sequence[HandoverSIT], sessions: Sequence[SessionRecord],
               t_early: Sequence[float] = (), commits: int = 0, fallbacks: int = 0) -> SchemeSummary:
     """Summary of one scheme's run: SIT over handovers with a session in flight, ITL over all
