@@ -8,7 +8,7 @@ than the newest seen is ``STATUS_STALE_EPOCH``; ``STATUS_INVALID`` for malformed
 ``STATUS_ERROR`` when the target refused or failed (the source keeps serving); with a
 directory (issue 16), a Trigger or Commit naming a target outside it is ``STATUS_REJECTED``
 before the engine sees it (nothing is sent there, the source keeps serving). Telemetry
-streams the rates the xApp's window decision needs (model.md sections 2-4).
+streams the rates the xApp's window decision needs (docs/model.md §2-4).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Metrics are prometheus-client objects registered once per process in the default
   stale).
 - ``pallas_sit_seconds``: the part of the handover gap a target agent sees: from the Sync's
   arrival (the resumed session's creation here) to the first token its own vLLM produced
-  for it. model.md section 7 defines SIT at the UE, which adds the source's commit work
+  for it. docs/model.md §7 defines SIT at the UE, which adds the source's commit work
   and the network; the UE client (pallas_eval/client.py) measures that.
 - ``pallas_commit_seconds{scheme}``: duration of a Commit at the source, by scheme used.
 - ``pallas_bytes_moved_total{peer, direction}``: KV bytes moved over the peer stream.

@@ -105,7 +105,7 @@ class Session:
         token_times: ``time.time()`` at which each output token reached this agent (same length
             as ``output_token_ids``; tokens copied from a source at Sync carry the Sync time).
         sampling: the sampling parameters of the whole session.
-        epoch: the newest migration epoch seen for this session (model.md §5).
+        epoch: the newest migration epoch seen for this session (docs/model.md §5).
         state: a :class:`SessionState`.
         finish_reason: vLLM's finish reason once the request completed here ("length", "stop").
         resumed_from: output index at which this agent took the session over (0 if it started

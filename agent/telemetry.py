@@ -1,4 +1,4 @@
-"""Telemetry for the xApp's window decision (model.md sections 2-4).
+"""Telemetry for the xApp's window decision (docs/model.md §2-4).
 
 Everything the xApp needs about one agent, measured here and never taken from peak hardware
 figures:
@@ -9,8 +9,8 @@ figures:
   rate and the model identity used for admission;
 - per peer: the measured block-stream goodput B (bytes/s), bytes sent and RTT.
 
-Rates are smoothed by an EWMA whose weight on the newest sample is ``alpha`` (model.md
-section 2: default 0.3).
+Rates are smoothed by an EWMA whose weight on the newest sample is ``alpha`` (docs/model.md
+§2: default 0.3).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
   bandwidth in production) and the measured goodput (PeerTelemetry).
 - :class:`TokenBucket`, :func:`identity_mismatch`: pure helpers.
 
-Rates are given in Mbit/s at the edges and converted once to bytes/s (model.md conventions).
+Rates are given in Mbit/s at the edges and converted once to bytes/s (docs/model.md conventions).
 """
 
 from __future__ import annotations

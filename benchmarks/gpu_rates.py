@@ -5,7 +5,7 @@ Models are built from their public Hugging Face configs with random bf16 weights
 downloaded. Prints a table and writes JSON (``--out``) that the timing model and the replay's
 ``--simulate`` mode read (``benchmarks/results/``).
 
-What is measured (model.md §2-3):
+What is measured (docs/model.md §2-3):
 - r_p: one request's prefill of L tokens, batch 1, logits for the last position only
   (tokens/s = L / wall time, CUDA-synchronised, median of reps).
 - r_d: per-request decode steps at context K, batch 1 and 8, with the HF KV cache. This is eager

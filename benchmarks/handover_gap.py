@@ -10,7 +10,7 @@ handed over to agent B's three times:
   B recomputes the suffix after the handover;
 - cold: no trigger, commit with token ids only (Recomputation): B recomputes everything.
 
-The gap is measured where the UE sees it (model.md §7): from the arrival of the last token
+The gap is measured where the UE sees it (docs/model.md §7): from the arrival of the last token
 from A to the arrival of the first token from B. B's prefix cache is reset before each variant.
 Each variant's first tokens after the resume are compared with A's own continuation.
 

@@ -8,7 +8,7 @@ from the history trace (``association_map.path``) or empty; every report of the 
 and predicted in time order across the UEs, as the xApp's control loop does (each UE as of its
 newest report). Per handover (source A, target B at time T):
 
-- lead (T_avail, model.md section 5): T minus the start of the final run of reports on A whose
+- lead (T_avail, docs/model.md §5): T minus the start of the final run of reports on A whose
   reported target is B (0 if the last one before T is not B);
 - at T - 1 s: whether the reported target is B and the predicted time is within 0.5 s of T.
 

@@ -9,7 +9,7 @@ same random-weight Llama (default: the 152M preset, fp32, block 32), then replay
 - at output index ``--commit-at`` the UE switches to agent b's front and the xApp's Commit
   goes to a at the same moment (Detour: the UE's stream is relayed by b);
 - the gap is the UE-side time between the last token before the switch and the first token
-  after it (model.md section 7).
+  after it (docs/model.md §7).
 
 Between runs both servers' prefix caches are reset (vLLM dev endpoint), so no scheme profits
 from an earlier run's cache. Every run's tokens are compared with a run without a handover.

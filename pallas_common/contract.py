@@ -8,7 +8,7 @@ COMMIT_MOVED_FIELDS = ("blocks_moved", "kv_bytes_moved", "reused_tokens", "recom
 
 
 def commit_choice_of(reply) -> dict:
-    """The commit-time choice a Commit's ``ControlReply`` carries (model.md section 8), as
+    """The commit-time choice a Commit's ``ControlReply`` carries (docs/model.md §8), as
     {field: value} for the xApp's event log: the option taken, each option's expected SIT (s)
     and what the source observed; {} when the reply has none (nothing to choose)."""
     if reply is None or not reply.HasField("choice"):

@@ -1,4 +1,4 @@
-"""The one vocabulary of recovery schemes and session states (model.md section 6; paper
+"""The one vocabulary of recovery schemes and session states (docs/model.md §6; paper
 section 5, "Baselines" and the ablations), shared by the agent, the xApp and the harness.
 
 A scheme is the ``pallas.v1.Scheme`` enum value; :data:`SCHEMES` says what each does at the
@@ -70,7 +70,7 @@ class SchemeSpec:
             (``pallas_common.timing.ctho_split`` on the rates at the commit).
         migrates: False only for Detour (the session stays at the source).
         bridge: at Commit the source decodes on, relayed by the new agent's front, until the
-            target holds the state, and hands over at a token boundary (model.md section 8).
+            target holds the state, and hands over at a token boundary (docs/model.md §8).
         label: the paper's display name (``Pallas``, ``Pallas w/o RC``, ``Full-Copy``, ``ctHO``).
     """
 

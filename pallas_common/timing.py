@@ -2,7 +2,7 @@
 
 Pure functions over numpy arrays, importable from both the xApp's environment (protobuf 3.20)
 and the agent's (vLLM): this module depends on numpy only. Every quantity is defined in
-``design/model.md``; equation numbers below are that page's (which follow the paper's).
+``docs/model.md``; equation numbers below are that page's (which follow the paper's).
 
 Units are SI throughout: seconds, bytes, bytes/s, tokens, tokens/s. Convert goodput given in
 Mbit/s once at the edge with :func:`mbit_per_s`.
@@ -20,7 +20,7 @@ attained at ``i = 1`` or ``i = j``::
     f_j = max(t_1 + j * tau, t_j + tau)          (j >= 1; f_0 = 0)
 
 The link keeps up with the source iff ``tau <= P / r_d``; then ``f_j = t_j + tau`` and the
-stream catches up at the first block, otherwise it never catches up (model.md Eq. 7's
+stream catches up at the first block, otherwise it never catches up (docs/model.md Eq. 7's
 ``T_catch`` falls back to ``f_{n_full}``). ``tests/common/test_timing.py`` checks this against
 the literal recursion.
 """
@@ -163,7 +163,7 @@ def kv_bytes(n_tokens: Any, s_kv: Any) -> Any:
 
 @dataclass(frozen=True)
 class WindowInputs:
-    """Per-UE inputs of the window evaluation at decision time t_curr (model.md section 3).
+    """Per-UE inputs of the window evaluation at decision time t_curr (docs/model.md §3).
 
     Every field is converted to a float64 array of shape ``(n_ue,)``; scalars broadcast to the
     common length (1 if every field is scalar).
@@ -451,7 +451,7 @@ def evaluate_windows(inputs: WindowInputs, windows: Any, alpha: float = 0.8) -> 
     ``alpha``: Eq. 8's weight of T_SIT against T_early, in [0, 1].
     Returns :class:`WindowCosts` of shape ``(n_ue, n_w)``.
 
-    Definitions (model.md section 3): K_trig = K_curr + r_d (T_remain - T_w);
+    Definitions (docs/model.md §3): K_trig = K_curr + r_d (T_remain - T_w);
     L_hist = P floor(K_trig / P); T_pre = L_hist / r_p; the suffix block j completes at
     t_j = (j P - (K_trig - L_hist)) / r_d and its transfer ends at f_j = max(f_{j-1}, t_j) + P
     s_kv / B; n_full blocks complete by the HO; T_tx_res = max(0, f_{n_full} - T_w);
@@ -460,7 +460,7 @@ def evaluate_windows(inputs: WindowInputs, windows: Any, alpha: float = 0.8) -> 
     j <= n_full with f_j <= t_{j+1} (else f_{n_full}); T_ready = max(T_pre, T_catch);
     T_early = max(0, T_w - T_ready); J = alpha T_SIT + (1 - alpha) T_early.
 
-    Choices model.md leaves open: a window longer than T_remain_hat (a trigger in the past) is
+    Choices docs/model.md leaves open: a window longer than T_remain_hat (a trigger in the past) is
     computed as if the decode had run that long but flagged ``valid = False``; with
     T_remain_hat < 0 the HO is taken as now (K_HO = K_curr). Fractional token counts are kept
     (they are expectations); only L_hist and n_full are snapped to the block grid.
@@ -486,7 +486,7 @@ def evaluate_windows(inputs: WindowInputs, windows: Any, alpha: float = 0.8) -> 
 
 @dataclass(frozen=True)
 class DecisionParams:
-    """Parameters of Eq. 9 and the trigger rule (model.md section 4).
+    """Parameters of Eq. 9 and the trigger rule (docs/model.md §4).
 
     - ``alpha``: Eq. 8's weight (default 0.8).
     - ``dt``: window grid step ΔT, s (default 0.1).
@@ -625,22 +625,22 @@ def decide(inputs: WindowInputs, params: Any = DecisionParams()) -> Decision:
 # ---------------------------------------------------------------------------------------------
 
 def sit_full_copy(k: Any, s_kv: Any, bandwidth: Any, c_sync: Any = 0.0) -> Any:
-    """Full-Copy SIT = c + K s_kv / B, s (model.md section 6). Broadcasts over arrays.
+    """Full-Copy SIT = c + K s_kv / B, s (docs/model.md §6). Broadcasts over arrays.
 
     ``k`` tokens at the HO, ``s_kv`` bytes/token, ``bandwidth`` bytes/s, ``c_sync`` s. The first
-    decode step at the target is not in model.md's table; fold it into ``c_sync`` if wanted.
+    decode step at the target is not in docs/model.md's table; fold it into ``c_sync`` if wanted.
     """
     return np.add(c_sync, np.multiply(k, s_kv) / np.asarray(bandwidth, dtype=np.float64))
 
 
 def sit_recomputation(k: Any, r_p: Any, c_sync: Any = 0.0) -> Any:
-    """Recomputation SIT = c + K / r_p, s (model.md section 6). Broadcasts over arrays."""
+    """Recomputation SIT = c + K / r_p, s (docs/model.md §6). Broadcasts over arrays."""
     return np.add(c_sync, np.divide(k, np.asarray(r_p, dtype=np.float64)))
 
 
 def ctho_split(k: Any, block_size: Any, r_p: Any, s_kv: Any, bandwidth: Any,
                held_tokens: Any = 0) -> tuple[Any, Any]:
-    """ctHO's optimal block-aligned prefix/suffix split (model.md section 6; paper §2.2, §6.1).
+    """ctHO's optimal block-aligned prefix/suffix split (docs/model.md §6; paper §2.2, §6.1).
 
     After the HO the target recomputes the first p tokens (p / r_p) while the source ships the
     other K - p tokens' KV ((K - p) s_kv / B); both run in parallel. Minimises
@@ -651,7 +651,7 @@ def ctho_split(k: Any, block_size: Any, r_p: Any, s_kv: Any, bandwidth: Any,
     ``held_tokens`` h: tokens of the session whose KV the target already holds (its prefix
     cache, from when it served the session before: a UE handing back to the cell it came
     from), floored to whole blocks and capped at floor(K / P) P. Those are never redone
-    (model.md section 8): recomputing p >= h costs (p - h) / r_p, so the split is h plus the
+    (docs/model.md §8): recomputing p >= h costs (p - h) / r_p, so the split is h plus the
     split of the K - h tokens after them.
 
     Returns ``(split_tokens, seconds)``: Python (int, float) for scalar inputs, else int64 and
@@ -695,7 +695,7 @@ def sit_ctho(k: Any, block_size: Any, r_p: Any, s_kv: Any, bandwidth: Any, c_syn
 
 
 def sit_detour(hops: Any, hop_delay_s: Any) -> Any:
-    """Detour's added latency at and after the HO, s (model.md section 6; paper §2.2, Figure 1).
+    """Detour's added latency at and after the HO, s (docs/model.md §6; paper §2.2, Figure 1).
 
     Detour recovers nothing: the source keeps decoding and every later token, the first one
     after the HO included, crosses ``hops`` extra forwarding hops of ``hop_delay_s`` each.
@@ -799,7 +799,7 @@ def detour_itl_samples(rng: np.random.Generator, itl_s: float, hops: int, n: int
 
 
 def sit_bridge(block_size: Any, r_p: Any, r_d: Any, c_sync: Any, hop_delay_s: Any) -> Any:
-    """The largest token gap across a bridged handover (``pallas-bridge``, model.md section 8), s.
+    """The largest token gap across a bridged handover (``pallas-bridge``, docs/model.md §8), s.
 
     The source decodes on through the new agent's front until the target holds every full
     block, then hands over right after a token: the UE got that token one relay hop late, and
@@ -823,7 +823,7 @@ def sit_bridge(block_size: Any, r_p: Any, r_d: Any, c_sync: Any, hop_delay_s: An
 def sit_no_rc(inputs: WindowInputs, windows: Any) -> np.ndarray:
     """T_SIT of the ablation "Pallas w/o RC" for the same windows, shape (n_ue, n_w), s.
 
-    Proactive, but no prefix recomputation (paper §6.4; model.md section 6): at the trigger the
+    Proactive, but no prefix recomputation (paper §6.4; docs/model.md §6): at the trigger the
     source ships the L_hist prefix (its complete blocks) over the link and then streams the
     suffix blocks as they complete, all in order at goodput B. That is Eq. 5's recursion with
     f_0 = L_hist s_kv / B and T_pre = 0, so T_res = T_tx_res; the tail is recomputed as in
@@ -840,7 +840,7 @@ def sit_no_rc(inputs: WindowInputs, windows: Any) -> np.ndarray:
 def sit_no_sm(inputs: WindowInputs, windows: Any) -> np.ndarray:
     """T_SIT of the ablation "Pallas w/o SM" for the same windows, shape (n_ue, n_w), s.
 
-    Proactive prefix prefill but no suffix stream (paper §6.4; model.md section 6): after the
+    Proactive prefix prefill but no suffix stream (paper §6.4; docs/model.md §6): after the
     HO the target finishes the prefix if it has not (max(0, T_pre - T_w)), then recomputes
     every token after L_hist, K_HO - L_hist of them, on the same GPU:
     T_SIT = max(0, T_pre - T_w) + c_sync + (K_HO - L_hist) / r_p + 1 / r_d_target.
@@ -870,7 +870,7 @@ def discard_bound(t_max: Any, e_early: Any, t_avail: Any) -> Any:
 
 @dataclass(frozen=True)
 class HandoverState:
-    """What the source knows at the handover of a prepared attempt (model.md section 8).
+    """What the source knows at the handover of a prepared attempt (docs/model.md §8).
 
     Attributes (tokens unless noted): ``prefix_tokens`` L_hist (the prepared prefix, block
     aligned); ``prefilled_tokens`` L_done (of it, prefilled at the target so far);
@@ -914,7 +914,7 @@ class CommitChoice:
 
 
 def commit_choice(st: HandoverState) -> CommitChoice:
-    """The commit-time choice of model.md section 8 for one prepared attempt.
+    """The commit-time choice of docs/model.md §8 for one prepared attempt.
 
     With L_d = L_done rounded down to a block (only whole blocks are cached), M = K_HO - L_hist
     - n_recv P (suffix tokens the target lacks, tail included):

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--regime", default="paper", choices=["paper", "native"],
                    help="'paper': engines paced to the emulated model's prefill/decode rates, the peer link "
                         "at 300 Mbit/s scaled by the KV size ratio, the paper's per-hop relay delay "
-                        "(model.md section 9); 'native': the tiny model's raw speed, unlimited link")
+                        "(docs/model.md §9); 'native': the tiny model's raw speed, unlimited link")
     r.add_argument("--emulate", default=PR.REPLAY_ANCHOR_MODEL, choices=PR.MODELS,
                    help="--regime paper: the model whose rates the engines and link take")
     r.add_argument("--insecure", action="store_true",

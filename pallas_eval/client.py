@@ -4,7 +4,7 @@ A :class:`UESession` opens a session at one agent, reads its token stream and re
 every token arrived; :meth:`UESession.handover` moves the UE to another agent (the UE's new
 serving gNB) and resumes from the first output index not yet received, naming the old agent
 as ``origin`` so the new agent can relay it (Detour, or while the commit is in flight).
-The record gives SIT and ITL as model.md section 7 defines them: measured at the UE side of
+The record gives SIT and ITL as docs/model.md §7 defines them: measured at the UE side of
 the token stream.
 
 Typical use (asyncio)::
@@ -133,7 +133,7 @@ class UESession:
         return [b - a for a, b in zip(t, t[1:])]
 
     def handover_gaps(self) -> list[float]:
-        """SIT of each handover (model.md section 7): arrival of the first token after the
+        """SIT of each handover (docs/model.md §7): arrival of the first token after the
         switch minus arrival of the last token before it, seconds. A handover after which no
         token arrived is left out."""
         out = []

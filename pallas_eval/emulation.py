@@ -1,4 +1,4 @@
-"""The paper's setting emulated on a tiny model (model.md section 9): pacing and link scaling.
+"""The paper's setting emulated on a tiny model (docs/model.md §9): pacing and link scaling.
 
 A tiny model on a CPU is cheap to copy and dear to prefill, the opposite of a 32B model on a GPU
 behind a 300 Mbit/s link. To put the live system in the paper's regime *in absolute time*:
@@ -62,7 +62,7 @@ class EmulatedModel:
         name: ``qwen3-32b``, ``qwen3-14b`` or ``llama-3-8b``.
         r_p: prefill rate, tokens/s.
         r_d: decode rate per request, tokens/s.
-        s_kv: KV bytes per token (model.md Eq. 1, the model's bf16 cache).
+        s_kv: KV bytes per token (docs/model.md Eq. 1, the model's bf16 cache).
         source: where the figures come from.
     """
 
@@ -76,7 +76,7 @@ class EmulatedModel:
 def _paper_models() -> dict[str, EmulatedModel]:
     """The replay's setting of ``pallas_eval.experiments.presets`` (``paper-replay``,
     :func:`~pallas_eval.experiments.presets.replay_rates`; the one table of the paper's models):
-    Qwen3-32B at the rates model.md section 9 states for the replay (1,850 tokens/s prefill,
+    Qwen3-32B at the rates docs/model.md §9 states for the replay (1,850 tokens/s prefill,
     25 tokens/s decode), Qwen3-14B and Llama-3-8B at those times the ratio of the same models'
     rates measured on one H200 (benchmarks/results/h200_rates.json): the relative speed of the
     three models is taken from the H200, the absolute level from the paper's A6000."""
@@ -104,7 +104,7 @@ def emulated_model(name: str) -> EmulatedModel:
 
 def emulated_peer_rate_mbps(s_kv_tiny: float, model: EmulatedModel, paper_mbps: float = PAPER_LINK_MBPS) -> float:
     """The link rate (Mbit/s) at which one token of the tiny model's KV (``s_kv_tiny`` bytes) takes
-    as long to send as one token of ``model``'s KV at ``paper_mbps`` (model.md section 9):
+    as long to send as one token of ``model``'s KV at ``paper_mbps`` (docs/model.md §9):
     ``paper_mbps * s_kv_tiny / s_kv(model)``; e.g. 300 * 2,048 / 262,144 = 2.34 Mbit/s.
 
     Raises:

@@ -1,4 +1,4 @@
-"""UE-side metrics from token arrival times (model.md section 7).
+"""UE-side metrics from token arrival times (docs/model.md §7).
 
 - SIT of a handover: from the last token the UE got from the source before the handover to the
   first token of the same session it got after it (at the UE side of the token stream).
@@ -91,7 +91,7 @@ class HandoverSIT:
 
 def sit_for_handover(ho: Handover, sessions: Sequence[SessionRecord], new_agent: str | None = None,
                      next_handover: float = float("inf")) -> HandoverSIT:
-    """The SIT of one handover from the UE's sessions (model.md section 7).
+    """The SIT of one handover from the UE's sessions (docs/model.md §7).
 
     The session in flight is the one of this UE with a token before ``ho.time`` and a token at
     or after it. The SIT is the gap from the last token before the handover to the first token
@@ -204,7 +204,7 @@ class SchemeSummary:
     """Per-scheme figures (seconds; shares in [0, 1]).
 
     ``itl_over_slo`` is the share of ITLs above ``ITL_SLO_S``. ``t_early_mean`` is the mean
-    early-preparation exposure (model.md Eq. 7) of the triggers, NaN for reactive schemes.
+    early-preparation exposure (docs/model.md Eq. 7) of the triggers, NaN for reactive schemes.
     ``*_ci``: 95% bootstrap intervals (lo, hi) of the means (:func:`bootstrap_ci`; the ITL's over
     sessions' mean gaps, since a session's gaps are not independent of each other).
     """

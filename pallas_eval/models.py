@@ -9,7 +9,7 @@ Presets (parameter counts from the built model):
 
 - ``tiny``: 2 layers, hidden 256, 4 heads / 2 KV heads, head_dim 64, vocab 2048 (about 2.2 M).
 - ``m152``: 12 layers, hidden 1024, 16 heads / 4 KV heads, head_dim 64, intermediate 2368,
-  vocab 16384 (about 152 M); s_kv = 2*12*4*64*4 = 24,576 B/token in fp32 (model.md Eq. 1).
+  vocab 16384 (about 152 M); s_kv = 2*12*4*64*4 = 24,576 B/token in fp32 (docs/model.md Eq. 1).
 """
 
 from __future__ import annotations

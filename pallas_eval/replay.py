@@ -115,7 +115,7 @@ class SchemeRun:
 
 @dataclass(frozen=True)
 class Regime:
-    """How the replay's engines and links behave (issue 13 item 1, model.md section 9).
+    """How the replay's engines and links behave (issue 13 item 1, docs/model.md §9).
 
     ``paper``: engines paced to the emulated model's r_p / r_d (pallas_eval.emulated_connector),
     the agents' peer link at the paper's 300 Mbit/s scaled by s_kv(tiny) / s_kv(emulated), and
@@ -157,7 +157,7 @@ def regime_of(opts: ReplayOptions, s_kv_tiny: float) -> Regime:
 
 
 def tiny_kv_bytes_per_token(preset: str) -> float:
-    """s_kv of the served model preset (model.md Eq. 1), bytes per token."""
+    """s_kv of the served model preset (docs/model.md Eq. 1), bytes per token."""
     from pallas_common.timing import kv_bytes_per_token
     from pallas_eval.models import build_model, model_config
     return float(kv_bytes_per_token(model_config(build_model(preset))))
@@ -490,7 +490,7 @@ def references(servers: Sequence[Server], specs: dict[SessionSpec, None] | Seque
 
 def _lead(events: list[dict], ue: str, t_ho: float, to_cell: int) -> float:
     """T_avail: how long before ``t_ho`` (trace clock) the UE's reported prediction named
-    ``to_cell`` and kept naming it until the handover (model.md section 5); NaN if never."""
+    ``to_cell`` and kept naming it until the handover (docs/model.md §5); NaN if never."""
     since = float("nan")
     for e in events:
         if e.get("kind") != "prediction" or e.get("ue") != ue:

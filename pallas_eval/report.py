@@ -25,7 +25,7 @@ class HandoverRow:
     """One handover under one scheme: what the xApp did and what the UE saw.
 
     ``lead_s``: how long before the handover the xApp's prediction named the right target and
-    kept it (T_avail, model.md section 5), NaN if never. ``t_ho_error_s``: the xApp's latest
+    kept it (T_avail, docs/model.md §5), NaN if never. ``t_ho_error_s``: the xApp's latest
     predicted handover time minus the actual one (s; > 0: the HO came early; NaN: no predicted
     time), as the trigger margin measures it (xapp/scheduler/ho_timing.py). ``window_s``: the chosen T_w* (Eq. 9),
     NaN if no trigger. ``sit_s``: measured at the UE (section 7), NaN with no session in flight.

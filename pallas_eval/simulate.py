@@ -1,6 +1,6 @@
 """``--simulate``: the replay's handovers through the timing model only (no engines).
 
-Each handover of the trace with a session in flight becomes one evaluation of model.md's
+Each handover of the trace with a session in flight becomes one evaluation of docs/model.md's
 equations (through ``pallas_common.timing``, the same code the xApp's Scheduler Engine uses):
 
 - Pallas: Eq. 9's decision with T_limit = min(T_max, lead), where ``lead`` is how long before
@@ -8,7 +8,7 @@ equations (through ``pallas_common.timing``, the same code the xApp's Scheduler 
   live run, or a given constant); T_SIT (Eq. 6) and T_early (Eq. 7) at the chosen window. With
   no usable prediction (lead 0 or a wrong target) Pallas falls back to ctHO, as it does live.
 - w/o RC, w/o SM: the ablations' SIT at the same window (``sit_no_rc``, ``sit_no_sm``).
-- Full-Copy, Recomputation, ctHO: model.md section 6 with K = tokens at the handover.
+- Full-Copy, Recomputation, ctHO: docs/model.md §6 with K = tokens at the handover.
 - A target that served the session before (a UE handing back to a cell it left) still holds
   the whole blocks it computed then in vLLM's prefix cache (``cached_tokens``): Recomputation
   and ctHO's prefill skip them. ctHO's split counts them only where the source knows of them
@@ -39,7 +39,7 @@ from pallas_common.schemes import (COMPARED, CTHO, DETOUR, FULL_COPY, NAMES, NO_
 
 @dataclass(frozen=True)
 class Rates:
-    """The model's inputs that are rates or sizes (model.md sections 1-3; SI units).
+    """The model's inputs that are rates or sizes (docs/model.md §1-3; SI units).
 
     ``r_p`` prefill tokens/s at the target, ``r_d`` decode tokens/s per request, ``bandwidth``
     inter-gNB goodput bytes/s, ``s_kv`` KV bytes per token, ``block_size`` tokens per block,
@@ -137,7 +137,7 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARE
     negative the HO came before the trigger: fallback to ctHO). T_SIT (Eq. 6) and T_early
     (Eq. 7) are evaluated at the window used with the actual rates; w/o RC and w/o SM at the same
     window. A session younger than the lead (K < r_d lead) has the lead capped at its age K / r_d.
-    Full-Copy, Recomputation and ctHO (model.md section 6) add the first decode step
+    Full-Copy, Recomputation and ctHO (docs/model.md §6) add the first decode step
     1 / r_d like Eq. 6. Raises ValueError for an unknown scheme.
     """
     schemes = tuple(schemes)

@@ -105,7 +105,7 @@ def apply_instance(controls: Mapping[str, Any], payload: Mapping[str, Any]) -> d
     """Return a copy of ``controls`` with one policy instance's knobs applied.
 
     ``alpha``, ``t_max_s``, ``dt_s`` replace ``controls.scheduler`` fields of the same names
-    (model.md Eqs. 8-9); ``fallback`` replaces ``controls.fallback``; ``proactive.enabled``
+    (docs/model.md Eqs. 8-9); ``fallback`` replaces ``controls.fallback``; ``proactive.enabled``
     replaces ``controls.proactive.enabled`` and ``proactive.cells`` / ``proactive.slices`` are
     merged key by key into the configured rules. ``payload`` must already satisfy the policy
     type's schema; the result is not validated here.

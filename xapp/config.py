@@ -188,7 +188,7 @@ class XappConfig:
     - ``scheme``: the default recovery scheme (the .proto's ``Scheme`` in lower case without the
       prefix: ``pallas``, ``full_copy``, ``recomputation``, ``ctho``, ``detour``, ``no_rc``,
       ``no_sm``, ``pallas_bridge``); ``fallback``: the recovery of an unprepared or mispredicted target that can
-      serve the model (model.md section 6).
+      serve the model (docs/model.md §6).
     - ``proactive``: :class:`ProactiveRules`.
     - ``scheduler``: :class:`xapp.scheduler.config.SchedulerConfig` (the Scheduler Engine's
       parameters; its ``default_goodput_bytes_per_s`` is the Mbit/s value converted once);

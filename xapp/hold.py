@@ -6,7 +6,7 @@ of the replayed trace are known in advance (the harness's plan, decoded from the
 the xApp's own ingest), so :class:`HoldCorrect` wraps the xApp's predictor and, for every UE,
 replaces a prediction that names the UE's true next target cell by "no prediction" while that
 handover is more than ``hold_s`` seconds away (trace clock). Wrong predictions pass unchanged
-(preparation may start at a wrong target and be discarded, model.md Eq. 10), as does everything
+(preparation may start at a wrong target and be discarded, docs/model.md Eq. 10), as does everything
 after the UE's last known handover. The lead the xApp then has is at most ``hold_s`` plus one
 report period (a held UE's prediction is re-reported with its next measurement report).
 

@@ -233,7 +233,7 @@ class PolicyClient:
         return self._submit("Trigger", source_agent, req)
 
     def cancel(self, source_agent: str, session_id: str, epoch: int, reason: str = "") -> "Future[CallOutcome]":
-        """Cancel epoch ``epoch`` of the session's migration (model.md section 5)."""
+        """Cancel epoch ``epoch`` of the session's migration (docs/model.md §5)."""
         return self._submit("Cancel", source_agent, pb.CancelRequest(session_id=session_id, epoch=epoch, reason=reason))
 
     def commit(self, source_agent: str, session_id: str, epoch: int, actual_target: str, *,

@@ -1,7 +1,7 @@
 """The xApp's durable state: migration epochs, session bindings, in-flight migrations (issue 16).
 
 After a restart the xApp must never reissue a migration epoch (an agent that has seen epoch n
-answers STALE_EPOCH to every later message of an epoch <= n, model.md section 5), and it must
+answers STALE_EPOCH to every later message of an epoch <= n, docs/model.md §5), and it must
 find the migrations it had in flight so that each is resumed or cancelled at both agents. OSC
 xApps keep such state in SDL (the RIC's shared data layer, Redis behind DBaaS).
 

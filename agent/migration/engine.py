@@ -1,5 +1,5 @@
 """The migration engine: one per agent, source and target of every scheme (paper section 4.3,
-model.md sections 5-8).
+docs/model.md §5-8).
 
 The Control service (xApp) calls :meth:`MigrationEngine.trigger`, :meth:`~MigrationEngine.cancel`
 and :meth:`~MigrationEngine.commit`; the PeerTransfer service calls the target side
@@ -9,8 +9,8 @@ and :meth:`~MigrationEngine.commit`; the PeerTransfer service calls the target s
 - a proactive scheme's Trigger prepares the target (prefix warm-up) and streams suffix blocks;
   a reactive one's only records the epoch;
 - a Commit finishes a live attempt at the same target and epoch, choosing at the handover
-  between finishing it, a ctHO split of what the target lacks, or recomputation (model.md
-  section 8; the estimates go into the reply); any other commit prepares the actual target now
+  between finishing it, a ctHO split of what the target lacks, or recomputation (docs/model.md
+  §8; the estimates go into the reply); any other commit prepares the actual target now
   with the named scheme (the xApp names ctHO for a mispredicted target, Detour when no target
   can serve; Detour moves nothing).
 - A commit the target refuses or fails is answered with a non-OK status (the session stays at
@@ -109,7 +109,7 @@ class Entry:
 
 
 class Ledger:
-    """Epochs per session, bounded (least recently used forgotten first; model.md section 5).
+    """Epochs per session, bounded (least recently used forgotten first; docs/model.md §5).
 
     ``newest(sid)``: the newest epoch a Control call named (source side); ``newest_in(sid)``:
     the newest a peer named (target side); ``entry(sid, epoch)``: the per-attempt record.
@@ -314,7 +314,7 @@ class MigrationEngine(SourceRole, TargetRole):
 
         Proactive schemes: Prepare (the block-aligned split P = ``split_tokens`` rounded down,
         0 = every whole block so far; w/o RC: 0) then the suffix stream. Reactive schemes:
-        recorded only. A newer epoch abandons the older attempt (model.md section 5).
+        recorded only. A newer epoch abandons the older attempt (docs/model.md §5).
         """
         value = self.scheme_for(session_id, scheme)
         spec = SCHEMES[value]
@@ -402,7 +402,7 @@ class MigrationEngine(SourceRole, TargetRole):
                                        and out.target.address == actual_target.address):
                 # Nothing prepared at this target for this epoch (never triggered, another
                 # target, or the attempt failed since, which the xApp cannot know): ctHO
-                # recovers at the actual target (model.md section 6, fallback).
+                # recovers at the actual target (docs/model.md §6, fallback).
                 use = SCHEMES[S.SCHEME_CTHO]
                 log.info("commit_fallback_ctho", session=session_id, epoch=epoch,
                          requested=spec.name)
@@ -461,7 +461,7 @@ class MigrationEngine(SourceRole, TargetRole):
         return await self._once("commit", session_id, epoch, work, allow_closed=("cancelled",))
 
     async def _ctho(self, s: Session, target: pallas_pb2.PeerEndpoint) -> int:
-        """ctHO's split p (model.md section 6) with the *target's* measured r_p (asked with a
+        """ctHO's split p (docs/model.md §6) with the *target's* measured r_p (asked with a
         Progress call; this agent's, then the default, when it does not say) and the measured
         goodput to it; 0 (ship everything) without a model identity.
 

@@ -197,7 +197,7 @@ class SourceRole:
     # ------------------------------------------------------------------ bridging
     async def _bridge(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
                       scheme: int) -> bool:
-        """Bridging (``pallas-bridge``, model.md section 8): before the commit freezes ``s``,
+        """Bridging (``pallas-bridge``, docs/model.md §8): before the commit freezes ``s``,
         keep decoding here (the new agent's front relays these tokens to the UE) until the
         target holds the state, then return right after a token, so the handover happens at a
         token boundary with only the tail left (recomputed at the target).
@@ -250,7 +250,7 @@ class SourceRole:
 
     # ------------------------------------------------------------------ commit
     async def _choose(self, out: Outbound, n: int) -> tuple[CommitChoice | None, float]:
-        """The commit-time choice (model.md section 8) for a prepared attempt with a warm-up;
+        """The commit-time choice (docs/model.md §8) for a prepared attempt with a warm-up;
         returns (choice or None when nothing is to choose, the target's r_p)."""
         if out.split <= 0 or out.ready:
             return None, 0.0
@@ -352,7 +352,7 @@ class SourceRole:
                         error=s.held_error[0])
         shipping = ship != Ship.NONE and not finished_here and not failed_here
         # A prepared attempt's tail (the last, partial block) crosses the link only where that
-        # is faster than recomputing it at the target (model.md Eq. 6: s_kv / B against 1 / r_p).
+        # is faster than recomputing it at the target (docs/model.md Eq. 6: s_kv / B against 1 / r_p).
         ship_tail = shipping and (not prepared or self._tail_pays(out, r_p))
         out.to(SourceState.COMMITTING)
         if shipping and out.stream is None:
@@ -441,7 +441,7 @@ class SourceRole:
     def _tail_pays(self, out: Outbound, r_p: float) -> bool:
         """Whether shipping the tail's KV beats recomputing it at the target: the link's
         goodput B (bytes/s, measured, else the rate limit) above s_kv * r_p (the target's
-        prefill rate, measured; model.md section 3, Eq. 6)."""
+        prefill rate, measured; docs/model.md §3, Eq. 6)."""
         ident = self.identity()
         r_p = r_p or self.prefill_rate() or self.cfg.default_prefill_rate
         goodput = out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9

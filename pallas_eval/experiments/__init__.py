@@ -1,6 +1,6 @@
 """The paper's experiments (section 6), each one command: ``pallas experiment NAME``.
 
-``--simulate`` runs the timing model (``pallas_common.timing``, model.md) at the paper's full
+``--simulate`` runs the timing model (``pallas_common.timing``, docs/model.md) at the paper's full
 scale with the paper's rates (``presets``) in seconds; the live mode is described in ``live``.
 Every experiment writes ``OUT/NAME/NAME.csv``, ``NAME.json`` and its figure, and the runner
 prints our value beside the paper's (``paper_values.json``) with the ratio, then a closing note

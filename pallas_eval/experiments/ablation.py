@@ -4,7 +4,7 @@ The single-handover workload (``single``: 60 contexts over 500-4,500 tokens, eac
 handover event with the CVH predictor and the Scheduler Engine online), for every model and
 goodput (100, 300, 500 Mbit/s). The three variants share the event, the prediction and the
 window actually used (trigger to handover); w/o RC and w/o SM are ``timing.sit_no_rc`` and
-``timing.sit_no_sm`` (model.md section 6) at that window. A handover without a usable
+``timing.sit_no_sm`` (docs/model.md §6) at that window. A handover without a usable
 prediction falls back to ctHO under all three.
 """
 
@@ -68,13 +68,13 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
 
 
 WHY = {
-    "ablation.no_sm": "model.md: w/o SM recomputes only the window's tokens (r_d T_w, a few dozen) after the handover "
+    "ablation.no_sm": "docs/model.md: w/o SM recomputes only the window's tokens (r_d T_w, a few dozen) after the handover "
                       "at the full prefill rate r_p: about 10-20 ms, while Pallas waits for the last streamed block "
                       "(up to P s_kv / B, 70 ms here). So the two are within a few ms; the paper measured 420 ms more "
                       "for w/o SM, far more than a few dozen tokens' prefill at any rate it reports",
-    "ablation.reduction_vs_no_sm": "model.md: as for w/o SM's SIT; at 100 Mbit/s w/o SM even beats Pallas in the model "
+    "ablation.reduction_vs_no_sm": "docs/model.md: as for w/o SM's SIT; at 100 Mbit/s w/o SM even beats Pallas in the model "
                                    "(a block in flight costs 70-335 ms there, recomputing the window's tokens ~15 ms)",
-    "ablation.no_rc": "model.md: w/o RC ships the whole cache from the trigger at B; with our contexts (mean 2,500 "
+    "ablation.no_rc": "docs/model.md: w/o RC ships the whole cache from the trigger at B; with our contexts (mean 2,500 "
                       "tokens) that is the Full-Copy time less the window",
 }
 

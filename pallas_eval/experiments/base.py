@@ -38,7 +38,7 @@ class Comparison:
     """Our value for one of the paper's (``key`` in paper_values.json), in the paper's unit.
 
     ``why``: where ours differs by more than :data:`TOLERANCE`, the reason, starting with its
-    kind: "model.md:" (a modelling choice), "preset:" (a rate we had to assume), "plot:" (a
+    kind: "docs/model.md:" (a modelling choice), "preset:" (a rate we had to assume), "plot:" (a
     value read off a plot), "scale:" (a run smaller than the paper's), or "fault:".
     """
 

@@ -107,7 +107,7 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000") 
     worst_mean = max(pt["pallas_mean_s"] for pt in points)
     upto4 = max((pt["pallas_mean_s"] for pt in points if pt["migrations"] <= 4), default=float("nan"))
     comps = [Comparison("contention.pallas_sit_mean.max", 1000 * worst_mean,
-                        f"scale/model.md: the paper's text does not list its configurations; ours go to n = 8 "
+                        f"docs/model.md/scale: the paper's text does not list its configurations; ours go to n = 8 "
                         f"concurrent migrations. Up to n = 4 Pallas's mean SIT stays below 300 ms (at most "
                         f"{1000 * upto4:.0f} ms); at n = 8 each migration gets r_p / 8 and B / 8, its 2,000-token prefix "
                         f"needs more than T_max = 5 s, and Eq. 6 puts the rest into SIT")]

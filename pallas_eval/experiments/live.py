@@ -2,7 +2,7 @@
 
 Each experiment's live mode runs the replay (``pallas_eval.replay``: tiny-model vLLM servers with
 an agent each, the xApp in test mode, the UE harness) in the regime-faithful emulation of
-model.md section 9 (``pallas replay --regime paper --emulate MODEL``: engines paced to the
+docs/model.md §9 (``pallas replay --regime paper --emulate MODEL``: engines paced to the
 emulated model's r_p and r_d, the link scaled by the KV-size ratio, so every timing is the
 emulated model's), at a scale this 2-core machine carries:
 

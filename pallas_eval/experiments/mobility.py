@@ -17,7 +17,7 @@ Mobility Settings"): the nuScenes trajectories are not available here, so drives
   dead-reckons the position now and extrapolates a straight line; the first boundary of the
   serving cell it reaches within ``horizon_s`` names the target cell (the neighbour across it)
   and t_HO. No crossing within the horizon (or one that leaves the grid): no prediction.
-- **T_avail** (model.md section 5): the time from which the predicted target stayed equal to the
+- **T_avail** (docs/model.md §5): the time from which the predicted target stayed equal to the
   actual one until the handover.
 - **Scheduler Engine online** (:func:`run_online`): every control period, for each session with a
   prediction, Eq. 9 on the current estimates (through ``pallas_common.timing.decide``), the
@@ -196,7 +196,7 @@ def cvh_predict(d: Drives, rng: np.random.Generator, *, gps_period_s: float = GP
 
 
 def t_avail(d: Drives, p: Predictions) -> np.ndarray:
-    """T_avail per handover (model.md section 5), shape (n, max_ho), s; NaN padding.
+    """T_avail per handover (docs/model.md §5), shape (n, max_ho), s; NaN padding.
 
     The control steps between the previous handover (or the start) and this one are scanned
     backwards from the last step strictly before the handover (at the handover's own step the

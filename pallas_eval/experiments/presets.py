@@ -1,5 +1,5 @@
 """The paper's three models and its GPUs, in one place: s_kv from the model configs (Eq. 1) and
-the rates of the timing model (model.md sections 2-3) per (model, GPU).
+the rates of the timing model (docs/model.md §2-3) per (model, GPU).
 
 Models (public Hugging Face ``config.json`` fields; s_kv = 2 L H_kv d_h b through
 :func:`pallas_common.timing.kv_bytes_per_token`):
@@ -32,7 +32,7 @@ hop, is ``hop_delay_s``. Block size 16 (vLLM's GPU default).
 The replay's setting (``paper-replay``, :func:`replay_rates`): what ``pallas replay --regime
 paper`` emulates (``pallas_eval.emulation`` paces the tiny model to these rates and scales the
 300 Mbit/s link by the KV size ratio) and what ``--rates paper`` simulates with
-(:data:`PAPER_QWEN3_32B`). It keeps the figures model.md section 9 and issue 13 state for the
+(:data:`PAPER_QWEN3_32B`). It keeps the figures docs/model.md §9 and issue 13 state for the
 replay: Qwen3-32B prefilling 1,850 tokens/s (Table 1's Recomputation row taken whole, fixed
 costs included) and decoding 25 tokens/s (about the middle of Figure 5(d)'s 28-48 ms ITL), with
 c_sync 20 ms (an assumption: one control round trip plus admission). The ``rtx-a6000`` rates
@@ -144,10 +144,10 @@ def rates(model: str, gpu: str = "rtx-a6000", goodput_mbps: float = PAPER_GOODPU
 #: The replay's setting (module docstring): its name, its anchor model and the anchor's rates.
 REPLAY_SETTING = "paper-replay"
 REPLAY_ANCHOR_MODEL = "qwen3-32b"
-REPLAY_R_P = 1850.0        # tokens/s: Table 1's Recomputation row (model.md section 9, issue 13)
+REPLAY_R_P = 1850.0        # tokens/s: Table 1's Recomputation row (docs/model.md §9, issue 13)
 REPLAY_R_D = 25.0          # tokens/s: Figure 5(d)'s 28-48 ms ITL
 REPLAY_C_SYNC_S = 0.020    # assumption: one control round trip plus admission
-_REPLAY_SOURCES = {True: "paper Table 1 / Fig. 5(d) (model.md section 6)",
+_REPLAY_SOURCES = {True: "paper Table 1 / Fig. 5(d) (docs/model.md §6)",
                    False: "qwen3-32b's paper rates x the H200 ratio (benchmarks/results/h200_rates.json)"}
 
 

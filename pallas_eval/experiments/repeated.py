@@ -197,7 +197,7 @@ WHY = {
     "repeated.pallas_sit_mean": "preset: c_sync is one fixed 150 ms for every model, so with the first decode step no "
                                 "model's Pallas SIT goes below about 180 ms; the paper's 153.8 ms for the smallest model "
                                 "means a smaller fixed commit cost there",
-    "repeated.pallas_sit_p99": "model.md/drives: our generated drives give about 10% of handovers a prediction lead "
+    "repeated.pallas_sit_p99": "docs/model.md/drives: our generated drives give about 10% of handovers a prediction lead "
                                "under 1.2 s (turns near a boundary), less than the prefix prefill of a 2,000-4,000-token "
                                "session, and Eq. 6 puts that residue into SIT (P99 of committed handovers alone: "
                                "444-745 ms); 1.1-1.3% fall back to ctHO. The paper's nuScenes drives give longer leads",

@@ -11,7 +11,7 @@ context.
 - Figure 5(a)-(c): mean SIT per scheme per goodput, one panel per model.
 - Figure 5(d): mean ITL over the ``ITL_TOKENS`` (256, about a ShareGPT answer; an assumption)
   tokens after the handover: one gap is the SIT, the others the decode step 1 / r_d; Detour adds
-  its hop delay to every gap (model.md section 6).
+  its hop delay to every gap (docs/model.md §6).
 - Figure 5(e): a time-varying goodput. The paper replays SNOB-5G 60 GHz traces (normal and
   blockage) that are not available here; :func:`goodput_trace` synthesises the two kinds (see
   there). The goodput a transfer sees is the trace averaged over the time it runs (Full-Copy: the
@@ -187,7 +187,7 @@ def _factor_range(per_setting, scheme):
 
 
 WHY = {
-    "single.factor_full_copy": "model.md: Full-Copy's SIT is K s_kv / B while Pallas's is nearly fixed, so the factor grows "
+    "single.factor_full_copy": "docs/model.md: Full-Copy's SIT is K s_kv / B while Pallas's is nearly fixed, so the factor grows "
                                "as 1/B and with s_kv: from about 29x (Llama-3-8B, 500 Mbit/s) to about 170x (Qwen3-32B, "
                                "100 Mbit/s: a 2,500-token cache alone takes 52 s against Pallas's 0.32 s). The paper's "
                                "narrow 70-90x band cannot come from a transfer at the stated goodputs",
@@ -200,7 +200,7 @@ WHY = {
     "single.itl_reduction_vs_detour": "model: Detour adds 15.9 ms per hop on average (the fit to Figure 1) to every gap, "
                                       "so one hop reduces by 15.9 / (1/r_d + 15.9) ms = 25-36%; the paper's 16% would need "
                                       "about 9 ms for the hop at 48 ms per token",
-    "single.trace": "model.md/preset: Figure 5(e)'s SNOB-5G traces are not available; ours are synthetic (mean 250 Mbit/s, "
+    "single.trace": "docs/model.md/preset: Figure 5(e)'s SNOB-5G traces are not available; ours are synthetic (mean 250 Mbit/s, "
                     "blockage episodes), so the transfer-bound factors follow our traces, not theirs",
     "single.pallas_itl": "preset: r_d per model is set from this very range (28 and 48 ms); the 256-token ITL window adds the SIT/256",
     "table1": "preset: c_sync (150 ms) and r_p were fitted to Table 1 and Figure 2 together; the linear prefill model cannot "

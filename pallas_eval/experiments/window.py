@@ -76,7 +76,7 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000") 
 
 
 WHY = {
-    "window.selected_t_early": "model.md: with dT = 0.1 s the selected window overshoots the time the state is ready by "
+    "window.selected_t_early": "docs/model.md: with dT = 0.1 s the selected window overshoots the time the state is ready by "
                                "up to one step (ours 35 ms, the paper's 17 ms): tens of ms either way, so the ratio of "
                                "two near-zero values is large",
     "window.selected": "preset: Eq. 9 picks about the first window at which the prefix is ready; with the r_p that fits "
@@ -84,7 +84,7 @@ WHY = {
                        "4 s both say its prefix took about 1.6 s, slower than the rate its own T_w = 0 point implies",
     "window.fig2.idle_at_4s": "preset: T_early = T_w - T_ready with our prefix ready at 0.95 s gives 3.05 s at 4 s; the "
                               "paper's 2.4 s (60% of the window) means ready at about 1.6 s (see window.selected)",
-    "window.fig2.sit_at_1s": "model.md: at exactly 1.0 s the model's prefix is done and the last block already sent, "
+    "window.fig2.sit_at_1s": "docs/model.md: at exactly 1.0 s the model's prefix is done and the last block already sent, "
                              "leaving c_sync + 1/r_d = 0.19 s; the paper's 0.25 s there still holds some residue "
                              "(its prefix ran slower, see window.selected)",
 }

@@ -607,7 +607,7 @@ def test_ctho_split_uses_the_targets_measured_prefill_rate():
 def test_ctho_back_to_the_agent_the_session_came_from_ships_only_what_it_lacks():
     """A ping-pong: the session came here from agent "t" and hands back to it; "t" still holds
     the blocks it computed (vLLM's prefix cache), so ctHO's split starts after them
-    (model.md section 8) instead of shipping blocks "t" has; to any other agent it is plain."""
+    (docs/model.md §8) instead of shipping blocks "t" has; to any other agent it is plain."""
     from agent.migration.engine import held_at
 
     def came_from(agent):
@@ -696,7 +696,7 @@ def test_pallas_fallback_for_a_session_still_in_its_prefill_recomputes_at_the_ta
 
 
 def test_the_tail_crosses_the_link_only_where_that_beats_recomputing_it():
-    """model.md Eq. 6: the partial last block is recomputed at the target unless shipping its
+    """docs/model.md Eq. 6: the partial last block is recomputed at the target unless shipping its
     KV is faster (B > s_kv * r_p). s_kv 2,048 B/token at r_p 1,850 tokens/s: 3.8 MB/s."""
     from types import SimpleNamespace as NS
 
@@ -823,7 +823,7 @@ def test_bridge_unprepared_prepares_with_ctho_split_and_is_bounded_by_bridge_max
 
 
 def test_choice_waits_for_a_running_warmup_since_every_option_queues_behind_it():
-    """model.md section 8 as measured: a warm-up still running is one engine step the target
+    """docs/model.md §8 as measured: a warm-up still running is one engine step the target
     cannot cut short, so recompute and ctHO would wait for it too; with it cached afterwards,
     finishing the prepared state is never worse, and the wait is bounded by the alternatives."""
     running = commit_choice(_hs(prefilled_tokens=0, received_blocks=10, warmup_left_s=0.5))

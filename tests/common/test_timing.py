@@ -1,4 +1,4 @@
-"""The timing model (pallas_common.timing) against model.md, the paper's Table 1 and Figure 2.
+"""The timing model (pallas_common.timing) against docs/model.md, the paper's Table 1 and Figure 2.
 
 Runs in both environments (numpy, pytest and hypothesis only). Model configs are the public
 Hugging Face config fields the model needs, written out here; the library has no model table.
@@ -29,7 +29,7 @@ B300 = T.mbit_per_s(300)
 # ---------------------------------------------------------------------------------- Eq. 1
 
 def test_kv_bytes_per_token_from_config_fields():
-    assert T.kv_bytes_per_token(QWEN3_32B) == 262_144               # model.md section 1 check
+    assert T.kv_bytes_per_token(QWEN3_32B) == 262_144               # docs/model.md §1 check
     assert T.kv_bytes_per_token(QWEN3_14B) == 2 * 40 * 8 * 128 * 2
     assert T.kv_bytes_per_token(LLAMA3_8B) == 2 * 32 * 8 * (4096 // 32) * 2
     assert T.kv_bytes_per_token(QWEN3_32B, "fp8") == 262_144 // 2
@@ -101,7 +101,7 @@ def test_ctho_split_vectorised_and_errors():
 # ---------------------------------------------------------------------------------- Eqs. 4-8
 
 def reference_costs(k_curr, t_rem, p, r_p, r_d, b, s_kv, c, r_dt, tw, alpha):
-    """model.md section 3 written out literally, with the block-stream recursion as a loop."""
+    """docs/model.md §3 written out literally, with the block-stream recursion as a loop."""
     eps = 1e-9
     k_trig = k_curr + r_d * (t_rem - tw)
     l_hist = p * math.floor(k_trig / p + eps)
@@ -303,7 +303,7 @@ def test_ablations_against_pallas(ue, tw):
     if ship >= recompute:
         assert T.sit_no_rc(inp, [tw])[0, 0] >= pallas - 1e-9
     # Streaming the suffix instead of recomputing it after the HO only helps when shipping is
-    # cheaper; otherwise (model.md: blocks in flight at the HO are waited for, not recomputed)
+    # cheaper; otherwise (docs/model.md: blocks in flight at the HO are waited for, not recomputed)
     # a backlog block can cost more than recomputing it.
     if ship <= recompute:
         assert T.sit_no_sm(inp, [tw])[0, 0] >= pallas - 1e-9
@@ -399,7 +399,7 @@ def test_hop_cost_mean_scaling_and_bad_input():
 
 
 def test_ctho_split_never_redoes_what_the_target_holds():
-    """model.md section 8: tokens the target holds (its prefix cache from serving the session
+    """docs/model.md §8: tokens the target holds (its prefix cache from serving the session
     before) are neither shipped nor recomputed: the split is the held whole blocks plus the
     split of the rest, and the time is the rest's."""
     k, bs, r_p, s_kv, b = 1_800, 32, 1_850.0, 2_048.0, 292_500.0

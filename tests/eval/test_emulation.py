@@ -1,4 +1,4 @@
-"""The paper's regime emulated on a tiny model (pallas_eval/emulation.py, model.md section 9):
+"""The paper's regime emulated on a tiny model (pallas_eval/emulation.py, docs/model.md §9):
 the emulated models' rates, the link scaling, each step's emulated duration and the paced
 connector's worker side, with a fake clock."""
 
@@ -29,7 +29,7 @@ def test_emulated_models_and_their_sources():
 
 
 def test_link_scaled_by_the_kv_size_ratio():
-    # model.md section 9: 300 Mbit/s * 2,048 / 262,144 = 2.34 Mbit/s
+    # docs/model.md §9: 300 Mbit/s * 2,048 / 262,144 = 2.34 Mbit/s
     assert emu.emulated_peer_rate_mbps(2048, emu.emulated_model("qwen3-32b")) == pytest.approx(2.34375)
     # one token's KV then takes as long on the scaled link as the real model's on 300 Mbit/s
     m = emu.emulated_model("llama-3-8b")

@@ -232,7 +232,7 @@ def test_ablation(outdir):
     for m in PR.MODELS:
         nr = [s["no-rc"] for s in res.summary["settings"] if s["model"] == m]
         assert nr[0] > nr[1] > nr[2]
-    # at 300 Mbit/s and above, streaming the suffix is no worse than recomputing it (model.md)
+    # at 300 Mbit/s and above, streaming the suffix is no worse than recomputing it (docs/model.md)
     for s in res.summary["settings"]:
         if s["goodput_mbps"] >= 300:
             assert s["no-sm"] >= s["pallas"] - 0.01

@@ -2,7 +2,7 @@
 
 A predictor maps a UE's measurement track (``xapp.tracks.TrackView``) and ``now`` to a
 ``Prediction`` (target cell, handover time, confidence, which predictor spoke) or None. It is
-the input of the window decision (paper §4.2; model.md §4-5): T_remain_hat = t_ho - now, and a
+the input of the window decision (paper §4.2; docs/model.md §4-5): T_remain_hat = t_ho - now, and a
 change of target after the trigger cancels (a new migration epoch), which is why the reported
 target is held with hysteresis (``Stabiliser``) and every prediction carries a calibrated
 confidence (``Calibrator``).
@@ -42,7 +42,7 @@ class Prediction:
     flips: int = 0
 
     def remaining_s(self, now: float) -> float:
-        """T_remain_hat = t_ho - now (model.md §4), inf when no time is predicted."""
+        """T_remain_hat = t_ho - now (docs/model.md §4), inf when no time is predicted."""
         return self.t_ho - now if self.t_ho == self.t_ho else math.inf
 
 

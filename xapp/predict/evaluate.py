@@ -16,7 +16,7 @@ Per real handover h (time T, source A, target B), over the instants of its dwell
 
 - ``right@L``: the prediction at the last instant <= T - L names B (no instant: a miss);
 - ``timed@L``: right@L and |t_ho_hat - T| <= tol (2 s on drive data, 0.5 s on generated);
-- ``T_avail`` (paper §4.4, model.md §5): T minus the start of the final run of instants that
+- ``T_avail`` (paper §4.4, docs/model.md §5): T minus the start of the final run of instants that
   name B up to the handover; 0 if the last prediction before T is not B;
 - ``E_early``: the largest amount by which a predicted t_ho preceded T before that run;
 - time error at L: t_ho_hat - T for right predictions;

@@ -1,4 +1,4 @@
-"""Admission at a prospective target (paper §4.2 "Admission decision"; model.md section 4).
+"""Admission at a prospective target (paper §4.2 "Admission decision"; docs/model.md §4).
 
 A target is admitted for a session only if it serves a compatible model (same model id,
 weights digest, activation dtype, KV-cache dtype and block size, and where both sides report
@@ -92,7 +92,7 @@ class AdmissionResult:
 
 def admit(source: ModelKey | None, target: ServerState | None, k_ho: float, s_kv: int,
           headroom_fraction: float, reserved_bytes: int = 0, *, check_memory: bool = True) -> AdmissionResult:
-    """Admission of one session at one target (paper §4.2; model.md section 4).
+    """Admission of one session at one target (paper §4.2; docs/model.md §4).
 
     ``source``: the session's model at its source; ``target``: the target's last fresh report
     (None: no fresh telemetry, refused); ``k_ho``: predicted tokens at the handover;

@@ -67,13 +67,13 @@ _INTEGRAL = frozenset({"ho_timing_window"})
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Parameters of the Scheduler Engine (paper §4.2; model.md sections 2-4).
+    """Parameters of the Scheduler Engine (paper §4.2; docs/model.md §2-4).
 
     - ``alpha``: Eq. 8's weight of T_SIT against T_early, [0, 1].
     - ``dt_s``: window grid step ΔT, s (Eq. 9), >= :data:`MIN_DT_S`. ``t_max_s``: window cap
       T_max, s (Eq. 9); ``t_max_s / dt_s`` <= :data:`MAX_WINDOW_STEPS`.
     - ``control_period_s``: time between decision cycles, s.
-    - ``ewma_weight``: weight of the newest sample in the EWMA of r_p, r_d and B (model.md §2).
+    - ``ewma_weight``: weight of the newest sample in the EWMA of r_p, r_d and B (docs/model.md §2).
     - ``stale_age_s``: an estimate older than this falls back to its default, s.
     - ``default_prefill_rate_tps`` (r_p), ``default_decode_rate_tps`` (r_d), tokens/s, and
       ``default_goodput_mbps`` (B), Mbit/s: conservative values used without a fresh estimate.

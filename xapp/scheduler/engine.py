@@ -14,7 +14,7 @@ Per cycle (:meth:`SchedulerEngine.cycle`):
    evaluation is skipped; so are sessions that will finish generating before the HO.
 2. K_curr is extrapolated from the last report at the session's r_d; r_p (target), r_d
    (session) and B (source -> target) are the EWMA estimates, or the conservative defaults
-   where stale (model.md section 2).
+   where stale (docs/model.md §2).
 3. :func:`pallas_common.timing.decide` evaluates the 0..T_max grid for all of them at once
    (Eqs. 4-9) and applies the trigger rule.
 4. For each session whose trigger fires, admission (model and KV memory, with the memory

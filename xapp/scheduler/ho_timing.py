@@ -1,7 +1,7 @@
 """How early or late the predicted handover time has been, measured online (issue 26 item 4).
 
 Eq. 9's trigger rule fires when T_remain_hat = t_HO_hat - now falls to the chosen window T_w*
-(plus the lookahead, model.md section 4). It assumes t_HO_hat is right. On real drives it is
+(plus the lookahead, docs/model.md §4). It assumes t_HO_hat is right. On real drives it is
 not: a dwell-time prediction (``xapp/predict/``) learned from other drives of the same area is
 often seconds late on a drive that ping-pongs between two cells, so the handover comes while
 the session is still PLANNED and Pallas falls back to ctHO although it had named the right

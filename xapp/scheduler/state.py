@@ -1,4 +1,4 @@
-"""The per-session migration state machine (paper §4.2-§4.4; model.md section 5).
+"""The per-session migration state machine (paper §4.2-§4.4; docs/model.md §5).
 
 One :class:`SessionMigration` per LLM session. It does no I/O: each event returns the actions
 (:class:`TriggerAction`, :class:`CancelAction`, :class:`CommitAction`) that the xApp's
@@ -21,7 +21,7 @@ States (:class:`MigrationState`):
 
 Epochs: ``epoch`` is the epoch of the attempt being planned or prepared. Every cancel carries
 the cancelled attempt's epoch and moves the session to the next one, so an agent that has
-seen epoch n+1 drops every later message of epoch n (model.md section 5). Commits carry the
+seen epoch n+1 drops every later message of epoch n (docs/model.md §5). Commits carry the
 prepared epoch (or, for a fallback, a fresh one). Fresh epochs come from the ``epochs``
 callable (the xApp passes ``xapp.store.XappStore.allocate_epoch``, so an epoch is never
 reissued across restarts: issue 16); a fresh epoch is always above the current one.
@@ -153,7 +153,7 @@ class SessionMigration:
 
     ``source``: the agent serving the session now. ``scheme``: the proactive scheme
     (Pallas or an ablation); ``fallback``: the reactive scheme for an unprepared target that
-    can serve the model (ctHO by default; model.md section 6). ``epochs(session_id)``: a
+    can serve the model (ctHO by default; docs/model.md §6). ``epochs(session_id)``: a
     fresh epoch for the session, larger than every one it returned before (default: a counter
     of this machine, 1, 2, 3, ...; the xApp gives ``XappStore.allocate_epoch``). The first
     attempt's epoch is drawn at construction; each later one is ``max(epochs(), epoch + 1)``,
@@ -275,7 +275,7 @@ class SessionMigration:
         prepared: commit a fallback. The fallback is ``self.fallback`` if
         ``target_can_serve`` (compatible model and memory), else Detour (FALLBACK); a bridging
         scheme (``pallas-bridge``) is its own fallback there: the source decodes on through the
-        new agent's front while that agent is prepared from scratch (model.md section 8). After a
+        new agent's front while that agent is prepared from scratch (docs/model.md §8). After a
         migration the actual target is the new source; after Detour the source stays and one
         relay hop is added. A handover to the source agent itself needs nothing (and ends a
         Detour relay).

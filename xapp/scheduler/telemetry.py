@@ -1,6 +1,6 @@
 """Runtime estimates for the Scheduler Engine: EWMA-smoothed r_p, r_d and B with staleness.
 
-Paper §4.2 "Mobility and telemetry inputs"; model.md section 2: r_p per target (prefill rate
+Paper §4.2 "Mobility and telemetry inputs"; docs/model.md §2: r_p per target (prefill rate
 available to migrations), r_d per session (decode rate at the source), B per source-target
 pair (block-stream goodput), each an EWMA with the newest sample weighted ``ewma_weight``.
 An estimate older than ``stale_age_s`` is not trusted: reads return the configured

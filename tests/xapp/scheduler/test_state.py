@@ -1,4 +1,4 @@
-"""The per-session migration state machine: every transition (model.md section 5)."""
+"""The per-session migration state machine: every transition (docs/model.md §5)."""
 
 import pytest
 
