@@ -17,6 +17,7 @@ import structlog
 from pallas_proto import pallas_pb2
 
 from agent.ipc import LocalBlock
+from agent.migration.plan import CommitInputs, CommitPlan, plan_commit, tail_pays
 from agent.migration.states import SourceState, check
 from agent.session import Handover, Session, SessionState
 from agent.transfer import BlockStream, PeerClient
@@ -295,110 +296,27 @@ class SourceRole:
         """Hand ``s`` (frozen by the caller) over to ``target`` (paper section 4.3, step 3).
 
         A live attempt at the same target and epoch is finished; otherwise the target is
-        prepared now (reactive schemes, fallbacks) with ``split``. Ships per ``ship``, sends
-        Sync with every token and the remaining sampling parameters, and on success stops the
-        request here. Returns before ``deadline`` (time.monotonic()) with a non-OK reply if
-        the target did not take over.
+        prepared now (reactive schemes, fallbacks) with ``split``. What crosses the link is
+        decided by :func:`agent.migration.plan.plan_commit`; this ships it, sends Sync with
+        every token and the remaining sampling parameters, and on success stops the request
+        here. Returns before ``deadline`` (time.monotonic()) with a non-OK reply if the target
+        did not take over.
         """
-        sid = s.session_id
-        bs = self.block_size
         t0 = time.time()
-        out = self.outbound.get(sid)
-        prepared = (out is not None and out.epoch == epoch and out.proactive and out.live
-                    and out.target.address == target.address)
-        if out is not None and not prepared:
-            await self._abandon(out, "mispredicted target" if out.target.address
-                                != target.address else "superseded")
-            out = None
-        if not prepared:
-            split = 0 if ship == Ship.ALL else self._split(s, split) if split else 0
-            out = Outbound(session=s, epoch=epoch, target=target, client=self.peers.get(target),
-                           split=split, first_block=split // bs, scheme=scheme, proactive=False,
-                           stream_suffix=ship != Ship.NONE)
-            self.outbound[sid] = out
-            try:
-                rep = await asyncio.wait_for(self._prepare(out), deadline - time.monotonic())
-            except Exception as exc:
-                self.outbound.pop(sid, None)
-                return self.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
-                                  message=f"prepare at the target failed: {exc!r}")
-            if rep.status != S.STATUS_OK:  # any refusal there is REJECTED here (not the
-                self.outbound.pop(sid, None)  # xApp's stale epoch): the session stays here
-                return self.reply(S.STATUS_REJECTED, s, epoch, scheme=scheme,
-                                  message=f"target refused ({S.Status.Name(rep.status)}): "
-                                          f"{rep.message}")
-        if ship == Ship.ALL and out.first_block > 0:
-            ship = Ship.SUFFIX  # a prepared prefix is already at the target
+        got = await self._attempt_for(s, epoch, target, split, ship, scheme, deadline)
+        if isinstance(got, pallas_pb2.ControlReply):
+            return got
+        out, prepared = got
         n = s.num_tokens
-        need_end = n - 1  # the target needs KV for positions [0, n-1)
         choice, r_p = await self._choose(out, n) if prepared else (None, 0.0)
-        warmup_wait = max(0.0, deadline - time.monotonic())
-        if choice is not None:
-            warmup_wait = min(warmup_wait, choice.wait_s)
-            if choice.option == "ctho":   # ship the prefix blocks the target has not prefilled
-                out.split, out.first_block = choice.ctho_split, choice.ctho_split // bs
-                ship = Ship.SUFFIX
-            elif choice.option == "recompute":
-                ship, warmup_wait = Ship.NONE, 0.0
-        # Finished here only when vLLM said so (a finish_reason, published or held back by the
-        # freeze): a request that ended without one failed, and the target continues the
-        # session from the commit point by recomputing what it cannot load (issue 25: a
-        # source engine that died was read as "finished" and the target ended the session
-        # short of its max_tokens).
-        finished_here = s.state == SessionState.FINISHED or s.held_finish is not None
-        failed_here = s.held_error is not None
-        if failed_here:
-            log.warning("commit_after_source_failure", session=sid, epoch=epoch,
+        if s.held_error is not None:
+            log.warning("commit_after_source_failure", session=s.session_id, epoch=epoch,
                         error=s.held_error[0])
-        shipping = ship != Ship.NONE and not finished_here and not failed_here
-        # A prepared attempt's tail (the last, partial block) crosses the link only where that
-        # is faster than recomputing it at the target (docs/model.md Eq. 6: s_kv / B against 1 / r_p).
-        ship_tail = shipping and (not prepared or self._tail_pays(out, r_p))
+        plan = self._plan(out, s, prepared, ship, choice, r_p, deadline)
+        out.split, out.first_block = plan.split, plan.first_block
         out.to(SourceState.COMMITTING)
-        if shipping and out.stream is None:
-            out.stream = out.client.open_stream(sid, epoch)
-            self._watch_stream(out)
-        if shipping:
-            # The engine's next step copies out what is missing from the run and the tail.
-            self.hub.export(sid, epoch, out.run_end(), stream=True, tail=ship_tail)
-            # At most half of what is left of the deadline: the stream's end and the Sync
-            # (with the target's resume) need the rest; what is missing then is recomputed.
-            await self._wait_blocks(out, need_end, time.monotonic() + 0.5 * max(0.0, deadline - time.monotonic()),
-                                    tail=ship_tail)
-        self.hub.stop_export(sid)
-        tail_msg = None
-        last_full = need_end // bs
-        t = out.tail
-        if ship_tail and need_end % bs and last_full not in out.full and t is not None \
-                and t.idx == last_full and t.fill >= need_end % bs:
-            tail_msg = pallas_pb2.KVBlock(session_id=sid, epoch=epoch, block_index=t.idx,
-                                          fill=t.fill, checksum=t.crc, data=t.data)
-        streamed = 0
-        if out.stream is not None and shipping:
-            streamed = out.run_end((need_end + bs - 1) // bs) - out.first_block
-            # Close the stream before the Sync so that every block is at the target when it
-            # resumes (the Sync must not overtake blocks in flight); within the deadline.
-            ack = await out.stream.finish(max(0.01, deadline - time.monotonic()))
-            if ack is None:
-                log.warning("stream_not_acked", session=sid, epoch=epoch)
-        elif out.stream is not None:
-            # Nothing more goes (the request ended here, or the choice recomputes): close the
-            # prepared suffix stream, else its call and the target's handler live on.
-            out.stream.abort()
-        remaining = 0 if finished_here and not s.held_token_ids else s.remaining_tokens
-        sp = s.sampling
-        sync = pallas_pb2.SyncRequest(
-            session_id=sid, epoch=epoch, token_ids=s.all_token_ids[:n],
-            prompt_tokens=len(s.prompt_token_ids), tail=tail_msg, streamed_blocks=streamed,
-            sampling=pallas_pb2.SamplingParams(
-                max_tokens=remaining, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
-                min_tokens=s.remaining_min_tokens, stop_token_ids=sp.stop_token_ids,
-                ignore_eos=sp.ignore_eos, seed=sp.seed or 0, has_seed=sp.seed is not None),
-            # never past the commit point (the prepared split can lie beyond it: a trigger at a
-            # block boundary the UE had not reached); the target uses whole blocks below n only
-            scheme=scheme, split_tokens=min(out.split, n // bs * bs), ue_id=s.ue_id,
-            session_scheme=session_scheme,
-            warmup_wait_s=warmup_wait, deadline_s=max(0.0, deadline - time.monotonic()))
+        tail_msg, streamed = await self._ship(out, plan, n - 1, deadline)
+        sync = self._sync_request(s, out, plan, n, tail_msg, streamed, scheme, session_scheme, deadline)
         t_sync = time.monotonic()
         try:
             rep = await out.client.sync(sync, timeout_s=max(0.01, deadline - time.monotonic()))
@@ -407,27 +325,11 @@ class SourceRole:
             ok, msg, rep = False, f"sync failed: {exc!r}", None
         if not ok:
             await self._abandon(out, "sync failed")
-            log.warning("commit_failed", session=sid, epoch=epoch, error=msg)
+            log.warning("commit_failed", session=s.session_id, epoch=epoch, error=msg)
             return self.reply(rep.status if rep is not None and rep.status != S.STATUS_OK
                               else S.STATUS_ERROR, s, epoch, message=msg, split=out.split,
                               scheme=scheme)
-        out.to(SourceState.COMMITTED)
-        self.outbound.pop(sid, None)
-        await self.engine.abort(s)
-        s.held_token_ids.clear()
-        s.held_error = None   # the target serves on: a failure here after the commit point
-        s.held_finish = None  # (or a finish held back) no longer concerns the session
-        s.handover = Handover(target=target.address, agent_id=target.agent_id, n_tokens=n,
-                              t_commit=t0, t_synced=time.time(), streamed_blocks=streamed,
-                              tail=tail_msg is not None, reused_tokens=rep.reused_tokens)
-        s.set_state(SessionState.HANDED_OVER)
-        log.info("committed", session=sid, epoch=epoch, n_tokens=n, streamed=streamed,
-                 tail=tail_msg is not None, reused=rep.reused_tokens,
-                 choice=choice.option if choice else None, took_s=round(time.time() - t0, 4))
-        r = self.reply(S.STATUS_OK, s, epoch, split=out.split, scheme=scheme, message=msg)
-        r.blocks_moved, r.kv_bytes_moved = rep.blocks_received, rep.bytes_received
-        r.reused_tokens = rep.reused_tokens
-        r.recomputed_tokens = max(0, n - rep.reused_tokens)
+        r = await self._handed_over(s, out, target, rep, sync, n, t0, choice)
         if choice is not None:
             r.choice.CopyFrom(pallas_pb2.CommitChoice(
                 option=choice.option, finish_s=choice.finish_s, ctho_s=choice.ctho_s,
@@ -438,14 +340,147 @@ class SourceRole:
                 waited_s=time.monotonic() - t_sync))
         return r
 
-    def _tail_pays(self, out: Outbound, r_p: float) -> bool:
-        """Whether shipping the tail's KV beats recomputing it at the target: the link's
-        goodput B (bytes/s, measured, else the rate limit) above s_kv * r_p (the target's
-        prefill rate, measured; docs/model.md §3, Eq. 6)."""
-        ident = self.identity()
+    async def _attempt_for(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
+                           split: int | None, ship: Ship, scheme: int, deadline: float
+                           ) -> tuple[Outbound, bool] | pallas_pb2.ControlReply:
+        """The attempt a commit at ``target`` finishes: (the live prepared one, True), or a new
+        one prepared now, (it, False) (an attempt elsewhere or of another epoch is abandoned);
+        a non-OK reply when the target could not be prepared before ``deadline``."""
+        sid = s.session_id
+        out = self.outbound.get(sid)
+        prepared = (out is not None and out.epoch == epoch and out.proactive and out.live
+                    and out.target.address == target.address)
+        if prepared:
+            return out, True
+        if out is not None:
+            await self._abandon(out, "mispredicted target" if out.target.address
+                                != target.address else "superseded")
+        split = 0 if ship == Ship.ALL else self._split(s, split) if split else 0
+        out = Outbound(session=s, epoch=epoch, target=target, client=self.peers.get(target),
+                       split=split, first_block=split // self.block_size, scheme=scheme,
+                       proactive=False, stream_suffix=ship != Ship.NONE)
+        self.outbound[sid] = out
+        try:
+            rep = await asyncio.wait_for(self._prepare(out), deadline - time.monotonic())
+        except Exception as exc:
+            self.outbound.pop(sid, None)
+            return self.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
+                              message=f"prepare at the target failed: {exc!r}")
+        if rep.status != S.STATUS_OK:  # any refusal there is REJECTED here (not the xApp's
+            self.outbound.pop(sid, None)  # stale epoch): the session stays here
+            return self.reply(S.STATUS_REJECTED, s, epoch, scheme=scheme,
+                              message=f"target refused ({S.Status.Name(rep.status)}): {rep.message}")
+        return out, False
+
+    def _plan(self, out: Outbound, s: Session, prepared: bool, ship: Ship,
+              choice: CommitChoice | None, r_p: float, deadline: float) -> CommitPlan:
+        """The plan of this commit (:func:`plan_commit`) from the attempt and the session.
+
+        Finished here only when vLLM said so (a finish_reason, published or held back by the
+        freeze); a request that ended without one failed, and the target continues the session
+        from the commit point by recomputing what it cannot load (issue 25: a source engine
+        that died was read as "finished" and the target ended the session short)."""
+        r_p, goodput = self._rates_for(out, r_p)
+        return plan_commit(CommitInputs(
+            prepared=prepared, ship=ship, split=out.split, first_block=out.first_block,
+            block_size=self.block_size, deadline_left_s=deadline - time.monotonic(), choice=choice,
+            finished_here=s.state == SessionState.FINISHED or s.held_finish is not None,
+            failed_here=s.held_error is not None, goodput=goodput,
+            s_kv=float(self.identity().kv_bytes_per_token), r_p=r_p))
+
+    async def _ship(self, out: Outbound, plan: CommitPlan, need_end: int, deadline: float
+                    ) -> tuple[pallas_pb2.KVBlock | None, int]:
+        """Carry out the plan's shipping (the target needs KV for positions [0, ``need_end``)):
+        export what is missing, wait for it within half of what is left of ``deadline`` (the
+        stream's end and the Sync need the rest; what is missing then is recomputed), close the
+        stream before the Sync (it must not overtake blocks in flight). Returns (the tail block
+        to send with the Sync or None, blocks streamed)."""
+        sid, epoch, bs = out.session.session_id, out.epoch, self.block_size
+        if plan.shipping and out.stream is None:
+            out.stream = out.client.open_stream(sid, epoch)
+            self._watch_stream(out)
+        if plan.shipping:
+            # The engine's next step copies out what is missing from the run and the tail.
+            self.hub.export(sid, epoch, out.run_end(), stream=True, tail=plan.ship_tail)
+            await self._wait_blocks(out, need_end, time.monotonic() + 0.5 * max(0.0, deadline - time.monotonic()),
+                                    tail=plan.ship_tail)
+        self.hub.stop_export(sid)
+        tail_msg = None
+        last_full, t = need_end // bs, out.tail
+        if plan.ship_tail and need_end % bs and last_full not in out.full and t is not None \
+                and t.idx == last_full and t.fill >= need_end % bs:
+            tail_msg = pallas_pb2.KVBlock(session_id=sid, epoch=epoch, block_index=t.idx,
+                                          fill=t.fill, checksum=t.crc, data=t.data)
+        streamed = 0
+        if out.stream is not None and plan.shipping:
+            streamed = out.run_end((need_end + bs - 1) // bs) - out.first_block
+            ack = await out.stream.finish(max(0.01, deadline - time.monotonic()))
+            if ack is None:
+                log.warning("stream_not_acked", session=sid, epoch=epoch)
+        elif out.stream is not None:
+            # Nothing more goes (the request ended here, or the choice recomputes): close the
+            # prepared suffix stream, else its call and the target's handler live on.
+            out.stream.abort()
+        return tail_msg, streamed
+
+    def _sync_request(self, s: Session, out: Outbound, plan: CommitPlan, n: int,
+                      tail_msg: pallas_pb2.KVBlock | None, streamed: int, scheme: int,
+                      session_scheme: int, deadline: float) -> pallas_pb2.SyncRequest:
+        """The Sync of a commit at token ``n``: every token, the remaining sampling parameters,
+        the split (never past the commit point: the prepared split can lie beyond it, a trigger
+        at a block boundary the UE had not reached; the target uses whole blocks below n only),
+        the warm-up wait and what is left of the deadline."""
+        finished_here = s.state == SessionState.FINISHED or s.held_finish is not None
+        remaining = 0 if finished_here and not s.held_token_ids else s.remaining_tokens
+        sp, bs = s.sampling, self.block_size
+        return pallas_pb2.SyncRequest(
+            session_id=s.session_id, epoch=out.epoch, token_ids=s.all_token_ids[:n],
+            prompt_tokens=len(s.prompt_token_ids), tail=tail_msg, streamed_blocks=streamed,
+            sampling=pallas_pb2.SamplingParams(
+                max_tokens=remaining, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k,
+                min_tokens=s.remaining_min_tokens, stop_token_ids=sp.stop_token_ids,
+                ignore_eos=sp.ignore_eos, seed=sp.seed or 0, has_seed=sp.seed is not None),
+            scheme=scheme, split_tokens=min(out.split, n // bs * bs), ue_id=s.ue_id,
+            session_scheme=session_scheme,
+            warmup_wait_s=plan.warmup_wait_s, deadline_s=max(0.0, deadline - time.monotonic()))
+
+    async def _handed_over(self, s: Session, out: Outbound, target: pallas_pb2.PeerEndpoint,
+                           rep: pallas_pb2.SyncReply, sync: pallas_pb2.SyncRequest, n: int,
+                           t0: float, choice: CommitChoice | None) -> pallas_pb2.ControlReply:
+        """The target took over at token ``n`` (its Sync answered OK): stop the request here,
+        record the handover and answer OK with what moved."""
+        sid = s.session_id
+        out.to(SourceState.COMMITTED)
+        self.outbound.pop(sid, None)
+        await self.engine.abort(s)
+        s.held_token_ids.clear()
+        s.held_error = None   # the target serves on: a failure here after the commit point
+        s.held_finish = None  # (or a finish held back) no longer concerns the session
+        s.handover = Handover(target=target.address, agent_id=target.agent_id, n_tokens=n,
+                              t_commit=t0, t_synced=time.time(), streamed_blocks=sync.streamed_blocks,
+                              tail=sync.HasField("tail"), reused_tokens=rep.reused_tokens)
+        s.set_state(SessionState.HANDED_OVER)
+        log.info("committed", session=sid, epoch=out.epoch, n_tokens=n, streamed=sync.streamed_blocks,
+                 tail=sync.HasField("tail"), reused=rep.reused_tokens,
+                 choice=choice.option if choice else None, took_s=round(time.time() - t0, 4))
+        r = self.reply(S.STATUS_OK, s, out.epoch, split=out.split, scheme=sync.scheme, message=rep.message)
+        r.blocks_moved, r.kv_bytes_moved = rep.blocks_received, rep.bytes_received
+        r.reused_tokens = rep.reused_tokens
+        r.recomputed_tokens = max(0, n - rep.reused_tokens)
+        return r
+
+    def _rates_for(self, out: Outbound, r_p: float) -> tuple[float, float]:
+        """(r_p, goodput) for a commit's decisions: the target's prefill rate (``r_p``, else
+        this agent's measured one, else the configured default), tokens/s; the link's goodput
+        (measured, else the rate limit, else unlimited loopback, 1e9), bytes/s."""
         r_p = r_p or self.prefill_rate() or self.cfg.default_prefill_rate
-        goodput = out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9
-        return goodput > float(ident.kv_bytes_per_token) * r_p
+        return r_p, out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9
+
+    def _tail_pays(self, out: Outbound, r_p: float) -> bool:
+        """Whether shipping the tail's KV beats recomputing it at the target (:func:`tail_pays`
+        at :meth:`_rates_for`; docs/model.md §3, Eq. 6)."""
+        r_p, goodput = self._rates_for(out, r_p)
+        return tail_pays(goodput, float(self.identity().kv_bytes_per_token), r_p)
 
     async def _wait_blocks(self, out: Outbound, need_end: int, deadline: float, tail: bool = True) -> None:
         """Wait (until ``deadline``, time.monotonic()) for the engine to copy out what covers

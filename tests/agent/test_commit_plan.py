@@ -1,0 +1,71 @@
+"""The commit's decision as one pure function (agent/migration/plan.py)."""
+
+import dataclasses
+
+import pytest
+
+from agent.migration.plan import CommitInputs, plan_commit, tail_pays
+from pallas_common.schemes import Ship
+from pallas_common.timing import CommitChoice
+
+BASE = CommitInputs(prepared=True, ship=Ship.SUFFIX, split=256, first_block=8, block_size=32,
+                    deadline_left_s=10.0, choice=None, finished_here=False, failed_here=False,
+                    goodput=5.0e6, s_kv=2048.0, r_p=1850.0)
+
+
+def _choice(option, wait_s=0.3, ctho_split=128):
+    return CommitChoice(option=option, finish_s=0.2, ctho_s=0.4, ctho_split=ctho_split,
+                        recompute_s=0.6, detour_s=0.05, wait_s=wait_s)
+
+
+def _plan(**kw):
+    return plan_commit(dataclasses.replace(BASE, **kw))
+
+
+def test_a_prepared_commit_without_a_choice_ships_the_suffix_and_its_tail_where_the_link_pays():
+    p = _plan()
+    assert (p.ship, p.split, p.first_block, p.shipping) == (Ship.SUFFIX, 256, 8, True)
+    assert p.ship_tail                         # 5.0e6 > 2048 * 1850 = 3.79e6 B/s
+    assert p.warmup_wait_s == 10.0             # all that is left of the deadline
+
+
+def test_the_tail_stays_where_recomputing_it_is_faster_but_a_reactive_commit_ships_it():
+    assert not _plan(goodput=3.0e6).ship_tail
+    assert _plan(goodput=3.0e6, prepared=False).ship_tail
+
+
+def test_full_copy_over_a_prepared_prefix_ships_only_the_suffix():
+    assert _plan(ship=Ship.ALL).ship == Ship.SUFFIX
+    assert _plan(ship=Ship.ALL, split=0, first_block=0).ship == Ship.ALL
+
+
+def test_the_choice_ctho_moves_the_split_and_bounds_the_wait():
+    p = _plan(choice=_choice("ctho", wait_s=0.25, ctho_split=96))
+    assert (p.ship, p.split, p.first_block) == (Ship.SUFFIX, 96, 3)
+    assert p.warmup_wait_s == pytest.approx(0.25)
+
+
+def test_the_choice_recompute_ships_nothing_and_waits_for_nothing():
+    p = _plan(choice=_choice("recompute"))
+    assert (p.ship, p.shipping, p.ship_tail, p.warmup_wait_s) == (Ship.NONE, False, False, 0.0)
+
+
+def test_the_choice_finish_waits_at_most_its_wait_and_at_most_the_deadline():
+    assert _plan(choice=_choice("finish", wait_s=0.3)).warmup_wait_s == pytest.approx(0.3)
+    assert _plan(choice=_choice("finish", wait_s=0.3), deadline_left_s=0.1).warmup_wait_s == pytest.approx(0.1)
+    assert _plan(deadline_left_s=-1.0).warmup_wait_s == 0.0
+
+
+@pytest.mark.parametrize("ended", [{"finished_here": True}, {"failed_here": True}])
+def test_nothing_ships_for_a_request_that_ended_here(ended):
+    p = _plan(**ended)
+    assert not p.shipping and not p.ship_tail
+    assert p.split == 256                      # the target still gets the prepared prefix's split
+
+
+def test_a_scheme_that_ships_nothing_never_ships():
+    assert not _plan(ship=Ship.NONE, prepared=False).shipping
+
+
+def test_tail_pays_is_goodput_above_s_kv_times_r_p():
+    assert tail_pays(3.8e6, 2048.0, 1850.0) and not tail_pays(3.7e6, 2048.0, 1850.0)
