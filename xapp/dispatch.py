@@ -16,7 +16,6 @@ import threading
 import time
 from typing import Any, Callable
 
-import numpy as np
 import structlog
 
 from pallas_common.contract import COMMIT_MOVED_FIELDS, commit_choice_of
@@ -110,27 +109,11 @@ class ActionDispatcher:
                     s_kv=ident.kv_bytes_per_token if ident else None,
                     block_size=ident.block_size if ident else None)
 
-    def _t_early(self, a: TriggerAction, now: float) -> tuple[float, float]:
-        """Eqs. 6-7 at the chosen window for a trigger (model estimate): (T_SIT, T_early), s."""
-        from pallas_common import timing
-        try:
-            tel = self.engine.telemetry
-            k, t_k = self._tokens.get(a.session_id, (0, now))
-            r_d = tel.decode_rate(a.session_id, now)
-            ident = tel.model_of(a.source)
-            x = timing.WindowInputs(k_curr=k + r_d * max(0.0, now - t_k),
-                                    t_remain=max(0.0, a.predicted_handover_time - now),
-                                    block_size=ident.block_size, r_p=tel.prefill_rate(a.target, now), r_d=r_d,
-                                    bandwidth=tel.goodput_bytes_per_s(a.source, a.target, now),
-                                    s_kv=ident.kv_bytes_per_token, c_sync=self.engine.cfg.c_sync_s)
-            c = timing.evaluate_windows(x, np.array([a.window_s]), self.engine.cfg.alpha)
-            return float(c.t_sit[0, 0]), float(c.t_early[0, 0])
-        except Exception:
-            return float("nan"), float("nan")
-
     def _trigger(self, a: TriggerAction, now: float, ho: Handover | None) -> None:
         off = self._offset()
-        t_sit, t_early = self._t_early(a, now)
+        # The model's T_SIT and T_early at T_w* as the engine decided them (its margin for the
+        # predictor's timing error included), not evaluated again here.
+        t_sit, t_early = (float("nan") if v is None else v for v in (a.predicted_sit_s, a.predicted_early_s))
         sch = scheme_name(a.scheme)
         self.events.write("trigger", session=a.session_id, epoch=a.epoch, trace_t=now - off,
                           ue=self.engine.session(a.session_id).ue_id, source_agent=a.source,

@@ -1,0 +1,65 @@
+"""ActionDispatcher: a trigger goes out with what the engine decided (xapp/dispatch.py)."""
+
+import math
+import threading
+from types import SimpleNamespace
+
+from pallas_common import schemes
+from xapp.dispatch import ActionDispatcher
+from xapp.events import EventLog
+from xapp.scheduler import TriggerAction
+
+
+class _Telemetry:
+    """Rates that would give another T_early than the engine's if the dispatcher recomputed."""
+
+    def model_of(self, agent):
+        return SimpleNamespace(kv_bytes_per_token=2048, block_size=32)
+
+    def prefill_rate(self, agent, now):
+        return 10.0
+
+    def decode_rate(self, session, now):
+        return 1.0
+
+    def goodput_bytes_per_s(self, source, target, now):
+        return 1.0
+
+
+class _Policy:
+    def __init__(self):
+        self.calls = []
+
+    def trigger(self, *args, **kw):
+        self.calls.append((args, kw))
+
+
+def _dispatcher(policy, events):
+    engine = SimpleNamespace(telemetry=_Telemetry(), session=lambda sid: SimpleNamespace(ue_id="ue-1"),
+                             cfg=SimpleNamespace(c_sync_s=0.03, alpha=0.5))
+    return ActionDispatcher(engine, policy, events, threading.RLock(), offset=lambda: 1000.0,
+                            tokens={"s1": (300, 1005.0)})
+
+
+def _trigger(**kw):
+    return TriggerAction(session_id="s1", epoch=2, source="a", target="b", predicted_handover_time=1010.0,
+                         window_s=3.0, predicted_split_tokens=256, **kw)
+
+
+def test_the_trigger_event_carries_the_engines_estimates_and_the_order_goes_out():
+    events, policy = EventLog(), _Policy()
+    _dispatcher(policy, events).send([_trigger(predicted_sit_s=0.12, predicted_early_s=0.4)])
+    ev = [e for e in events.events if e["kind"] == "trigger"]
+    assert len(ev) == 1
+    assert ev[0]["t_sit_s"] == 0.12 and ev[0]["t_early_s"] == 0.4
+    assert ev[0]["ue"] == "ue-1" and ev[0]["t_ho_pred"] == 10.0 and ev[0]["scheme"] == schemes.PALLAS
+    (args, kw), = policy.calls
+    assert args == ("a", "s1", 2, "b") and kw["window_s"] == 3.0 and kw["scheme"] == schemes.PALLAS
+
+
+def test_a_trigger_without_estimates_logs_none_for_them():
+    events, policy = EventLog(), _Policy()
+    _dispatcher(policy, events).send([_trigger()])
+    ev = next(e for e in events.events if e["kind"] == "trigger")
+    assert ev["t_sit_s"] is None and ev["t_early_s"] is None
+    assert len(policy.calls) == 1 and not math.isnan(ev["window_s"])
