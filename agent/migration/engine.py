@@ -32,6 +32,7 @@ import structlog
 from pallas_proto import pallas_pb2
 
 from agent.ipc import BlockHub
+from agent.migration.plan import commit_scheme
 from agent.migration.source import Outbound, SourceRole
 from agent.migration.states import SourceState
 from agent.migration.target import Inbound, TargetRole
@@ -39,7 +40,7 @@ from agent.obs import MIGRATIONS
 from agent.session import Engine, Session, SessionState, SessionStore
 from agent.telemetry import Ewma
 from agent.transfer import PeerPool
-from pallas_common.schemes import SCHEMES, Ship, scheme_name, scheme_value
+from pallas_common.schemes import SCHEMES, SchemeSpec, scheme_name, scheme_value
 from pallas_common.timing import ctho_split
 
 log = structlog.get_logger("pallas.agent.migration")
@@ -375,20 +376,9 @@ class MigrationEngine(SourceRole, TargetRole):
 
         async def work(s: Session) -> pallas_pb2.ControlReply:
             if s.state == SessionState.FAILED:
-                old = self.outbound.get(session_id)
-                if old is not None:
-                    await self._abandon(old, "the session failed at the source")
-                MIGRATIONS.labels("source", spec.name, "failed").inc()
-                return self.failed_reply(s, epoch, value)
+                return await self._failed_at_source(s, epoch, spec)
             if not spec.migrates:  # Detour: the source serves on, the new agent relays
-                old = self.outbound.get(session_id)
-                if old is not None:
-                    await self._abandon(old, "detour")
-                    if s.state == SessionState.MIGRATING:
-                        s.set_state(SessionState.SERVING)
-                MIGRATIONS.labels("source", "detour", "committed").inc()
-                return self.reply(S.STATUS_OK, s, epoch, scheme=value,
-                                  message="detour: the source serves on, the new agent relays")
+                return await self._detour(s, epoch, value)
             if s.state not in (SessionState.SERVING, SessionState.MIGRATING,
                                SessionState.RESUMED, SessionState.FINISHED):
                 return self.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
@@ -397,34 +387,18 @@ class MigrationEngine(SourceRole, TargetRole):
             if spec.bridge and s.state != SessionState.FINISHED and not s.request_done:
                 await self._bridge(s, epoch, actual_target, spec.value)
                 freeze_at = None  # hand over at the token boundary the bridge chose
-            use, out = spec, self.outbound.get(session_id)
-            if spec.proactive and not (out is not None and out.live and out.epoch == epoch
-                                       and out.target.address == actual_target.address):
-                # Nothing prepared at this target for this epoch (never triggered, another
-                # target, or the attempt failed since, which the xApp cannot know): ctHO
-                # recovers at the actual target (docs/model.md §6, fallback).
-                use = SCHEMES[S.SCHEME_CTHO]
-                log.info("commit_fallback_ctho", session=session_id, epoch=epoch,
-                         requested=spec.name)
-            pinned = SCHEMES.get(self.scheme_for(session_id))    # the session's own scheme
-            if use.value == S.SCHEME_CTHO and pinned is not None and pinned.proactive \
-                    and not s.output_token_ids and not s.request_done:
-                # Pallas's fallback for a session still in its prefill here: the source holds
-                # no KV to ship yet (ctHO's split would wait for this prefill to make the blocks
-                # it ships), so the target computes the prompt itself (Recomputation); measured:
-                # a 1,655-token prompt opened 0.2 s before the handover took 2.4 s by ctHO.
-                use = SCHEMES[S.SCHEME_RECOMPUTATION]
-                log.info("commit_fallback_recompute", session=session_id, epoch=epoch,
-                         reason="prefill still running at the source")
-            split = None
-            if use.commit_split == "ctho":
-                split = await self._ctho(s, actual_target)
+            out = self.outbound.get(session_id)
+            use, why = commit_scheme(
+                spec, prepared=(out is not None and out.live and out.epoch == epoch
+                                and out.target.address == actual_target.address),
+                pinned=SCHEMES.get(self.scheme_for(session_id)),
+                in_prefill=not s.output_token_ids and not s.request_done)
+            if why:
+                log.info("commit_fallback", session=session_id, epoch=epoch, requested=spec.name,
+                         scheme=use.name, reason=why)
+            split = await self._ctho(s, actual_target) if use.commit_split == "ctho" else None
             if s.state == SessionState.FAILED:   # its request failed while this call waited
-                old = self.outbound.get(session_id)
-                if old is not None:
-                    await self._abandon(old, "the session failed at the source")
-                MIGRATIONS.labels("source", use.name, "failed").inc()
-                return self.failed_reply(s, epoch, use.value)
+                return await self._failed_at_source(s, epoch, use)
             deadline = time.monotonic() + self.cfg.commit_deadline_s
             s.freeze(freeze_at)
             back = s.state
@@ -440,25 +414,50 @@ class MigrationEngine(SourceRole, TargetRole):
                 if out is not None:
                     await self._abandon(out, "commit error")
                 rep = self.reply(S.STATUS_ERROR, s, epoch, scheme=use.value, message=repr(exc))
-            if rep.status == S.STATUS_OK:
-                if use is not spec:
-                    rep.message = f"committed with {use.name} (fallback from {spec.name})" + (
-                        f": {rep.message}" if rep.message else "")
-                self.ledger.entry(session_id, epoch).closed = "committed"
-                MIGRATIONS.labels("source", use.name,
-                                  "fallback" if use is not spec else "committed").inc()
-            else:
-                if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
-                    s.set_state(SessionState.SERVING if back != SessionState.RESUMED else back)
-                s.unfreeze()   # publishes a finish or a failure held during the commit
-                if s.state == SessionState.FAILED:
-                    rep.message = (f"{rep.message}; the session failed at the source meanwhile: "
-                                   f"{s.error}")
-                rep.state = s.state.proto
-                MIGRATIONS.labels("source", use.name, "error").inc()
-            return rep
+            return self._settle_commit(s, epoch, rep, spec, use, back)
 
         return await self._once("commit", session_id, epoch, work, allow_closed=("cancelled",))
+
+    async def _failed_at_source(self, s: Session, epoch: int, spec: SchemeSpec) -> pallas_pb2.ControlReply:
+        """A commit of a session whose request failed here: its attempt is abandoned, the
+        reply names the failure (non-OK)."""
+        old = self.outbound.get(s.session_id)
+        if old is not None:
+            await self._abandon(old, "the session failed at the source")
+        MIGRATIONS.labels("source", spec.name, "failed").inc()
+        return self.failed_reply(s, epoch, spec.value)
+
+    async def _detour(self, s: Session, epoch: int, value: int) -> pallas_pb2.ControlReply:
+        """Detour's commit: any attempt is abandoned, the source serves on, the new agent relays."""
+        old = self.outbound.get(s.session_id)
+        if old is not None:
+            await self._abandon(old, "detour")
+            if s.state == SessionState.MIGRATING:
+                s.set_state(SessionState.SERVING)
+        MIGRATIONS.labels("source", "detour", "committed").inc()
+        return self.reply(S.STATUS_OK, s, epoch, scheme=value,
+                          message="detour: the source serves on, the new agent relays")
+
+    def _settle_commit(self, s: Session, epoch: int, rep: pallas_pb2.ControlReply, spec: SchemeSpec,
+                       use: SchemeSpec, back: SessionState) -> pallas_pb2.ControlReply:
+        """After the attempt: an OK closes the ledger entry (naming a fallback in the message);
+        otherwise the session serves on here in the state it had (``back``), unfrozen (which
+        publishes a finish or a failure held during the commit), and the reply says so."""
+        if rep.status == S.STATUS_OK:
+            if use is not spec:
+                rep.message = f"committed with {use.name} (fallback from {spec.name})" + (
+                    f": {rep.message}" if rep.message else "")
+            self.ledger.entry(s.session_id, epoch).closed = "committed"
+            MIGRATIONS.labels("source", use.name, "fallback" if use is not spec else "committed").inc()
+            return rep
+        if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
+            s.set_state(SessionState.SERVING if back != SessionState.RESUMED else back)
+        s.unfreeze()
+        if s.state == SessionState.FAILED:
+            rep.message = f"{rep.message}; the session failed at the source meanwhile: {s.error}"
+        rep.state = s.state.proto
+        MIGRATIONS.labels("source", use.name, "error").inc()
+        return rep
 
     async def _ctho(self, s: Session, target: pallas_pb2.PeerEndpoint) -> int:
         """ctHO's split p (docs/model.md §6) with the *target's* measured r_p (asked with a

@@ -27,10 +27,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pallas_common.schemes import Ship
+from pallas_proto import pallas_pb2
+
+from pallas_common.schemes import SCHEMES, SchemeSpec, Ship
 from pallas_common.timing import CommitChoice
 
-__all__ = ["CommitInputs", "CommitPlan", "plan_commit", "tail_pays"]
+__all__ = ["CommitInputs", "CommitPlan", "commit_scheme", "plan_commit", "tail_pays"]
+
+
+def commit_scheme(requested: SchemeSpec, *, prepared: bool, pinned: SchemeSpec | None,
+                  in_prefill: bool) -> tuple[SchemeSpec, str]:
+    """The scheme a Commit really runs, and why it is not ``requested`` ("" when it is).
+
+    ``prepared``: a live attempt of this epoch at the actual target; ``pinned``: the session's
+    own scheme (None: unknown); ``in_prefill``: the source has decoded no output token yet and
+    its request runs on. A proactive scheme with nothing prepared at the actual target (never
+    triggered, another target, or an attempt that failed since, which the xApp cannot know)
+    falls back to ctHO (docs/model.md §6). ctHO for a session of a proactive scheme still in its
+    prefill becomes Recomputation: the source holds no KV to ship yet, and ctHO's split would
+    wait for that prefill to make the blocks it ships (measured: a 1,655-token prompt opened
+    0.2 s before its handover took 2.4 s by ctHO)."""
+    use, why = requested, ""
+    if requested.proactive and not prepared:
+        use, why = SCHEMES[pallas_pb2.SCHEME_CTHO], "nothing prepared at the actual target for this epoch"
+    if use.value == pallas_pb2.SCHEME_CTHO and pinned is not None and pinned.proactive and in_prefill:
+        use, why = SCHEMES[pallas_pb2.SCHEME_RECOMPUTATION], "prefill still running at the source"
+    return use, why
 
 
 @dataclass(frozen=True)

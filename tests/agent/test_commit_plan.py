@@ -4,8 +4,10 @@ import dataclasses
 
 import pytest
 
-from agent.migration.plan import CommitInputs, plan_commit, tail_pays
-from pallas_common.schemes import Ship
+from pallas_proto import pallas_pb2 as pb
+
+from agent.migration.plan import CommitInputs, commit_scheme, plan_commit, tail_pays
+from pallas_common.schemes import SCHEMES, Ship
 from pallas_common.timing import CommitChoice
 
 BASE = CommitInputs(prepared=True, ship=Ship.SUFFIX, split=256, first_block=8, block_size=32,
@@ -69,3 +71,28 @@ def test_a_scheme_that_ships_nothing_never_ships():
 
 def test_tail_pays_is_goodput_above_s_kv_times_r_p():
     assert tail_pays(3.8e6, 2048.0, 1850.0) and not tail_pays(3.7e6, 2048.0, 1850.0)
+
+
+P, CTHO, RECOMP, FULL = (SCHEMES[v] for v in (pb.SCHEME_PALLAS, pb.SCHEME_CTHO, pb.SCHEME_RECOMPUTATION,
+                                             pb.SCHEME_FULL_COPY))
+
+
+def test_a_prepared_proactive_commit_runs_its_own_scheme():
+    assert commit_scheme(P, prepared=True, pinned=P, in_prefill=False) == (P, "")
+
+
+def test_a_proactive_commit_with_nothing_prepared_falls_back_to_ctho():
+    use, why = commit_scheme(P, prepared=False, pinned=P, in_prefill=False)
+    assert use is CTHO and "nothing prepared" in why
+
+
+def test_a_session_of_a_proactive_scheme_still_in_its_prefill_is_recomputed_not_ctho():
+    for requested in (P, CTHO):
+        use, why = commit_scheme(requested, prepared=False, pinned=P, in_prefill=True)
+        assert use is RECOMP and "prefill" in why
+
+
+def test_reactive_schemes_run_as_asked_even_in_a_prefill_when_the_session_is_not_proactive():
+    assert commit_scheme(CTHO, prepared=False, pinned=CTHO, in_prefill=True) == (CTHO, "")
+    assert commit_scheme(FULL, prepared=False, pinned=P, in_prefill=True) == (FULL, "")
+    assert commit_scheme(CTHO, prepared=False, pinned=None, in_prefill=True) == (CTHO, "")
