@@ -255,17 +255,9 @@ class TargetRole:
         """Resume the session here: submit the request (prompt = every token so far)."""
         sid, epoch = req.session_id, req.epoch
         inb = self.inbound.get(sid)
-        if inb is None or inb.epoch != epoch or inb.state != TargetState.PREPARING:
-            status = (S.STATUS_STALE_EPOCH if epoch < self.ledger.newest_in(sid)
-                      else S.STATUS_UNKNOWN_SESSION)
-            return pallas_pb2.SyncReply(status=status, message="no prepared migration")
-        why = _not_source(inb.source) or self._lives_here(sid)
-        if why:
-            log.warning("sync_refused", session=sid, epoch=epoch, why=why)
-            return pallas_pb2.SyncReply(status=S.STATUS_REJECTED, message=why)
-        if req.prompt_tokens > len(req.token_ids) or not req.token_ids:
-            return pallas_pb2.SyncReply(status=S.STATUS_INVALID, message="bad token counts")
-        bs = self.block_size
+        refused = self._sync_refusal(req, inb)
+        if refused is not None:
+            return refused
         t_in = time.monotonic()
         # The source gives up at its deadline (and then serves on): every wait here ends
         # before it, so that the answer says who holds the session (issue 25: a Sync that
@@ -283,35 +275,9 @@ class TargetRole:
                                        left(min(req.warmup_wait_s, self.cfg.warmup_timeout_s)))
             except Exception as exc:  # a slow or failed warm-up only costs recomputation
                 log.info("warmup_not_awaited", session=sid, epoch=epoch, error=repr(exc))
-        tokens = list(req.token_ids)
-        n = len(tokens)
-        first = int(req.split_tokens) // bs
-        # Load only what arrived: a run of blocks from the split on (the source's count is
-        # checked against it; a block it claims but that never came is recomputed, not awaited).
-        arrived = self._run(inb, first * bs)
-        if int(req.streamed_blocks) != arrived:
-            log.warning("streamed_blocks_mismatch", session=sid, epoch=epoch,
-                        claimed=int(req.streamed_blocks), arrived=arrived)
-        last = first + min(int(req.streamed_blocks), arrived) - 1
-        if req.HasField("tail") and req.tail.data and req.tail.block_index in inb.indices \
-                and req.tail.block_index == last + 1:
-            last = int(req.tail.block_index)
-        sp = req.sampling
-        outputs = tokens[int(req.prompt_tokens):]
-        sampling = SamplingSpec(max_tokens=len(outputs) + int(sp.max_tokens),
-                                temperature=sp.temperature, top_p=sp.top_p or 1.0,
-                                top_k=sp.top_k or -1, min_tokens=len(outputs) + sp.min_tokens
-                                if sp.min_tokens else 0,
-                                stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
-                                seed=sp.seed if sp.has_seed else None)
+        first, last = self._load_range(req, inb)
         now = time.time()
-        session = Session(session_id=sid, ue_id=req.ue_id or inb.ue_id,
-                          prompt_token_ids=tokens[:int(req.prompt_tokens)], sampling=sampling,
-                          output_token_ids=outputs, token_times=[now] * len(outputs),
-                          epoch=epoch, state=SessionState.RESUMED, resumed_from=len(outputs),
-                          resumed_agent=inb.source.agent_id)
-        if req.session_scheme:
-            session.scheme = int(req.session_scheme)  # the UE's pin goes on with it
+        session = self._resumed_session(req, inb, now)
         old = self.sessions.get(sid)
         if old is not None and old._task is not None and not old._task.done():
             await self.engine.abort(old)
@@ -330,42 +296,110 @@ class TargetRole:
         self._claims[(sid, epoch)] = claim_fut
         task = self.engine.start(session, kv_transfer_params=params)
         self._spawn(self._release_after_first_token(inb, session), f"drop-{sid}-{epoch}")
-        reused = 0
         try:
-            waiters = [asyncio.ensure_future(asyncio.shield(claim_fut))]
-            if isinstance(task, asyncio.Future):
-                waiters.append(task)  # a request that fails before its claim fails the Sync
-            wait_s = resume_s + self.cfg.claim_wait_s
-            await asyncio.wait(waiters, timeout=left(wait_s),
-                               return_when=asyncio.FIRST_COMPLETED)
-            if not waiters[0].done():
-                waiters[0].cancel()
-            if claim_fut.done():
-                claim = claim_fut.result()
-                reused = claim.local + claim.external
-                session.reused_tokens = reused
-                session.claim = claim
-            elif session.state == SessionState.FAILED:
-                return await self._resume_failed(inb, session, old)
-            elif end is not None and time.monotonic() >= end - 1e-3:
-                # vLLM has not taken the request up (all its sequences busy, or a long step)
-                # and the source is about to give up: undo the resume, the source serves on.
-                await self._hand_back(session, inb, "not admitted by vLLM before the source's "
-                                      f"deadline ({budget:.2f} s)")
-                return pallas_pb2.SyncReply(
-                    status=S.STATUS_ERROR,
-                    message=f"the target's vLLM did not take the resumed request up within the "
-                            f"source's deadline ({budget:.2f} s; busy?): resume undone, the "
-                            "source keeps the session")
-            else:
-                log.warning("no_claim_report", session=sid, epoch=epoch)
+            got = await self._await_claim(inb, session, old, claim_fut, task,
+                                          left(resume_s + self.cfg.claim_wait_s), end, budget)
         finally:
             self._claims.pop((sid, epoch), None)
-        log.info("resumed", session=sid, epoch=epoch, n_tokens=n, reused=reused,
+        if isinstance(got, pallas_pb2.SyncReply):
+            return got
+        log.info("resumed", session=sid, epoch=epoch, n_tokens=len(req.token_ids), reused=got,
                  blocks_in=inb.blocks_in, rejected=inb.blocks_rejected,
                  warmup_wait_s=round(time.monotonic() - t_in, 4))
-        return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=reused,
+        return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=got,
                                     blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
+
+    def _sync_refusal(self, req: pallas_pb2.SyncRequest, inb: Inbound | None) -> pallas_pb2.SyncReply | None:
+        """Why this Sync cannot resume here (a reply), or None: no prepared attempt of its
+        epoch (stale or unknown), a sender that is not the attempt's source or a session that
+        lives here already (rejected), or token counts that do not add up (invalid)."""
+        sid, epoch = req.session_id, req.epoch
+        if inb is None or inb.epoch != epoch or inb.state != TargetState.PREPARING:
+            status = (S.STATUS_STALE_EPOCH if epoch < self.ledger.newest_in(sid)
+                      else S.STATUS_UNKNOWN_SESSION)
+            return pallas_pb2.SyncReply(status=status, message="no prepared migration")
+        why = _not_source(inb.source) or self._lives_here(sid)
+        if why:
+            log.warning("sync_refused", session=sid, epoch=epoch, why=why)
+            return pallas_pb2.SyncReply(status=S.STATUS_REJECTED, message=why)
+        if req.prompt_tokens > len(req.token_ids) or not req.token_ids:
+            return pallas_pb2.SyncReply(status=S.STATUS_INVALID, message="bad token counts")
+        return None
+
+    def _load_range(self, req: pallas_pb2.SyncRequest, inb: Inbound) -> tuple[int, int]:
+        """The blocks the resumed request loads, (first, last) block indices (last < first:
+        none): only what arrived, a run of blocks from the split on (the source's count is
+        checked against it; a block it claims but that never came is recomputed, not
+        awaited), and the tail block when it continues that run."""
+        bs = self.block_size
+        first = int(req.split_tokens) // bs
+        arrived = self._run(inb, first * bs)
+        if int(req.streamed_blocks) != arrived:
+            log.warning("streamed_blocks_mismatch", session=req.session_id, epoch=req.epoch,
+                        claimed=int(req.streamed_blocks), arrived=arrived)
+        last = first + min(int(req.streamed_blocks), arrived) - 1
+        if req.HasField("tail") and req.tail.data and req.tail.block_index in inb.indices \
+                and req.tail.block_index == last + 1:
+            last = int(req.tail.block_index)
+        return first, last
+
+    @staticmethod
+    def _resumed_session(req: pallas_pb2.SyncRequest, inb: Inbound, now: float) -> Session:
+        """The session as it resumes here: the prompt and the outputs so far from the Sync,
+        the sampling parameters for what is left (max_tokens and min_tokens counted from the
+        original prompt), the UE's scheme pin, ``resumed_from`` / ``resumed_agent``."""
+        tokens = list(req.token_ids)
+        sp = req.sampling
+        outputs = tokens[int(req.prompt_tokens):]
+        sampling = SamplingSpec(max_tokens=len(outputs) + int(sp.max_tokens),
+                                temperature=sp.temperature, top_p=sp.top_p or 1.0,
+                                top_k=sp.top_k or -1, min_tokens=len(outputs) + sp.min_tokens
+                                if sp.min_tokens else 0,
+                                stop_token_ids=list(sp.stop_token_ids), ignore_eos=sp.ignore_eos,
+                                seed=sp.seed if sp.has_seed else None)
+        session = Session(session_id=req.session_id, ue_id=req.ue_id or inb.ue_id,
+                          prompt_token_ids=tokens[:int(req.prompt_tokens)], sampling=sampling,
+                          output_token_ids=outputs, token_times=[now] * len(outputs),
+                          epoch=req.epoch, state=SessionState.RESUMED, resumed_from=len(outputs),
+                          resumed_agent=inb.source.agent_id)
+        if req.session_scheme:
+            session.scheme = int(req.session_scheme)  # the UE's pin goes on with it
+        return session
+
+    async def _await_claim(self, inb: Inbound, session: Session, old: Session | None,
+                           claim_fut: asyncio.Future, task: object, wait_s: float,
+                           end: float | None, budget: float | None) -> int | pallas_pb2.SyncReply:
+        """Wait up to ``wait_s`` for vLLM to take the resumed request up (the connector's claim
+        report) or for the request to fail first. Returns the tokens it reused from cache
+        (0 without a report), or the non-OK reply when the request failed or vLLM did not take
+        it up before the source's deadline ``end`` (the resume is then undone: the source keeps
+        the session)."""
+        sid, epoch = session.session_id, session.epoch
+        waiters = [asyncio.ensure_future(asyncio.shield(claim_fut))]
+        if isinstance(task, asyncio.Future):
+            waiters.append(task)  # a request that fails before its claim fails the Sync
+        await asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        if not waiters[0].done():
+            waiters[0].cancel()
+        if claim_fut.done():
+            claim = claim_fut.result()
+            session.reused_tokens = claim.local + claim.external
+            session.claim = claim
+            return session.reused_tokens
+        if session.state == SessionState.FAILED:
+            return await self._resume_failed(inb, session, old)
+        if end is not None and time.monotonic() >= end - 1e-3:
+            # vLLM has not taken the request up (all its sequences busy, or a long step)
+            # and the source is about to give up: undo the resume, the source serves on.
+            await self._hand_back(session, inb, "not admitted by vLLM before the source's "
+                                  f"deadline ({budget:.2f} s)")
+            return pallas_pb2.SyncReply(
+                status=S.STATUS_ERROR,
+                message=f"the target's vLLM did not take the resumed request up within the "
+                        f"source's deadline ({budget:.2f} s; busy?): resume undone, the "
+                        "source keeps the session")
+        log.warning("no_claim_report", session=sid, epoch=epoch)
+        return 0
 
     async def _resume_failed(self, inb: Inbound, session: Session,
                              old: Session | None) -> pallas_pb2.SyncReply:
