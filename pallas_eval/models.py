@@ -3,7 +3,7 @@
 Real Llama architecture (transformers ``LlamaForCausalLM``), fp32 safetensors, saved under
 ``<repo>/.cache/models/<name>`` (gitignored) and reused when present. Weights are random with a
 fixed seed; matrices are scaled by ``weight_scale`` so the logits are peaky and greedy decoding
-does not sit on near-ties (vllm-notes.md §2), which keeps token-exact comparisons meaningful.
+does not sit on near-ties (docs/vllm.md §2), which keeps token-exact comparisons meaningful.
 
 Presets (parameter counts from the built model):
 

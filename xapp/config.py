@@ -3,8 +3,8 @@
 OSC xApps read their descriptor (``config-file.json``) from ``$CONFIG_FILE`` at start, and
 ricxappframe's RMRXapp calls the xApp's config handler again with the whole parsed descriptor
 whenever the file changes (inotify). The same ``controls`` object is what the OSC onboarder
-(``dms_cli onboard``) validates against ``descriptors/schema.json`` (``../shared/design/
-osc-notes.md`` section 3). This module validates ``controls`` against that very schema with
+(``dms_cli onboard``) validates against ``descriptors/schema.json`` (``docs/osc.md``
+§3). This module validates ``controls`` against that very schema with
 jsonschema's Draft 7 validator and no format checker, exactly as the onboarder does, so the
 xApp accepts exactly what onboarding accepts; then it builds the typed sub-configurations.
 

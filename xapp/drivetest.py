@@ -7,7 +7,7 @@ Each CSV is one drive of one phone (one UE). Its header, as in every file of
     DL_bitrate,UL_bitrate,State,PINGAVG,PINGMIN,PINGMAX,PINGSTDEV,PINGLOSS,CELLHEX,NODEHEX,
     LACHEX,RAWCELLID,NRxRSRP,NRxRSRQ
 
-What the reader makes of it (see ``shared/design/drive-data-notes.md`` for the data's quirks):
+What the reader makes of it (see ``docs/drive-data.md`` §2 for the data's quirks):
 
 - **Time.** ``Timestamp`` (``YYYY.MM.DD_hh.mm.ss``, read as UTC) has 1 s resolution, ~10% of
   rows repeat the previous second and there is the odd backwards step. Row order is kept; time

@@ -10,7 +10,7 @@ positions ``< computed`` (``computed = num_computed_tokens + num_scheduled_token
 block ``j`` with ``(j + 1) * block_size <= computed`` not shipped yet is emitted once as a full
 block, and, while the export asks for it (the agent does at the commit), the partial last
 block (``computed % block_size`` valid entries) is snapshotted every step (the tail;
-vllm-notes.md pitfall 7). Block ids are read from the KV cache manager
+docs/vllm.md §6.5). Block ids are read from the KV cache manager
 at that step, so a preempted and resumed request (new block table) is handled; blocks already
 shipped stay valid because the KV of a position depends only on the tokens before it.
 
@@ -18,7 +18,7 @@ Target role (step 3): a resumed request (prompt = all n tokens so far) carries
 ``kv_transfer_params = {"pallas": {"sid", "load": {"epoch", "prefix_len", "first_block",
 "last_block", "deadline"}}}``. vLLM presents the block-aligned local prefix-cache hit ``c``; the
 policy claims the longest run of received blocks contiguous from ``c`` up to position ``n - 1``
-(APC and the scheduler leave the last token to recompute, vllm-notes.md pitfall 4). If a block
+(APC and the scheduler leave the last token to recompute, docs/vllm.md §6.4). If a block
 it expects (``first_block..last_block``) has not arrived yet and the deadline has not passed,
 it answers None (vLLM keeps the request waiting and asks again next step). A missing block past
 the deadline, a block that failed its checksum (``bad``), or a prefix that was evicted

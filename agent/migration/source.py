@@ -1,4 +1,4 @@
-"""Source side of a migration (paper section 4.3; architecture.md steps 1 and 3).
+"""Source side of a migration (paper section 4.3; docs/architecture.md §2, steps 1 and 3).
 
 :class:`SourceRole` (mixed into :class:`agent.migration.engine.MigrationEngine`) prepares a
 target, streams each newly completed KV block of the session while it decodes on, and at the

@@ -1,4 +1,4 @@
-"""Target side of a migration (paper section 4.3; architecture.md steps 2-3).
+"""Target side of a migration (paper section 4.3; docs/architecture.md §2, steps 2-3).
 
 :class:`TargetRole` (mixed into :class:`agent.migration.engine.MigrationEngine`) admits an
 attempt at Prepare and reserves its KV memory from this agent's own accounting until the Sync

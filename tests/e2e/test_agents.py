@@ -4,7 +4,7 @@ One module-scoped fixture starts both agents (``pallas-agent`` subprocesses) and
 reuses them. Each case drives one UE session through the agents' real endpoints: the UE
 client (pallas_eval/client.py) on the HTTP front, the xApp's calls on the Control gRPC service.
 Every case checks that the UE's full token sequence equals the same session served without
-any handover (greedy decoding, fp32: token-exact, vllm-notes.md pitfall 1).
+any handover (greedy decoding, fp32: token-exact, docs/vllm.md §6.1).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A stand-in for RMR's C library (librmr_si.so) under ricxappframe's own ctypes wrappers.
 
 ``ricxappframe.rmr.rmrclib.rmrclib`` dlopens librmr_si.so at import; where it is missing,
-:func:`install_rmrclib` puts a module with the constants in its place (osc-notes.md 1,
-"Verified workaround"). :class:`FakeRmrLib` then replaces the C entry points that
+:func:`install_rmrclib` puts a module with the constants in its place (docs/osc.md §1.2,
+tests without the C library). :class:`FakeRmrLib` then replaces the C entry points that
 ``ricxappframe.rmr.rmr`` wraps (``_rmr_alloc_msg``, ``_rmr_torcv_msg``, ``_rmr_free_msg``,
 ``_rmr_get_meid``, ``_rmr_rts_msg``, ``_rmr_send_msg``, ``_rmr_payload_size``, ``_rmr_get_src``,
 ``_rmr_init``, ``_rmr_ready``, ``_rmr_close``, ...) with Python functions over **real**

@@ -1,4 +1,4 @@
-"""The xApp's live mode with RMR stubbed (osc-notes.md section 1, "Verified workaround").
+"""The xApp's live mode with RMR stubbed (docs/osc.md §1.2).
 
 RIC_INDICATION messages delivered through the xApp's RMR receive loop (xapp.e2.rmrloop over
 ricxappframe's RMR wrappers; only the C library is faked, tests/xapp/fake_rmr.py) make the xApp subscribe to

@@ -38,8 +38,8 @@ def test_reload_reapplies_a1_instances_and_scheme_override():
     assert _reloaded(bad, _App(new), "ctho", a1) is None
 
 
-# --- Kubernetes ConfigMap reload (field case, ../shared/cases/README.md "Kubernetes ConfigMap
-# reload"): the kubelet swaps a ..data symlink to a new directory; the new file may keep the old
+# --- Kubernetes ConfigMap reload (field case, docs/osc.md
+# §3.2): the kubelet swaps a ..data symlink to a new directory; the new file may keep the old
 # modification time. Family: any change of content that times do not show.
 def _configmap(tmp_path, doc: dict, name: str, mtime: float):
     d = tmp_path / name

@@ -24,7 +24,7 @@ def test_the_load_benchmark_says_why_and_exits_without_librmr():
         pytest.skip("librmr_si.so is installed system-wide")
     r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "rmr_load.py")], env=env, capture_output=True,
                        text=True, timeout=120, cwd=REPO)
-    assert r.returncode == 2 and "librmr_si.so not found" in r.stderr and "osc-notes.md" in r.stderr
+    assert r.returncode == 2 and "librmr_si.so not found" in r.stderr and "docs/osc.md" in r.stderr
 
 
 @pytest.mark.rmr

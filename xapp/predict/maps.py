@@ -448,7 +448,7 @@ class DwellModel:
 
     ``median(a, b)`` is the median dwell of the pair (the all-pairs median with fewer than
     ``min_count`` samples; NaN with none at all). The UCC drives: median 14 s, p10 2 s
-    (``../shared/design/drive-data-notes.md`` section 1).
+    (``docs/drive-data.md`` §1).
     """
 
     def __init__(self, bin_s: float = 0.5, max_s: float = 300.0, min_count: int = 3) -> None:

@@ -1,6 +1,6 @@
 """descriptors/config-file.json validated the way the OSC onboarder (dms_cli onboard) does.
 
-../shared/osc/SOURCE.md: the onboarder copies its root schema, replaces properties.controls by
+docs/osc.md §3.1: the onboarder copies its root schema, replaces properties.controls by
 the xApp's schema.json, checks the result with Draft7Validator.check_schema and validates
 config-file.json against it (jsonschema's validate(), so no format checker).
 """
