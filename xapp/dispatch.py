@@ -122,15 +122,13 @@ class ActionDispatcher:
                           l_hist=a.predicted_split_tokens, t_sit_s=t_sit, t_early_s=t_early, scheme=sch,
                           **self._rates(a.source, a.target, a.session_id, now))
         self._remember("Trigger", a, t_early)
-        self.policy.trigger(a.source, a.session_id, a.epoch, a.target, split_tokens=a.split_tokens,
-                            predicted_handover_time=a.predicted_handover_time, scheme=sch,
-                            window_s=a.window_s)
+        self.policy.send(a)
 
     def _cancel(self, a: CancelAction, now: float, ho: Handover | None) -> None:
         self.events.write("cancel", session=a.session_id, epoch=a.epoch, trace_t=now - self._offset(),
                           source_agent=a.source, target_agent=a.target, reason=a.reason)
         self._remember("Cancel", a)
-        self.policy.cancel(a.source, a.session_id, a.epoch, a.reason)
+        self.policy.send(a)
 
     def _commit(self, a: CommitAction, now: float, ho: Handover | None) -> None:
         with self._lock:
@@ -145,8 +143,7 @@ class ActionDispatcher:
                           t_early_s=trig[1] if trig and prepared else None, k_curr=k,
                           **self._rates(a.source, a.actual_target, a.session_id, now))
         self._remember("Commit", a)
-        self.policy.commit(a.source, a.session_id, a.epoch, a.actual_target, scheme=scheme_name(a.scheme),
-                           handover_time=a.handover_time)
+        self.policy.send(a)
 
     # -- back ---------------------------------------------------------------------------------
     def on_reply(self, out: CallOutcome) -> None:

@@ -35,6 +35,7 @@ from pallas_common import schemes
 from pallas_common.msglimits import control_limits
 from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc as pbg
+from xapp.scheduler.state import Action, CancelAction, CommitAction, TriggerAction
 
 log = structlog.get_logger("pallas.xapp.policy")
 
@@ -222,27 +223,46 @@ class PolicyClient:
         return done
 
     # --- the three orders (all return a Future of CallOutcome) -----------------------------
+    def send(self, action: Action) -> "Future[CallOutcome]":
+        """Send one Scheduler Engine action to its source agent's Control service as it was
+        built (``to_proto``; the target's PeerTransfer address from this client's agent map).
+
+        Raises:
+            KeyError: the source or the target is not a configured agent.
+        """
+        if isinstance(action, TriggerAction):
+            return self._submit("Trigger", action.source, action.to_proto(self.agents[action.target].peer_address))
+        if isinstance(action, CommitAction):
+            return self._submit("Commit", action.source,
+                                action.to_proto(self.agents[action.actual_target].peer_address))
+        if isinstance(action, CancelAction):
+            return self._submit("Cancel", action.source, action.to_proto())
+        raise TypeError(f"not a Scheduler Engine action: {action!r}")
+
     def trigger(self, source_agent: str, session_id: str, epoch: int, target_agent: str, *,
                 split_tokens: int = 0, predicted_handover_time: float = 0.0, scheme: str = schemes.PALLAS,
                 window_s: float = 0.0) -> "Future[CallOutcome]":
-        """Trigger (architecture step 1) at the source agent: prepare ``target_agent`` for the
-        session, with the block-aligned split (0: the source decides) and the chosen T_w*."""
-        req = pb.TriggerRequest(session_id=session_id, epoch=epoch, target=self.agents[target_agent].peer(),
-                                split_tokens=int(split_tokens), predicted_handover_time=float(predicted_handover_time),
-                                scheme=scheme_value(scheme), window_s=float(window_s))
-        return self._submit("Trigger", source_agent, req)
+        """Trigger (docs/architecture.md step 1) at the source agent by hand: prepare
+        ``target_agent`` for the session, with the block-aligned split (0: the source decides)
+        and T_w*. The xApp's own orders go through :meth:`send`."""
+        return self.send(TriggerAction(
+            session_id=session_id, epoch=epoch, source=source_agent, target=target_agent,
+            predicted_handover_time=float(predicted_handover_time), window_s=float(window_s),
+            predicted_split_tokens=int(split_tokens), scheme=scheme_value(scheme), split_tokens=int(split_tokens)))
 
     def cancel(self, source_agent: str, session_id: str, epoch: int, reason: str = "") -> "Future[CallOutcome]":
         """Cancel epoch ``epoch`` of the session's migration (docs/model.md §5)."""
-        return self._submit("Cancel", source_agent, pb.CancelRequest(session_id=session_id, epoch=epoch, reason=reason))
+        return self.send(CancelAction(session_id=session_id, epoch=epoch, source=source_agent, target="",
+                                      reason=reason))
 
     def commit(self, source_agent: str, session_id: str, epoch: int, actual_target: str, *,
                scheme: str = schemes.PALLAS, handover_time: float = 0.0) -> "Future[CallOutcome]":
-        """Commit at the handover (architecture step 3); the actual target may differ from the
-        prepared one, and with no trigger this asks for post-handover recovery under ``scheme``."""
-        req = pb.CommitRequest(session_id=session_id, epoch=epoch, actual_target=self.agents[actual_target].peer(),
-                               scheme=scheme_value(scheme), handover_time=float(handover_time))
-        return self._submit("Commit", source_agent, req)
+        """Commit at the handover (docs/architecture.md step 3) by hand; the actual target may
+        differ from the prepared one, and with no trigger this asks for post-handover recovery
+        under ``scheme``."""
+        return self.send(CommitAction(session_id=session_id, epoch=epoch, source=source_agent,
+                                      actual_target=actual_target, prepared_target=None,
+                                      scheme=scheme_value(scheme), handover_time=float(handover_time)))
 
     def close(self) -> None:
         """Finish queued calls, then close the channels."""

@@ -21,13 +21,14 @@ from xapp.config import load_controls
 from xapp.e2.transport import A1_POLICY_REQ, A1_POLICY_RESP, RmrMessage
 from xapp.predict.base import Prediction
 from xapp.tracks import MeasurementReport
+from policy_fakes import OrdersByKind
 
 REPO = Path(__file__).resolve().parents[2]
 CELL_A, CELL_B = 0xA81B0C01, 0xA81C0D01
 SLICE = "1-000001"
 
 
-class Recorder:
+class Recorder(OrdersByKind):
     """Stands in for PolicyClient: records (call, source, session, epoch, target, scheme)."""
 
     def __init__(self) -> None:

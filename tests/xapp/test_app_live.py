@@ -25,6 +25,7 @@ from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc as pbg
 
 from fake_rmr import FakeRmrLib
+from policy_fakes import OrdersByKind
 
 REPO = Path(__file__).resolve().parents[2]
 # The xApp's parts (issues 3, 4, 7) this test wires together; until they are on the branch
@@ -216,7 +217,7 @@ def test_live_mode_subscribes_predicts_triggers_and_commits(rmr_stub, tmp_path):
     assert app.ingest.stats["reports"] == k
 
 
-class _RecordingPolicy:
+class _RecordingPolicy(OrdersByKind):
     """Stands in for xapp.policy.PolicyClient: records the orders instead of sending them."""
 
     def __init__(self) -> None:

@@ -21,6 +21,7 @@ from xapp.config import load_controls
 from xapp.events import EventLog
 from xapp.predict.base import Prediction
 from xapp.tracks import MeasurementReport
+from policy_fakes import OrdersByKind
 
 REPO = Path(__file__).resolve().parents[2]
 CELL_A, CELL_B = 0xA81B0C01, 0xA81C0D01
@@ -37,7 +38,7 @@ def quiet_logs():
     structlog.configure(**saved)
 
 
-class Recorder:
+class Recorder(OrdersByKind):
     def __init__(self) -> None:
         self.on_reply = None
         self.n = 0

@@ -8,6 +8,7 @@ from pallas_common import schemes
 from xapp.dispatch import ActionDispatcher
 from xapp.events import EventLog
 from xapp.scheduler import TriggerAction
+from policy_fakes import OrdersByKind
 
 
 class _Telemetry:
@@ -26,7 +27,7 @@ class _Telemetry:
         return 1.0
 
 
-class _Policy:
+class _Policy(OrdersByKind):
     def __init__(self):
         self.calls = []
 
@@ -55,6 +56,34 @@ def test_the_trigger_event_carries_the_engines_estimates_and_the_order_goes_out(
     assert ev[0]["ue"] == "ue-1" and ev[0]["t_ho_pred"] == 10.0 and ev[0]["scheme"] == schemes.PALLAS
     (args, kw), = policy.calls
     assert args == ("a", "s1", 2, "b") and kw["window_s"] == 3.0 and kw["scheme"] == schemes.PALLAS
+
+
+def test_the_policy_client_sends_each_action_as_built():
+    from pallas_proto import pallas_pb2 as pb
+    from xapp.policy import AgentEndpoint, PolicyClient
+    from xapp.scheduler import CancelAction, CommitAction
+
+    client = PolicyClient({k: AgentEndpoint(k, f"127.0.0.1:{p}", f"127.0.0.1:{p + 1000}")
+                           for k, p in (("a", 1), ("b", 2))})
+    sent = []
+    client._submit = lambda kind, agent, req: sent.append((kind, agent, req))
+    trig = _trigger(predicted_sit_s=0.1, predicted_early_s=0.2)
+    commit = CommitAction("s1", 2, "a", "b", "b", pb.SCHEME_PALLAS, 1010.5)
+    for a in (trig, CancelAction("s1", 2, "a", "b", "mispredicted"), commit):
+        client.send(a)
+    assert [(k, agent) for k, agent, _ in sent] == [("Trigger", "a"), ("Cancel", "a"), ("Commit", "a")]
+    assert sent[0][2] == trig.to_proto("127.0.0.1:1002")
+    assert sent[1][2] == pb.CancelRequest(session_id="s1", epoch=2, reason="mispredicted")
+    assert sent[2][2] == commit.to_proto("127.0.0.1:1002")
+    assert client.trigger("a", "s1", 2, "b", window_s=3.0, predicted_handover_time=1010.0) is None
+    assert sent[-1][2].target.address == "127.0.0.1:1002" and sent[-1][2].window_s == 3.0
+    try:
+        client.send(CommitAction("s1", 3, "a", "nowhere", None, pb.SCHEME_CTHO, 0.0))
+    except KeyError:
+        pass
+    else:
+        raise AssertionError("an unknown target must raise KeyError")
+    client.close()
 
 
 def test_a_trigger_without_estimates_logs_none_for_them():
