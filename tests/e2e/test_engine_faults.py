@@ -35,6 +35,7 @@ from pallas_common.tls import LinkSecurity  # noqa: E402
 from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402
 from tests.e2e.loops import LoopThread  # noqa: E402
+from tests.faults import hold_back  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
@@ -192,31 +193,6 @@ NOTHING_HELD = {"inbound": 0, "outbound": 0, "blocks": 0, "bytes": 0, "reserved_
                 "streams_queued": 0}
 
 
-def _hold_back(a: Agent, kind: type, sid: str, delay_s: float, seen: asyncio.Event):
-    """Make ``a``'s connector channel handle messages of ``kind`` about ``sid`` ``delay_s``
-    late (the rest of the channel runs on); ``seen`` is set when the first one arrives.
-    Returns the function that undoes it."""
-    orig = a.hub._handle
-
-    def about(msg) -> bool:
-        return getattr(msg, "sid", None) == sid or any(
-            getattr(it, "sid", None) == sid for it in getattr(msg, "blocks", ()) or ())
-
-    async def handle(ident, msg, payload):
-        if isinstance(msg, kind) and about(msg):
-            seen.set()
-
-            async def later():
-                await asyncio.sleep(delay_s)
-                await orig(ident, msg, payload)
-            asyncio.get_running_loop().create_task(later())
-            return
-        await orig(ident, msg, payload)
-
-    a.hub._handle = handle
-    return lambda: a.hub.__dict__.pop("_handle", None)
-
-
 async def _settled(a: Agent) -> dict:
     """What ``a`` holds and its connector's view, one hello period later."""
     await asyncio.sleep(0.6)
@@ -234,7 +210,7 @@ def test_a_session_cancelled_while_its_blocks_load_at_the_target_frees_them(agen
         assert (await a.migration.trigger(s.session_id, 1, b.endpoint, split_tokens=192)).status == 1
         assert await s.wait_tokens(60, 120)
         loading = asyncio.Event()
-        undo = _hold_back(b, Fetch, s.session_id, 2.0, loading)  # B's worker waits 2 s for them
+        undo = hold_back(b, Fetch, s.session_id, 2.0, loading)  # B's worker waits 2 s for them
         try:
             r = await a.migration.commit(s.session_id, 1, b.endpoint, pb.SCHEME_PALLAS)
             assert r.status == 1, r
@@ -276,7 +252,7 @@ def test_a_target_whose_source_dies_during_the_commit_resumes_and_never_hangs(ag
         assert (await a.migration.trigger(s.session_id, 1, b.endpoint, split_tokens=128)).status == 1
         assert await s.wait_tokens(50, 120)
         claimed = asyncio.Event()
-        undo = _hold_back(b, Claim, s.session_id, 1.5, claimed)  # B's Sync waits for its claim
+        undo = hold_back(b, Claim, s.session_id, 1.5, claimed)  # B's Sync waits for its claim
         commit = asyncio.ensure_future(a.migration.commit(s.session_id, 1, b.endpoint,
                                                           pb.SCHEME_PALLAS))
         try:

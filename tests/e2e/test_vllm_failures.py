@@ -21,13 +21,8 @@ target's first (the source's test needs a live source; a dead target only refuse
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import time
 
-import psutil
 import pytest
 
 pytestmark = pytest.mark.vllm
@@ -39,6 +34,7 @@ from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
 from tests.e2e.loops import LoopThread  # noqa: E402
+from tests.faults import kill_engine_core  # noqa: E402
 from tests.e2e.test_engine_faults import (NOTHING_HELD, _prompt, _run, _settled,  # noqa: E402
                                           stop_all)
 
@@ -129,31 +125,6 @@ def test_a_block_that_fails_to_load_after_its_checksum_is_recomputed_token_exact
     assert after_b["kv"]["free_blocks"] == base["kv"]["free_blocks"], (base, after_b)
 
 
-def _engine_core(srv: VLLMServer) -> psutil.Process:
-    """The EngineCore process of a vLLM server (a child of its API server)."""
-    for p in psutil.Process(srv.proc.pid).children(recursive=True):
-        try:
-            if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline()):
-                return p
-        except psutil.Error:
-            continue
-    raise AssertionError(f"no EngineCore under pid {srv.proc.pid}")
-
-
-async def _kill_engine_core(srv: VLLMServer, s, bound_s: float) -> float:
-    """SIGKILL ``srv``'s EngineCore, wait (at most ``bound_s``) until session ``s`` ends at its
-    agent; returns the seconds from the kill to then (printed with the state and reason)."""
-    core = _engine_core(srv)
-    t_kill = time.monotonic()
-    os.kill(core.pid, signal.SIGKILL)
-    while not s.done and time.monotonic() - t_kill < bound_s:
-        await asyncio.sleep(0.05)
-    took = time.monotonic() - t_kill
-    print(f"engine core of {srv.base_url} killed -> session {s.state.value} after {took:.2f} s:"
-          f" {s.error}")
-    return took
-
-
 def test_the_target_engine_dying_after_the_resume_fails_the_session_there(agents):
     """The target's vLLM engine core killed after it resumed a session: the session fails
     there within a bounded time, with a reason naming vLLM (the UE's stream ends with it), its
@@ -168,7 +139,7 @@ def test_the_target_engine_dying_after_the_resume_fails_the_session_there(agents
         assert r.status == pb.STATUS_OK, r
         t = b.sessions.get(s.session_id)
         assert t is not None and await t.wait_tokens(t.resumed_from + 5, 120)
-        t_failed = await _kill_engine_core(servers[1], t, bound_s)
+        t_failed = await kill_engine_core(servers[1], t, bound_s)
         return t.state, t.error, list(t.output_token_ids), ref, t_failed, \
             await _settled(a), await _settled(b)
 
@@ -186,7 +157,7 @@ def test_the_source_engine_dying_between_trigger_and_commit_fails_the_session(ag
 
     async def go():
         s, _ = await _triggered(a, b, 150, 22, 128, 40)
-        t_failed = await _kill_engine_core(servers[0], s, bound_s)
+        t_failed = await kill_engine_core(servers[0], s, bound_s)
         state, error, n = s.state, s.error, len(s.output_token_ids)
         r = await a.migration.commit(s.session_id, 1, b.endpoint, pb.SCHEME_PALLAS)
         t = b.sessions.get(s.session_id)
