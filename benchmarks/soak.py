@@ -32,6 +32,27 @@ request, no export and no advertised block.
 Prints: migrations by kind and outcome, mismatches (session, first differing output), leaked
 KV blocks per engine, this process's RSS (the agents and the harness) at start, middle and end,
 migrations/s, and CPU seconds per process (this process; each vLLM server's process group).
+
+``--faults`` (issue 25 item 5) mixes injected faults into the hops (``--fault-share`` of them,
+drawn by pallas_eval.soak_faults.FaultSchedule), each a Pallas hop (Trigger, Commit) with:
+
+- ``kill-source``: the source's vLLM EngineCore SIGKILLed after the Trigger, then the Commit;
+- ``kill-target``: the target's EngineCore SIGKILLed after the Commit, once it decodes;
+  after either kill the harness replaces that vLLM server (a new one, ~20 s) and re-attaches
+  its agent; meanwhile no session starts there and no hop goes there (at most ``--max-kills``);
+- ``bad-block``: the target's fault-injecting connector (tests/fault_connector.py, which the
+  servers run in this mode) drops its next verified block at the load (vLLM recomputes it);
+- ``target-full``: every ``max_num_seqs`` slot of the target busy with sessions of its own
+  while the Commit runs (they are aborted after it);
+- ``sync-deadline``: the target's connector channel holds the session's Claim back past the
+  commit deadline (tests/faults.hold_back): the Sync expires;
+- ``peer-restart``: the target agent stopped and a new one started on its ports and vLLM
+  between Trigger and Commit (sessions it served then are lost with it: counted apart).
+
+Every session ends as (pallas_eval.soak_faults.classify) exact, failed with a reason, short
+(fewer tokens than asked, no reason: must be 0), mismatch (must be 0) or hung (no end within
+``--end-bound-s`` of its last token: must be 0); a sampler records every agent's copy of every
+session, and copies at two agents decoding at once count as two holders (must be 0).
 """
 
 from __future__ import annotations
@@ -42,6 +63,7 @@ import gc
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -58,11 +80,14 @@ import psutil  # noqa: E402
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
 
 from agent.app import Agent, AgentConfig  # noqa: E402
+from agent.connector.messages import Claim  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
 from pallas_common.localca import LocalCA  # noqa: E402
 from pallas_common.tls import LinkSecurity  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402
+from pallas_eval.soak_faults import KILLS, FaultSchedule, classify, decoding_at_once  # noqa: E402
+from tests.faults import engine_core, hold_back  # noqa: E402
 
 BS = 32
 PROMPT_LENS = (20, 31, 32, 33, 63, 64, 65, 96, 97, 150, 255, 256, 257, 400)
@@ -88,6 +113,12 @@ class Tally:
     snapshot: object = None                              # tracemalloc at the middle (--tracemalloc)
     types_middle: Counter = field(default_factory=Counter)  # live objects by type at the middle
     t0: float = 0.0
+    faults: Counter = field(default_factory=Counter)     # fault kind -> injected
+    ends: Counter = field(default_factory=Counter)       # exact / failed / short / mismatch / hung
+    causes: Counter = field(default_factory=Counter)     # failure reason (first 80 chars) -> n
+    lost_to_restart: int = 0                             # sessions at an agent when it restarted
+    bad_ends: list = field(default_factory=list)         # (session, end, detail) short/hung/mismatch
+    restarts: list = field(default_factory=list)         # (what, agent, seconds)
 
     def done(self) -> bool:
         return self.migrations >= self.target
@@ -133,6 +164,25 @@ class Soak:
         self.servers: list[VLLMServer] = []
         self.baseline: list[int] = []
         self._housekeeping: list[asyncio.Task] = []
+        self.schedule = FaultSchedule(self.rng, args.fault_share, args.max_kills) \
+            if args.faults else None
+        if self.schedule is not None and args.fault_weights:
+            for item in args.fault_weights.split(","):
+                kind, w = item.split("=")
+                if kind not in self.schedule.weights:
+                    raise SystemExit(f"--fault-weights: no fault kind {kind!r}")
+                self.schedule.weights[kind] = float(w)
+        self.up: list[bool] = []                       # agent i and its vLLM serve
+        self.locks: list[asyncio.Lock] = []            # one patching fault per agent at a time
+        self.fault_files: list[Path] = []
+        self.drops: list[int] = []                     # drop_loads written to agent i's file
+        self.gone: set[int] = set()                    # id() of agents replaced by a restart
+        self.copies: dict[str, dict[int, tuple[Agent, Session]]] = {}   # sid -> every copy
+        self.two: dict[str, list] = {}                 # sid -> its copies, decoded at once
+        self.hist: dict[str, list] = {}                # sid -> [(hop kind, outcome)]
+        self.cpu_gone: Counter = Counter()             # CPU s of vLLM servers replaced
+        self.logs: list[str] = []                      # every vLLM server's log
+        self._bg: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ set-up
     async def start(self) -> None:
@@ -149,13 +199,24 @@ class Soak:
                               peer_identity=[n for n in names if n != name])
             agent = Agent(cfg, LinkSecurity(ca.write(pki, name)))
             await agent.start_core()
+            faulty = {}
+            if a.faults:  # the fault-injecting connector, driven by a control file per server
+                ff = Path(pki) / f"faults-{i}.json"
+                ff.write_text(json.dumps({"drop_loads": 0}))
+                self.fault_files.append(ff)
+                self.drops.append(0)
+                faulty = {"kv_connector_module": "tests.fault_connector",
+                          "kv_connector_class": "FaultyPallasConnector",
+                          "kv_connector_extra": {"fault_file": str(ff)}}
             srv = VLLMServer(ServerConfig(model=model, agent_address=agent.hub.address,
                                           omp_threads_bind=str(i % max(1, os.cpu_count() or 1)),
                                           kv_cache_gib=a.kv_cache_gib,
-                                          max_num_seqs=max(8, 2 * a.concurrency)))
+                                          max_num_seqs=max(8, 2 * a.concurrency), **faulty))
             srv.start()
             self.agents.append(agent)
             self.servers.append(srv)
+            self.up.append(True)
+            self.locks.append(asyncio.Lock())
         loop = asyncio.get_running_loop()
         for agent, srv in zip(self.agents, self.servers):
             await loop.run_in_executor(None, srv.wait_ready, 900)
@@ -168,7 +229,7 @@ class Soak:
         self.baseline = await self._free_blocks()
 
     async def stop(self) -> None:
-        for t in self._housekeeping:
+        for t in [*self._housekeeping, *self._bg]:
             t.cancel()
         for agent in self.agents:
             try:
@@ -184,6 +245,209 @@ class Soak:
 
     def _prompt(self, n: int) -> list[int]:
         return [self.rng.randrange(3, 2000) for _ in range(n)]
+
+    # ------------------------------------------------------------------ faults (--faults)
+    def _i(self, agent: Agent) -> int:
+        return next(i for i, ag in enumerate(self.agents) if ag.cfg.agent_id == agent.cfg.agent_id)
+
+    def _live(self) -> list[Agent]:
+        return [ag for ag, up in zip(self.agents, self.up) if up]
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    async def _sampler(self) -> None:
+        """Every 0.1 s: record every agent's copy of every soak session (to follow a session to
+        its holder) and check that no two agents published new tokens of one session since
+        the last sample (pallas_eval.soak_faults.decoding_at_once)."""
+        last: dict[int, int] = {}
+        publishing = (SessionState.SERVING, SessionState.MIGRATING, SessionState.RESUMED)
+        while True:
+            sample = []
+            for ag in self.agents:
+                for s in list(ag.sessions):
+                    seen = self.copies.get(s.session_id)
+                    if seen is None:
+                        continue
+                    seen.setdefault(id(s), (ag, s))
+                    n = len(s.output_token_ids)
+                    sample.append((s.session_id, ag.cfg.agent_id,
+                                   s.state in publishing and s.frozen_at is None,
+                                   last.get(id(s), n), n))
+                    last[id(s)] = n
+            for sid in decoding_at_once(sample):
+                self.two.setdefault(sid, [
+                    (ag.cfg.agent_id, c.state.value, c.resumed_from, len(c.output_token_ids),
+                     c.error) for ag, c in self.copies[sid].values()])
+            await asyncio.sleep(0.1)
+
+    def _holder(self, sid: str, s: Session) -> tuple[Agent | None, Session]:
+        """The copy of ``sid`` that holds it now: one still running (at an agent not restarted
+        since), else the one with the most tokens that was not handed over, the latest of equals
+        (``s`` when it knows no other)."""
+        seen = list(self.copies.get(sid, {}).values())
+        if not seen:
+            return None, s
+        rank = [(not c.done and id(ag) not in self.gone, c.state != SessionState.HANDED_OVER,
+                 len(c.output_token_ids), i) for i, (ag, c) in enumerate(seen)]
+        return seen[max(range(len(seen)), key=rank.__getitem__)]
+
+    async def _free_blocks_of(self, i: int) -> int:
+        await asyncio.sleep(0.6)
+        return int(self.agents[i].hub.kv_stats().get("free_blocks", -1))
+
+    async def _replace_engine(self, i: int, why: str) -> None:
+        """Agent i's vLLM lost its engine core: wait (bounded) until its sessions ended, stop
+        that server, start a new one and attach the agent to it; agent i is down meanwhile."""
+        t0 = time.monotonic()
+        ag, old = self.agents[i], self.servers[i]
+        bound = time.monotonic() + 30.0
+        while any(not s.done for s in ag.sessions) and time.monotonic() < bound:
+            await asyncio.sleep(0.2)
+        pending = [(s.session_id[:8], s.state.value) for s in ag.sessions if not s.done]
+        t_wait = time.monotonic() - t0
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, old.stop)
+        self.drops[i] = 0
+        self.fault_files[i].write_text(json.dumps({"drop_loads": 0}))
+        srv = VLLMServer(old.cfg)
+        srv.start()
+        self.servers[i] = srv
+        self.logs.append(str(srv.log_path))
+        await loop.run_in_executor(None, srv.wait_ready, 900)
+        await ag.attach(srv.base_url, 600)
+        await ag.engine.complete(self._prompt(40), SamplingSpec(max_tokens=4, ignore_eos=True))
+        self.baseline[i] = await self._free_blocks_of(i)
+        self.up[i] = True
+        self.tally.restarts.append((why, ag.cfg.agent_id, round(time.monotonic() - t0, 1),
+                                    f"waited {t_wait:.1f} s for its sessions to end"
+                                    + (f", still running: {pending}" if pending else "")))
+
+    def _kill_core(self, i: int) -> None:
+        """SIGKILL agent i's vLLM EngineCore (its server's CPU so far is kept for the report)."""
+        srv = self.servers[i]
+        self.cpu_gone[f"vllm-{i}"] += _cpu_s([srv.proc.pid])
+        os.kill(engine_core(srv).pid, signal.SIGKILL)
+
+    async def _restart_agent(self, i: int) -> None:
+        """Stop agent i (its sessions there are lost with it) and start a new one on the same
+        ports, hub address and vLLM server."""
+        t0 = time.monotonic()
+        old = self.agents[i]
+        self.up[i] = False
+        self.gone.add(id(old))
+        self._housekeeping[i].cancel()
+        await old.stop()
+        new = Agent(old.cfg, old.security)
+        await new.start_core()
+        await new.attach(self.servers[i].base_url, 600)
+        self.agents[i] = new
+        self._housekeeping[i] = asyncio.create_task(new._housekeeping())
+        self.up[i] = True
+        self.tally.restarts.append(("peer-restart", old.cfg.agent_id, round(time.monotonic() - t0, 1)))
+
+    async def _fill(self, tgt: Agent) -> list[Session]:
+        """Every sequence slot of ``tgt``'s vLLM busy with a session of its own."""
+        n = self.servers[self._i(tgt)].cfg.max_num_seqs
+        busy = []
+        for _ in range(n):
+            b = Session(uuid.uuid4().hex, "ue-busy", self._prompt(40),
+                        SamplingSpec(max_tokens=1500, ignore_eos=True))
+            tgt.sessions.add(b)
+            tgt.engine.start(b)
+            busy.append(b)
+        t_end = time.monotonic() + 30
+        while sum(1 for b in busy if b.output_token_ids) < n - self.args.concurrency \
+                and time.monotonic() < t_end:
+            await asyncio.sleep(0.05)
+        return busy
+
+    async def _unfill(self, tgt: Agent, busy: list[Session]) -> None:
+        for b in busy:
+            await tgt.engine.abort(b)
+            if not b.done:
+                b.set_state(SessionState.FINISHED, finish_reason="abort")
+
+    async def _fault_hop(self, kind: str, cur: Agent, s: Session, epoch: int, prompt_len: int
+                         ) -> tuple[Agent, int, str]:
+        """One Pallas hop from ``cur`` with the fault ``kind`` (see the module)."""
+        tgt = self.rng.choice([a for a in self._live() if a is not cur])
+        ti, ci = self._i(tgt), self._i(cur)
+        self.tally.faults[kind] += 1
+        down = ci if kind == "kill-source" else ti
+        if kind in KILLS or kind == "peer-restart":
+            self.up[down] = False     # no other hop goes there, no other kill or restart
+        replacing: list[bool] = []   # set by _faulty once a replacement runs (it brings it up)
+        try:
+            return await self._faulty(kind, cur, tgt, ci, ti, s, epoch, prompt_len, replacing)
+        finally:
+            if (kind in KILLS or kind == "peer-restart") and not replacing:
+                self.up[down] = True  # the fault was not carried out (or the restart is done)
+
+    async def _faulty(self, kind: str, cur: Agent, tgt: Agent, ci: int, ti: int, s: Session,
+                      epoch: int, prompt_len: int, replacing: list[bool]
+                      ) -> tuple[Agent, int, str]:
+        sid = s.session_id
+        n_now = prompt_len + len(s.output_token_ids)
+        split = max(BS, n_now // BS * BS) if kind == "bad-block" else \
+            self.rng.choice((0, n_now // BS * BS))
+        rep = await cur.migration.trigger(sid, epoch, tgt.endpoint, split_tokens=split,
+                                          scheme=pb.SCHEME_PALLAS)
+        ue = self._commit_point(s, prompt_len)
+        if ue > 0:
+            await s.wait_tokens(ue - 1, 120)
+        undo, busy, locked = None, [], None
+        try:
+            if kind == "kill-source":
+                self._kill_core(ci)
+                replacing.append(True)
+                self._spawn(self._replace_engine(ci, kind))
+                t_end = time.monotonic() + self.args.end_bound_s
+                while not s.done and time.monotonic() < t_end:
+                    await asyncio.sleep(0.05)
+            elif kind == "bad-block":
+                self.drops[ti] += 1
+                self.fault_files[ti].write_text(json.dumps({"drop_loads": self.drops[ti]}))
+            elif kind == "target-full":
+                await self.locks[ti].acquire()
+                locked = self.locks[ti]
+                busy = await self._fill(tgt)
+            elif kind == "sync-deadline":
+                await self.locks[ti].acquire()
+                locked = self.locks[ti]
+                undo = hold_back(tgt, Claim, sid, self.args.commit_deadline_s + 1.0,
+                                 asyncio.Event())
+            elif kind == "peer-restart":
+                await asyncio.sleep(self.rng.uniform(0.0, 0.2))
+                await self._restart_agent(ti)
+                tgt = self.agents[ti]
+            rep = await cur.migration.commit(sid, epoch, tgt.endpoint, pb.SCHEME_PALLAS,
+                                             ue_tokens=ue)
+        finally:
+            if undo is not None:
+                await asyncio.sleep(1.5)   # the held-back claim reaches the target's hub
+                undo()
+            if busy:
+                await self._unfill(tgt, busy)
+            if locked is not None:
+                locked.release()
+        ok = rep.status == pb.STATUS_OK
+        self._count(kind, ok)
+        if not ok:
+            self.tally.refused.append((kind, pb.Status.Name(rep.status), rep.message[:300]))
+        else:
+            self._migrated()
+        moved = ok and s.state == SessionState.HANDED_OVER
+        if kind == "kill-target":
+            t = tgt.sessions.get(sid) if moved else None
+            if t is not None:
+                await t.wait_tokens(t.resumed_from + 3, 60)
+            self._kill_core(ti)
+            replacing.append(True)
+            self._spawn(self._replace_engine(ti, kind))
+        return (tgt if moved else cur), epoch + 1, "committed" if ok else pb.Status.Name(rep.status)
 
     # ------------------------------------------------------------------ one session
     def _commit_point(self, s: Session, prompt_len: int) -> int:
@@ -203,7 +467,7 @@ class Soak:
                    ) -> tuple[Agent, int, str]:
         """One hop of ``kind`` from ``cur``; returns (agent serving after it, epoch used, outcome)."""
         sid = s.session_id
-        others = [a for a in self.agents if a is not cur]
+        others = [a for a in self._live() if a is not cur]
         tgt = self.rng.choice(others)
         split = self.rng.choice((0, (prompt_len + len(s.output_token_ids)) // BS * BS))
         mig = cur.migration
@@ -236,57 +500,117 @@ class Soak:
         if not ok:
             self.tally.refused.append((kind, pb.Status.Name(rep.status), rep.message[:300]))
         if ok:
-            self.tally.migrations += 1
-            if self.tally.migrations == self.tally.target // 2:
-                self.tally.rss_mib["middle"] = round(_rss_mib(), 1)
-                self.tally.types_middle = _type_counts()
-                if tracemalloc.is_tracing():
-                    self.tally.snapshot = tracemalloc.take_snapshot()
+            self._migrated()
         moved = ok and kind != "detour" and s.state == SessionState.HANDED_OVER
         return (tgt if moved else cur), epoch + 1, "committed" if ok else pb.Status.Name(rep.status)
+
+    def _migrated(self) -> None:
+        self.tally.migrations += 1
+        if self.args.faults and self.tally.migrations % 100 == 0:
+            print(f"{time.strftime('%H:%M:%S')} {self.tally.migrations} migrations, faults "
+                  f"{dict(self.tally.faults)}, ends {dict(self.tally.ends)}, two holders "
+                  f"{len(self.two)}, restarts {len(self.tally.restarts)}", file=sys.stderr,
+                  flush=True)
+        if self.tally.migrations == self.tally.target // 2:
+            self.tally.rss_mib["middle"] = round(_rss_mib(), 1)
+            self.tally.types_middle = _type_counts()
+            if tracemalloc.is_tracing():
+                self.tally.snapshot = tracemalloc.take_snapshot()
 
     def _count(self, kind: str, ok: bool) -> None:
         self.tally.ops[(kind, "ok" if ok else "not ok")] += 1
 
     async def session(self) -> None:
         """One session: start, hop until it ends (or the soak has its migrations), compare."""
-        home = self.rng.choice(self.agents)
+        home = self.rng.choice(self._live() or self.agents)
         prompt_len = self.rng.choice(PROMPT_LENS)
         prompt = self._prompt(prompt_len)
         max_tokens = self.rng.randint(self.args.min_tokens, self.args.max_tokens)
         sampling = SamplingSpec(max_tokens=max_tokens, ignore_eos=True)
-        ref = await home.engine.complete(prompt, sampling)
+        try:
+            ref = await home.engine.complete(prompt, sampling)
+        except Exception as exc:  # noqa: BLE001 - its engine was killed (--faults): next one
+            if not self.args.faults:
+                raise
+            print(f"reference at {home.cfg.agent_id} failed ({exc!r}); another session",
+                  file=sys.stderr)
+            await asyncio.sleep(1.0)
+            return
         s = Session(uuid.uuid4().hex, "ue-soak", prompt, sampling)
+        sid = s.session_id
+        self.copies[sid] = {id(s): (home, s)}
         home.sessions.add(s)
         home.engine.start(s)
         cur, epoch, hops = home, 1, 0
         kinds, weights = zip(*KINDS.items())
         while not self.tally.done():
-            if s.done or len(s.output_token_ids) >= max_tokens - 2:
+            if s.done or len(s.output_token_ids) >= max_tokens - 2 or id(cur) in self.gone:
                 break
-            kind = self.rng.choices(kinds, weights)[0]
+            if not any(a is not cur for a in self._live()):
+                await s.wait_tokens(len(s.output_token_ids), 0.5)   # no target up: wait
+                continue
+            fault = self.schedule.draw(all(self.up)) if self.schedule is not None else None
+            kind = fault or self.rng.choices(kinds, weights)[0]
             try:
-                cur, epoch, _ = await self._hop(kind, cur, s, epoch, prompt_len)
+                if fault:
+                    cur, epoch, how = await self._fault_hop(fault, cur, s, epoch, prompt_len)
+                else:
+                    cur, epoch, how = await self._hop(kind, cur, s, epoch, prompt_len)
+                self.hist.setdefault(sid, []).append((kind, how, s.state.value))
             except Exception as exc:  # noqa: BLE001 - a harness error is reported, not hidden
-                self.tally.failures.append((s.session_id, f"{kind}: {exc!r}"))
+                if self.args.faults and (id(cur) in self.gone or not all(self.up)):
+                    self.tally.causes[f"hop cut by a restart: {kind}: {exc!r}"[:80]] += 1
+                else:
+                    self.tally.failures.append((sid, f"{kind}: {exc!r}"))
                 break
-            s = cur.sessions.get(s.session_id) or s
+            s = cur.sessions.get(sid) or s
             hops += 1
-        # Let it end where it is, then compare everything it produced with the reference.
-        t_end = time.monotonic() + 300
-        while not s.done and len(s.output_token_ids) < max_tokens:
-            if time.monotonic() > t_end:
-                self.tally.failures.append((s.session_id, f"no end at {cur.cfg.agent_id}: "
-                                            f"{s.state.value} {len(s.output_token_ids)}"))
+        # Let it end where it is (following it to its holder), then compare everything it
+        # produced with the reference.
+        ended, lost, last_n, t_last = False, False, -1, time.monotonic()
+        while True:
+            if self.args.faults:
+                who, s = self._holder(sid, s)
+                cur = who or cur
+            if id(cur) in self.gone and not s.done:
+                lost = True
                 break
-            await s.wait_tokens(len(s.output_token_ids), 5.0)
+            if s.done and (s.state != SessionState.HANDED_OVER or not self.args.faults):
+                ended = True
+                break
+            if not self.args.faults and len(s.output_token_ids) >= max_tokens:
+                ended = True
+                break
+            if len(s.output_token_ids) != last_n:
+                last_n, t_last = len(s.output_token_ids), time.monotonic()
+            elif time.monotonic() - t_last > self.args.end_bound_s:
+                break
+            if s.done:
+                await asyncio.sleep(0.1)
+            else:
+                await s.wait_tokens(len(s.output_token_ids), 1.0)
         out = s.output_token_ids[:max_tokens]
-        if s.state == SessionState.FAILED:
-            self.tally.failures.append((s.session_id, f"failed at {cur.cfg.agent_id}: {s.error}"))
-        elif out != ref:
-            first = next((i for i, (x, y) in enumerate(zip(out, ref)) if x != y), min(len(out), len(ref)))
-            self.tally.mismatches.append((s.session_id, first, hops, len(out), len(ref)))
         self.tally.sessions += 1
+        if lost:
+            self.tally.lost_to_restart += 1
+            end = classify(out, ref, max_tokens, True, "its agent restarted")
+        else:
+            error = s.error if s.state == SessionState.FAILED else None
+            end = classify(out, ref, max_tokens, ended, error)
+            if error:
+                self.tally.causes[error[:80]] += 1
+        self.tally.ends[end] += 1
+        if end in ("short", "hung", "mismatch"):
+            self.tally.bad_ends.append((sid, end, f"at {cur.cfg.agent_id}: {s.state.value} "
+                                        f"{len(out)}/{max_tokens} {s.finish_reason} {s.error}"))
+        if not ended and not lost:
+            self.tally.failures.append((sid, f"no end at {cur.cfg.agent_id}: "
+                                        f"{s.state.value} {len(s.output_token_ids)}"))
+        elif s.state == SessionState.FAILED and not self.args.faults:
+            self.tally.failures.append((sid, f"failed at {cur.cfg.agent_id}: {s.error}"))
+        elif end == "mismatch" or (not self.args.faults and out != ref):
+            first = next((i for i, (x, y) in enumerate(zip(out, ref)) if x != y), min(len(out), len(ref)))
+            self.tally.mismatches.append((sid, first, hops, len(out), len(ref)))
 
     async def worker(self) -> None:
         while not self.tally.done():
@@ -299,18 +623,26 @@ class Soak:
         if a.tracemalloc:
             tracemalloc.start()
         me = "soak (agents + harness)"  # this process only: the servers are its children
-        pids = {me: [os.getpid()],
-                **{f"vllm-{i}": [srv.proc.pid] for i, srv in enumerate(self.servers) if srv.proc}}
+        self.logs = [str(srv.log_path) for srv in self.servers]
 
-        def cpu_now() -> dict[str, float]:
-            return {k: _cpu_s(v, children=k != me) for k, v in pids.items()}
+        def cpu_now() -> dict[str, float]:  # a replaced server's CPU up to its stop included
+            return {me: _cpu_s([os.getpid()], children=False),
+                    **{f"vllm-{i}": (_cpu_s([srv.proc.pid]) if srv.proc else 0.0)
+                       + self.cpu_gone[f"vllm-{i}"] for i, srv in enumerate(self.servers)}}
         cpu0 = cpu_now()
+        sampler = asyncio.create_task(self._sampler()) if a.faults else None
         self.tally.rss_mib["start"] = round(_rss_mib(), 1)
         t0 = time.monotonic()
         try:
             await asyncio.gather(*(self.worker() for _ in range(a.concurrency)))
             wall = time.monotonic() - t0
-            cpu = {k: round(v - cpu0[k], 1) for k, v in cpu_now().items()}
+            t_bg = time.monotonic() + 900
+            while self._bg and time.monotonic() < t_bg:   # engines still being replaced
+                await asyncio.sleep(0.5)
+            cpu = {k: round(v - cpu0[k], 1) for k, v in cpu_now().items()}  # restarts included
+            wall_all = time.monotonic() - t0
+            if sampler is not None:
+                sampler.cancel()
             # Settle: every session ended; the housekeeping's expiry has had its period.
             await asyncio.sleep(max(2.0, a.inbound_idle_s / 2))
             for agent in self.agents:
@@ -326,7 +658,7 @@ class Soak:
                 growth = [str(d) for d in diff[:15]]
             report = {
                 "migrations": self.tally.migrations, "sessions": self.tally.sessions,
-                "wall_s": round(wall, 1), "migrations_per_s": round(self.tally.migrations / wall, 2),
+                "wall_s": round(wall, 1), "wall_with_restarts_s": round(wall_all, 1), "migrations_per_s": round(self.tally.migrations / wall, 2),
                 "ops": {f"{k}/{o}": n for (k, o), n in sorted(self.tally.ops.items())},
                 "mismatches": self.tally.mismatches, "failures": self.tally.failures,
                 "refused": self.tally.refused,
@@ -344,6 +676,35 @@ class Soak:
             }
             if a.tracemalloc:
                 report["traced_growth_middle_to_end"] = growth
+            if a.faults:
+                dropped = 0
+                for path in self.logs:
+                    try:
+                        dropped += Path(path).read_text(errors="replace").count(
+                            "pallas fault: dropped block")
+                    except OSError:
+                        pass
+                two = sorted(self.two)
+                report["faults"] = {
+                    "injected": dict(sorted(self.tally.faults.items())),
+                    "injected_total": sum(self.tally.faults.values()),
+                    "bad_blocks_dropped_at_load": dropped,
+                    "session_ends": dict(sorted(self.tally.ends.items())),
+                    "short_no_error": self.tally.ends["short"],
+                    "never_ended": self.tally.ends["hung"],
+                    "mismatched": self.tally.ends["mismatch"],
+                    "two_holders": len(two),
+                    "two_holder_sessions": {sid: self.two[sid] for sid in two[:20]},
+                    "lost_to_agent_restart": self.tally.lost_to_restart,
+                    "failure_reasons": dict(self.tally.causes.most_common(15)),
+                    "bad_ends": self.tally.bad_ends[:30],
+                    "restarts": self.tally.restarts,
+                    "held_outbound_end": [
+                        (ag.cfg.agent_id, sid[:12], o.state.value, o.epoch, o.target.agent_id,
+                         o.session.state.value, o.session.finish_reason, o.session.error,
+                         self.hist.get(sid, [])[-4:])
+                        for ag in self.agents for sid, o in ag.migration.outbound.items()],
+                    "fault_share": a.fault_share, "commit_deadline_s": a.commit_deadline_s}
             return report
         finally:
             await self.stop()
@@ -367,6 +728,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="the agents forget ended sessions after this long (housekeeping)")
     p.add_argument("--seed", type=int, default=12)
     p.add_argument("--json", help="also write the report here")
+    p.add_argument("--faults", action="store_true",
+                   help="inject faults into the hops (issue 25 item 5; see the module)")
+    for flag, kind, default, text in (  # with --faults
+            ("--fault-share", float, 0.25, "the share of hops that carry a fault"),
+            ("--fault-weights", str, "", "KIND=W,... to change fault weights (default "
+                                         "pallas_eval.soak_faults.FAULT_WEIGHTS)"),
+            ("--max-kills", int, 10, "engine core kills at most (each restarts a vLLM)"),
+            ("--end-bound-s", float, 90.0, "a session with no new token and no end this long "
+                                           "counts as hung")):
+        p.add_argument(flag, type=kind, default=default, help=f"with --faults: {text}")
     p.add_argument("--tracemalloc", action="store_true",
                    help="trace Python allocations; report the 15 lines that grew most from the "
                         "middle to the end (slower)")
@@ -380,6 +751,20 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(text)
     leaked = sum(report["leaked_kv_blocks"])
     held = any(any(v for v in h.values()) for h in report["held_end"])
+    f = report.get("faults")
+    if f is not None:
+        print(f"\nfaults: {f['injected_total']} injected {f['injected']} "
+              f"({f['bad_blocks_dropped_at_load']} blocks dropped at the load); session ends "
+              f"{f['session_ends']}; finished short with no error {f['short_no_error']}, never "
+              f"ended {f['never_ended']}, decoded by two agents at once {f['two_holders']}, "
+              f"lost to an agent restart {f['lost_to_agent_restart']}; restarts "
+              f"{len(f['restarts'])}; migrations by kind/outcome {report['ops']}")
+        bad = (f["short_no_error"] or f["never_ended"] or f["two_holders"] or f["mismatched"]
+               or leaked or held or report["failures"])
+        print(f"soak --faults: {report['migrations']} migrations in {report['wall_s']} s, "
+              f"{report['sessions']} sessions, leaked KV blocks {leaked}, agents holding "
+              f"anything: {held}, CPU s {report['cpu_s']}")
+        return 1 if bad else 0
     print(f"\nsoak: {report['migrations']} migrations in {report['wall_s']} s "
           f"({report['migrations_per_s']}/s), {report['sessions']} sessions, "
           f"mismatches {len(report['mismatches'])}, failures {len(report['failures'])}, "
