@@ -421,6 +421,7 @@ class Soak:
                                  asyncio.Event())
             elif kind == "peer-restart":
                 await asyncio.sleep(self.rng.uniform(0.0, 0.2))
+                replacing.append(True)   # the restart brings agent ti up itself
                 await self._restart_agent(ti)
                 tgt = self.agents[ti]
             rep = await cur.migration.commit(sid, epoch, tgt.endpoint, pb.SCHEME_PALLAS,
@@ -549,7 +550,9 @@ class Soak:
             if not any(a is not cur for a in self._live()):
                 await s.wait_tokens(len(s.output_token_ids), 0.5)   # no target up: wait
                 continue
-            fault = self.schedule.draw(all(self.up)) if self.schedule is not None else None
+            # no kill or restart in the last fifth: the end need not wait for a vLLM start
+            calm = all(self.up) and self.tally.migrations < 0.8 * self.tally.target
+            fault = self.schedule.draw(calm) if self.schedule is not None else None
             kind = fault or self.rng.choices(kinds, weights)[0]
             try:
                 if fault:
@@ -557,7 +560,10 @@ class Soak:
                 else:
                     cur, epoch, how = await self._hop(kind, cur, s, epoch, prompt_len)
                 self.hist.setdefault(sid, []).append((kind, how, s.state.value))
-            except Exception as exc:  # noqa: BLE001 - a harness error is reported, not hidden
+            except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - reported
+                if isinstance(exc, asyncio.CancelledError) and (
+                        asyncio.current_task().cancelling() or not self.args.faults):
+                    raise   # this worker is cancelled (else: a call cut by an agent's stop)
                 if self.args.faults and (id(cur) in self.gone or not all(self.up)):
                     self.tally.causes[f"hop cut by a restart: {kind}: {exc!r}"[:80]] += 1
                 else:
