@@ -262,7 +262,14 @@ class MigrationEngine(SourceRole, TargetRole):
                         f"abandon-failed-{s.session_id}")
 
     def forget(self, session_id: str) -> None:
-        """Drop every record of a session that ended here."""
+        """Drop every record of a session that ended here. An attempt still prepared for it (a
+        Trigger that no Commit or Cancel followed before the session ended) is abandoned: its
+        stream, the connector's export and the target's hold end (found by ``soak.py --faults``:
+        they stayed for ever once the session was forgotten, and a late Commit was answered
+        UNKNOWN_SESSION)."""
+        out = self.outbound.get(session_id)
+        if out is not None:
+            self._spawn(self._abandon(out, "the session ended here"), f"abandon-ended-{session_id}")
         self.ledger.forget(session_id)
         self.session_schemes.pop(session_id, None)
         self._locks.pop(session_id, None)

@@ -434,6 +434,39 @@ def test_detour_moves_nothing_and_releases_a_prepared_target():
     asyncio.run(run())
 
 
+async def _triggered():
+    """Engine "b" serving session "s" (100-token prompt), triggered (epoch 1, split 96) to a
+    served :class:`Target`; returns (engine, hub, target, server, endpoint, session)."""
+    m, hub, _ = _engine()
+    target = Target()
+    server, tgt = await _served(target)
+    s = _serving(m, n_prompt=100)
+    assert (await m.trigger("s", 1, tgt, split_tokens=96)).status == pb.STATUS_OK
+    return m, hub, target, server, tgt, s
+
+
+def test_a_session_forgotten_with_a_prepared_attempt_releases_it():
+    """soak.py --faults: a Trigger, then the session ends here and is forgotten (housekeeping)
+    with no Commit or Cancel: the attempt, its export and the target's hold must end too."""
+    async def run():
+        m, hub, target, server, tgt, s = await _triggered()
+        try:
+            s.set_state(SessionState.FINISHED, finish_reason="length")
+            m.sessions.pop("s")
+            m.forget("s")
+            for _ in range(100):
+                if "release" in target.ops():
+                    break
+                await asyncio.sleep(0.02)
+            held = m.held()
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert held["outbound"] == 0 and "s" not in hub._exports, (held, hub._exports)
+        assert target.ops() == ["prepare", "release"], target.ops()
+    asyncio.run(run())
+
+
 def test_prepared_commit_with_a_failed_warmup_takes_the_choice_and_reports_it():
     """Issue 13 item 4: the source asks the target's progress and commits the fastest way; a
     warm-up that ended without caching the prefix leaves the alternatives to compete."""
@@ -527,12 +560,8 @@ def test_a_commit_that_ships_nothing_closes_the_prepared_suffix_stream():
     commit-time choice recomputes) left its suffix stream open for ever; the call, the
     target's handler and the last block sent stayed alive."""
     async def run():
-        m, hub, eng = _engine()
-        target = Target()
-        server, tgt = await _served(target)
-        s = _serving(m, n_prompt=100)
+        m, hub, target, server, tgt, s = await _triggered()
         try:
-            assert (await m.trigger("s", 1, tgt, split_tokens=96)).status == pb.STATUS_OK
             stream = m.outbound["s"].stream
             assert stream is not None and not stream.task.done()
             s._task = asyncio.ensure_future(asyncio.sleep(0))
