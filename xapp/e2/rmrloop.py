@@ -132,7 +132,9 @@ class RmrCalls:
 class RmrReceiver:
     """The bounded receive loop (module docstring) over an RMR context ``mrc``.
 
-    ``on_message(RmrMessage)`` gets indications from the ``rmr-rx`` thread and every other
+    ``message``: the delivered message's constructor, called as ``message(mtype, payload,
+    sub_id, e2_node, time[, handle=mbuf])`` (:class:`xapp.e2.transport.RmrMessage`; passed in,
+    so that this module imports nothing of the transport that starts it). ``on_message(message)`` gets indications from the ``rmr-rx`` thread and every other
     message from the ``rmr-ctl`` thread (one message at a time per thread; it must not raise,
     what it raises is logged and swallowed). ``healthy()`` decides the health-check answer.
     ``clock``: the receipt clock (Unix s). Call :meth:`start` once, :meth:`stop` to end
@@ -141,7 +143,8 @@ class RmrReceiver:
     Raises ValueError for a non-positive bound.
     """
 
-    def __init__(self, mrc: Any, on_message: Callable[[Any], None], *, calls: RmrCalls | None = None,
+    def __init__(self, mrc: Any, on_message: Callable[[Any], None], *, message: Callable[..., Any],
+                 calls: RmrCalls | None = None,
                  healthy: Callable[[], bool] = lambda: True, queue_size: int = 8192, batch: int = 512,
                  handle_max: int = 32, handle_budget_s: float = 0.005, shed_after_s: float = 1.0,
                  control_queue_size: int = 256, wait_ms: int = 100,
@@ -152,9 +155,7 @@ class RmrReceiver:
                 raise ValueError(f"{name} must be >= 1, got {v!r}")
         if not handle_budget_s > 0 or not shed_after_s > 0:
             raise ValueError("handle_budget_s and shed_after_s must be > 0")
-        from .transport import RmrMessage
-
-        self._Msg = RmrMessage
+        self._Msg = message
         self.mrc = mrc
         self.on_message = on_message
         self.calls = calls or RmrCalls()

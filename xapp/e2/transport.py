@@ -155,7 +155,8 @@ class RmrTransport:
         if self.wait_for_ready:
             while rmr.rmr_ready(self.mrc) == 0:
                 _time.sleep(0.1)
-        self.receiver = RmrReceiver(self.mrc, lambda m: _safe(on_message, m), healthy=self.healthy,
+        self.receiver = RmrReceiver(self.mrc, lambda m: _safe(on_message, m), message=RmrMessage,
+                                    healthy=self.healthy,
                                     wait_ms=max(1, int(self.rmr_timeout_s * 1000)), **self.bounds)
         self.xapp = _framework(self.receiver, self.mrc, self.use_fake_sdl)
         if self.registry is not None:
