@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
-from agent.ipc import block_crc
+from agent.connector.link import block_crc
 from agent.wire import Block, decode_block, encode_block
 from pallas_common.msglimits import (DEFAULT_MAX_BLOCK_BYTES, DEFAULT_MAX_TOKENS, RpcLimits,
                                      peer_limits)

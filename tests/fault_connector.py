@@ -22,7 +22,7 @@ from typing import Any
 from agent.connector.messages import FetchItem, Loaded
 from agent.connector.mover import WorkerSide
 from agent.connector.policy import LoadOp
-from agent.ipc import block_crc
+from agent.connector.link import block_crc
 from agent.connector.vllm_connector import PallasConnector
 
 log = logging.getLogger("vllm.pallas.faults")

@@ -21,7 +21,7 @@ import torch
 
 from agent.connector.messages import BlockHeader, FetchItem, Loaded, WorkerHello
 from agent.connector.policy import LoadOp, SaveOp
-from agent.ipc import WorkerLink, block_crc
+from agent.connector.link import WorkerLink, block_crc
 
 log = logging.getLogger("vllm.pallas.mover")
 
@@ -96,7 +96,7 @@ class WorkerSide:
     """The worker half of the connector: runs the step's saves and loads.
 
     Saves: ``wait_for_save`` copies each block (the only work on the engine thread) and hands
-    it to :class:`agent.ipc.WorkerLink`'s sender thread, which checksums and sends it.
+    it to :class:`agent.connector.link.WorkerLink`'s sender thread, which checksums and sends it.
     Loads: ``start_load_kv`` fetches the step's blocks from the agent, verifies each CRC-32C
     and size, and copies them in before the forward. A block that is missing or fails its
     check is not written; its block id is reported through

@@ -6,7 +6,7 @@ unmodified vLLM server through ``--kv-transfer-config``::
 
 The scheduler side (EngineCore process) runs :class:`agent.connector.policy.SchedulerPolicy`;
 the worker side (Worker process) runs :class:`agent.connector.mover.WorkerSide`. Both talk to
-the agent over :mod:`agent.ipc`. ``agent_address`` may also come from the environment variable
+the agent over :mod:`agent.connector.link`. ``agent_address`` may also come from the environment variable
 ``PALLAS_AGENT_ADDRESS``. ``agent`` and ``proto`` must be on ``PYTHONPATH`` of every vLLM
 process (workers are spawned).
 
@@ -31,7 +31,7 @@ from vllm.logger import init_logger
 from agent.connector.messages import Message, SchedHello
 from agent.connector.mover import WorkerSide
 from agent.connector.policy import LoadOp, SaveOp, ScheduledReq, SchedulerPolicy, pallas_params
-from agent.ipc import SchedulerLink
+from agent.connector.link import SchedulerLink
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -13,7 +13,8 @@ import zmq.asyncio
 from agent.connector import messages as m
 from agent.connector.messages import (BlockHeader, Claim, Export, FetchItem, MessageError,
                                       SchedHello, WorkerHello, decode, encode_header)
-from agent.ipc import BlockHub, SchedulerLink, WorkerLink, block_crc, encode
+from agent.connector.link import SchedulerLink, WorkerLink, block_crc
+from agent.ipc import BlockHub
 
 
 async def _until(pred, timeout=10.0):

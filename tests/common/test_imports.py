@@ -251,6 +251,5 @@ def test_no_import_circle():
     assert import_circles(edges(ROOT)) == []
 
 
-@pytest.mark.xfail(strict=True, reason="agent.connector imports agent.ipc")
 def test_code_loaded_in_vllm_imports_no_agent_module_outside_the_connector():
     assert vllm_side_escapes(edges(ROOT)) == []
