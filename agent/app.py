@@ -22,11 +22,12 @@ flag and its variable always agree. :class:`Agent` builds and owns every part of
 
 Logs are JSON lines on stderr (structlog).
 
-Example (two agents on one host, tiny random model)::
+Example (two agents on one host, a tiny random model built by the harness,
+``python -c 'from pallas_eval.models import build_model; print(build_model("tiny"))'``)::
 
-    pallas-agent --agent-id a --model-preset tiny --front-port 8081 --control-port 50061 \\
+    pallas-agent --agent-id a --model $MODEL --front-port 8081 --control-port 50061 \\
         --peer-port 50071 --omp-bind 0 --insecure
-    pallas-agent --agent-id b --model-preset tiny --front-port 8082 --control-port 50062 \\
+    pallas-agent --agent-id b --model $MODEL --front-port 8082 --control-port 50062 \\
         --peer-port 50072 --omp-bind 1 --peer-rate-mbps 300 --insecure
 """
 
@@ -99,8 +100,6 @@ class AgentConfig:
     hub_address: str = _f("tcp://127.0.0.1:0", "ZeroMQ endpoint of the agent's block hub (the "
                           "connector connects to it)", "vLLM")
     model: str = _f("", "model folder or served model name", "vLLM")
-    model_preset: str = _f("", "build (or reuse) a random-weight Llama preset and serve it",
-                           "vLLM", choices=["", "tiny", "m152"])
     vllm_port: int = _f(0, "port of the launched vLLM (0 = any free port)", "vLLM")
     kv_cache_gib: float = _f(1.0, "KV cache of the launched vLLM, GiB (fractions allowed)", "vLLM")
     omp_bind: str = _f("auto", "VLLM_CPU_OMP_THREADS_BIND of the launched vLLM", "vLLM")
@@ -274,8 +273,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         vargs = shlex.split(a["vllm_args"])
     except (ValueError, argparse.ArgumentTypeError) as e:
         p.error(str(e))
-    if not a["vllm_url"] and not (a["model"] or a["model_preset"]):
-        p.error("give --model or --model-preset (to launch vLLM), or --vllm-url")
+    if not a["vllm_url"] and not a["model"]:
+        p.error("give --model (to launch vLLM) or --vllm-url")
     for k in ("peer_rate_mbps", "kv_cache_gib"):
         if a[k] < 0:
             p.error(f"--{k.replace('_', '-')} must be >= 0")
@@ -483,11 +482,6 @@ class Agent:
 
         cfg = self.cfg
         loop = asyncio.get_running_loop()
-        if cfg.model_preset and not cfg.model:
-            from pallas_eval.models import build_model  # test presets live in the harness
-
-            cfg.model = str(await loop.run_in_executor(None, build_model, cfg.model_preset))
-            self.engine.model = cfg.model
         await self.hub.start()
         self._digest = await loop.run_in_executor(None, weights_digest, cfg.model)
         mcfg, sec = cfg.migration(), self.security

@@ -34,18 +34,18 @@ def free_port() -> int:
 def test_flags_env_and_errors(monkeypatch, capsys):
     monkeypatch.setenv("PALLAS_AGENT_ID", "gnb-7")
     monkeypatch.setenv("PALLAS_PEER_RATE_MBPS", "300")
-    cfg = parse_args(["--model-preset", "tiny", "--scheme", "ctho", "--peer-front", "b=http://h:1,c=http://h:2/",
+    cfg = parse_args(["--model", "/m", "--scheme", "ctho", "--peer-front", "b=http://h:1,c=http://h:2/",
                       "--front-port", "9000"])
     assert cfg.agent_id == "gnb-7" and cfg.peer_rate_bytes_per_s == pytest.approx(37.5e6)
     assert cfg.scheme == "ctho" and cfg.peer_front == {"b": "http://h:1", "c": "http://h:2"}
     assert cfg.front_port == 9000 and cfg.front_url.endswith(":9000")
-    cfg2 = parse_args(["--model-preset", "tiny", "--agent-id", "x"])
+    cfg2 = parse_args(["--model", "/m", "--agent-id", "x"])
     assert cfg2.agent_id == "x"  # the flag wins over the environment
     assert cfg.vllm_log == "" and parse_args(
-        ["--model-preset", "tiny", "--vllm-log", "/r/logs/v.log"]).vllm_log == "/r/logs/v.log"
-    for bad in (["--model-preset", "tiny", "--scheme", "warp"], [],
-                ["--model-preset", "tiny", "--peer-front", "nonsense"],
-                ["--model-preset", "tiny", "--peer-rate-mbps", "-1"]):
+        ["--model", "/m", "--vllm-log", "/r/logs/v.log"]).vllm_log == "/r/logs/v.log"
+    for bad in (["--model", "/m", "--scheme", "warp"], [],
+                ["--model", "/m", "--peer-front", "nonsense"],
+                ["--model", "/m", "--peer-rate-mbps", "-1"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
     assert "unknown scheme" in capsys.readouterr().err
@@ -54,7 +54,7 @@ def test_flags_env_and_errors(monkeypatch, capsys):
 def test_new_flags_and_their_variables(monkeypatch, capsys):
     monkeypatch.setenv("PALLAS_PEER_FRONT", "b=http://h:1")
     monkeypatch.setenv("PALLAS_KV_CONNECTOR_EXTRA", '{"pace": 2}')
-    cfg = parse_args(["--model-preset", "tiny", "--kv-cache-gib", "0.25", "--vllm-args",
+    cfg = parse_args(["--model", "/m", "--kv-cache-gib", "0.25", "--vllm-args",
                       "--num-gpu-blocks-override 64", "--kv-connector-module", "pallas_eval.pacing",
                       "--commit-deadline-s", "3"])
     assert cfg.peer_front == {"b": "http://h:1"} and cfg.kv_connector_extra == {"pace": 2}
@@ -72,16 +72,16 @@ def test_new_flags_and_their_variables(monkeypatch, capsys):
     assert cmd[-2:] == ["--num-gpu-blocks-override", "64"]
     # Issue 12 fault 2: tensor parallelism is refused at start, with the reason.
     with pytest.raises(SystemExit):
-        parse_args(["--model-preset", "tiny", "--vllm-args", "--tensor-parallel-size 2"])
+        parse_args(["--model", "/m", "--vllm-args", "--tensor-parallel-size 2"])
     assert "tensor parallelism 2" in capsys.readouterr().err
 
 
 def test_connector_and_vllm_args_flags(monkeypatch, capsys):
-    cfg = parse_args(["--model-preset", "tiny"])
+    cfg = parse_args(["--model", "/m"])
     assert (cfg.kv_connector_module, cfg.kv_connector_class) == ("agent.connector", "PallasConnector")
     assert cfg.kv_connector_extra == {} and cfg.vllm_args == ""
     monkeypatch.setenv("PALLAS_KV_CONNECTOR_EXTRA", '{"decode_tokens_per_s": 25}')
-    cfg = parse_args(["--model-preset", "tiny", "--kv-connector-module", "pallas_eval.emulated_connector",
+    cfg = parse_args(["--model", "/m", "--kv-connector-module", "pallas_eval.emulated_connector",
                       "--kv-connector-class", "EmulatedPallasConnector",
                       "--vllm-args", "--max-num-batched-tokens 4096 --disable-log-stats"])
     assert cfg.kv_connector_module == "pallas_eval.emulated_connector"
@@ -90,7 +90,7 @@ def test_connector_and_vllm_args_flags(monkeypatch, capsys):
     assert shlex.split(cfg.vllm_args) == ["--max-num-batched-tokens", "4096", "--disable-log-stats"]
     for bad in (["--kv-connector-extra", "[1, 2]"], ["--kv-connector-extra", "{oops"], ["--vllm-args", "'open"]):
         with pytest.raises(SystemExit):
-            parse_args(["--model-preset", "tiny", *bad])
+            parse_args(["--model", "/m", *bad])
     assert "--kv-connector-extra" in capsys.readouterr().err
 
 
