@@ -83,7 +83,7 @@ from agent.app import Agent, AgentConfig  # noqa: E402
 from agent.connector.messages import Claim  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
-from pallas_common.localca import LocalCA  # noqa: E402
+from pallas_eval.localca import LocalCA  # noqa: E402
 from pallas_common.tls import LinkSecurity  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402
 from pallas_eval.soak_faults import KILLS, FaultSchedule, classify, decoding_at_once  # noqa: E402

@@ -4,7 +4,7 @@ Prints the goodput of the agents' block stream on loopback (a real PeerTransferS
 own process, a PeerClient here; benchmarks/stream.py's goodput test) in plaintext and over
 mutual TLS (pallas_common.tls: client certificates required, the authorisation interceptor in
 front), the median of ``--rounds`` streams each, with the CPU time per block of each side. The
-certificates come from a throwaway CA (pallas_common.localca, ECDSA P-256).
+certificates come from a throwaway CA (pallas_eval.localca, ECDSA P-256).
 
 Usage:
     .venv/agent/bin/python benchmarks/tls_stream.py [--blocks 200] [--rounds 3]
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "proto"), str(ROOT / "benchmarks")]
 
-from pallas_common.localca import LocalCA  # noqa: E402
+from pallas_eval.localca import LocalCA  # noqa: E402
 from pallas_common.tls import LinkSecurity  # noqa: E402
 from stream import WARMUP_BLOCKS, _in_server, _serve, _spread, goodput  # noqa: E402
 from agent.wire import tune_malloc_for_blocks  # noqa: E402

@@ -7,7 +7,7 @@ access to its three endpoints: the Control gRPC stub, the UE front URL and ``/me
 each one's front registered at the others (``--peer-front``).
 
 Links (issue 16): an agent serves mutual TLS unless it is told ``insecure``. :func:`provision_tls`
-makes a throwaway CA (pallas_common.localca) and gives each agent its certificate (CN = its
+makes a throwaway CA (pallas_eval.localca) and gives each agent its certificate (CN = its
 agent id, through ``PALLAS_TLS_CERT/KEY/CA``) and the harness the xApp's (CN ``pallas-xapp``),
 which :meth:`LocalAgent.control` and the readiness check present; :func:`start_agents` does it
 for every agent that has neither certificate nor ``insecure``.
@@ -210,7 +210,7 @@ def provision_tls(agents: list[LocalAgent], directory: str | Path,
 
     Returns the xApp's files (for its descriptor's ``controls.tls``). Needs ``cryptography``.
     """
-    from pallas_common.localca import LocalCA
+    from pallas_eval.localca import LocalCA
 
     ca, d = LocalCA("pallas-local-ca"), Path(directory)
     xapp = ca.write(d, xapp_identity)

@@ -29,7 +29,7 @@ from agent.app import Agent, parse_args
 from agent.session import SessionState
 from agent.transfer import PeerPool, serve_peer_transfer
 from pallas_common import tls
-from pallas_common.localca import LocalCA
+from pallas_eval.localca import LocalCA
 
 import fakes_agent as fk
 from test_engine import Target

@@ -16,7 +16,7 @@ from pallas_proto import pallas_pb2 as pb
 from agent.session import SessionState
 from agent.transfer import CALLER, PeerPool, serve_peer_transfer
 from pallas_common import tls
-from pallas_common.localca import LocalCA
+from pallas_eval.localca import LocalCA
 
 from test_engine import _blk, _engine, _prep, _serving
 

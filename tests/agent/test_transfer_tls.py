@@ -12,7 +12,7 @@ from pallas_proto import pallas_pb2 as pb
 
 from agent.transfer import PeerPool, serve_peer_transfer
 from pallas_common import tls
-from pallas_common.localca import LocalCA
+from pallas_eval.localca import LocalCA
 from test_peer_transfer import Handler, _blk
 
 

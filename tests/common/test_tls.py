@@ -1,6 +1,6 @@
 """pallas_common.tls: mutual TLS and per-service authorisation over real gRPC on loopback.
 
-Each test makes throwaway CAs and certificates (pallas_common.localca) and runs the wire
+Each test makes throwaway CAs and certificates (pallas_eval.localca) and runs the wire
 contract's own services (Control, PeerTransfer) on a grpc.aio server bound to 127.0.0.1, in
 whichever environment runs it (the agent's or the xApp's).
 """
@@ -18,7 +18,7 @@ import grpc.aio
 import pytest
 
 from pallas_common import tls
-from pallas_common.localca import LocalCA
+from pallas_eval.localca import LocalCA
 from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc as pbg
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.vllm
 
 from agent.app import Agent, AgentConfig  # noqa: E402
 from agent.connector.messages import Claim, Fetch  # noqa: E402
-from pallas_common.localca import LocalCA  # noqa: E402
+from pallas_eval.localca import LocalCA  # noqa: E402
 from pallas_common.tls import LinkSecurity  # noqa: E402
 from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402

@@ -28,7 +28,7 @@ from pallas_proto import pallas_pb2 as pb  # noqa: E402
 from tests.faults import UncheckedStore, corrupt_outgoing  # noqa: E402
 from agent.app import Agent as _AgentNode  # noqa: E402
 from agent.app import AgentConfig as _AgentConfig  # noqa: E402
-from pallas_common.localca import LocalCA  # noqa: E402
+from pallas_eval.localca import LocalCA  # noqa: E402
 from pallas_common.tls import LinkSecurity  # noqa: E402
 from tests.e2e.loops import LoopThread  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402

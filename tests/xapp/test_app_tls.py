@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pallas_common.localca import LocalCA
+from pallas_eval.localca import LocalCA
 from pallas_common.tls import LinkSecurity, TlsError
 from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc as pbg
