@@ -16,8 +16,9 @@ Test mode (what ``pallas replay`` runs)::
         [--speed 1] [--nrt nrt.json] [--events events.jsonl] [--scheme ctho]
 
 replays the trace's records through the same xApp: the first record is delivered at
-``--start-at`` (wall clock) and the others at their recorded offsets (``--speed 0``: as fast as
-possible). It exits at the end of the trace plus ``--linger-s`` (policies still in flight finish)
+``--start-at`` (wall clock; a start later than that catches up at once) or ``--start-delay-s D``
+after the xApp is warm (a slow start then shifts the replay), and the others at their recorded
+offsets (``--speed 0``: as fast as possible). It exits at the end of the trace plus ``--linger-s`` (policies still in flight finish)
 or on SIGTERM/SIGINT. ``--hold-correct-s T --handovers plan.json`` holds back each correct
 prediction until T s before its handover (the prediction lead of the stress experiment,
 xapp.hold).
@@ -71,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=os.environ.get("CONFIG_FILE"), help="the xApp descriptor (CONFIG_FILE)")
     p.add_argument("--trace", help="test mode: the E2 trace to replay")
     p.add_argument("--start-at", type=float, default=0.0, help="test mode: wall time of the first record (0: now)")
+    p.add_argument("--start-delay-s", type=float, default=None,
+                   help="test mode: instead of --start-at, replay the first record this many seconds after the "
+                        "xApp is warm (codecs loaded, telemetry started), however long its start took")
     p.add_argument("--speed", type=float, default=1.0, help="test mode: replay speed (0 = as fast as possible)")
     p.add_argument("--linger-s", type=float, default=3.0, help="test mode: keep running after the trace ends")
     p.add_argument("--nrt", help="neighbour relation table JSON {PCI: NR cell identity}")
@@ -222,6 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Codecs loaded and telemetry flowing while waiting for the start time; then the replay.
         app.warm_up(first.payload, first.e2_node)
         app.start_telemetry()
+        if a.start_delay_s is not None:
+            # The start is anchored to the warm xApp, not to the launch: a slow start (a loaded
+            # machine) shifts the whole replay instead of making it catch up at once.
+            start_at = time.time() + max(0.0, a.start_delay_s)
+            offset = start_at - first.time      # the closures above read the new values
+            app.offset = offset
+            events.write("start_moved", start_at=start_at, offset=offset)
         late = time.time() - start_at
         if late > 0:
             events.write("late_start", late_s=late)

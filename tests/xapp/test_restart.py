@@ -148,7 +148,7 @@ def _xapp(tmp: Path, run: int, trace: Path, redis_port: int, linger_s: float) ->
                                            os.environ.get("PYTHONPATH", "")]))
     env.pop("CONFIG_FILE", None)
     cmd = [sys.executable, "-m", "xapp.main", "--mode", "test", "--config", str(tmp / "cfg.json"),
-           "--trace", str(trace), "--start-at", f"{time.time() + 6.0:.3f}", "--store", "sdl",
+           "--trace", str(trace), "--start-delay-s", "1.0", "--store", "sdl",
            "--insecure", "--events", str(tmp / f"events-{run}.jsonl"), "--nrt", str(tmp / "nrt.json"),
            "--linger-s", str(linger_s), "--log-level", "WARNING"]
     return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
