@@ -266,9 +266,12 @@ class MigrationEngine(SourceRole, TargetRole):
         Trigger that no Commit or Cancel followed before the session ended) is abandoned: its
         stream, the connector's export and the target's hold end (found by ``soak.py --faults``:
         they stayed for ever once the session was forgotten, and a late Commit was answered
-        UNKNOWN_SESSION)."""
+        UNKNOWN_SESSION). Only a live attempt (prepared or streaming) is: one that a Trigger is
+        still preparing or a Commit is carrying out belongs to that call, which ends it either way
+        (abandoning it under a commit made the commit fail after the target had resumed, found by
+        the same soak)."""
         out = self.outbound.get(session_id)
-        if out is not None:
+        if out is not None and out.live:
             self._spawn(self._abandon(out, "the session ended here"), f"abandon-ended-{session_id}")
         self.ledger.forget(session_id)
         self.session_schemes.pop(session_id, None)

@@ -467,6 +467,26 @@ def test_a_session_forgotten_with_a_prepared_attempt_releases_it():
     asyncio.run(run())
 
 
+def test_a_session_forgotten_while_its_commit_runs_leaves_the_attempt_to_the_commit():
+    """soak.py --faults: housekeeping forgot a finished session whose commit was in flight and
+    abandoned the attempt under it (IllegalTransition cancelled -> committed, the target's resume
+    undone); an attempt that is committing belongs to the commit."""
+    async def run():
+        m, hub, target, server, tgt, s = await _triggered()
+        try:
+            out = m.outbound["s"]
+            out.to(SourceState.COMMITTING)
+            m.forget("s")
+            await asyncio.sleep(0.1)
+            ops, still = target.ops(), m.outbound.get("s")
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert still is out and out.state == SourceState.COMMITTING, (still, out.state)
+        assert ops == ["prepare"], ops
+    asyncio.run(run())
+
+
 def test_prepared_commit_with_a_failed_warmup_takes_the_choice_and_reports_it():
     """Issue 13 item 4: the source asks the target's progress and commits the fastest way; a
     warm-up that ended without caching the prefix leaves the alternatives to compete."""
