@@ -47,7 +47,6 @@ def encode(msg: Message, *payload: bytes | memoryview) -> list[bytes | memoryvie
 _AGENT_COMMANDS = (Export, Stop, Avail, Bad, Drop, Reset)
 
 
-
 class SchedulerLink:
     """The scheduler-side connector's channel to the agent (thread-safe facade).
 

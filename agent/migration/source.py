@@ -35,6 +35,12 @@ BLOCK_FLUSH_GRACE_S = 0.05
 WARMUP_STEP_S = 0.01
 
 
+def _finished_here(s: Session) -> bool:
+    """vLLM finished the session's request here with a finish_reason (published, or held back by
+    the commit's freeze): the commit hands over a session with nothing left to decode."""
+    return s.state == SessionState.FINISHED or s.held_finish is not None
+
+
 @dataclasses.dataclass(eq=False)
 class Outbound:
     """Source-side state of one attempt (one session, one epoch)."""
@@ -265,8 +271,7 @@ class SourceRole:
         if prog.status != S.STATUS_OK or prog.warmup_done:
             return None, prog.prefill_rate
         ident = self.identity()
-        r_p = prog.prefill_rate or self.prefill_rate() or self.cfg.default_prefill_rate
-        goodput = out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9
+        r_p, goodput = self._rates_for(out, prog.prefill_rate)
         # The UE's commit point may lie behind the prepared split (a trigger at a block boundary
         # the UE had not reached yet): only the prefix's whole blocks below n count, and the
         # blocks streamed from the split on are of no use.
@@ -384,7 +389,7 @@ class SourceRole:
         return plan_commit(CommitInputs(
             prepared=prepared, ship=ship, split=out.split, first_block=out.first_block,
             block_size=self.block_size, deadline_left_s=deadline - time.monotonic(), choice=choice,
-            finished_here=s.state == SessionState.FINISHED or s.held_finish is not None,
+            finished_here=_finished_here(s),
             failed_here=s.held_error is not None, goodput=goodput,
             s_kv=float(self.identity().kv_bytes_per_token), r_p=r_p))
 
@@ -430,8 +435,7 @@ class SourceRole:
         the split (never past the commit point: the prepared split can lie beyond it, a trigger
         at a block boundary the UE had not reached; the target uses whole blocks below n only),
         the warm-up wait and what is left of the deadline."""
-        finished_here = s.state == SessionState.FINISHED or s.held_finish is not None
-        remaining = 0 if finished_here and not s.held_token_ids else s.remaining_tokens
+        remaining = 0 if _finished_here(s) and not s.held_token_ids else s.remaining_tokens
         sp, bs = s.sampling, self.block_size
         return pallas_pb2.SyncRequest(
             session_id=s.session_id, epoch=out.epoch, token_ids=s.all_token_ids[:n],
