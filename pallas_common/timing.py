@@ -36,13 +36,17 @@ import numpy as np
 __all__ = [
     "BYTES_PER_ELEMENT",
     "DecisionParams",
+    "DEFAULT_HOP_MODEL",
+    "HOP_COSTS",
     "HopCost",
     "PAPER_HOP_COST",
+    "PAPER_HOP_COST_LINEAR",
     "Decision",
     "WindowCosts",
     "WindowInputs",
     "candidate_windows",
     "ctho_split",
+    "hop_cost",
     "decide",
     "detour_itl",
     "detour_itl_samples",
@@ -695,7 +699,8 @@ def sit_ctho(k: Any, block_size: Any, r_p: Any, s_kv: Any, bandwidth: Any, c_syn
 
 
 def sit_detour(hops: Any, hop_delay_s: Any) -> Any:
-    """Detour's added latency at and after the HO, s (docs/model.md §6; paper §2.2, Figure 1).
+    """Detour's added latency at and after the HO, s, with every hop alike (docs/model.md §6;
+    paper §2.2, Figure 1); ``HopCost.mean_s(hops)`` is the same for a hop cost whose hops differ.
 
     Detour recovers nothing: the source keeps decoding and every later token, the first one
     after the HO included, crosses ``hops`` extra forwarding hops of ``hop_delay_s`` each.
@@ -716,24 +721,32 @@ def detour_itl(itl_s: Any, hops: Any, hop_delay_s: Any) -> Any:
 
 @dataclass(frozen=True)
 class HopCost:
-    """What one backhaul forwarding hop adds to every relayed token's gap, s (Detour's relay).
+    """What the backhaul forwarding hops add to every relayed token's gap, s (Detour's relay).
 
     Per token and per hop, independently: a fixed forwarding delay ``fixed_s``, a log-normal
-    jitter (median ``jitter_median_s``, log-sd ``jitter_sigma``) and, with probability
-    ``stall_prob``, a stall drawn from an exponential of mean ``stall_mean_s`` (a lost segment
-    waiting for its retransmission: Linux's minimum TCP RTO is 200 ms). Over ``h`` hops the
-    token's gap grows by the sum of ``h`` such draws: the relay forwards a token only after the
-    previous one crossed, so the cost lands on every inter-token latency (paper section 2.2:
-    "this path-induced penalty affects every token generated after handover"), and ITL at ``h``
-    hops is ``1 / r_d + D_h``.
+    jitter (median ``jitter_median_s``, log-sd ``jitter_sigma``) and, with a probability, a
+    stall drawn from an exponential of mean ``stall_mean_s`` (a token held behind a lost or
+    queued segment). The stall probability of the ``k``-th hop of the path (k = 1, 2, ...) is
+    ``min(1, stall_prob * growth ** (k - 1))``: ``growth`` 1 makes every hop alike, so the cost
+    is linear in hops; ``growth`` above 1 makes each further relay hop more likely to hold a
+    token than the one before (each relay a queue fed by a burstier stream than its
+    predecessor's, so the tail compounds along the path). Over ``h`` hops the token's gap grows
+    by the sum of the ``h`` hops' draws: the relay forwards a token only after the previous one
+    crossed, so the cost lands on every inter-token latency (paper section 2.2: "this
+    path-induced penalty affects every token generated after handover"), and ITL at ``h`` hops
+    is ``1 / r_d + D_h``.
 
-    Calibration (:data:`PAPER_HOP_COST`; docs/model.md "Detour"): fitted by Monte Carlo to the
-    paper's Figure 1 for Qwen3-32B on its A6000 testbed (decode step 48 ms,
-    ``pallas_eval.experiments.presets.PAPER_ITL_S``): ITL over the 100 ms SLO 1.93% at two hops
-    and 12.94% at three, P99 at three hops 263.5 ms, P90 126.7 ms. The fit gives 1.9% / 13.1%,
-    263 ms and 102 ms (P90 20% low: no per-hop law of this family puts 10% of the mass above
-    127 ms while keeping only 13% above 100 ms). ``benchmarks/detour_calibration.py`` prints
-    the fitted figures beside the paper's for both of its models.
+    Calibrations (docs/model.md section 6.1; ``benchmarks/detour_calibration.py`` fits and
+    prints them), by Monte Carlo to the paper's Figure 1 (section 2.2; RTX A6000, decode step
+    48 ms for Qwen3-32B and 28 ms for Llama-3-8B, ``pallas_eval.experiments.presets.PAPER_ITL_S``
+    and ``FIGURE1_ITL``): :data:`PAPER_HOP_COST` (the default; ``growth`` fitted with the rest to
+    all seven points the text gives: 2.2% / 1.7% over 100 ms at two hops, 15.2% / 11.6% at three,
+    P90 131 / 112 ms, P99 306 ms, against the paper's 1.93% / 1.74%, 12.94% / 12.61%, 126.7 /
+    130.5 and 263.5 ms) and :data:`PAPER_HOP_COST_LINEAR` (``growth`` 1, fitted to Qwen3-32B's
+    four points: 1.9%, 12.8%, P90 102 ms, P99 254 ms; it misses Llama-3-8B's three-hop share,
+    2.4% against 12.61%). Beyond three hops both are extrapolations.
+
+    Raises ValueError for a negative part, ``stall_prob`` outside [0, 1] or ``growth`` <= 0.
     """
 
     fixed_s: float = 0.0082
@@ -741,27 +754,44 @@ class HopCost:
     jitter_sigma: float = 0.60
     stall_prob: float = 0.008
     stall_mean_s: float = 0.188
+    growth: float = 1.0
 
     def __post_init__(self) -> None:
         if min(self.fixed_s, self.jitter_median_s, self.jitter_sigma, self.stall_mean_s) < 0:
             raise ValueError(f"hop cost parts must be >= 0: {self}")
         if not 0.0 <= self.stall_prob <= 1.0:
             raise ValueError(f"stall_prob must be in [0, 1], got {self.stall_prob}")
+        if not self.growth > 0:
+            raise ValueError(f"growth must be > 0, got {self.growth}")
 
-    def mean_s(self) -> float:
-        """Expected cost of one hop per token, s."""
-        return (self.fixed_s + self.jitter_median_s * math.exp(self.jitter_sigma ** 2 / 2.0)
-                + self.stall_prob * self.stall_mean_s)
+    def stall_prob_at(self, k: int) -> float:
+        """Stall probability of the ``k``-th hop of the path (1-based). ValueError for k < 1."""
+        if k < 1:
+            raise ValueError(f"hop index must be >= 1, got {k}")
+        return min(1.0, self.stall_prob * self.growth ** (k - 1))
+
+    def mean_s(self, hops: int = 1) -> float:
+        """Expected cost of ``hops`` hops per token, s (default: the first hop alone).
+        ValueError for negative hops."""
+        if hops < 0:
+            raise ValueError(f"hops must be >= 0, got {hops}")
+        base = self.fixed_s + self.jitter_median_s * math.exp(self.jitter_sigma ** 2 / 2.0)
+        return sum(base + self.stall_prob_at(k) * self.stall_mean_s for k in range(1, hops + 1))
+
+    def scaled(self, factor: float) -> "HopCost":
+        """Every duration times ``factor`` (probabilities and growth kept). ValueError if < 0."""
+        if factor < 0:
+            raise ValueError(f"scale factor must be >= 0, got {factor}")
+        return HopCost(self.fixed_s * factor, self.jitter_median_s * factor, self.jitter_sigma,
+                       self.stall_prob, self.stall_mean_s * factor, self.growth)
 
     def with_mean(self, mean_s: float) -> "HopCost":
-        """The same shape scaled so one hop costs ``mean_s`` on average (0: a free hop).
+        """The same shape scaled so the first hop costs ``mean_s`` on average (0: free hops).
 
         Raises ValueError for a negative mean."""
         if mean_s < 0:
             raise ValueError(f"mean hop cost must be >= 0, got {mean_s}")
-        k = mean_s / self.mean_s() if self.mean_s() > 0 else 0.0
-        return HopCost(self.fixed_s * k, self.jitter_median_s * k, self.jitter_sigma, self.stall_prob,
-                       self.stall_mean_s * k)
+        return self.scaled(mean_s / self.mean_s() if self.mean_s() > 0 else 0.0)
 
     def sample(self, rng: np.random.Generator, hops: Any, size: int | None = None) -> np.ndarray:
         """Per-token added gap over ``hops`` hops, s: shape ``np.shape(hops)`` (or ``(size,)``
@@ -778,13 +808,27 @@ class HopCost:
             on = h > k
             m = int(on.sum())
             jit = self.jitter_median_s * np.exp(self.jitter_sigma * rng.standard_normal(m))
-            stall = np.where(rng.random(m) < self.stall_prob, rng.exponential(self.stall_mean_s, m), 0.0)
+            stall = np.where(rng.random(m) < self.stall_prob_at(k + 1), rng.exponential(self.stall_mean_s, m), 0.0)
             out[on] += self.fixed_s + jit + stall
         return out if (size is not None or np.ndim(hops)) else out.reshape(())
 
 
-#: Figure 1's calibration (see :class:`HopCost`): 15.9 ms per hop on average.
-PAPER_HOP_COST = HopCost()
+#: Figure 1's fit with the stall probability growing along the path (see :class:`HopCost`,
+#: docs/model.md section 6.1): the default of the timing model, the experiments and the replay.
+PAPER_HOP_COST = HopCost(fixed_s=0.0076, jitter_median_s=0.0036, jitter_sigma=0.45, stall_prob=0.0048,
+                         stall_mean_s=0.074, growth=5.8)
+#: Figure 1's fit with every hop alike (``growth`` 1): the cost linear in hops.
+PAPER_HOP_COST_LINEAR = HopCost()
+#: The hop-cost models by name (``pallas experiment --hop-model``).
+HOP_COSTS: dict[str, HopCost] = {"compounding": PAPER_HOP_COST, "linear": PAPER_HOP_COST_LINEAR}
+DEFAULT_HOP_MODEL = "compounding"
+
+
+def hop_cost(name: str) -> HopCost:
+    """The hop-cost model called ``name`` (:data:`HOP_COSTS`). KeyError for another name."""
+    if name not in HOP_COSTS:
+        raise KeyError(f"unknown hop-cost model {name!r}; known: {', '.join(HOP_COSTS)}")
+    return HOP_COSTS[name]
 
 
 def detour_itl_samples(rng: np.random.Generator, itl_s: float, hops: int, n: int,

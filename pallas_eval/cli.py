@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="agents' block-stream limit, Mbit/s (default: the regime's; 0: none)")
     r.add_argument("--hop-delay-ms", type=float, default=None,
                    help="mean per-token cost of each relay hop (jitter and stalls scaled with it, "
-                        "pallas_common.timing.HopCost; default: the regime's, 15.9 ms in paper, 0 in native)")
+                        "pallas_eval.relay.REPLAY_HOP_COST; default: the regime's, 15.9 ms in paper, 0 in native)")
     r.add_argument("--engine-multiprocessing", action="store_true",
                    help="vLLM's default engine/worker processes (busy-polls between steps); the default runs "
                         "the worker inside the EngineCore process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
@@ -112,6 +112,10 @@ def _add_experiment_parser(sub) -> None:
     e.add_argument("--gpu", default="rtx-a6000", choices=GPUS, help="rates: the paper's GPU or the measured H200")
     e.add_argument("--tiny", action="store_true", help="a tiny size of each experiment (seconds; for tests)")
     e.add_argument("--seed", type=int, default=17)
+    e.add_argument("--hop-model", default=None, choices=("compounding", "linear"),
+                   help="--simulate: Detour's per-hop cost fitted to Figure 1 (pallas_common.timing.HOP_COSTS): "
+                        "'compounding' (each further relay hop stalls tokens more often; the default) or 'linear' "
+                        "(every hop alike); taken by the experiments that relay over several hops (repeated)")
     e.add_argument("--reuse-replays", action="store_true",
                    help="live mode: read a replay already in --out (its summary.json) instead of running it again")
     e.add_argument("--emulate", default=None, choices=PR.MODELS,
@@ -127,6 +131,9 @@ def cmd_experiment(a: argparse.Namespace) -> int:
     from pallas_eval.experiments import live
     con = Console() if Console().is_terminal else Console(width=220)
     names = ex.NAMES if a.name == "all" else (a.name,)
+    if a.hop_model is not None and not a.simulate:
+        con.print("--hop-model applies to --simulate (the live replay's relay draws the default's hops)", markup=False)
+        return 2
     if not a.simulate:
         runnable = [n for n in names if n in live.LIVE_DRIVERS and not live.missing()]
         for n in names:
@@ -148,7 +155,7 @@ def cmd_experiment(a: argparse.Namespace) -> int:
     results = []
     for n in names:
         with con.status(f"{n} (simulate)"):
-            results.append(ex.run_simulated(n, out, tiny=a.tiny, gpu=a.gpu, seed=a.seed))
+            results.append(ex.run_simulated(n, out, tiny=a.tiny, gpu=a.gpu, seed=a.seed, hop_model=a.hop_model))
     ex.print_results(con, results, time.perf_counter() - t0)
     con.print(f"outputs in {out}/<name>/")
     return 0
@@ -200,7 +207,7 @@ def _rates_from_file(spec: str) -> Rates:
         r_d = float(np.median(vals)) if vals else None
     r_d = r_d or float(np.median([x["tokens_per_s_per_request"] for x in m["decode"]]))
     return Rates(f"{d.get('device', path)} {m['model']}", r_p, r_d, timing.mbit_per_s(PR.PAPER_GOODPUT_MBPS),
-                 float(m["kv_bytes_per_token"]), PR.BLOCK_SIZE, PR.REPLAY_C_SYNC_S, PR.HOP_DELAY_S)
+                 float(m["kv_bytes_per_token"]), PR.BLOCK_SIZE, PR.REPLAY_C_SYNC_S, PR.REPLAY_HOP_DELAY_S)
 
 
 def emulated_rates(regime: rp.Regime, c_sync: float | None, block_size: int = 32) -> Rates:
@@ -357,8 +364,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
 
     from pallas_eval.cpu import CpuSampler
     from pallas_eval.procs import Supervisor
-    from pallas_common.timing import PAPER_HOP_COST
-    from pallas_eval.relay import ProxyPool
+    from pallas_eval.relay import REPLAY_HOP_COST, ProxyPool
     regime = rp.regime_of(opts, rp.tiny_kv_bytes_per_token(opts.model_preset))
     con.print(regime.describe())
     result["regime"] = regime.describe()
@@ -370,7 +376,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                 return front
             key = front.rstrip("/")
             if key not in relay:
-                cost = PAPER_HOP_COST.with_mean(regime.hop_delay_s)
+                cost = REPLAY_HOP_COST.with_mean(regime.hop_delay_s)
                 relay[key] = proxies.add(key, 0.0, cost=cost, seed=len(relay) + 1000 * opts.seed).url
             return relay[key]
 

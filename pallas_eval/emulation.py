@@ -49,9 +49,9 @@ E2E_PACE = (20_000.0, 1000.0 / 15.0)
 #: The paper's inter-gNB goodput of the headline settings (Table 1, Figures 5 and 9), Mbit/s
 #: (pallas_eval.experiments.presets).
 PAPER_LINK_MBPS = PR.PAPER_GOODPUT_MBPS
-#: Detour's mean per-token cost per forwarding hop (pallas_common.timing.PAPER_HOP_COST, fitted
-#: to the paper's Figure 1); the presets' and the simulation's.
-PAPER_HOP_DELAY_S = PR.HOP_DELAY_S
+#: The replay relay's mean per-token cost per forwarding hop, s (pallas_eval.relay.REPLAY_HOP_COST:
+#: the linear fit to the paper's Figure 1, 15.9 ms); the replay rates' (presets.REPLAY_HOP_DELAY_S).
+PAPER_HOP_DELAY_S = PR.REPLAY_HOP_DELAY_S
 
 
 @dataclass(frozen=True)

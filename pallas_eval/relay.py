@@ -4,9 +4,8 @@ In the paper's regime every token that an agent relays for another (Detour, or t
 front while the session is not there yet) crosses one more backhaul hop between gNBs. On
 loopback that hop costs nothing, so the replay points every peer front URL (and the UE's
 ``origin``) at a :class:`DelayProxy` in front of the real front: each chunk of the response
-pays one draw of the hop's per-token cost (``pallas_common.timing.HopCost``: a fixed delay,
-jitter and rare stalls, calibrated to the paper's Figure 1) on top of its gap to the previous
-chunk, so the relayed stream's inter-token latencies grow as the timing model's do and a chain
+pays one draw of the hop's per-token cost (:data:`REPLAY_HOP_COST`: a fixed delay, jitter and
+rare stalls, calibrated to the paper's Figure 1) on top of its gap to the previous chunk, so the relayed stream's inter-token latencies grow as the timing model's do and a chain
 of relays (A -> B -> C) pays two hops. Without a cost the proxy adds one fixed latency per
 chunk and keeps the chunks' spacing. Requests and their bodies are forwarded as they are.
 
@@ -28,10 +27,18 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from pallas_common.timing import HopCost
+from pallas_common.timing import PAPER_HOP_COST_LINEAR, HopCost
 from pallas_eval.procs import free_port
 
-__all__ = ["DelayProxy", "ProxyPool", "delayed", "relay_due"]
+__all__ = ["DelayProxy", "ProxyPool", "REPLAY_HOP_COST", "delayed", "relay_due"]
+
+#: The replay's per-proxy hop cost: the linear fit to Figure 1 (``timing.PAPER_HOP_COST_LINEAR``,
+#: 15.9 ms a hop; docs/model.md section 6.1). A proxy does not know how many relays the stream
+#: already crossed, so every proxy draws the same hop and a chain of two pays two such draws: the
+#: linear law, whose two draws give 1.3-2.0% of gaps over 100 ms at 28-48 ms decode steps against
+#: Figure 1's 1.74-1.93% at two hops. The compounding fit (``timing.PAPER_HOP_COST``) is a law of
+#: the hop's position on the path; two draws of its first hop would give 0.5-0.65%.
+REPLAY_HOP_COST = PAPER_HOP_COST_LINEAR
 
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "content-encoding"}
 

@@ -19,6 +19,7 @@ of every difference beyond 20% and why.
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 from pathlib import Path
 from typing import Sequence
@@ -28,14 +29,24 @@ from pallas_eval.experiments.base import ExperimentResult, comparison_table, dif
 NAMES = ("single", "repeated", "window", "contention", "ablation", "stress")
 
 
-def run_simulated(name: str, out_dir: Path, *, tiny: bool = False, gpu: str = "rtx-a6000", seed: int = 17) -> ExperimentResult:
+def run_simulated(name: str, out_dir: Path, *, tiny: bool = False, gpu: str = "rtx-a6000", seed: int = 17,
+                  hop_model: str | None = None) -> ExperimentResult:
     """Run one experiment in simulate mode into ``out_dir / name`` and write its files.
-    Raises KeyError for an unknown name."""
+
+    ``hop_model`` (``pallas_common.timing.HOP_COSTS``; None: the default) goes to the
+    experiments whose ``run`` takes one (those relaying over several hops); the others' Detour
+    is one hop at the rates' ``hop_delay_s``. Raises KeyError for an unknown name or hop model."""
     if name not in NAMES:
         raise KeyError(f"unknown experiment {name!r}; known: {', '.join(NAMES)}, all")
     mod = importlib.import_module(f"pallas_eval.experiments.{name}")
+    kw = {}
+    if hop_model is not None:
+        from pallas_common.timing import hop_cost
+        hop_cost(hop_model)
+        if "hop_model" in inspect.signature(mod.run).parameters:
+            kw["hop_model"] = hop_model
     t0 = time.perf_counter()
-    res = mod.run(out_dir / name, tiny=tiny, gpu=gpu, seed=seed)
+    res = mod.run(out_dir / name, tiny=tiny, gpu=gpu, seed=seed, **kw)
     if gpu != "rtx-a6000":
         # The reasons recorded in the modules are for the paper's GPU; say what changed instead.
         for c in res.comparisons:

@@ -25,9 +25,11 @@ GPUs:
   per request (median of 1K and 4K). c_sync is not measured there; the A6000's is used.
 
 Detour's hop cost (both GPUs): ``pallas_common.timing.PAPER_HOP_COST``, a fixed delay, a jitter
-and rare stalls per token and hop, fitted to Figure 1 (section 2.2: Qwen3-32B's ITL over the
-100 ms SLO 1.93% at two hops and 12.94% at three, P99 263.5 ms at three); its mean, 15.9 ms a
-hop, is ``hop_delay_s``. Block size 16 (vLLM's GPU default).
+and stalls per token and hop, the stalls more frequent at each further hop, fitted to Figure 1
+(section 2.2, :data:`FIGURE1_ITL`; docs/model.md section 6.1); its first hop's mean, 12.0 ms, is
+``hop_delay_s`` (``rates(..., hop_model="linear")``: the linear fit's 15.9 ms). The replay's
+setting keeps the linear fit (:data:`REPLAY_HOP_DELAY_S`, ``pallas_eval.relay.REPLAY_HOP_COST``).
+Block size 16 (vLLM's GPU default).
 
 The replay's setting (``paper-replay``, :func:`replay_rates`): what ``pallas replay --regime
 paper`` emulates (``pallas_eval.emulation`` paces the tiny model to these rates and scales the
@@ -72,12 +74,21 @@ LABELS = {"llama-3-8b": "Llama-3-8B", "qwen3-14b": "Qwen3-14B", "qwen3-32b": "Qw
 GPUS = ("rtx-a6000", "h200")
 
 BLOCK_SIZE = 16
+#: Detour's first hop's mean cost per token, s (the default hop model's, 12.0 ms).
 HOP_DELAY_S = timing.PAPER_HOP_COST.mean_s()
+#: The replay's relay hop's mean cost per token, s: the linear fit's, 15.9 ms (pallas_eval.relay).
+REPLAY_HOP_DELAY_S = timing.PAPER_HOP_COST_LINEAR.mean_s()
 PAPER_C_SYNC_S = 0.150
 #: The paper's inter-gNB goodput in its headline settings (Table 1, Figures 2, 5 and 9), Mbit/s.
 PAPER_GOODPUT_MBPS = 300.0
 # Figure 5(d): Pallas mean ITL 28-48 ms (Qwen3-14B's 40 ms is between, an assumption).
 PAPER_ITL_S = {"llama-3-8b": 0.028, "qwen3-14b": 0.040, "qwen3-32b": 0.048}
+#: Figure 1 as the paper's text gives it (section 2.2; ITL of a stream relayed over h hops on the
+#: RTX A6000, decode steps PAPER_ITL_S): (model, hops) -> {"p90"/"p99": ms, "slo%": % of gaps
+#: over the 100 ms SLO}. What the hop-cost models (pallas_common.timing.HOP_COSTS) are fitted to.
+FIGURE1_ITL: dict[tuple[str, int], dict[str, float]] = {
+    ("qwen3-32b", 2): {"slo%": 1.93}, ("qwen3-32b", 3): {"p90": 126.68, "p99": 263.54, "slo%": 12.94},
+    ("llama-3-8b", 2): {"slo%": 1.74}, ("llama-3-8b", 3): {"p90": 130.54, "slo%": 12.61}}
 
 
 def s_kv(model: str) -> int:
@@ -121,12 +132,15 @@ def _paper_r_p(model: str) -> float:
     return r_p14 * h[model]["r_p_4k"] / h[q14]["r_p_4k"]
 
 
-def rates(model: str, gpu: str = "rtx-a6000", goodput_mbps: float = PAPER_GOODPUT_MBPS) -> Rates:
+def rates(model: str, gpu: str = "rtx-a6000", goodput_mbps: float = PAPER_GOODPUT_MBPS,
+          hop_model: str = timing.DEFAULT_HOP_MODEL) -> Rates:
     """The timing model's :class:`~pallas_eval.simulate.Rates` for ``model`` on ``gpu`` at
-    ``goodput_mbps`` Mbit/s of inter-gNB goodput (module docstring for every figure's source).
+    ``goodput_mbps`` Mbit/s of inter-gNB goodput (module docstring for every figure's source);
+    ``hop_delay_s`` is the first hop's mean cost of ``hop_model`` (``timing.HOP_COSTS``).
 
-    Raises KeyError for an unknown model or GPU, ValueError for a non-positive goodput.
+    Raises KeyError for an unknown model, GPU or hop model, ValueError for a non-positive goodput.
     """
+    hop_delay_s = timing.hop_cost(hop_model).mean_s()
     _check_model(model)
     if not goodput_mbps > 0:
         raise ValueError(f"goodput must be > 0 Mbit/s, got {goodput_mbps!r}")
@@ -138,7 +152,7 @@ def rates(model: str, gpu: str = "rtx-a6000", goodput_mbps: float = PAPER_GOODPU
     else:
         raise KeyError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
     return Rates(name=f"{LABELS[model]} on {gpu}", r_p=r_p, r_d=r_d, bandwidth=timing.mbit_per_s(goodput_mbps),
-                 s_kv=float(s_kv(model)), block_size=BLOCK_SIZE, c_sync=PAPER_C_SYNC_S, hop_delay_s=HOP_DELAY_S)
+                 s_kv=float(s_kv(model)), block_size=BLOCK_SIZE, c_sync=PAPER_C_SYNC_S, hop_delay_s=hop_delay_s)
 
 
 #: The replay's setting (module docstring): its name, its anchor model and the anchor's rates.
@@ -154,7 +168,8 @@ _REPLAY_SOURCES = {True: "paper Table 1 / Fig. 5(d) (docs/model.md §6)",
 def replay_rates(model: str = REPLAY_ANCHOR_MODEL) -> Rates:
     """The replay's setting (``paper-replay``, module docstring) for ``model``: the anchor's
     rates for Qwen3-32B, the others' scaled by the H200 ratio; at 300 Mbit/s, block size 16,
-    c_sync 20 ms, Detour's hop cost (15.9 ms a hop on average). KeyError for an unknown model."""
+    c_sync 20 ms, the replay relay's hop cost (:data:`REPLAY_HOP_DELAY_S`, 15.9 ms a hop on average).
+    KeyError for an unknown model."""
     _check_model(model)
     if model == REPLAY_ANCHOR_MODEL:
         r_p, r_d = REPLAY_R_P, REPLAY_R_D
@@ -166,7 +181,7 @@ def replay_rates(model: str = REPLAY_ANCHOR_MODEL) -> Rates:
         r_d = round(REPLAY_R_D * h[model]["r_d"] / a["r_d"], 1)
         name = f"{REPLAY_SETTING} ({LABELS[model]}, {PAPER_GOODPUT_MBPS:.0f} Mbit/s)"
     return Rates(name=name, r_p=r_p, r_d=r_d, bandwidth=timing.mbit_per_s(PAPER_GOODPUT_MBPS),
-                 s_kv=float(s_kv(model)), block_size=BLOCK_SIZE, c_sync=REPLAY_C_SYNC_S, hop_delay_s=HOP_DELAY_S)
+                 s_kv=float(s_kv(model)), block_size=BLOCK_SIZE, c_sync=REPLAY_C_SYNC_S, hop_delay_s=REPLAY_HOP_DELAY_S)
 
 
 def replay_source(model: str) -> str:
