@@ -21,6 +21,12 @@ source; the attempt ``RESUMED -> RELEASED``) and answers non-OK. A source whose 
 timed out (``COMMITTING -> CANCELLED``) releases the epoch before it answers the xApp, and a
 Release of an epoch resumed at the target undoes that resume the same way; the source then
 serves on (``COMMITTING -> SERVING``). A retry of a commit that ended non-OK runs again.
+A Sync the target received but whose caller went away before the answer (the gRPC call
+cancelled: its deadline passed first, e.g. at a loaded target) is undone at the target the same
+way without waiting for the Release (which may be lost or late), and a Release that times out
+while it undoes a resume still finishes the undo: the source never saw an OK, so it holds the
+session (the 1,000-migration soak of issue 25 found resumed copies left for ever when both the
+Sync and the Release to a loaded target timed out).
 """
 
 from __future__ import annotations

@@ -299,6 +299,14 @@ class TargetRole:
         try:
             got = await self._await_claim(inb, session, old, claim_fut, task,
                                           left(resume_s + self.cfg.claim_wait_s), end, budget)
+        except asyncio.CancelledError:
+            # The Sync's caller went away before any answer (its gRPC deadline passed first,
+            # e.g. the Sync reached a loaded target late): it cannot have seen an OK, so it
+            # serves on. Undo the resume here, in a task of its own that this cancellation
+            # cannot cut short (the soak found such resumed copies left for ever).
+            self._spawn(self._hand_back(session, inb, "the Sync was cancelled before its answer"),
+                        f"undo-{sid}-{epoch}")
+            raise
         finally:
             self._claims.pop((sid, epoch), None)
         if isinstance(got, pallas_pb2.SyncReply):
@@ -499,8 +507,9 @@ class TargetRole:
                 and not _not_source(pallas_pb2.PeerEndpoint(agent_id=s.resumed_agent)):
             mine = inb if inb is not None and inb.epoch == epoch else None
             blocks = self.hub.store.num_blocks
-            await self._hand_back(s, mine, f"the source abandoned the commit "
-                                           f"({req.reason or 'no reason given'})")
+            # shielded: a Release whose own deadline passes mid-way still undoes the resume
+            await asyncio.shield(self._hand_back(s, mine, f"the source abandoned the commit "
+                                                          f"({req.reason or 'no reason given'})"))
             self.ledger.see_in(sid, epoch)
             return pallas_pb2.ReleaseReply(
                 status=S.STATUS_OK, blocks_released=max(0, blocks - self.hub.store.num_blocks),

@@ -390,6 +390,18 @@ class _Aborts:
         eng.abort = abort
 
 
+async def _resumed(m):
+    """Prepare, one block, a Sync and vLLM's claim: the session resumed at ``m``."""
+    from agent.connector.messages import Claim
+    assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+    assert m.on_block(_blk(2)) == "ok"
+    sync = asyncio.ensure_future(_resume(m))
+    await asyncio.sleep(0.01)
+    m._on_claim(Claim("s", 1, 64, 32, 100, 0.0, ()))
+    assert (await sync).status == pb.STATUS_OK
+    return m.sessions.get("s")
+
+
 def _resume(m, deadline_s=8.0, epoch=1):
     return m.on_sync(pb.SyncRequest(
         session_id="s", epoch=epoch, token_ids=list(range(100)), prompt_tokens=70,
@@ -424,21 +436,10 @@ def test_a_release_from_the_source_undoes_a_resume_it_gave_up_and_a_cancel_does_
     """The source's Sync timed out (or failed) after the target resumed: its Release of that
     epoch hands the session back (the source serves on); the xApp's Cancel at the target
     (undo_resume=False) leaves a resume alone (the xApp cannot know the commit failed)."""
-    from agent.connector.messages import Claim
-
-    async def resumed(m):
-        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
-        assert m.on_block(_blk(2)) == "ok"
-        sync = asyncio.ensure_future(_resume(m))
-        await asyncio.sleep(0.01)
-        m._on_claim(Claim("s", 1, 64, 32, 100, 0.0, ()))
-        assert (await sync).status == pb.STATUS_OK
-        return m.sessions.get("s")
-
     async def run_():
         m, hub, eng = _engine()
         ab = _Aborts(eng)
-        s = await resumed(m)
+        s = await _resumed(m)
         kept = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=1, reason="x"),
                                   undo_resume=False)
         kept_state = s.state
@@ -479,3 +480,68 @@ def test_the_source_releases_an_abandoned_sync_before_it_answers_and_a_retry_com
     assert state1 == SessionState.SERVING
     assert r2.status == pb.STATUS_OK and s.state == SessionState.HANDED_OVER, r2
     assert r3 == r2 and ops.count("sync") == 2                 # an OK reply stays cached
+
+
+def test_a_sync_cancelled_before_its_answer_is_undone_at_the_target():
+    """The Sync's gRPC call is cancelled while the target waits for vLLM's claim (the
+    source's deadline passed first: the Sync reached a loaded target late). The source saw no
+    OK and serves on, so the target hands the session back by itself: the resumed request
+    aborted, its blocks dropped, nothing held (the soak found such copies left RESUMED for ever
+    when the Release timed out too)."""
+    async def run_():
+        m, hub, eng = _engine(claim_wait_s=5.0, resume_deadline_s=5.0)
+        ab = _Aborts(eng)
+        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        assert m.on_block(_blk(2)) == "ok"
+        sync = asyncio.ensure_future(_resume(m, deadline_s=8.0))
+        while not eng.started:                       # the resumed request is submitted
+            await asyncio.sleep(0.001)
+        sync.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sync
+        for _ in range(100):                         # the undo runs in a task of its own
+            if ab.aborted:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)
+        held, s = m.held(), m.sessions.get("s")
+        await m.close()
+        return held, s, ab.aborted
+    held, s, aborted = asyncio.run(run_())
+    assert aborted == ["s"] and s.state == SessionState.HANDED_OVER
+    assert s.handover.agent_id == "a"
+    assert held["inbound"] == 0 and held["blocks"] == 0
+
+
+def test_a_release_cancelled_mid_undo_still_hands_the_session_back():
+    """The Release that undoes a resume is itself cut short (its deadline passed while the
+    target's vLLM was slow to abort): the undo still completes."""
+    async def run_():
+        m, hub, eng = _engine()
+        gate = asyncio.Event()
+        aborted = []
+
+        async def slow_abort(s):
+            await gate.wait()
+            aborted.append(s.session_id)
+        eng.abort = slow_abort
+        s = await _resumed(m)
+        rel = asyncio.ensure_future(m.on_release(pb.ReleaseRequest(session_id="s", epoch=1,
+                                                                   reason="sync failed")))
+        await asyncio.sleep(0.01)
+        rel.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await rel
+        state_cut = s.state
+        gate.set()
+        for _ in range(100):
+            if s.state == SessionState.HANDED_OVER:
+                break
+            await asyncio.sleep(0.01)
+        held = m.held()
+        await m.close()
+        return state_cut, s, held, aborted
+    state_cut, s, held, aborted = asyncio.run(run_())
+    assert state_cut == SessionState.RESUMED            # cut while the abort was under way
+    assert aborted == ["s"] and s.state == SessionState.HANDED_OVER
+    assert held["inbound"] == 0 and held["blocks"] == 0
