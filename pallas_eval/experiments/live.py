@@ -6,11 +6,11 @@ docs/model.md §9 (``pallas replay --regime paper --emulate MODEL``: engines pac
 emulated model's r_p and r_d, the link scaled by the KV-size ratio, so every timing is the
 emulated model's), at a scale this 2-core machine carries:
 
-Every driver runs one or more replays of a generated drive (``pallas_eval.cli.run_replay``, not a
-copy of it), each holding the vLLM servers for its whole duration, and reports per scheme or
-variant the live SIT and ITL beside the timing model's on the same handovers (their tokens at the
-handover and prediction lead, at the rates the run measured) and the paper's figure where it
-gives one. Its scale is :data:`LIVE_SCALE`; the knobs it turns are the replay's hooks
+Every driver runs one or more replays of a generated drive
+(``pallas_eval.replay_run.run_replay``, not a copy of it), each holding the vLLM servers for its
+whole duration, and reports per scheme or variant the live SIT and ITL beside the timing
+model's on the same handovers (their tokens at the handover and prediction lead, at the rates
+the run measured) and the paper's figure where it gives one. Its scale is :data:`LIVE_SCALE`; the knobs it turns are the replay's hooks
 (``ReplayOptions.xapp_args``, ``xapp_controls``, ``generate_args``):
 
 | name | what varies | knob |
@@ -118,9 +118,9 @@ REUSE = False
 
 
 def run_one(opts, con) -> dict:
-    """Run the replay of ``opts`` (pallas_eval.cli.run_replay) and return its summary.json (with
+    """Run the replay of ``opts`` (pallas_eval.replay_run.run_replay) and return its summary.json (with
     :data:`REUSE`, the one already there if any). Raises RuntimeError if it left processes running."""
-    from pallas_eval.cli import run_replay
+    from pallas_eval.replay_run import run_replay
     if REUSE and (opts.out_dir / "summary.json").exists():
         return json.loads((opts.out_dir / "summary.json").read_text())
     res = run_replay(opts, con)

@@ -24,7 +24,7 @@ def test_replay_short_generated_drive_two_servers(tmp_path):
     from rich.console import Console
 
     from pallas_eval import replay as rp
-    from pallas_eval.cli import run_replay
+    from pallas_eval.replay_run import run_replay
     from pallas_eval.procs import _proc_table
 
     opts = rp.ReplayOptions(out_dir=tmp_path / "run", servers=2, schemes=("pallas", "ctho"), seeds=(2, 3), ues=1,

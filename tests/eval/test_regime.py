@@ -184,6 +184,7 @@ def test_a_relative_out_folder_is_made_absolute_before_the_subprocesses_see_it(t
     from rich.console import Console
 
     from pallas_eval import cli
+    from pallas_eval.replay_run import run_replay
 
     seen = []
 
@@ -195,7 +196,7 @@ def test_a_relative_out_folder_is_made_absolute_before_the_subprocesses_see_it(t
     monkeypatch.chdir(tmp_path)
     opts = cli.options_from_args(cli.build_parser().parse_args(["replay", "--out", "rel/run"]))
     with pytest.raises(RuntimeError, match="stop here"):
-        cli.run_replay(opts, Console(quiet=True))
+        run_replay(opts, Console(quiet=True))
     assert seen == [tmp_path / "rel" / "run"] and seen[0].is_absolute()
 
 
