@@ -25,7 +25,7 @@ import random
 import time
 import tracemalloc
 
-from xapp.e2 import codec as C
+from pallas_tools import codec as C
 from xapp.e2 import sm_kpm, sm_rc
 from xapp.e2.e2ap import decode_e2ap_pycrate
 from xapp.e2.ingest import IngestConfig, Ingestor, decode_indication, report_from_rc

@@ -2,7 +2,7 @@
 
     .venv/xapp/bin/python benchmarks/e2_fuzz.py [--n 100000] [--seed 1] [--crashes DIR]
 
-Seeds: :func:`xapp.e2.tracegen.sample_pdus` (E2SM-RC header Formats 1-3 over SSB, CSI-RS-only,
+Seeds: :func:`pallas_tools.tracegen.sample_pdus` (E2SM-RC header Formats 1-3 over SSB, CSI-RS-only,
 per-beam and E-UTRA-neighbour MeasurementReports; E2SM-KPM v03.00/v02.03 message Formats 1-3)
 plus the field cases under ../shared/cases/e2/ when present. Each input is a seed with 1-4
 mutations, half of them inside one layer (E2SM header, E2SM message, or the RRC PDU of an RC
@@ -34,7 +34,7 @@ from xapp.e2.ie import E2DecodeError, e2sm_spec
 from xapp.e2.rrc import lpp, ul_dcch
 from xapp.e2.ingest import IngestConfig, Ingestor
 from xapp.e2.sm_rc import decode_rc_message_copy
-from xapp.e2.tracegen import encode_rc_message_copy, encode_ric_indication, sample_pdus
+from pallas_tools.tracegen import encode_rc_message_copy, encode_ric_indication, sample_pdus
 from xapp.tracks import TrackStore
 
 CASES = Path(__file__).resolve().parents[1].parent / "shared" / "cases" / "e2"

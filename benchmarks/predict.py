@@ -1,6 +1,6 @@
 """The handover predictor over 10,000 UEs per control cycle (issue 15: < 50 ms on one core).
 
-Builds N UE tracks in one ``TrackStore`` from generated drives (``xapp.sim.radio``: 8
+Builds N UE tracks in one ``TrackStore`` from generated drives (``pallas_tools.radio``: 8
 neighbours with PCIs every 200 ms, a fix per second), each UE replaying the 32 reports before a
 random point of a random drive, with the knowledge (association map, handover places,
 successors, NRT) learned from the drives. Then times, as CPU time of this process
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from xapp.predict import HandoverPredictor, Knowledge, PredictorConfig  # noqa: E402
 from xapp.predict.a3 import forecast_batch  # noqa: E402
 from xapp.predict.cvh import cvh_batch, motion_batch, places_batch  # noqa: E402
-from xapp.sim.radio import generate_drives  # noqa: E402
+from pallas_tools.radio import generate_drives  # noqa: E402
 from xapp.tracks import MeasurementReport, TrackStore  # noqa: E402
 
 

@@ -14,7 +14,7 @@ spend the whole 100 ms lag budget); 10 % of the UEs have an LLM session, reporte
 telemetry every second; the agents are faked at the gRPC boundary (in-process gRPC Control
 servers answering OK), reached through the xApp's real PolicyClient.
 
-The radio comes from generated drives (``xapp.sim.radio``): each UE follows a stretch of one
+The radio comes from generated drives (``pallas_tools.radio``): each UE follows a stretch of one
 drive without a handover, sampled at 1 Hz; each UE's ``--distinct`` reports are encoded once and
 repeated in a loop with advancing times (encoding every report of 10,000 UEs would take minutes).
 
@@ -54,7 +54,7 @@ import structlog  # noqa: E402
 
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
 from pallas_proto import pallas_pb2_grpc as pbg  # noqa: E402
-from xapp.e2 import codec as C  # noqa: E402
+from pallas_tools import codec as C  # noqa: E402
 
 
 class FakeAgent(pbg.ControlServicer):
@@ -80,7 +80,7 @@ def rss_bytes() -> int:
 
 def build_trace(n: int, distinct: int, seed: int):
     """Per UE: its E2 UE key, its serving cell and ``distinct`` encoded RIC_INDICATIONs."""
-    from xapp.sim.radio import generate_drives
+    from pallas_tools.radio import generate_drives
 
     _, drives = generate_drives(n=16, duration_s=240.0, seed=seed)
     rng = np.random.default_rng(seed)

@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("replay", help="replay a drive end to end and compare the schemes",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    r.add_argument("--trace", help="a converted real drive (python -m xapp.e2.convert CSV -o DIR); "
+    r.add_argument("--trace", help="a converted real drive (python -m pallas_tools.convert CSV -o DIR); "
                                    "default: a short generated drive")
     r.add_argument("--segment", default="auto", help="with --trace: 'auto' (shortest stretch with "
                    "--min-handovers handovers), START:END seconds, or '' for the whole trace")

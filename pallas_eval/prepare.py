@@ -3,13 +3,13 @@
 ``python -m pallas_eval.prepare OUT_DIR (--generate [...] | --trace FILE [--segment auto])``
 
 - ``--generate``: a short drive made by the project: UEs driving Manhattan routes through a
-  hexagonal grid of three-sector gNB sites (``xapp.sim.radio``: TR 38.901 UMa path loss,
+  hexagonal grid of three-sector gNB sites (``pallas_tools.radio``: TR 38.901 UMa path loss,
   correlated shadowing, L3 filtering, A3 handovers, a MeasurementReport every 200 ms), each
-  report encoded as the RIC_INDICATION its serving E2 node would send (``xapp.e2.convert``:
+  report encoded as the RIC_INDICATION its serving E2 node would send (``pallas_tools.convert``:
   E2AP RICindication with an E2SM-RC message copy of the NR RRC MeasurementReport), written as
   an E2 trace (``xapp.e2.trace``). The network's neighbour relation table (PCI -> NR cell
   identity) is written beside it, as an E2 node would announce it.
-- ``--trace FILE``: a converted drive (``python -m xapp.e2.convert``). ``--segment auto`` cuts
+- ``--trace FILE``: a converted drive (``python -m pallas_tools.convert``). ``--segment auto`` cuts
   the shortest stretch holding ``--min-handovers`` handovers (plus ``--lead-s`` before the
   first and ``--tail-s`` after the last); ``--segment A:B`` cuts seconds A to B from its start.
 
@@ -37,8 +37,8 @@ def _drive_records(net, k: int, ue_index: int, *, seed: int, duration_s: float, 
                    t0: float, cfg, block_m: float = 150.0) -> list:
     """One generated UE's drive on ``net`` as E2 trace records (route and radio seeds from
     ``seed``, UE index ``ue_index`` in the trace, Manhattan blocks of ``block_m`` metres)."""
-    from xapp.e2.convert import reports_to_records
-    from xapp.sim.radio import generate_drive, manhattan_route
+    from pallas_tools.convert import reports_to_records
+    from pallas_tools.radio import generate_drive, manhattan_route
 
     route = manhattan_route(net, speed_mps * duration_s + 200.0, speed_mps, seed=seed, block_m=block_m)
     sim = generate_drive(net, route, duration_s, seed=seed, ue_id=f"gen-{k}", t0=t0)
@@ -65,7 +65,7 @@ def generate(out_dir: Path, *, seed: int, ues: int, duration_s: float, speed_mps
     """Generate the default drive's trace; returns (trace path, NRT {pci: cell id}, history
     trace path or None).
 
-    ``isd_m``: the sites' inter-site distance, m (xapp.sim.radio.hex_network). ``convoy``: the
+    ``isd_m``: the sites' inter-site distance, m (pallas_tools.radio.hex_network). ``convoy``: the
     first ``convoy`` UEs drive the first UE's route with its radio draws (shadowing, fading), so
     they hand over at the same moments to the same cells (concurrent migrations to one target);
     the others drive their own.
@@ -77,8 +77,8 @@ def generate(out_dir: Path, *, seed: int, ues: int, duration_s: float, speed_mps
     successors from it at start (descriptor ``association_map.path``), as it would have learned
     them online. None of the replayed UEs' routes or reports are in it.
     """
-    from xapp.e2.convert import ConvertConfig
-    from xapp.sim.radio import hex_network
+    from pallas_tools.convert import ConvertConfig
+    from pallas_tools.radio import hex_network
 
     net = hex_network(rows, cols, isd_m=isd_m, seed=seed)
     cfg = ConvertConfig()
@@ -119,10 +119,10 @@ def _handovers(reports) -> list[tuple[str, float, int, int]]:
 def history_folder(history: Path, trace: Path, out: Path) -> tuple[Path, list[str]]:
     """What a deployed xApp knows of the area of a real drive: ``out`` (made anew) holding a
     link to every drive-test CSV under ``history`` but the one ``trace`` was converted from
-    (``xapp.e2.convert`` names a trace ``<folder>_<stem>.e2trace``: a CSV whose stem the
+    (``pallas_tools.convert`` names a trace ``<folder>_<stem>.e2trace``: a CSV whose stem the
     trace's name ends with, whatever folder it was converted from); the xApp learns its
     association map, handover places and successors from that folder
-    (``xapp.predict.maps.knowledge_from_drives_at``), as ``xapp.predict.evaluate --map-from``
+    (``xapp.predict.maps.knowledge_from_drives_at``), as ``pallas_tools.evaluate --map-from``
     scores it. Returns (folder, names of the CSVs left out).
 
     Raises:
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("out_dir")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--generate", action="store_true", help="generate the default drive")
-    src.add_argument("--trace", help="a converted E2 trace (python -m xapp.e2.convert)")
+    src.add_argument("--trace", help="a converted E2 trace (python -m pallas_tools.convert)")
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--ues", type=int, default=2)
     ap.add_argument("--duration-s", type=float, default=50.0)

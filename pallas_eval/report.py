@@ -118,7 +118,7 @@ def summary_table(summaries: Sequence[SchemeSummary], title: str = "Per scheme",
 def lead_summary(rows: Sequence[HandoverRow], scheme: str) -> str:
     """One line on how early the xApp named each handover's target under ``scheme``: of the
     handovers, how many had the right target named ahead (T_avail > 0), at least 1 s and 2 s
-    ahead (``xapp.predict.evaluate``'s L = 1, 2 columns score the same drive this way), the
+    ahead (``pallas_tools.evaluate``'s L = 1, 2 columns score the same drive this way), the
     median lead, the median error of the predicted handover time (predicted - actual, s), and
     how many commits were prepared; "" without rows of that scheme."""
     rs = [r for r in rows if r.scheme == scheme]

@@ -27,8 +27,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 #: Where citations are looked for: (folder or file, glob).
 SCANNED = [("agent", "**/*.py"), ("xapp", "**/*.py"), ("pallas_common", "**/*.py"),
-           ("pallas_eval", "**/*.py"), ("benchmarks", "**/*.py"), ("tests", "**/*.py"),
-           ("proto", "**/*.proto"), ("docs", "**/*.md"), ("descriptors", "*.json"),
+           ("pallas_eval", "**/*.py"), ("pallas_tools", "**/*.py"), ("benchmarks", "**/*.py"),
+           ("tests", "**/*.py"), ("proto", "**/*.proto"), ("docs", "**/*.md"), ("descriptors", "*.json"),
            ("helm", "**/*.yaml"), (".", "README.md")]
 
 _DOC = re.compile(r"(?<![\w/.-])((?:\.\./)*\w[\w./-]*\.md)\b")

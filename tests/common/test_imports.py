@@ -5,9 +5,10 @@ no torch or vLLM). Every ``import`` and ``from ... import`` statement of a file 
 depth (inside functions and ``if TYPE_CHECKING:`` blocks too): a lazy import is still a
 dependency. Rules:
 
-1. the deployables (``agent/``, ``xapp/``) import nothing of the harness (``pallas_eval``);
-2. no import circle, neither between modules of ``agent``, ``xapp``, ``pallas_common`` and
-   ``pallas_eval`` nor between those four packages;
+1. the deployables (``agent/``, ``xapp/``) import nothing of the harness (``pallas_eval``) or
+   of the offline tools (``pallas_tools``);
+2. no import circle, neither between modules of ``agent``, ``xapp``, ``pallas_common``,
+   ``pallas_eval`` and ``pallas_tools`` nor between those five packages;
 3. the code vLLM loads (``--kv-connector-module``: ``agent.connector`` and the harness's
    ``pallas_eval.emulated_connector``), with everything it imports transitively, imports nothing
    of ``agent`` outside ``agent/connector/`` (``agent/__init__.py``, which a package import
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("agent", "xapp", "pallas_common", "pallas_eval")
+PACKAGES = ("agent", "xapp", "pallas_common", "pallas_eval", "pallas_tools")
 DEPLOYABLES = ("agent", "xapp")
 HARNESS = "pallas_eval"
+TOOLS = "pallas_tools"
 VLLM_ROOTS = ("agent.connector", "pallas_eval.emulated_connector")
 CONNECTOR = "agent.connector"
 
@@ -141,10 +143,10 @@ def _top(module: str) -> str:
     return module.split(".")[0]
 
 
-def harness_imports(graph: dict[str, list[Edge]]) -> list[str]:
-    """Rule 1's offenders: edges from a deployable module into the harness."""
+def harness_imports(graph: dict[str, list[Edge]], outside: tuple[str, ...] = (HARNESS, TOOLS)) -> list[str]:
+    """Rule 1's offenders: edges from a deployable module into the harness or the tools."""
     return [str(e) for es in graph.values() for e in es
-            if _top(e.src) in DEPLOYABLES and _top(e.dst) == HARNESS]
+            if _top(e.src) in DEPLOYABLES and _top(e.dst) in outside]
 
 
 def import_circles(graph: dict[str, list[Edge]]) -> list[str]:
@@ -224,6 +226,19 @@ def test_checker_finds_each_kind_of_offence(tmp_path):
     assert vllm_side_escapes(g) == ["agent.connector.mover:1 -> agent.ipc"]
 
 
+def test_checker_finds_a_deployable_importing_the_tools_and_lets_the_tools_import_the_xapp(tmp_path):
+    root = _tree(tmp_path, {
+        "xapp/e2/__init__.py": "",
+        "xapp/e2/sm_rc.py": "X = 1\n",
+        "xapp/app.py": "def f():\n    from pallas_tools.radio import drive\n",
+        "pallas_tools/radio.py": "from xapp.e2 import sm_rc\n",
+    })
+    g = edges(root)
+    assert harness_imports(g) == ["xapp.app:2 -> pallas_tools.radio"]
+    assert harness_imports(g, outside=(HARNESS,)) == []
+    assert import_circles(g) == ["packages: xapp.app:2 -> pallas_tools.radio; pallas_tools.radio:1 -> xapp.e2.sm_rc"]
+
+
 def test_checker_passes_a_clean_tree(tmp_path):
     root = _tree(tmp_path, {
         "agent/app.py": "from agent.connector import link\nimport pallas_common.timing\n",
@@ -239,7 +254,7 @@ def test_checker_passes_a_clean_tree(tmp_path):
 
 # ---------------------------------------------------------------------------------- the rules
 
-def test_deployables_import_nothing_of_the_harness():
+def test_deployables_import_nothing_of_the_harness_or_the_tools():
     assert harness_imports(edges(ROOT)) == []
 
 

@@ -137,8 +137,8 @@ def test_resident_itl_takes_only_other_ues_tokens_at_the_target(tmp_path):
 
 
 def test_prepare_generates_a_convoy_and_small_cells(tmp_path):
-    """pallas_eval.prepare's new drive options (xApp environment: xapp.sim)."""
-    pytest.importorskip("xapp.sim.radio")
+    """pallas_eval.prepare's new drive options (xApp environment: pallas_tools.radio)."""
+    pytest.importorskip("pallas_tools.radio")
     pytest.importorskip("asn1tools")            # the E2 codecs: the xApp's environment
     from pallas_eval.prepare import main
     assert main([str(tmp_path / "c"), "--generate", "--ues", "3", "--duration-s", "20", "--convoy", "2"]) == 0

@@ -17,7 +17,7 @@ UCC = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ucc-5g"
 def test_history_holds_every_ucc_drive_but_the_replayed_one(tmp_path):
     all_csv = sorted(UCC.rglob("*.csv"))
     replayed = next(f for f in all_csv if f.stem == "B_2020.02.13_13.03.24")
-    trace = tmp_path / f"{replayed.parent.name}_{replayed.stem}.e2trace"   # xapp.e2.convert's name
+    trace = tmp_path / f"{replayed.parent.name}_{replayed.stem}.e2trace"   # pallas_tools.convert's name
     folder, left = history_folder(UCC, trace, tmp_path / "history")
     links = sorted(folder.iterdir())
     assert left == [str(replayed)]

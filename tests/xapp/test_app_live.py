@@ -109,7 +109,7 @@ def _grpc_agent(agent: FakeAgent) -> tuple[grpc.Server, int]:
 
 
 def _indication(serving_cell: int, serving_pci: int, rsrp: float, nb_pci: int, nb_rsrp: float, sn: int) -> bytes:
-    from xapp.e2 import codec as C
+    from pallas_tools import codec as C
     u = C.UeId(kind="gNB", amf_ue_ngap_id=UE, guami=C.Guami(plmn="00101"))
     r = C.RrcMeasReport(1, (C.ServingResult(0, C.CellResult(serving_pci, rsrp, -10.0, 10.0)),),
                         (C.CellResult(nb_pci, nb_rsrp, -10.0, 5.0),))

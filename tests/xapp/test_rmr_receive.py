@@ -24,7 +24,7 @@ NODE = b"gnb_001_01_00a81b0c"
 
 
 def _indications(n_ues: int = 8) -> list[bytes]:
-    from xapp.e2 import codec as C
+    from pallas_tools import codec as C
     out = []
     for ue in range(n_ues):
         u = C.UeId(kind="gNB", amf_ue_ngap_id=ue + 1, guami=C.Guami(plmn="00101"))

@@ -14,9 +14,9 @@ Decoders, one module per protocol layer (no import cycle: each imports only :mod
 
 Around them: :mod:`.ingest` (indications -> MeasurementReports -> :class:`xapp.tracks.TrackStore`),
 :mod:`.transport` (RMR seam), :mod:`.subscription` (submgr REST), :mod:`.trace` (test-mode trace
-format), :mod:`.tracegen` (the encoders that make traces, benchmarks and tests; not in the
-decode path), ``python -m xapp.e2.inspect`` and ``python -m xapp.e2.convert``. :mod:`.codec`
-re-exports the old names for existing callers.
+format) and ``python -m xapp.e2.inspect``. The encoders that make traces, benchmarks and tests
+and the drive-CSV converter are offline tools, outside the xApp (:mod:`pallas_tools.tracegen`,
+``python -m pallas_tools.convert``).
 
 The project's E2SM ASN.1 is ``asn1/pallas-e2sm.asn`` (compiled with asn1tools, aligned PER).
 """

@@ -28,7 +28,7 @@ ones and deletes (``DELETE /ric/v1/subscriptions/{id}``) those no longer wanted 
 a failed one is retried with exponential backoff; :meth:`SubscriptionManager.delete_all`
 removes them all at shutdown (SIGTERM), so submgr and the E2 nodes stop sending.
 
-The E2SM payloads come from :mod:`xapp.e2.codec`: E2SM-RC REPORT Style 1 on NR UL-DCCH
+The E2SM payloads come from :mod:`.sm_rc` and :mod:`.sm_kpm`: E2SM-RC REPORT Style 1 on NR UL-DCCH
 MeasurementReport (:func:`rc_message_copy_details`) and E2SM-KPM REPORT Style 4 UE-level
 measurements (:func:`kpm_ue_details`).
 """
@@ -43,7 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 import structlog
 from prometheus_client import Counter
 
-from . import codec
+from . import ie, sm_kpm, sm_rc
 
 log = structlog.get_logger("xapp.e2.subscription")
 
@@ -119,15 +119,15 @@ def subscription_params(*, host: str, http_port: int, rmr_port: int, meid: str, 
 
 def rc_message_copy_details(action_id: int = 1, condition_id: int = 1) -> tuple[bytes, list[Action]]:
     """(event trigger, actions) for E2SM-RC REPORT Style 1 on NR UL-DCCH MeasurementReport."""
-    return (codec.rc_event_trigger_message_copy(condition_id),
-            [Action(action_id, codec.rc_action_definition_message_copy())])
+    return (sm_rc.rc_event_trigger_message_copy(condition_id),
+            [Action(action_id, sm_rc.rc_action_definition_message_copy())])
 
 
 def kpm_ue_details(names: Sequence[str], period_ms: int = 1000, action_id: int = 1,
-                   cell: codec.Cgi | None = None) -> tuple[bytes, list[Action]]:
+                   cell: ie.Cgi | None = None) -> tuple[bytes, list[Action]]:
     """(event trigger, actions) for E2SM-KPM REPORT Style 4: ``names`` per UE every ``period_ms``."""
-    return (codec.kpm_event_trigger(period_ms),
-            [Action(action_id, codec.kpm_action_definition_ue_level(names, period_ms, cell))])
+    return (sm_kpm.kpm_event_trigger(period_ms),
+            [Action(action_id, sm_kpm.kpm_action_definition_ue_level(names, period_ms, cell))])
 
 
 class SubmgrClient:

@@ -6,7 +6,7 @@ facade the xApp calls: ``observe(report)`` per report, ``update(store)`` per cyc
 whose tracks changed, ``predict(track, now)`` for one UE), ``Predictions`` (its batched output),
 ``forecast_batch`` (A3 for many UEs at once), ``Knowledge`` (association map, handover places,
 successors, neighbour relation table), ``PredictorConfig``, ``Stabiliser``, ``Calibrator``.
-Evaluation: ``python -m xapp.predict.evaluate``.
+Evaluation (offline, outside the xApp): ``python -m pallas_tools.evaluate``.
 """
 
 from xapp.predict.a3 import A3Batch, A3Forecaster, forecast_batch

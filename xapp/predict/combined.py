@@ -427,7 +427,7 @@ class HandoverPredictor:
     ``predict(track, now)`` for one UE; ``predict_all(store, now)`` for all.
     ``forget(ue)`` frees a UE's state (it left). Predictions below ``cfg.min_confidence`` are
     dropped. ``calibrators`` maps a mode name to a ``Calibrator`` (or its ``to_dict`` form, as
-    saved by ``python -m xapp.predict.evaluate --save-calibration``) so that confidences are
+    saved by ``python -m pallas_tools.evaluate --save-calibration``) so that confidences are
     calibrated.
     """
 

@@ -12,7 +12,7 @@
   resolved them), (b) handovers: after A -> B the first report on B gives B's PCI, so
   (A, pci_B) -> B; (c) any report's serving (PCI, cell) pair, as a PCI -> cell fallback when
   PCIs are unique in the area. It can also be given whole (``NeighbourRelations.from_table``,
-  e.g. ``xapp.sim.radio.Network.neighbour_relations()`` or an operator's configuration).
+  e.g. ``pallas_tools.radio.Network.neighbour_relations()`` or an operator's configuration).
 
 - ``HandoverPlaces``: where each cell's handovers happened (position, heading, target).
 
@@ -444,7 +444,7 @@ class DwellModel:
     """How long UEs stayed on a cell before handing over to a given neighbour: per (A, B) a
     histogram of dwell times on A, s, in ``bin_s`` bins up to ``max_s`` (longer dwells in the
     last bin), plus one histogram over every pair. Counts, so that ``merge`` with a sign
-    subtracts a drive (the leave-one-drive-out scoring of ``xapp.predict.evaluate``).
+    subtracts a drive (the leave-one-drive-out scoring of ``pallas_tools.evaluate``).
 
     ``median(a, b)`` is the median dwell of the pair (the all-pairs median with fewer than
     ``min_count`` samples; NaN with none at all). The UCC drives: median 14 s, p10 2 s

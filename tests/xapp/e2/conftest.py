@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from xapp.e2 import codec as C
+from pallas_tools import codec as C
 
 NAN = math.nan
 

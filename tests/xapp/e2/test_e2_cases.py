@@ -83,7 +83,7 @@ def test_rc_measreport_csi_rs_only_with_beams():
 def test_pinned_kpm_version_reads_v2_header():
     """A node pinned (or declared) to KPM v02.0x: the 4-octet colletStartTime of v02 is read; the
     same bytes under v03.00's types are a drop naming the version."""
-    from xapp.e2 import tracegen
+    from pallas_tools import tracegen
     from xapp.e2.ie import Guami, UeId
     from xapp.e2.e2ap import RicIndication
     u = UeId(kind="gNB", amf_ue_ngap_id=4, guami=Guami())

@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from xapp.e2 import codec as C
-from xapp.e2 import per, rrc, sm_rc, tracegen, units
+from pallas_tools import codec as C
+from pallas_tools import tracegen
+from xapp.e2 import per, rrc, sm_rc, units
 
 
 # ----------------------------------------------------------------------------- units (TS 38.133)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from xapp.e2 import codec as C
-from xapp.e2 import convert, units
+from pallas_tools import codec as C
+from pallas_tools import convert
+from xapp.e2 import units
 from xapp.e2.ingest import IngestConfig, decode_indication
 from xapp.e2.trace import read_trace
 from xapp.tracks import MeasurementReport, NeighbourMeas

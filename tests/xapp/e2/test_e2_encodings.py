@@ -17,7 +17,8 @@ from asn1tools.codecs.ber import encode_real as asn1tools_encode_real
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xapp.e2 import e2ap, rrc, sm_rc, tracegen
+from pallas_tools import tracegen
+from xapp.e2 import e2ap, rrc, sm_rc
 from xapp.e2.ie import Cgi, E2DecodeError, Guami, UeId, e2sm_decode_spec, e2sm_spec
 from xapp.e2.ingest import IngestConfig, Ingestor, decode_indication, rc_ssb_report
 from xapp.e2.per import BadValue, Unsupported, decode_real

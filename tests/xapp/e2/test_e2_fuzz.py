@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from xapp.e2.ingest import Dropped, IngestConfig, Ingestor, decode_indication
 from xapp.e2.e2ap import decode_ric_indication
-from xapp.e2.tracegen import encode_ric_indication, sample_pdus
+from pallas_tools.tracegen import encode_ric_indication, sample_pdus
 from xapp.tracks import TrackStore
 
 SEEDS = sample_pdus()

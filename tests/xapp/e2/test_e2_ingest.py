@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from prometheus_client import CollectorRegistry
 
-from xapp.e2 import codec as C
+from pallas_tools import codec as C
 from xapp.e2.ingest import IngestConfig, Ingestor
 from xapp.tracks import TrackStore
 

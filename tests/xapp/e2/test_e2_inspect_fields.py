@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from xapp.e2 import e2ap, inspect as e2inspect, rrc, sm_kpm, sm_rc, tracegen
+from pallas_tools import tracegen
+from xapp.e2 import e2ap, inspect as e2inspect, rrc, sm_kpm, sm_rc
 from xapp.e2.ie import Cgi, Guami, UeId, e2sm_decode_spec, e2sm_spec
 
 CASES = Path(__file__).resolve().parents[3].parent / "shared" / "cases" / "e2"

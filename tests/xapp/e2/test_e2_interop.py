@@ -13,7 +13,7 @@ from xapp.e2 import sm_kpm, sm_rc
 from xapp.e2.e2ap import RicIndication
 from xapp.e2.ie import E2DecodeError
 from xapp.e2.ingest import IngestConfig, Ingestor
-from xapp.e2.tracegen import encode_ric_indication_pycrate
+from pallas_tools.tracegen import encode_ric_indication_pycrate
 from xapp.tracks import TrackStore
 
 VECTORS = json.loads((Path(__file__).with_name("vectors") / "interop.json").read_text())["vectors"]

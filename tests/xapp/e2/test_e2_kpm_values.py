@@ -14,7 +14,8 @@ import random
 import pytest
 from asn1tools.codecs.ber import encode_real as asn1tools_encode_real
 
-from xapp.e2 import e2ap, sm_kpm, tracegen
+from pallas_tools import tracegen
+from xapp.e2 import e2ap, sm_kpm
 from xapp.e2.ie import Guami, UeId, e2sm_decode_spec, ueid_to_asn
 from xapp.e2.ingest import Dropped, IngestConfig, Ingestor, decode_indication
 from xapp.e2.per import Unsupported

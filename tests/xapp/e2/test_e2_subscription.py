@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from xapp.e2 import codec as C
+from pallas_tools import codec as C
 from xapp.e2 import subscription as S
 
 

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from xapp.e2 import rrc, sm_kpm, tracegen
+from pallas_tools import tracegen
+from xapp.e2 import rrc, sm_kpm
 from xapp.e2.ie import E2DecodeError, Guami, UeId, asn_decode, e2sm_spec, ueid_to_asn
 from xapp.e2.per import Unsupported
 

@@ -12,7 +12,7 @@ import pytest
 
 from xapp.drivetest import read_drive
 from xapp.predict import PredictorConfig
-from xapp.predict.evaluate import replay
+from pallas_tools.evaluate import replay
 from xapp.predict.maps import DwellModel, Knowledge
 
 UCC = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "ucc-5g" / "Download" / "Driving"

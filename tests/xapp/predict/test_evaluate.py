@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from xapp.predict.evaluate import main
+from pallas_tools.evaluate import main
 
 
 def _last_json(out: str) -> dict:

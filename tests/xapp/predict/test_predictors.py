@@ -9,7 +9,7 @@ from xapp.predict import (A3Config, A3Forecaster, AssociationMap, Calibrator, CV
 from xapp.predict.config import CVHConfig, StabilityConfig
 from xapp.predict.cvh import PlacesPredictor
 from xapp.predict.maps import HandoverPlaces, LocalFrame
-from xapp.sim.radio import RadioConfig, generate_drive, line_network, straight_route
+from pallas_tools.radio import RadioConfig, generate_drive, line_network, straight_route
 from xapp.tracks import MeasurementReport, NeighbourMeas, UETrack
 
 
@@ -288,7 +288,7 @@ def test_update_over_many_ues_equals_each_ue_alone(mode):
     path gives it, report by report, with knowledge learned from the drives."""
     import dataclasses
 
-    from xapp.sim.radio import generate_drives
+    from pallas_tools.radio import generate_drives
     from xapp.tracks import TrackStore
 
     _, drives = generate_drives(n=6, duration_s=60.0, seed=3)
@@ -371,8 +371,8 @@ def test_sorting_network_sorts_and_nanmedian_last_equals_numpy_on_both_paths():
 def test_every_modes_raw_output_from_one_shared_computation_equals_its_own():
     """``CombinedPredictor.modes`` (what ``evaluate`` replays with) gives each mode the raw
     output that mode's own predictor computes, on generated drives with learned knowledge."""
-    from xapp.predict.evaluate import MODES
-    from xapp.sim.radio import generate_drives
+    from pallas_tools.evaluate import MODES
+    from pallas_tools.radio import generate_drives
     from xapp.tracks import TrackStore
 
     _, drives = generate_drives(n=5, duration_s=60.0, seed=4)

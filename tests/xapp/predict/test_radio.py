@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from xapp.sim.radio import (RadioConfig, generate_drive, generate_drives, hex_network, line_network,
-                            manhattan_route, straight_route, uma_path_loss_db)
+from pallas_tools.radio import (RadioConfig, generate_drive, generate_drives, hex_network, line_network,
+                                manhattan_route, straight_route, uma_path_loss_db)
 
 
 def test_uma_path_loss_matches_tr38901_formula():

@@ -1,10 +1,10 @@
-"""Score handover predictors on drives: ``python -m xapp.predict.evaluate <folder> [...]``.
+"""Score handover predictors on drives: ``python -m pallas_tools.evaluate <folder> [...]``.
 
 Usage::
 
-    python -m xapp.predict.evaluate ../shared/data/ucc-5g                # leave-one-drive-out
-    python -m xapp.predict.evaluate <folder> --map-from <other folder>   # knowledge from elsewhere
-    python -m xapp.predict.evaluate --generate 8 --seed 1                # generated drives
+    python -m pallas_tools.evaluate ../shared/data/ucc-5g                # leave-one-drive-out
+    python -m pallas_tools.evaluate <folder> --map-from <other folder>   # knowledge from elsewhere
+    python -m pallas_tools.evaluate --generate 8 --seed 1                # generated drives
     ... [--plot tavail.png] [--modes a3,cvh,history,combined] [--config cfg.json]
 
 Each drive is replayed report by report through a UETrack; at every report the predictors run
@@ -352,14 +352,14 @@ def plot_tavail(res: dict, path: str | Path) -> None:
 
 
 def _generated(n: int, seed: int, duration_s: float, n_routes: int | None, speed_spread: float) -> list[Drive]:
-    from xapp.sim.radio import generate_drives
+    from pallas_tools.radio import generate_drives
 
     _, res = generate_drives(n=n, duration_s=duration_s, seed=seed, n_routes=n_routes, speed_spread=speed_spread)
     return [r.drive for r in res]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m xapp.predict.evaluate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pallas_tools.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", nargs="?", help="folder of drive-test CSVs (recursive)")
     ap.add_argument("--map-from", help="learn the knowledge from this folder instead of leave-one-drive-out")
     ap.add_argument("--generate", type=int, default=0, help="score N generated drives instead of a folder")

@@ -1,6 +1,6 @@
-"""Encoders that make E2 traces, benchmark inputs and test PDUs: the inverse of the xApp's decoders,
-kept beside the trace tools (:mod:`.convert`, :mod:`.trace`) and out of the xApp's decode path
-(nothing under :mod:`xapp.e2`'s decoders imports this module).
+"""Encoders that make E2 traces, benchmark inputs and test PDUs: the inverse of the xApp's decoders
+(:mod:`xapp.e2`), kept beside the trace tools (:mod:`pallas_tools.convert`) and out of the
+deployable xApp (nothing under :mod:`xapp` imports this module).
 
 - E2AP RICindication: :func:`encode_ric_indication` (fast writer, byte-identical to pycrate's
   :func:`encode_ric_indication_pycrate`, tested);
@@ -17,15 +17,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from . import units
-from .e2ap import (IE_RAN_FUNCTION_ID, IE_RIC_ACTION_ID, IE_RIC_CALL_PROCESS_ID, IE_RIC_INDICATION_HEADER,
-                   IE_RIC_INDICATION_MESSAGE, IE_RIC_INDICATION_SN, IE_RIC_INDICATION_TYPE, IE_RIC_REQUEST_ID,
-                   PROC_RIC_INDICATION, RicIndication, e2ap_pdu as _e2ap_pdu)
-from .ie import Cgi, Guami, UeId, cgi_to_asn, e2sm_spec, ueid_to_asn
-from .per import Unsupported, with_length
-from .rrc import CellResult, RrcMeasReport, lpp as _lpp, ul_dcch as _ul_dcch
-from .sm_kpm import KpmIndication, time_to_ntp
-from .sm_rc import RC_PARAM_CELL_GLOBAL_ID, RC_PARAM_RRC_MESSAGE, RC_PARAM_UE_ID, RcMessageCopy
+from xapp.e2 import units
+from xapp.e2.e2ap import (IE_RAN_FUNCTION_ID, IE_RIC_ACTION_ID, IE_RIC_CALL_PROCESS_ID, IE_RIC_INDICATION_HEADER,
+                          IE_RIC_INDICATION_MESSAGE, IE_RIC_INDICATION_SN, IE_RIC_INDICATION_TYPE, IE_RIC_REQUEST_ID,
+                          PROC_RIC_INDICATION, RicIndication, e2ap_pdu as _e2ap_pdu)
+from xapp.e2.ie import Cgi, Guami, UeId, cgi_to_asn, e2sm_spec, ueid_to_asn
+from xapp.e2.per import Unsupported, with_length
+from xapp.e2.rrc import CellResult, RrcMeasReport, lpp as _lpp, ul_dcch as _ul_dcch
+from xapp.e2.sm_kpm import KpmIndication, time_to_ntp
+from xapp.e2.sm_rc import RC_PARAM_CELL_GLOBAL_ID, RC_PARAM_RRC_MESSAGE, RC_PARAM_UE_ID, RcMessageCopy
 
 NAN = float("nan")
 
@@ -473,7 +473,7 @@ def encode_kpm_indication(k: KpmIndication, version: str = "3.00") -> tuple[byte
     types of ``version`` (v02.0x: 4-octet timestamp). Each UE report writes ``periods`` as one
     measData item each when given (names from ``values``; a name missing in a period is
     noValue), else one item from ``values``."""
-    from .sm_kpm import kpm_family
+    from xapp.e2.sm_kpm import kpm_family
     s = e2sm_spec()
     fam = kpm_family(version)
     ts = time_to_ntp(k.collect_start)
@@ -526,8 +526,8 @@ def sample_pdus() -> dict[str, bytes]:
     written in every :data:`RC_VALUE_TYPES` way; E2SM-KPM v03.00 and v02.03
     header Format 1 with message Formats 1, 2 and 3 (several granularity periods, noValue,
     labels). RAN functions: 3 = RC, 2 = KPM (the ingest's defaults)."""
-    from .rrc import BeamResult, EutraResult, ServingResult
-    from .sm_kpm import KpmUeReport
+    from xapp.e2.rrc import BeamResult, EutraResult, ServingResult
+    from xapp.e2.sm_kpm import KpmUeReport
     g = Guami("00101", 2, 3, 1)
     u = UeId(kind="gNB", amf_ue_ngap_id=7, guami=g)
     du = UeId(kind="gNB-DU", f1ap_ids=(12,), ran_ue_id=b"\x00" * 8)

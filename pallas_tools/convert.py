@@ -1,6 +1,6 @@
 """Drive-test CSVs (G-NetTrack Pro layout, ``shared/data/ucc-5g/**.csv``) -> E2 traces.
 
-``python -m xapp.e2.convert CSV_OR_DIR [...] -o OUT_DIR [--plmn 00101]`` writes one trace per
+``python -m pallas_tools.convert CSV_OR_DIR [...] -o OUT_DIR [--plmn 00101]`` writes one trace per
 CSV (``OUT_DIR/<csv stem>.e2trace``) and prints a JSON summary (UEs, reports, handovers).
 
 Each CSV is one UE; each row becomes what a gNB would send the RIC for it: an E2AP
@@ -40,11 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..drivetest import read_drive
-from ..tracks import MeasurementReport
-from . import codec
-from .trace import TraceRecord, TraceWriter
-from .transport import RIC_INDICATION
+from pallas_tools import codec
+from xapp.drivetest import read_drive
+from xapp.e2.trace import TraceRecord, TraceWriter
+from xapp.e2.transport import RIC_INDICATION
+from xapp.tracks import MeasurementReport
 
 
 @dataclass(frozen=True)
@@ -145,9 +145,9 @@ def convert_file(path: Path, out_dir: Path, index: int, cfg: ConvertConfig = Con
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m xapp.e2.convert``: drive CSVs -> one .e2trace per UE; prints one JSON line
+    """``python -m pallas_tools.convert``: drive CSVs -> one .e2trace per UE; prints one JSON line
     per file (UE, reports, handovers, trace path) and a total line. Returns the exit status."""
-    ap = argparse.ArgumentParser(prog="python -m xapp.e2.convert", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pallas_tools.convert", description=__doc__.split("\n")[0])
     ap.add_argument("inputs", nargs="+", help="drive CSV files or folders searched for *.csv")
     ap.add_argument("-o", "--out", required=True, help="output folder for the .e2trace files")
     ap.add_argument("--plmn", default="00101", help="PLMN (MCC+MNC digits) of cells and UEs")
