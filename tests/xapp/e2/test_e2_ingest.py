@@ -64,6 +64,21 @@ def test_out_of_order_report_is_dropped_and_track_kept(e2):
     assert any(k.startswith("dropped:out of order") for k in ing.stats)
 
 
+def test_common_shape_counts_and_its_drops_match_the_general_path(e2):
+    # the one-report fast path of on_indication counts what the general loop counts: the
+    # report and its reference signal; an older report is dropped as out of order (the track
+    # and the report count kept); a non-finite time is dropped by the general path's check
+    ing = Ingestor(TrackStore())
+    b = e2.rc_indication(e2.ue(), e2.rrc(-90.0))
+    assert [r.time for r in ing.on_indication(b, "n", t=10.0)] == [10.0]
+    assert ing.on_indication(b, "n", t=5.0) == []
+    assert ing.on_indication(b, "n", t=math.nan) == []
+    assert ing.on_indication(b, "n", t=math.inf) == []
+    assert (ing.stats["indications"], ing.stats["reports"], ing.stats["rs:ssb"]) == (4, 1, 1)
+    assert ing.stats["dropped:out of order"] == 1 and ing.stats["dropped:non-finite report time"] == 2
+    assert ing.store.get("7").view().time.tolist() == [10.0]
+
+
 def test_metrics_count_outcomes(e2):
     reg = CollectorRegistry()
     ing = Ingestor(TrackStore(), registry=reg)
