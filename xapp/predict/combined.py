@@ -88,6 +88,24 @@ class Predictions(Raw):
         return {self.ue_ids[i]: self.get(i) for i in np.flatnonzero(self.has).tolist()}  # type: ignore[misc]
 
 
+def unique_pairs(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of an integer array of pairs (P, 2), sorted (by the first column, then
+    the second), and each row's index into them (P,): what ``np.unique(pairs, axis=0,
+    return_inverse=True)`` gives, by one lexsort (np.unique over rows views them as structured
+    records: about 0.1 ms for 10 rows and 0.5 ms for 250, every control cycle)."""
+    pairs = np.asarray(pairs)
+    if len(pairs) == 0:
+        return pairs.reshape(0, 2), np.zeros(0, np.int64)
+    order = np.lexsort((pairs[:, 1], pairs[:, 0]))
+    sp = pairs[order]
+    new = np.empty(len(sp), dtype=bool)
+    new[0] = True
+    new[1:] = (sp[1:, 0] != sp[:-1, 0]) | (sp[1:, 1] != sp[:-1, 1])
+    inv = np.empty(len(sp), dtype=np.int64)
+    inv[order] = np.cumsum(new) - 1
+    return sp[new], inv
+
+
 def last_change(v: TrackView) -> np.ndarray:
     """Per UE of a batched view (U, w): the column k of the last serving-cell change in the
     window (reports k and k + 1, both valid, name different cells), else -1."""
@@ -135,8 +153,7 @@ class HistoryPredictor:
         pairs = np.stack([v.serving_cell[:, -1], prev], 1)
         if len(pairs) <= 1:                      # one UE (the per-UE API): nothing to merge
             return pairs, np.zeros(len(pairs), np.int64)
-        uniq, inv = np.unique(pairs, axis=0, return_inverse=True)
-        return uniq, inv.reshape(-1)
+        return unique_pairs(pairs)
 
     def tables(self, v: TrackView, ues: Sequence[str]) -> list[dict[int, float]]:
         """Per UE, {B: P(B | A, C)} (shared, read-only dicts; one computation per (A, C))."""
@@ -377,9 +394,9 @@ class CombinedPredictor:
         rows = np.flatnonzero(want & (target >= 0) & np.isfinite(src.entered))
         if kn is None or not len(rows):
             return out
-        pairs, inv = np.unique(np.stack([src.sc[rows], target[rows]], 1), axis=0, return_inverse=True)
+        pairs, inv = unique_pairs(np.stack([src.sc[rows], target[rows]], 1))
         med = np.array([kn.dwell.median(int(a), int(b)) for a, b in pairs.tolist()], dtype=np.float64)
-        out[rows] = np.maximum(src.entered[rows] + med[inv.reshape(-1)], now[rows] + self.dwell_min_lead_s)
+        out[rows] = np.maximum(src.entered[rows] + med[inv], now[rows] + self.dwell_min_lead_s)
         return out
 
     def predict(self, view: TrackView, now: float, ue_id: str = "") -> Prediction | None:
