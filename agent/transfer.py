@@ -93,6 +93,22 @@ handled, set by :class:`PeerTransferService` for the handler's call (None: plain
 identity). The target binds an attempt to the peer that prepared it with it (issue 16)."""
 
 
+CALL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "pallas_peer_call_deadline", default=None)
+"""The gRPC deadline of the PeerTransfer call being handled, as a ``time.monotonic()`` instant
+(None: the caller set none). The target's Sync tells a caller that gave up at its deadline (it
+serves on) from one that went away before it (its agent died) with it."""
+
+
+def _set_deadline(context: Any) -> None:
+    """Set :data:`CALL_DEADLINE` for the current call from ``context.time_remaining()``, s."""
+    try:
+        left = context.time_remaining() if context is not None else None
+    except Exception:  # noqa: BLE001 - tests' fakes
+        left = None
+    CALL_DEADLINE.set(None if left is None else time.monotonic() + float(left))
+
+
 def _set_caller(context: Any) -> None:
     """Set :data:`CALLER` for the current call from its gRPC auth context (None if none)."""
     try:
@@ -285,6 +301,7 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
 
     async def Sync(self, request, context):  # noqa: N802
         _set_caller(context)
+        _set_deadline(context)
         await _refuse_oversize(request, context)
         try:
             return await self.handler.on_sync(request)

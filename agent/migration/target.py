@@ -26,7 +26,7 @@ from agent.connector.messages import Claim, Loaded
 from agent.migration.states import TargetState, check
 from agent.obs import MIGRATIONS
 from agent.session import Handover, SamplingSpec, Session, SessionState
-from agent.transfer import CALLER, identity_mismatch
+from agent.transfer import CALL_DEADLINE, CALLER, identity_mismatch
 from agent.wire import Block
 from pallas_common.aio import cancel_and_wait
 from pallas_common.schemes import scheme_name
@@ -300,12 +300,15 @@ class TargetRole:
             got = await self._await_claim(inb, session, old, claim_fut, task,
                                           left(resume_s + self.cfg.claim_wait_s), end, budget)
         except asyncio.CancelledError:
-            # The Sync's caller went away before any answer (its gRPC deadline passed first,
-            # e.g. the Sync reached a loaded target late): it cannot have seen an OK, so it
-            # serves on. Undo the resume here, in a task of its own that this cancellation
-            # cannot cut short (the soak found such resumed copies left for ever).
-            self._spawn(self._hand_back(session, inb, "the Sync was cancelled before its answer"),
-                        f"undo-{sid}-{epoch}")
+            # The call ended before any answer. At its gRPC deadline (e.g. the Sync reached a
+            # loaded target late): the source gave up and serves on, so the resume is undone
+            # here, in a task of its own that this cancellation cannot cut short (the soak
+            # found such resumed copies left for ever). Before its deadline: the source went
+            # away (its agent died), so this target keeps the session and serves it.
+            at = CALL_DEADLINE.get()
+            if at is not None and time.monotonic() >= at - SYNC_REPLY_MARGIN_S / 10:
+                self._spawn(self._hand_back(session, inb, "the Sync's deadline passed before "
+                                            "its answer"), f"undo-{sid}-{epoch}")
             raise
         finally:
             self._claims.pop((sid, epoch), None)
