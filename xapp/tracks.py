@@ -396,38 +396,31 @@ class TrackStore:
         once, however many of its reports there are."""
         m = self.max_neighbours
         ck_all, cs_all = self._a["colkey"], self._a["colseen"]
-        uniq = list(dict.fromkeys(slots))             # read (and below written) in one array step each
-        state = dict(zip(uniq, zip(ck_all[uniq].tolist(), cs_all[uniq].tolist())))
+        state: dict[int, tuple[list[int], list[int]]] = {}
         klist = keys.tolist()
-        cols_of: list[list[int]] = []
-        columns = range(m)
         for i, s in enumerate(slots):
-            ck, seen = state[s]
+            st = state.get(s)
+            if st is None:
+                st = state[s] = (ck_all[s].tolist(), cs_all[s].tolist())
+            ck, seen = st
             seq = seqs[i]
             used: list[int] = []
             cols = [-1] * m
-            row = klist[i]
-            for pos in range(counts[i]):
-                k = row[pos]
-                if k in ck:
+            for pos, k in enumerate(klist[i][:counts[i]]):
+                try:
                     j = ck.index(k)
-                    if j in used:
-                        continue                        # the same neighbour twice in one report
-                else:   # a new neighbour: the column heard least recently among those not taken
-                    j, low = -1, 0                      # (a free column first: never heard; lowest index on a tie)
-                    for x in columns:
-                        if x not in used and (j < 0 or seen[x] < low):
-                            j, low = x, seen[x]
+                except ValueError:   # a new neighbour: a free column, else the one heard least recently
+                    j = min([x for x in range(m) if x not in used], key=seen.__getitem__)
                     ck[j] = k
+                if j in used:
+                    continue                            # the same neighbour twice in one report
                 used.append(j)
                 seen[j] = seq
                 cols[pos] = j
-            cols_of.append(cols)
-        if cols_of:
-            out[list(range(len(slots))) if out_rows is None else out_rows] = cols_of
-        if uniq:
-            ck_all[uniq] = [state[s][0] for s in uniq]
-            cs_all[uniq] = [state[s][1] for s in uniq]
+            out[i if out_rows is None else out_rows[i]] = cols
+        for s, (ck, seen) in state.items():
+            ck_all[s] = ck
+            cs_all[s] = seen
 
     # ------------------------------------------------------------------ the API
     def add(self, r: MeasurementReport) -> "UETrack":

@@ -21,12 +21,13 @@ source; the attempt ``RESUMED -> RELEASED``) and answers non-OK. A source whose 
 timed out (``COMMITTING -> CANCELLED``) releases the epoch before it answers the xApp, and a
 Release of an epoch resumed at the target undoes that resume the same way; the source then
 serves on (``COMMITTING -> SERVING``). A retry of a commit that ended non-OK runs again.
-A Sync the target received but whose caller went away before the answer (the gRPC call
-cancelled: its deadline passed first, e.g. at a loaded target) is undone at the target the same
-way without waiting for the Release (which may be lost or late), and a Release that times out
-while it undoes a resume still finishes the undo: the source never saw an OK, so it holds the
-session (the 1,000-migration soak of issue 25 found resumed copies left for ever when both the
-Sync and the Release to a loaded target timed out).
+A Sync whose gRPC call is cancelled at its deadline (e.g. it reached a loaded target late) is
+undone at the target the same way without waiting for the Release (which may be lost or late):
+the source never saw an OK and serves on. One cancelled before its deadline (the source's agent
+went away mid-commit) keeps the session at the target, which serves it. A Release that times
+out while it undoes a resume still finishes the undo. (The 1,000-migration soak of issue 25
+found resumed copies left for ever when both the Sync and the Release to a loaded target timed
+out.)
 """
 
 from __future__ import annotations

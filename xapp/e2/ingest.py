@@ -458,23 +458,10 @@ class Ingestor:
         t = self.clock() if t is None else t
         stats = self.stats
         stats["indications"] += 1
-        try:                          # the common shape first (rc_ssb_report), else the full decode
-            r = rc_ssb_report(payload, e2_node, t, self.config)
-        except Exception:  # noqa: BLE001 - the full decode says what is wrong
-            r = None
-        if r is not None and math.isfinite(r.time):     # the common case: one report, no context built
-            try:
-                self.store.add(r)
-            except ValueError as e:
-                self._drop(f"out of order: {e}", ue=r.ue_id, e2_node=e2_node, sub_id=sub_id, bytes=len(payload))
-                return []
-            stats["rs:ssb"] += 1
-            stats["reports"] += 1
-            return [r]
         ctx = {"e2_node": e2_node, "sub_id": sub_id, "bytes": len(payload)}
-        if r is not None:
-            reports, rss = [r], _SSB
-        else:
+        try:                          # the common shape first (rc_ssb_report), else the full decode
+            reports, rss = [rc_ssb_report(payload, e2_node, t, self.config)], _SSB
+        except Exception:  # noqa: BLE001 - the full decode says what is wrong
             try:
                 d = decode_indication(payload, e2_node, t, self.config, self._last_cell, self.declared)
             except Dropped as e:
