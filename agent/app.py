@@ -168,16 +168,6 @@ class AgentConfig:
         PeerTransfer here and whom a Trigger or Commit may name as target."""
         return frozenset(self.peer_front) | frozenset(self.peer_identity)
 
-    @property
-    def peer_rate_bytes_per_s(self) -> float:
-        """The peer link limit in bytes/s (0 = unlimited)."""
-        return self.peer_rate_mbps * 1e6 / 8.0
-
-    @property
-    def front_url(self) -> str:
-        """URL other agents and UEs use for this agent's session front."""
-        return f"http://{self.advertise_host}:{self.front_port}"
-
     def migration(self) -> MigrationConfig:
         """The migration engine's knobs."""
         return MigrationConfig(

@@ -395,7 +395,8 @@ class SessionFront:
         self.max_model_len = max_model_len
         self.operator_token = operator_token or None
         self.max_body_bytes = int(max_body_bytes)
-        # Created now, not at the first relay: building its TLS context blocks for ~0.3 s.
+        # The client that relays other agents' streams, created now, not at the first relay:
+        # building its TLS context blocks for ~0.3 s.
         self._http = http or httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
         # Where this front last relayed each session from (bounded, oldest forgotten first):
         # a later hop asking here for a session it never held is relayed on from there.
@@ -430,11 +431,6 @@ class SessionFront:
             self._relay_origins.popitem(last=False)
 
     # ------------------------------------------------------------------ helpers
-    @property
-    def http(self) -> httpx.AsyncClient:
-        """HTTP client for relaying other agents' streams."""
-        return self._http
-
     async def aclose(self) -> None:
         """Close the relay HTTP client."""
         if self._http is not None:
@@ -500,6 +496,11 @@ class SessionFront:
         if relayed_by:
             ev["relayed_by"] = relayed_by
         return ev
+
+    def _end(self, sid: str, next_index: int, state: str, error: str) -> dict[str, Any]:
+        """A ``session.end`` event of a stream this agent cannot carry on (no finish reason)."""
+        return {"object": "session.end", "session_id": sid, "next_index": next_index, "state": state,
+                "finish_reason": None, "agent_id": self.agent_id, "error": error}
 
     async def events(self, sid: str, start: int, origin: str | None, header: dict[str, Any] | None,
                      relay: str | None = None, token: str | None = None) -> AsyncIterator[bytes]:
@@ -582,15 +583,11 @@ class SessionFront:
                         break
                     continue
                 if end is None:
-                    end = {"object": "session.end", "session_id": sid, "next_index": i, "state": "failed",
-                           "finish_reason": None, "agent_id": self.agent_id,
-                           "error": f"relay from {origin} ended without an end event"}
+                    end = self._end(sid, i, "failed", f"relay from {origin} ended without an end event")
                 yield sse(dict(end, relayed_by=self.agent_id))
                 break
             if await self._wait_local(sid, self.resume_wait_s, handed_over=allow_ho) is None:
-                yield sse({"object": "session.end", "session_id": sid, "next_index": i, "state": "unknown",
-                           "finish_reason": None, "agent_id": self.agent_id,
-                           "error": f"session {sid} is not served here"})
+                yield sse(self._end(sid, i, "unknown", f"session {sid} is not served here"))
                 break
         yield sse("[DONE]")
 
@@ -629,14 +626,12 @@ class SessionFront:
         log = _log.bind(session=sid, peer=origin)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            async with self.http.stream("GET", url, params={"from_index": start, "relay": self.agent_id},
+            async with self._http.stream("GET", url, params={"from_index": start, "relay": self.agent_id},
                                         headers=headers) as r:
                 if r.status_code != 200:
                     body = (await r.aread()).decode(errors="replace")[:300]
                     log.warning("relay_refused", status=r.status_code, body=body)
-                    yield "end", {"object": "session.end", "session_id": sid, "next_index": start,
-                                  "state": "unknown", "finish_reason": None, "agent_id": self.agent_id,
-                                  "error": f"origin answered {r.status_code}: {body}"}
+                    yield "end", self._end(sid, start, "unknown", f"origin answered {r.status_code}: {body}")
                     return
                 log.info("relay_start", from_index=start)
                 async for line in r.aiter_lines():
@@ -659,8 +654,7 @@ class SessionFront:
                         return
         except httpx.HTTPError as e:
             log.warning("relay_failed", error=repr(e))
-            yield "end", {"object": "session.end", "session_id": sid, "next_index": start, "state": "unknown",
-                          "finish_reason": None, "agent_id": self.agent_id, "error": f"relay failed: {e!r}"}
+            yield "end", self._end(sid, start, "unknown", f"relay failed: {e!r}")
 
     # ------------------------------------------------------------------ app
     def peer_front(self, url: str | None) -> str | None:
@@ -780,12 +774,16 @@ class SessionFront:
                                          if front.operator_token else "listing sessions is disabled at this agent")
             return {"sessions": [front.session_json(s) for s in front.store]}
 
-        @app.get("/v1/sessions/{sid}")
-        async def get_session(request: Request, sid: str, include_tokens: bool = False):
+        def known(request: Request, sid: str) -> Session:
             front.authorize(request, sid)
             s = front.store.get(sid)
             if s is None:
                 raise HTTPException(404, f"session {sid} is not known here")
+            return s
+
+        @app.get("/v1/sessions/{sid}")
+        async def get_session(request: Request, sid: str, include_tokens: bool = False):
+            s = known(request, sid)
             out = front.session_json(s)
             if include_tokens:
                 out["output_token_ids"] = list(s.output_token_ids)
@@ -794,10 +792,7 @@ class SessionFront:
 
         @app.delete("/v1/sessions/{sid}")
         async def delete_session(request: Request, sid: str):
-            front.authorize(request, sid)
-            s = front.store.get(sid)
-            if s is None:
-                raise HTTPException(404, f"session {sid} is not known here")
+            s = known(request, sid)
             await front.engine.abort(s)
             if not s.done:
                 s.set_state(SessionState.FINISHED, finish_reason="abort")
@@ -822,13 +817,11 @@ class SessionFront:
             if relay:
                 _log.info("relay_serving", session=sid, peer=relay, from_index=from_index)
             local = front._local(sid)
-            header = {"object": "session", "session_id": sid, "ue_id": local.ue_id if local else None,
-                      "agent_id": front.agent_id,
-                      "prompt_tokens": len(local.prompt_token_ids) if local else None,
-                      "max_tokens": local.sampling.max_tokens if local else None,
-                      "from_index": from_index, "scheme": None}
-            if relay:
-                header = None  # a relaying agent sends its own header
+            header = None if relay else {  # a relaying agent sends its own header
+                "object": "session", "session_id": sid, "ue_id": local.ue_id if local else None,
+                "agent_id": front.agent_id, "prompt_tokens": len(local.prompt_token_ids) if local else None,
+                "max_tokens": local.sampling.max_tokens if local else None, "from_index": from_index,
+                "scheme": None}
             return StreamingResponse(front.events(sid, from_index, origin, header, relay, token=_bearer(request)),
                                      media_type="text/event-stream")
 

@@ -9,6 +9,7 @@ the repo root and ``proto/`` so spawned EngineCore/Worker processes can import
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -126,11 +127,6 @@ class VLLMServer:
         """``http://127.0.0.1:<port>``."""
         return f"http://127.0.0.1:{self.port}"
 
-    @property
-    def model_name(self) -> str:
-        """The served model name (the model path)."""
-        return self.cfg.model
-
     def command(self) -> list[str]:
         """The server's command line."""
         c = self.cfg
@@ -200,22 +196,12 @@ class VLLMServer:
         p = self.proc
         if p is None:
             return
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            p.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(p.pid, signal.SIGKILL)  # stragglers in the group (spawned workers)
-        except ProcessLookupError:
-            pass
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        # SIGKILL after the wait: stragglers in the group (spawned workers)
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=wait_s)
         self.proc = None
 
     def __enter__(self) -> "VLLMServer":

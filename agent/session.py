@@ -19,7 +19,6 @@ import asyncio
 import dataclasses
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,16 +40,15 @@ class Handover:
     """Where and how a session left this agent (source side of a commit).
 
     ``target`` the target's peer address, ``agent_id`` its id, ``n_tokens`` tokens at the
-    commit point, ``t_commit``/``t_synced`` time.time() at the commit's start and when the
-    target accepted the Sync, ``streamed_blocks`` blocks streamed, ``tail`` whether the partial
-    last block was shipped, ``reused_tokens`` tokens the target did not recompute.
+    commit point, ``t_commit`` time.time() at the commit's start, ``streamed_blocks`` blocks
+    streamed, ``tail`` whether the partial last block was shipped, ``reused_tokens`` tokens the
+    target did not recompute.
     """
 
     target: str
     agent_id: str = ""
     n_tokens: int = 0
     t_commit: float = 0.0
-    t_synced: float = 0.0
     streamed_blocks: int = 0
     tail: bool = False
     reused_tokens: int = 0
@@ -118,7 +116,6 @@ class Session:
         claim: the connector's :class:`~agent.connector.messages.Claim` at a resume here;
             loaded: its :class:`~agent.connector.messages.Loaded` report of the blocks it loaded.
         handover: where and how the session left this agent (:class:`Handover`), source side.
-        cached_tokens: vLLM's prompt tokens served from its prefix cache (usage details).
         error: why the session failed here ("" if it did not): set with the state ``FAILED``
             (:meth:`fail`), the reason the UE's stream and the xApp's replies name.
         failure_cause: the failure's kind (:attr:`EngineError.cause`), "" if none.
@@ -142,7 +139,6 @@ class Session:
     claim: "Claim | None" = None
     loaded: "Loaded | None" = None
     handover: "Handover | None" = None
-    cached_tokens: int | None = None
     error: str = ""
     sit_observed: bool = False
     held_finish: str | None = None  # vLLM's finish reason held back while frozen
@@ -362,11 +358,6 @@ class SessionStore:
         return session_id in self._by_id
 
 
-def new_session_id() -> str:
-    """A fresh random session id."""
-    return uuid.uuid4().hex
-
-
 class EngineError(RuntimeError):
     """The local vLLM server refused or failed a request.
 
@@ -391,6 +382,30 @@ def _error_text(err: Any) -> str:
         code = err.get("code")
         return f"{msg} (code {code})" if code is not None else str(msg)
     return str(err)[:300]
+
+
+async def _chunks(resp: httpx.Response, sid: str) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of a completion's event stream up to ``[DONE]`` (a line that is not
+    JSON is logged and skipped).
+
+    Raises:
+        EngineError: an ``{"error": ...}`` chunk (cause ``stream_error``).
+    """
+    async for line in resp.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line[6:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError:
+            log.warning("bad_stream_chunk", session=sid, chunk=data[:200])
+            continue
+        if isinstance(chunk, dict) and chunk.get("error") is not None:
+            raise EngineError(f"vLLM failed the request: {_error_text(chunk['error'])}", "stream_error")
+        if isinstance(chunk, dict):
+            yield chunk
 
 
 class Engine:
@@ -477,32 +492,10 @@ class Engine:
                     text = (await resp.aread()).decode(errors="replace")[:500]
                     raise EngineError(f"vLLM answered HTTP {resp.status_code}: {text}",
                                       "http_status")
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:].strip()
-                    if data == "[DONE]":
-                        break
-                    try:
-                        chunk = json.loads(data)
-                    except json.JSONDecodeError:
-                        log.warning("bad_stream_chunk", session=session.session_id,
-                                    chunk=data[:200])
-                        continue
-                    if not isinstance(chunk, dict):
-                        continue
-                    if chunk.get("error") is not None:
-                        raise EngineError("vLLM failed the request: "
-                                          f"{_error_text(chunk['error'])}", "stream_error")
-                    usage = chunk.get("usage")
-                    if usage:
-                        details = usage.get("prompt_tokens_details") or {}
-                        if details.get("cached_tokens") is not None:
-                            session.cached_tokens = int(details["cached_tokens"])
+                async for chunk in _chunks(resp, session.session_id):
                     for choice in chunk.get("choices") or []:
-                        toks = choice.get("token_ids") or []
-                        if toks:
-                            session.append_tokens(toks)
+                        if choice.get("token_ids"):
+                            session.append_tokens(choice["token_ids"])
                         if choice.get("finish_reason"):
                             finish = choice["finish_reason"]
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -517,7 +510,7 @@ class Engine:
             raise EngineError(f"vLLM's stream ended after {len(session.output_token_ids)} "
                               "output tokens without a finish_reason (the request did not "
                               "complete)", "no_finish_reason")
-        if finish is not None and not session.done:
+        if not session.done:
             if session.frozen_at is not None:
                 session.held_finish = finish  # published by unfreeze() if it stays here
             else:
@@ -595,18 +588,3 @@ class Engine:
         if r.status_code != 200:
             raise EngineError(f"vLLM {r.status_code}: {r.text[:500]}")
         return list(r.json()["choices"][0]["token_ids"])
-
-    async def metrics(self) -> dict[str, float]:
-        """Selected gauges from the server's Prometheus ``/metrics`` (name -> value, summed over labels)."""
-        r = await self._client.get("/metrics", timeout=10.0)
-        out: dict[str, float] = {}
-        for line in r.text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            try:
-                val = float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-            out[name] = out.get(name, 0.0) + val
-        return out

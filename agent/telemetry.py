@@ -27,8 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from pallas_proto import pallas_pb2
 
 from agent.obs import get_logger
+from pallas_common.aio import cancel_and_wait
 
-__all__ = ["Ewma", "VllmMetrics", "VllmScraper", "parse_vllm_metrics", "TelemetryCollector", "PeerStat"]
+__all__ = ["Ewma", "VllmMetrics", "VllmScraper", "parse_vllm_metrics", "TelemetryCollector"]
 
 _log = get_logger("pallas.agent.telemetry")
 
@@ -208,24 +209,9 @@ class VllmScraper:
 
     async def stop(self) -> None:
         """Stop the background task and close the HTTP client."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         if self._client is not None:
             await self._client.aclose()
-
-
-@dataclass
-class PeerStat:
-    """One peer's block-stream figures (from the transfer module's accounting)."""
-
-    agent_id: str
-    goodput_bytes_per_s: float = 0.0
-    bytes_sent: int = 0
-    rtt_s: float = 0.0
 
 
 class TelemetryCollector:
@@ -238,8 +224,8 @@ class TelemetryCollector:
             sampling.max_tokens, remaining_tokens, state, epoch, token_times).
         scraper: the vLLM scraper (r_p, KV blocks, aggregate decode rate); optional.
         identity: ``identity() -> pallas_pb2.ModelIdentity | None``; optional.
-        peers: ``peers() -> iterable`` of :class:`PeerStat` or ``pallas_pb2.PeerTelemetry``;
-            optional.
+        peers: ``peers() -> iterable`` of ``pallas_pb2.PeerTelemetry``
+            (:meth:`agent.transfer.PeerPool.telemetry`); optional.
         kv_blocks: ``kv_blocks() -> (free, total) | None``: KV blocks reported by the connector
             (preferred over the scraped figure when it answers); optional.
         alpha: EWMA weight for the per-session decode rate.
@@ -315,11 +301,5 @@ class TelemetryCollector:
             srv.total_kv_blocks = sc.last.total_blocks
         srv.decode_rate = (sc.decode_rate.value or 0.0) if sc else sum(x.decode_rate for x in rep.sessions)
         if self.peers is not None:
-            for p in self.peers():
-                if isinstance(p, pallas_pb2.PeerTelemetry):
-                    rep.peers.append(p)
-                    continue
-                rep.peers.append(pallas_pb2.PeerTelemetry(
-                    agent_id=p.agent_id, goodput_bytes_per_s=p.goodput_bytes_per_s,
-                    bytes_sent=int(p.bytes_sent), rtt_s=p.rtt_s))
+            rep.peers.extend(self.peers())
         return rep

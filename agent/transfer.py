@@ -244,14 +244,23 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
         self._pool = (ThreadPoolExecutor(max_workers=crc_threads, thread_name_prefix="pallas-crc")
                       if crc_threads > 0 else None)
 
-    async def Prepare(self, request, context):  # noqa: N802 (gRPC names)
+    async def _unary(self, name: str, request: Any, context: Any, reply: Any) -> Any:
+        """One unary call: caller identity (and for Sync the deadline) set, an :class:`Oversize`
+        refused, then ``handler.on_<name>``; its exception becomes ``reply`` with STATUS_ERROR."""
         _set_caller(context)
+        if name == "sync":
+            _set_deadline(context)
         await _refuse_oversize(request, context)
         try:
-            return await self.handler.on_prepare(request)
+            return await getattr(self.handler, f"on_{name}")(request)
         except Exception as exc:
-            log.exception("prepare_failed", session=request.session_id, epoch=request.epoch)
-            return pallas_pb2.PrepareReply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
+            log.exception(f"{name}_failed", session=request.session_id, epoch=request.epoch)
+            if reply is pallas_pb2.ProgressReply:  # it has no message field
+                return reply(status=pallas_pb2.STATUS_ERROR)
+            return reply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
+
+    async def Prepare(self, request, context):  # noqa: N802 (gRPC names)
+        return await self._unary("prepare", request, context, pallas_pb2.PrepareReply)
 
     async def StreamBlocks(self, request_iterator, context):  # noqa: N802
         loop = asyncio.get_running_loop()
@@ -300,32 +309,13 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
                                     blocks_rejected=counts["bad"])
 
     async def Sync(self, request, context):  # noqa: N802
-        _set_caller(context)
-        _set_deadline(context)
-        await _refuse_oversize(request, context)
-        try:
-            return await self.handler.on_sync(request)
-        except Exception as exc:
-            log.exception("sync_failed", session=request.session_id, epoch=request.epoch)
-            return pallas_pb2.SyncReply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
+        return await self._unary("sync", request, context, pallas_pb2.SyncReply)
 
     async def Release(self, request, context):  # noqa: N802
-        _set_caller(context)
-        await _refuse_oversize(request, context)
-        try:
-            return await self.handler.on_release(request)
-        except Exception as exc:
-            log.exception("release_failed", session=request.session_id, epoch=request.epoch)
-            return pallas_pb2.ReleaseReply(status=pallas_pb2.STATUS_ERROR, message=repr(exc))
+        return await self._unary("release", request, context, pallas_pb2.ReleaseReply)
 
     async def Progress(self, request, context):  # noqa: N802
-        _set_caller(context)
-        await _refuse_oversize(request, context)
-        try:
-            return await self.handler.on_progress(request)
-        except Exception as exc:
-            log.exception("progress_failed", session=request.session_id, epoch=request.epoch)
-            return pallas_pb2.ProgressReply(status=pallas_pb2.STATUS_ERROR)
+        return await self._unary("progress", request, context, pallas_pb2.ProgressReply)
 
 
 class BlockStream:

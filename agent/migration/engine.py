@@ -333,11 +333,7 @@ class MigrationEngine(SourceRole, TargetRole):
         async def work(s: Session) -> pallas_pb2.ControlReply:
             if s.state == SessionState.FAILED:
                 return self.failed_reply(s, epoch, value)
-            old = self.outbound.get(session_id)
-            if old is not None:
-                await self._abandon(old, f"superseded by epoch {epoch}")
-                if s.state == SessionState.MIGRATING:
-                    s.set_state(SessionState.SERVING)
+            await self._abandon_current(s, f"superseded by epoch {epoch}")
             s.epoch = epoch
             if not spec.proactive:
                 MIGRATIONS.labels("source", spec.name, "recorded").inc()
@@ -359,12 +355,9 @@ class MigrationEngine(SourceRole, TargetRole):
         never stops. OK also when nothing was prepared."""
         async def work(s: Session) -> pallas_pb2.ControlReply:
             self.ledger.entry(session_id, epoch).closed = "cancelled"
-            out = self.outbound.get(session_id)
+            out = await self._abandon_current(s, reason or "cancelled")
             if out is None:
                 return self.reply(S.STATUS_OK, s, epoch, message="no migration running")
-            await self._abandon(out, reason or "cancelled")
-            if s.state == SessionState.MIGRATING:
-                s.set_state(SessionState.SERVING)
             MIGRATIONS.labels("source", scheme_name(out.scheme), "cancelled").inc()
             log.info("cancelled", session=session_id, epoch=epoch, reason=reason)
             return self.reply(S.STATUS_OK, s, epoch, split=out.split, scheme=out.scheme,
@@ -428,22 +421,26 @@ class MigrationEngine(SourceRole, TargetRole):
 
         return await self._once("commit", session_id, epoch, work, allow_closed=("cancelled",))
 
+    async def _abandon_current(self, s: Session, why: str):
+        """Abandon the session's outbound attempt, if any (a MIGRATING session serves on);
+        returns it (an :class:`Outbound`) or None."""
+        out = self.outbound.get(s.session_id)
+        if out is not None:
+            await self._abandon(out, why)
+            if s.state == SessionState.MIGRATING:
+                s.set_state(SessionState.SERVING)
+        return out
+
     async def _failed_at_source(self, s: Session, epoch: int, spec: SchemeSpec) -> pallas_pb2.ControlReply:
         """A commit of a session whose request failed here: its attempt is abandoned, the
         reply names the failure (non-OK)."""
-        old = self.outbound.get(s.session_id)
-        if old is not None:
-            await self._abandon(old, "the session failed at the source")
+        await self._abandon_current(s, "the session failed at the source")
         MIGRATIONS.labels("source", spec.name, "failed").inc()
         return self.failed_reply(s, epoch, spec.value)
 
     async def _detour(self, s: Session, epoch: int, value: int) -> pallas_pb2.ControlReply:
         """Detour's commit: any attempt is abandoned, the source serves on, the new agent relays."""
-        old = self.outbound.get(s.session_id)
-        if old is not None:
-            await self._abandon(old, "detour")
-            if s.state == SessionState.MIGRATING:
-                s.set_state(SessionState.SERVING)
+        await self._abandon_current(s, "detour")
         MIGRATIONS.labels("source", "detour", "committed").inc()
         return self.reply(S.STATUS_OK, s, epoch, scheme=value,
                           message="detour: the source serves on, the new agent relays")

@@ -461,7 +461,7 @@ class SourceRole:
         s.held_error = None   # the target serves on: a failure here after the commit point
         s.held_finish = None  # (or a finish held back) no longer concerns the session
         s.handover = Handover(target=target.address, agent_id=target.agent_id, n_tokens=n,
-                              t_commit=t0, t_synced=time.time(), streamed_blocks=sync.streamed_blocks,
+                              t_commit=t0, streamed_blocks=sync.streamed_blocks,
                               tail=sync.HasField("tail"), reused_tokens=rep.reused_tokens)
         s.set_state(SessionState.HANDED_OVER)
         log.info("committed", session=sid, epoch=out.epoch, n_tokens=n, streamed=sync.streamed_blocks,

@@ -275,7 +275,7 @@ class TargetRole:
                                        left(min(req.warmup_wait_s, self.cfg.warmup_timeout_s)))
             except Exception as exc:  # a slow or failed warm-up only costs recomputation
                 log.info("warmup_not_awaited", session=sid, epoch=epoch, error=repr(exc))
-        first, last = self._load_range(req, inb)
+        load = self._load_range(req, inb)
         now = time.time()
         session = self._resumed_session(req, inb, now)
         old = self.sessions.get(sid)
@@ -288,6 +288,23 @@ class TargetRole:
             await self._drop_inbound(inb, "finished at the source")
             return pallas_pb2.SyncReply(status=S.STATUS_OK, message="finished",
                                         blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
+        got = await self._submit_resume(req, inb, session, old, load, now, left, end, budget)
+        if isinstance(got, pallas_pb2.SyncReply):
+            return got
+        log.info("resumed", session=sid, epoch=epoch, n_tokens=len(req.token_ids), reused=got,
+                 blocks_in=inb.blocks_in, rejected=inb.blocks_rejected,
+                 warmup_wait_s=round(time.monotonic() - t_in, 4))
+        return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=got,
+                                    blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
+
+    async def _submit_resume(self, req: pallas_pb2.SyncRequest, inb: Inbound, session: Session,
+                             old: Session | None, load: tuple[int, int], now: float, left,
+                             end: float | None, budget: float | None) -> int | pallas_pb2.SyncReply:
+        """Submit the resumed request to load blocks ``load`` (:meth:`_load_range`) and wait for
+        its claim (:meth:`_await_claim`, whose answer this returns); ``now`` (time.time()) starts
+        the connector's load deadline, ``left(cap)`` caps a wait by the source's deadline."""
+        sid, epoch = req.session_id, req.epoch
+        first, last = load
         resume_s = min(self.cfg.resume_deadline_s, max(0.05, req.deadline_s or 1e9))
         params = {"pallas": {"sid": sid, "load": {
             "epoch": epoch, "prefix_len": inb.prefix_len, "first_block": first,
@@ -297,8 +314,8 @@ class TargetRole:
         task = self.engine.start(session, kv_transfer_params=params)
         self._spawn(self._release_after_first_token(inb, session), f"drop-{sid}-{epoch}")
         try:
-            got = await self._await_claim(inb, session, old, claim_fut, task,
-                                          left(resume_s + self.cfg.claim_wait_s), end, budget)
+            return await self._await_claim(inb, session, old, claim_fut, task,
+                                           left(resume_s + self.cfg.claim_wait_s), end, budget)
         except asyncio.CancelledError:
             # The call ended before any answer. At its gRPC deadline (e.g. the Sync reached a
             # loaded target late): the source gave up and serves on, so the resume is undone
@@ -312,13 +329,6 @@ class TargetRole:
             raise
         finally:
             self._claims.pop((sid, epoch), None)
-        if isinstance(got, pallas_pb2.SyncReply):
-            return got
-        log.info("resumed", session=sid, epoch=epoch, n_tokens=len(req.token_ids), reused=got,
-                 blocks_in=inb.blocks_in, rejected=inb.blocks_rejected,
-                 warmup_wait_s=round(time.monotonic() - t_in, 4))
-        return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=got,
-                                    blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
 
     def _sync_refusal(self, req: pallas_pb2.SyncRequest, inb: Inbound | None) -> pallas_pb2.SyncReply | None:
         """Why this Sync cannot resume here (a reply), or None: no prepared attempt of its

@@ -6,7 +6,7 @@ import pytest
 from pallas_proto import pallas_pb2 as pb
 
 from agent.session import Session
-from agent.telemetry import Ewma, PeerStat, TelemetryCollector, VllmScraper, parse_vllm_metrics
+from agent.telemetry import Ewma, TelemetryCollector, VllmScraper, parse_vllm_metrics
 
 EXPO = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:kv_cache_usage_perc gauge
@@ -59,7 +59,7 @@ def test_report_combines_sessions_server_and_peers():
     sc.observe_prefill(1000, 0.5)
     col = TelemetryCollector("a", lambda: [s], scraper=sc,
                              identity=lambda: pb.ModelIdentity(model="m", block_size=32),
-                             peers=lambda: [PeerStat("b", 3e7, 10, 0.001),
+                             peers=lambda: [pb.PeerTelemetry(agent_id="b", goodput_bytes_per_s=3e7, bytes_sent=10),
                                             pb.PeerTelemetry(agent_id="c", bytes_sent=7)],
                              kv_blocks=lambda: (100, 400))
     r = col.report()
