@@ -169,16 +169,12 @@ class AgentConfig:
         return frozenset(self.peer_front) | frozenset(self.peer_identity)
 
     def migration(self) -> MigrationConfig:
-        """The migration engine's knobs."""
-        return MigrationConfig(
-            rpc_timeout_s=self.rpc_timeout_s, commit_deadline_s=self.commit_deadline_s,
-            bridge_max_s=self.bridge_max_s,
-            warmup_timeout_s=self.warmup_timeout_s, resume_deadline_s=self.resume_deadline_s,
-            inbound_idle_s=self.inbound_idle_s,
-            max_inbound_session_bytes=self.max_inbound_session_bytes,
-            max_inbound_bytes=self.max_inbound_bytes, relay_hop_s=self.relay_hop_s,
-            link_rate_mbps=self.peer_rate_mbps or None,
-            default_scheme=scheme_value(self.scheme))
+        """The migration engine's knobs: every :class:`MigrationConfig` field of the same name,
+        the link limit (``peer_rate_mbps``, 0 = None) and the default scheme."""
+        same = {f.name for f in dataclasses.fields(MigrationConfig)} & set(vars(self))
+        return MigrationConfig(**{k: getattr(self, k) for k in same},
+                               link_rate_mbps=self.peer_rate_mbps or None,
+                               default_scheme=scheme_value(self.scheme))
 
 
 def _parse_fronts(items: list[str]) -> dict[str, str]:
@@ -571,10 +567,7 @@ class Agent:
 
     async def start(self) -> None:
         """Start the core, vLLM (unless ``--vllm-url``), the gRPC services, front, telemetry."""
-        import uvicorn
-
         from agent.control import ControlService, add_control_service
-        from agent.frontend import SessionFront, model_limits
         from agent.telemetry import TelemetryCollector, VllmScraper
 
         cfg = self.cfg
@@ -607,7 +600,29 @@ class Agent:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_control)
         sec.add_port(self.grpc_control, f"{cfg.host}:{cfg.control_port}")
         await self.grpc_control.start()
+        await self._start_front()
+        await self._probe_prefill()
+        self._tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
+        for svc in ("", CONTROL_SERVICE):
+            await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
+        self.log.info("agent_ready", control_port=cfg.control_port, peer=self.peer_address,
+                      front_port=cfg.front_port, vllm_url=self.vllm_url,
+                      tls=self.security.watcher is not None,
+                      directory=sorted(self.directory) if self.directory is not None else None,
+                      scheme=scheme_name(scheme_value(cfg.scheme)),
+                      peer_rate_mbps=cfg.peer_rate_mbps)
 
+    async def _start_front(self) -> None:
+        """The UE session front (and ``--metrics-port``) on uvicorn, returning once they listen.
+
+        Raises:
+            RuntimeError: a port could not be bound (:func:`_serve_http`).
+        """
+        import uvicorn
+
+        from agent.frontend import SessionFront, model_limits
+
+        cfg, mig = self.cfg, self.migration
         tok = load_tokenizer(cfg.tokenizer or cfg.model)
         vocab, max_len = await asyncio.to_thread(model_limits, cfg.model, self.vllm_url)
         if max_len:   # token ids in Prepare/Sync: the context the engine really serves
@@ -632,16 +647,6 @@ class Agent:
                 if t.done():
                     t.result()  # raises the bind error
             await asyncio.sleep(0.02)
-        await self._probe_prefill()
-        self._tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
-        for svc in ("", CONTROL_SERVICE):
-            await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
-        self.log.info("agent_ready", control_port=cfg.control_port, peer=self.peer_address,
-                      front_port=cfg.front_port, vllm_url=self.vllm_url,
-                      tls=self.security.watcher is not None,
-                      directory=sorted(self.directory) if self.directory is not None else None,
-                      scheme=scheme_name(scheme_value(cfg.scheme)),
-                      peer_rate_mbps=cfg.peer_rate_mbps)
 
     def _identity_or_none(self) -> pallas_pb2.ModelIdentity | None:
         try:

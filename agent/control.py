@@ -22,6 +22,7 @@ from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
 from agent.migration import MigrationEngine
 from agent.obs import COMMIT_SECONDS, CONTROL_CALLS, get_logger
+from pallas_common.aio import cancel_and_wait
 from pallas_common.schemes import SessionState, scheme_name
 
 __all__ = ["ControlService", "add_control_service"]
@@ -94,9 +95,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
 
     async def close(self) -> None:
         """Cancel the engine calls still running (the agent is stopping)."""
-        for t in list(self._running):
-            t.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
+        await cancel_and_wait(*self._running)
 
     async def Trigger(self, request: pallas_pb2.TriggerRequest, context) -> pallas_pb2.ControlReply:
         """Start preparing ``request.session_id`` at ``request.target`` (epoch ``request.epoch``)."""

@@ -727,6 +727,39 @@ class SessionFront:
         return bool(self.operator_token and token
                     and hmac.compare_digest(token.encode(), self.operator_token.encode()))
 
+    async def open_session(self, request: Request) -> Any:
+        """``POST /v1/sessions``: validate the body, start the session's request here, answer
+        its event stream (or, with ``"stream": false``, its session object).
+
+        Raises:
+            RequestError: a bad body (400). HTTPException: 413 (body too large), 503 (the
+                engine refused the session).
+        """
+        req = self.parse_open(await self.read_body(request))
+        ids, sampling = list(req.token_ids or ()), req.sampling()
+        scheme = scheme_value(req.scheme) if req.scheme else None
+        sid, token = new_session_credentials(req.session_id)
+        if self.store.get(sid) is not None:  # 128 random bits: never in practice
+            raise HTTPException(409, f"session {sid} exists")
+        s = Session(session_id=sid, ue_id=req.ue_id, prompt_token_ids=ids, sampling=sampling)
+        self.store.add(s)
+        if self.on_open is not None:
+            self.on_open(s, scheme)
+        try:
+            self.engine.start(s)
+        except Exception as e:  # noqa: BLE001
+            self.store.pop(sid) if hasattr(self.store, "pop") else None
+            raise HTTPException(503, f"engine refused the session: {e!r}") from e
+        _log.info("session_open", session=sid, ue=s.ue_id, prompt_tokens=len(ids),
+                  max_tokens=sampling.max_tokens, scheme=scheme_name(scheme) if scheme else None)
+        if not req.stream:
+            return dict(self.session_json(s), session_token=token)
+        header = {"object": "session", "session_id": sid, "ue_id": s.ue_id, "agent_id": self.agent_id,
+                  "prompt_tokens": len(ids), "max_tokens": sampling.max_tokens, "from_index": 0,
+                  "scheme": scheme_name(scheme) if scheme else None, "session_token": token}
+        return StreamingResponse(self.events(sid, 0, None, header, token=token),
+                                 media_type="text/event-stream")
+
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="Pallas agent UE front", version="1")
         front = self
@@ -742,30 +775,7 @@ class SessionFront:
 
         @app.post("/v1/sessions")
         async def open_session(request: Request):
-            req = front.parse_open(await front.read_body(request))
-            ids, sampling = list(req.token_ids or ()), req.sampling()
-            scheme = scheme_value(req.scheme) if req.scheme else None
-            sid, token = new_session_credentials(req.session_id)
-            if front.store.get(sid) is not None:  # 128 random bits: never in practice
-                raise HTTPException(409, f"session {sid} exists")
-            s = Session(session_id=sid, ue_id=req.ue_id, prompt_token_ids=ids, sampling=sampling)
-            front.store.add(s)
-            if front.on_open is not None:
-                front.on_open(s, scheme)
-            try:
-                front.engine.start(s)
-            except Exception as e:  # noqa: BLE001
-                front.store.pop(sid) if hasattr(front.store, "pop") else None
-                raise HTTPException(503, f"engine refused the session: {e!r}") from e
-            _log.info("session_open", session=sid, ue=s.ue_id, prompt_tokens=len(ids),
-                      max_tokens=sampling.max_tokens, scheme=scheme_name(scheme) if scheme else None)
-            if not req.stream:
-                return dict(front.session_json(s), session_token=token)
-            header = {"object": "session", "session_id": sid, "ue_id": s.ue_id, "agent_id": front.agent_id,
-                      "prompt_tokens": len(ids), "max_tokens": sampling.max_tokens, "from_index": 0,
-                      "scheme": scheme_name(scheme) if scheme else None, "session_token": token}
-            return StreamingResponse(front.events(sid, 0, None, header, token=token),
-                                     media_type="text/event-stream")
+            return await front.open_session(request)
 
         @app.get("/v1/sessions")
         async def list_sessions(request: Request):
@@ -825,22 +835,29 @@ class SessionFront:
             return StreamingResponse(front.events(sid, from_index, origin, header, relay, token=_bearer(request)),
                                      media_type="text/event-stream")
 
-        @app.exception_handler(HTTPException)
-        async def http_error(request: Request, exc: HTTPException):
-            headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-            return JSONResponse({"error": {"message": exc.detail, "code": exc.status_code}},
-                                status_code=exc.status_code, headers=headers)
-
-        @app.exception_handler(RequestError)
-        async def request_error(request: Request, exc: RequestError):
-            return JSONResponse({"error": {"message": str(exc), "code": 400, "param": exc.param,
-                                           "type": "BadRequestError"}}, status_code=400)
-
-        @app.exception_handler(RequestValidationError)
-        async def query_error(request: Request, exc: RequestValidationError):
-            err = (exc.errors() or [{}])[0]
-            where = ".".join(str(x) for x in err.get("loc", ())[1:]) or "request"
-            return JSONResponse({"error": {"message": f"{where}: {err.get('msg', 'invalid')}", "code": 400,
-                                           "param": where, "type": "BadRequestError"}}, status_code=400)
-
+        _add_error_handlers(app)
         return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Errors as ``{"error": {"message", "code", "param"?, "type"?}}``: an HTTPException with its
+    status (401 also with ``WWW-Authenticate: Bearer``), a :class:`RequestError` or a bad query
+    parameter as 400 naming the field."""
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse({"error": {"message": exc.detail, "code": exc.status_code}},
+                            status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, exc: RequestError):
+        return JSONResponse({"error": {"message": str(exc), "code": 400, "param": exc.param,
+                                       "type": "BadRequestError"}}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def query_error(request: Request, exc: RequestValidationError):
+        err = (exc.errors() or [{}])[0]
+        where = ".".join(str(x) for x in err.get("loc", ())[1:]) or "request"
+        return JSONResponse({"error": {"message": f"{where}: {err.get('msg', 'invalid')}", "code": 400,
+                                       "param": where, "type": "BadRequestError"}}, status_code=400)

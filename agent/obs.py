@@ -56,9 +56,6 @@ __all__ = [
     "register_collector",
 ]
 
-_configured = False
-
-
 def configure_logging(level: str = "INFO", *, json: bool = True, stream=None) -> None:
     """Configure structlog (and the stdlib root logger it feeds) once per process.
 
@@ -69,7 +66,6 @@ def configure_logging(level: str = "INFO", *, json: bool = True, stream=None) ->
 
     Calling it again reconfigures (tests use that to capture output).
     """
-    global _configured
     lvl = logging.getLevelName(level.upper()) if isinstance(level, str) else int(level)
     if not isinstance(lvl, int):
         raise ValueError(f"unknown log level {level!r}")
@@ -90,7 +86,6 @@ def configure_logging(level: str = "INFO", *, json: bool = True, stream=None) ->
     logging.basicConfig(level=lvl, stream=stream or sys.stderr, format="%(message)s")
     for noisy in ("httpx", "httpcore"):  # one line per HTTP request (the vLLM scraper)
         logging.getLogger(noisy).setLevel(max(lvl, logging.WARNING))
-    _configured = True
 
 
 class _StderrNow:
