@@ -153,8 +153,8 @@ class WorkerLink:
 
     :meth:`send_block` queues a copied-out slab for the background sender thread, which
     computes its CRC-32C and sends it (the engine thread only pays for the copy).
-    :meth:`fetch` is a synchronous request/response used by ``start_load_kv`` on the engine
-    thread, on its own socket.
+    :meth:`fetch` is a request/response on its own socket, used by the worker's loader thread
+    only (:class:`agent.connector.mover.WorkerSide`), off the engine thread.
     """
 
     def __init__(self, address: str, hello: WorkerHello) -> None:
