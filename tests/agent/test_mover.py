@@ -30,14 +30,15 @@ def test_copy_out_then_in_moves_exactly_one_block(shape, num_blocks, dim):
     before = {k: v.clone() for k, v in dst.items()}
     slab = ms.copy_out(7)
     assert slab.shape[0] == 3 and slab.numel() * 4 == ms.block_bytes
-    md.copy_in(4, slab.numpy().tobytes())
+    md.copy_in([4, 2], [slab.numpy().tobytes(), ms.copy_out(3).numpy().tobytes()])
     for k in src:
         assert torch.equal(dst[k].select(dim, 4), src[k].select(dim, 7))
+        assert torch.equal(dst[k].select(dim, 2), src[k].select(dim, 3))
         for j in range(num_blocks):
-            if j != 4:
+            if j not in (2, 4):
                 assert torch.equal(dst[k].select(dim, j), before[k].select(dim, j))
     with pytest.raises(ValueError):
-        md.copy_in(4, b"\x00" * 12)
+        md.copy_in([4, 5], [slab.numpy().tobytes(), b"\x00" * 12])
 
 
 def test_find_block_dim_and_mixed_layers_are_rejected():
