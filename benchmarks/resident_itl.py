@@ -1,7 +1,9 @@
 """Resident sessions' inter-token latency at a target vLLM while migrations' loads come in.
 
 One real vLLM CPU server (the e2e tests' tiny random-weight fp32 Llama, pallas_eval/models.py)
-with the Pallas connector and its agent's block hub (in this process). ``--residents``
+with the Pallas connector (paced to a real model's step period as the e2e tests do, unless
+``--no-pace``: pallas_eval/emulated_connector.py, which keeps the product's load path) and its
+agent's block hub (in this process). ``--residents``
 sessions decode there without pause. Then ``--loads`` times, a resumed request arrives as at a
 Pallas commit: ``--blocks`` received blocks of a fresh session are put in the agent's store
 first (random bytes with a matching CRC-32C: their content does not matter here), the request
@@ -43,6 +45,7 @@ from agent.connector.messages import Fetch  # noqa: E402
 from agent.server import ServerConfig, VLLMServer  # noqa: E402
 from agent.session import SamplingSpec, Session  # noqa: E402
 from benchmarks.soak import _cpu_s  # noqa: E402
+from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402
 
 BS = 32
@@ -112,9 +115,10 @@ async def main_async(args) -> None:
     agent = Agent(AgentConfig(agent_id="itl", model=model, host="127.0.0.1", peer_port=0,
                               vllm_url="-", insecure=True))
     await agent.start_core()
+    paced = server_settings(*E2E_PACE) if args.pace else {}
     srv = VLLMServer(ServerConfig(model=model, agent_address=agent.hub.address,
                                   omp_threads_bind=args.omp_bind, kv_cache_gib=1.0,
-                                  max_model_len=max(4096, BS * args.blocks + 64)))
+                                  max_model_len=max(4096, BS * args.blocks + 64), **paced))
     srv.start()
     try:
         await agent.attach(srv.base_url, 900)
@@ -155,7 +159,7 @@ async def main_async(args) -> None:
             await agent.engine.abort(s)
         wall = t_end - t_start
         lw = [(w1 - w0) * 1000.0 for w0, w1 in windows]
-        print(f"{args.residents} residents, {args.loads} loads of {args.blocks} blocks "
+        print(f"{'paced' if args.pace else 'unpaced'} engine, {args.residents} residents, {args.loads} loads of {args.blocks} blocks "
               f"({args.blocks * agent.hub.worker_info.block_bytes / 2**20:.1f} MiB each), "
               f"fetch delay {args.fetch_delay_ms} ms/block; load window p50 {pct(lw, .5):.0f} ms, "
               f"max {max(lw):.0f} ms")
@@ -187,6 +191,9 @@ def main() -> None:
                     help="the agent answers a fetch this much later per block (harness knob)")
     ap.add_argument("--gap-s", type=float, default=1.5, help="pause between loads")
     ap.add_argument("--omp-bind", default="nobind", help="VLLM_CPU_OMP_THREADS_BIND")
+    ap.add_argument("--pace", action=argparse.BooleanOptionalAction, default=True,
+                    help="pace engine steps as the e2e tests do (pallas_eval.emulation.E2E_PACE: "
+                         "a real model's step period; the tiny model alone saturates the CPUs)")
     asyncio.run(main_async(ap.parse_args()))
 
 
