@@ -4,9 +4,9 @@ tests use connectors that fail loads: vLLM loads it in place of the Pallas conne
 
 Its worker side drops blocks that arrived and pass their CRC-32C check, at the moment they
 would be copied into the engine (a block gone bad or missing in the target's store between
-arrival and load): it fetches and verifies them as the product does, does not copy them in,
-and reports them failed to vLLM (``get_block_ids_with_load_errors``) and to the agent
-(``Loaded.failed``), as a real load failure is. How many to drop comes from a control file the test writes, named by
+arrival and load): the product's loader thread fetches and verifies them, this does not let
+them be copied in, so they are reported failed to vLLM (``get_block_ids_with_load_errors``)
+and to the agent (``Loaded.failed``), as a real load failure is. How many to drop comes from a control file the test writes, named by
 ``kv_connector_extra_config["fault_file"]``: a JSON object ``{"drop_loads": N}``; the worker
 drops loads while fewer than N were dropped in this process (the test raises N to inject
 one more). No file, or no key: nothing is dropped.
@@ -19,10 +19,8 @@ import logging
 import os
 from typing import Any
 
-from agent.connector.messages import FetchItem, Loaded
 from agent.connector.mover import WorkerSide
 from agent.connector.policy import LoadOp
-from agent.connector.link import block_crc
 from agent.connector.vllm_connector import PallasConnector
 
 log = logging.getLogger("vllm.pallas.faults")
@@ -43,24 +41,14 @@ class DroppingWorkerSide(WorkerSide):
         except (OSError, ValueError, TypeError, AttributeError):
             return 0
 
-    def load(self, loads: list[LoadOp]) -> None:
-        wanted = self._wanted() if self.fault_file and loads else 0
-        drop = []
-        while loads and self.dropped + len(drop) < wanted and len(drop) < len(loads):
-            drop.append(loads[len(drop)])
-        super().load(loads[len(drop):])
-        if not drop or self.link is None:
-            return
-        got = self.link.fetch([FetchItem(sid, epoch, idx, need)
-                               for sid, epoch, idx, _, need in drop])
-        for (sid, epoch, idx, block_id, need), ent in zip(drop, got):
-            verified = ent is not None and ent[0] >= need and block_crc(ent[2]) == ent[1]
-            self.dropped += 1
-            self._errors.add(block_id)          # vLLM: this block failed to load
-            self.link.report(Loaded(sid, epoch, (), (idx,)))
-            log.warning("pallas fault: dropped block %d of %s (epoch %d) at its load "
-                        "(checksum %s; %d dropped)", idx, sid, epoch,
-                        "passed" if verified else "NOT passed", self.dropped)
+    def _verified(self, op: LoadOp, ent: Any) -> bytes | None:
+        data = super()._verified(op, ent)
+        if data is None or not self.fault_file or self.dropped >= self._wanted():
+            return data
+        self.dropped += 1     # not copied in: reported failed to vLLM and to the agent
+        log.warning("pallas fault: dropped block %d of %s (epoch %d) at its load after its "
+                    "checksum passed (%d dropped)", op.idx, op.sid, op.epoch, self.dropped)
+        return None
 
 
 class FaultyPallasConnector(PallasConnector):

@@ -29,14 +29,15 @@ HELLO_PERIOD_S = 0.25
 FETCH_TIMEOUT_S = 10.0
 
 
-def block_crc(data: bytes | memoryview) -> int:
+def block_crc(data: bytes | memoryview, gil_release_mode: int = -1) -> int:
     """CRC-32C (Castagnoli polynomial, RFC 3720 §B.4) of ``data``: the KVBlock checksum.
 
     Unsigned 32-bit. Computed by the ``crc32c`` package with the CPU's CRC32 instruction
     (SSE4.2 / ARMv8) where present, which is 2-3x faster than zlib's CRC-32 on a KV block, and
-    without holding the GIL on large buffers. Accepts any contiguous buffer (bytes, memoryview).
+    without holding the GIL on large buffers (``gil_release_mode`` -1, the package's default;
+    0 never releases it, 1 always does). Accepts any contiguous buffer (bytes, memoryview).
     """
-    return _crc32c(data)
+    return _crc32c(data, gil_release_mode=gil_release_mode)
 
 
 def encode(msg: Message, *payload: bytes | memoryview) -> list[bytes | memoryview]:
@@ -153,8 +154,8 @@ class WorkerLink:
 
     :meth:`send_block` queues a copied-out slab for the background sender thread, which
     computes its CRC-32C and sends it (the engine thread only pays for the copy).
-    :meth:`fetch` is a synchronous request/response used by ``start_load_kv`` on the engine
-    thread, on its own socket.
+    :meth:`fetch` is a request/response on its own socket, used by the worker's loader thread
+    only (:class:`agent.connector.mover.WorkerSide`), off the engine thread.
     """
 
     def __init__(self, address: str, hello: WorkerHello) -> None:

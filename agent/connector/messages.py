@@ -185,7 +185,7 @@ class FetchedItem:
 
 @dataclass(frozen=True)
 class Fetch(Message):
-    """The worker asks for received blocks (synchronous, request id ``rid``)."""
+    """The worker's loader thread asks for received blocks (request id ``rid``)."""
 
     TYPE: ClassVar[str] = "fetch"
     rid: int

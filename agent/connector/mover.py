@@ -14,7 +14,12 @@ size, backend/ISA, KV dtype), which the agents check at Prepare.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +29,8 @@ from agent.connector.policy import LoadOp, SaveOp
 from agent.connector.link import WorkerLink, block_crc
 
 log = logging.getLogger("vllm.pallas.mover")
+
+LOAD_DEADLINE_S = 10.0  # a load not in this long after start_load_kv is reported failed
 
 
 def find_block_dim(shape: tuple[int, ...], num_blocks: int) -> int:
@@ -70,20 +77,22 @@ class BlockMover:
         """A contiguous copy of one whole block, all layers: ``[L, *block_shape]``."""
         return torch.stack([self._layer_block(t, block_id) for t in self.tensors])
 
-    def copy_in(self, block_id: int, data: bytes | memoryview) -> None:
-        """Write a slab's bytes into block ``block_id`` of every layer.
+    def copy_in(self, block_ids: list[int], data: list[bytes]) -> None:
+        """Write slabs' bytes into blocks ``block_ids`` of every layer: one copy per layer for
+        all of them (few GIL hand-offs: the loader thread shares the GIL with the engine).
 
         Raises:
-            ValueError: ``data`` has the wrong size for a slab.
+            ValueError: a slab has the wrong size.
         """
-        if len(data) != self.block_bytes:
-            raise ValueError(f"slab has {len(data)} bytes, expected {self.block_bytes}")
+        if any(len(d) != self.block_bytes for d in data):
+            raise ValueError(f"slab sizes {[len(d) for d in data]}, expected {self.block_bytes}")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # read-only buffer: we only read from it
-            flat = torch.frombuffer(data, dtype=torch.uint8)
-        slab = flat.view(self.dtype).view(self.slab_shape)
+            flat = torch.frombuffer(b"".join(data), dtype=torch.uint8)
+        slabs = flat.view(self.dtype).view(len(data), *self.slab_shape)
+        idx = torch.tensor(block_ids, dtype=torch.long)
         for li, t in enumerate(self.tensors):
-            self._layer_block(t, block_id).copy_(slab[li])
+            t.index_copy_(self.block_dim, idx, slabs[:, li].movedim(0, self.block_dim))
 
     def describe(self) -> dict[str, Any]:
         """Layout facts for the agent's ModelIdentity."""
@@ -92,25 +101,46 @@ class BlockMover:
                 "block_shape": list(self.block_shape), "block_dim": self.block_dim}
 
 
+@dataclass
+class _Load:
+    """One request's load: deadline (``clock`` s), engine block ids copied in so far, whether
+    the thread is done (``ended``), whether vLLM was told (``over``: write nothing more)."""
+
+    ops: list[LoadOp]
+    deadline: float
+    done: set[int] = field(default_factory=set)
+    ended: bool = False
+    over: bool = False
+
+
 class WorkerSide:
     """The worker half of the connector: runs the step's saves and loads.
 
     Saves: ``wait_for_save`` copies each block (the only work on the engine thread) and hands
     it to :class:`agent.connector.link.WorkerLink`'s sender thread, which checksums and sends it.
-    Loads: ``start_load_kv`` fetches the step's blocks from the agent, verifies each CRC-32C
-    and size, and copies them in before the forward. A block that is missing or fails its
-    check is not written; its block id is reported through
-    ``get_block_ids_with_load_errors`` so vLLM recomputes it (never a wrong block).
+    Loads are asynchronous (docs/vllm.md §3.2): ``start_load_kv`` queues each request's blocks
+    for the loader thread, which fetches them, checks each one's size and CRC-32C and copies it
+    in beside the forward. ``get_finished`` reports a request once its load ended, or at its
+    deadline (``LOAD_DEADLINE_S``); a block that is missing, failed its check or was not in by
+    then goes to ``get_block_ids_with_load_errors`` in that step, so vLLM recomputes it.
     """
 
-    def __init__(self, address: str, extra_hello: dict[str, Any] | None = None) -> None:
+    def __init__(self, address: str, extra_hello: dict[str, Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``extra_hello``: model facts for the :class:`WorkerHello` (backend, model,
-        model_dtype, kv_cache_dtype, block_size, tp_size), beside the layout the mover finds."""
+        model_dtype, kv_cache_dtype, block_size, tp_size), beside the layout the mover finds;
+        ``clock``: seconds, for the loads' deadlines."""
         self.address = address
         self._extra = dict(extra_hello or {})
+        self._clock = clock
         self.mover: BlockMover | None = None
         self.link: WorkerLink | None = None
         self._errors: set[int] = set()
+        self._lock = threading.Lock()
+        self._loads: dict[str, _Load] = {}
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="pallas-loader", daemon=True)
+        self._thread.start()
         self.blocks_saved = 0
         self.blocks_loaded = 0
 
@@ -136,39 +166,69 @@ class WorkerSide:
             self.blocks_saved += 1
 
     def load(self, loads: list[LoadOp]) -> None:
-        """Fetch, verify and copy in this step's blocks (called in start_load_kv)."""
-        if not loads or self.mover is None or self.link is None:
-            return
-        got = self.link.fetch([FetchItem(sid, epoch, idx, need)
-                               for sid, epoch, idx, _, need in loads])
-        done: dict[tuple[str, int], list[int]] = {}
-        failed: dict[tuple[str, int], list[int]] = {}
-        for (sid, epoch, idx, block_id, need), ent in zip(loads, got):
-            ok = False
-            if ent is not None:
-                fill, crc, data = ent
-                if fill >= need and block_crc(data) == crc and len(data) == self.mover.block_bytes:
-                    self.mover.copy_in(block_id, data)
-                    ok = True
-            if ok:
-                done.setdefault((sid, epoch), []).append(idx)
-                self.blocks_loaded += 1
-            else:
-                self._errors.add(block_id)
-                failed.setdefault((sid, epoch), []).append(idx)
-        for key in set(done) | set(failed):
-            self.link.report(Loaded(key[0], key[1], tuple(done.get(key, [])),
-                                    tuple(failed.get(key, []))))
-        if failed:
-            log.warning("pallas: %d blocks failed to load; vLLM recomputes them",
-                        sum(len(v) for v in failed.values()))
+        """Queue this step's loads for the loader thread, one job per request (start_load_kv)."""
+        deadline = self._clock() + LOAD_DEADLINE_S
+        with self._lock:
+            for op in loads:
+                job = self._loads.get(op.req_id)
+                if job is None:
+                    job = self._loads[op.req_id] = _Load([], deadline)
+                    self._queue.put(job)
+                job.ops.append(op)
+
+    def take_finished(self) -> set[str]:
+        """Requests whose load ended, or passed its deadline, since the last call (reported
+        once each); their blocks not copied in go to :meth:`take_errors`."""
+        now = self._clock()
+        with self._lock:
+            out = {rid for rid, job in self._loads.items() if job.ended or now >= job.deadline}
+            for job in map(self._loads.pop, out):
+                job.over = True
+                self._errors.update(op.block_id for op in job.ops if op.block_id not in job.done)
+        return out
+
+    def _run(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                self._fetch_in(job)
+            except Exception:  # never take the engine down: the blocks are recomputed
+                log.exception("pallas: load failed")
+            finally:
+                job.ended = True
+
+    def _fetch_in(self, job: _Load) -> None:
+        assert self.mover is not None and self.link is not None
+        left = job.deadline - self._clock()
+        got = self.link.fetch([FetchItem(op.sid, op.epoch, op.idx, op.need) for op in job.ops],
+                              left) if left > 0 else [None] * len(job.ops)
+        good = [(op.block_id, d) for op, ent in zip(job.ops, got)
+                if (d := self._verified(op, ent)) is not None]
+        with self._lock:
+            if good and not job.over:
+                self.mover.copy_in([b for b, _ in good], [d for _, d in good])
+                job.done.update(b for b, _ in good)
+                self.blocks_loaded += len(good)
+        ok = [o.block_id in job.done for o in job.ops]
+        self.link.report(Loaded(job.ops[0].sid, job.ops[0].epoch,
+                                tuple(o.idx for o, y in zip(job.ops, ok) if y),
+                                tuple(o.idx for o, y in zip(job.ops, ok) if not y)))
+
+    def _verified(self, op: LoadOp, ent: tuple[int, int, bytes] | None) -> bytes | None:
+        """A fetched block's bytes if it may be copied in: present, at least ``op.need``
+        tokens, one slab long, CRC-32C matching (computed holding the GIL: cheaper than a
+        hand-off per block); else None."""
+        ok = ent is not None and self.mover is not None and ent[0] >= op.need \
+            and len(ent[2]) == self.mover.block_bytes and block_crc(ent[2], 0) == ent[1]
+        return ent[2] if ok else None
 
     def take_errors(self) -> set[int]:
-        """Block ids whose load failed since the last call."""
+        """Block ids whose load failed since the last call (engine thread, as take_finished)."""
         out, self._errors = self._errors, set()
         return out
 
     def close(self) -> None:
-        """Drain the sender thread."""
+        """Stop the loader thread and drain the sender thread."""
+        self._queue.put(None)
+        self._thread.join(timeout=5.0)
         if self.link is not None:
             self.link.close()

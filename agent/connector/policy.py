@@ -56,9 +56,10 @@ class SaveOp(NamedTuple):
 
 
 class LoadOp(NamedTuple):
-    """Load one received block into engine block ``block_id`` (target): block ``idx`` with at
-    least ``need`` valid tokens."""
+    """Load one received block into engine block ``block_id`` (target) for request ``req_id``:
+    block ``idx`` with at least ``need`` valid tokens."""
 
+    req_id: str
     sid: str
     epoch: int
     idx: int
@@ -98,7 +99,6 @@ class _Plan:
     epoch: int
     first_block: int
     needs: list[int]  # need_fill per block from first_block
-    allocated: bool = False
 
 
 @dataclass
@@ -135,6 +135,7 @@ class SchedulerPolicy:
         self._plans: dict[str, _Plan] = {}         # req_id -> load plan
         self._waiting_since: dict[str, float] = {}
         self._claimed: set[str] = set()            # req_ids that claimed once (no more waits)
+        self._loads: list[LoadOp] = []             # armed by after_alloc, sent by build
         self._idle = True
         self.saves_emitted = 0
         self.loads_emitted = 0
@@ -253,15 +254,17 @@ class SchedulerPolicy:
                            round(max(0.0, waited), 6), tuple(sorted(bad))))
         return ext
 
-    def after_alloc(self, req_id: str, num_external_tokens: int) -> None:
-        """vLLM allocated blocks for the request: arm its load plan if it claimed tokens."""
-        plan = self._plans.get(req_id)
-        if plan is None:
+    def after_alloc(self, req_id: str, num_external_tokens: int, block_ids: list[int]) -> None:
+        """vLLM allocated ``block_ids`` (the request's block table, first KV group) for the
+        request: if it claimed tokens, its loads go out with this step's :meth:`build` (vLLM
+        holds it in WAITING_FOR_REMOTE_KVS until the worker reports them in, docs/vllm.md §3.2)."""
+        plan = self._plans.pop(req_id, None)
+        if plan is None or num_external_tokens <= 0:
             return
-        if num_external_tokens > 0:
-            plan.allocated = True
-        else:
-            self._plans.pop(req_id, None)
+        for k, need in enumerate(plan.needs):
+            j = plan.first_block + k
+            if j < len(block_ids):
+                self._loads.append(LoadOp(req_id, plan.sid, plan.epoch, j, block_ids[j], need))
 
     def build(self, scheduled: list[ScheduledReq], *,
               engine_idle: bool | None = None) -> tuple[list[SaveOp], list[LoadOp]]:
@@ -276,17 +279,10 @@ class SchedulerPolicy:
 
     def _build_locked(self, scheduled: list[ScheduledReq]) -> tuple[list[SaveOp], list[LoadOp]]:
         saves: list[SaveOp] = []
-        loads: list[LoadOp] = []
+        loads, self._loads = self._loads, []
         bs = self.bs
         exports = self._exports
         for sr in scheduled:
-            plan = self._plans.pop(sr.req_id, None)
-            if plan is not None and plan.allocated:
-                ids = sr.block_ids()
-                for k, need in enumerate(plan.needs):
-                    j = plan.first_block + k
-                    if j < len(ids):
-                        loads.append(LoadOp(plan.sid, plan.epoch, j, ids[j], need))
             sid = self._sid_of.get(sr.req_id)
             exp = None if sid is None else exports.get(sid)
             if exp is None:

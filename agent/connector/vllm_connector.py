@@ -99,7 +99,9 @@ class PallasConnector(KVConnectorBase_V1):
     Source: copies out every completed suffix block (and, at the commit, the tail block) of a
     session the agent exports. Target: claims received blocks for a resumed request on top of
     its local prefix-cache hit, defers admission while expected blocks are in flight (until a
-    deadline), and lets vLLM recompute whatever is missing or failed its checksum.
+    deadline), loads the claimed blocks asynchronously (vLLM holds the request in
+    WAITING_FOR_REMOTE_KVS until ``get_finished`` reports it) and lets vLLM recompute whatever
+    is missing or failed its checksum.
     """
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
@@ -165,12 +167,13 @@ class PallasConnector(KVConnectorBase_V1):
         assert self.policy is not None
         n = self.policy.match(request.request_id, request.kv_transfer_params,
                               request.num_tokens, num_computed_tokens)
-        return (None, False) if n is None else (n, False)
+        return (None, False) if n is None else (n, n > 0)  # a claim loads asynchronously
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
         assert self.policy is not None
-        self.policy.after_alloc(request.request_id, num_external_tokens)
+        self.policy.after_alloc(request.request_id, num_external_tokens,
+                                list(blocks.get_block_ids()[0]) if num_external_tokens else [])
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         assert self.policy is not None
@@ -212,6 +215,9 @@ class PallasConnector(KVConnectorBase_V1):
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return None, (self.worker.take_finished() if self.worker is not None else None)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from agent.connector.mover import BlockMover, WorkerSide, find_block_dim
+from agent.connector.mover import LOAD_DEADLINE_S, BlockMover, WorkerSide, find_block_dim
+from agent.connector.policy import LoadOp
 from agent.connector.messages import Loaded
 from agent.ipc import block_crc
 
@@ -27,14 +30,15 @@ def test_copy_out_then_in_moves_exactly_one_block(shape, num_blocks, dim):
     before = {k: v.clone() for k, v in dst.items()}
     slab = ms.copy_out(7)
     assert slab.shape[0] == 3 and slab.numel() * 4 == ms.block_bytes
-    md.copy_in(4, slab.numpy().tobytes())
+    md.copy_in([4, 2], [slab.numpy().tobytes(), ms.copy_out(3).numpy().tobytes()])
     for k in src:
         assert torch.equal(dst[k].select(dim, 4), src[k].select(dim, 7))
+        assert torch.equal(dst[k].select(dim, 2), src[k].select(dim, 3))
         for j in range(num_blocks):
-            if j != 4:
+            if j not in (2, 4):
                 assert torch.equal(dst[k].select(dim, j), before[k].select(dim, j))
     with pytest.raises(ValueError):
-        md.copy_in(4, b"\x00" * 12)
+        md.copy_in([4, 5], [slab.numpy().tobytes(), b"\x00" * 12])
 
 
 def test_find_block_dim_and_mixed_layers_are_rejected():
@@ -48,12 +52,22 @@ def test_find_block_dim_and_mixed_layers_are_rejected():
 
 
 class FakeLink:
+    """The worker's link to the agent: ``fetch`` answers ``answers`` once ``release`` is set
+    (or raises them if they are an exception), in whichever thread calls it."""
+
     def __init__(self, answers):
         self.answers = answers
+        self.release = threading.Event()
+        self.release.set()
+        self.fetches = []
         self.reports = []
         self.sent = []
 
-    def fetch(self, blocks):
+    def fetch(self, blocks, timeout_s):
+        self.fetches.append((list(blocks), timeout_s, threading.current_thread().name))
+        self.release.wait()
+        if isinstance(self.answers, Exception):
+            raise self.answers
         return self.answers
 
     def report(self, hdr):
@@ -62,23 +76,75 @@ class FakeLink:
     def send_block(self, hdr, slab):
         self.sent.append((hdr, slab))
 
+    def close(self):
+        pass
 
-def test_worker_never_loads_a_block_that_fails_its_check():
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+LOADS = [LoadOp("r", "s", 1, 3, 2, 32), LoadOp("r", "s", 1, 4, 3, 32),
+         LoadOp("r", "s", 1, 5, 4, 32), LoadOp("r", "s", 1, 6, 5, 20)]
+
+
+def _worker(answers):
     caches = _caches((6, 2, 32, 8))
-    ws = WorkerSide("tcp://127.0.0.1:9")
+    ws = WorkerSide("tcp://127.0.0.1:9", clock=Clock())
     ws.mover = BlockMover(caches, 6)
     good = ws.mover.copy_out(1).numpy().tobytes()
-    bad = bytes(len(good))
-    ws.link = FakeLink([(32, block_crc(good), good), (32, block_crc(good), bad), None,
-                        (10, block_crc(good), good)])
-    before = {k: v.clone() for k, v in caches.items()}
-    ws.load([("s", 1, 3, 2, 32), ("s", 1, 4, 3, 32), ("s", 1, 5, 4, 32), ("s", 1, 6, 5, 20)])
+    ws.link = FakeLink(answers(good) if callable(answers) else answers)
+    return ws, caches, {k: v.clone() for k, v in caches.items()}, good
+
+
+def test_the_load_runs_off_the_engine_thread_and_never_loads_a_block_that_fails_its_check():
+    ws, caches, before, good = _worker(lambda good: [
+        (32, block_crc(good), good), (32, block_crc(good), bytes(len(good))), None,
+        (10, block_crc(good), good)])
+    ws.link.release.clear()
+    ws.load(LOADS)                     # returns with the fetch still waiting for its answer
+    assert ws.take_finished() == set() and ws.take_errors() == set()
+    ws.link.release.set()
+    ws.close()                         # joins the loader thread
+    (asked, timeout_s, thread), = ws.link.fetches
+    assert [(i.idx, i.need) for i in asked] == [(3, 32), (4, 32), (5, 32), (6, 20)]
+    assert thread == "pallas-loader" and timeout_s == LOAD_DEADLINE_S
     for k in caches:
         assert torch.equal(caches[k][2], before[k][1])              # loaded
         for j in (3, 4, 5):
             assert torch.equal(caches[k][j], before[k][j])          # untouched
+    assert ws.take_finished() == {"r"} and ws.take_finished() == set()   # reported once
     assert ws.take_errors() == {3, 4, 5} and ws.take_errors() == set()
     assert ws.link.reports == [Loaded("s", 1, (3,), (4, 5, 6))]
     ws.save([("s", 1, 0, 1, 32, False, 32)])
     hdr, slab = ws.link.sent[0]
     assert hdr.idx == 0 and slab.numpy().tobytes() == good
+
+
+def test_a_load_not_in_by_its_deadline_is_reported_failed_and_never_written_after():
+    ws, caches, before, good = _worker(lambda good: [(32, block_crc(good), good)] * 4)
+    ws.link.release.clear()
+    ws.load(LOADS)
+    ws._clock.t += LOAD_DEADLINE_S - 0.5
+    assert ws.take_finished() == set()
+    ws._clock.t += 0.5                 # the deadline: vLLM is told, and recomputes every block
+    assert ws.take_finished() == {"r"} and ws.take_errors() == {2, 3, 4, 5}
+    ws.link.release.set()              # the answer comes late: vLLM may own the blocks now
+    ws.close()
+    for k in caches:
+        assert torch.equal(caches[k], before[k])
+    assert ws.take_finished() == set() and ws.take_errors() == set()
+    assert ws.link.reports == [Loaded("s", 1, (), (3, 4, 5, 6))]
+
+
+def test_a_fetch_that_raises_still_ends_the_load_with_every_block_failed():
+    ws, caches, before, _ = _worker(RuntimeError("agent gone"))
+    ws.load(LOADS)
+    ws.close()
+    assert ws.take_finished() == {"r"} and ws.take_errors() == {2, 3, 4, 5}
+    for k in caches:
+        assert torch.equal(caches[k], before[k])

@@ -88,9 +88,11 @@ def test_target_claims_contiguous_blocks_up_to_n_minus_1():
     n = pol.match("r9", _load_params(), 181, 96)
     assert n == 84
     assert reports[-1].local == 96 and reports[-1].external == 84
-    pol.after_alloc("r9", 84)
-    saves, loads = pol.build([_sched("r9", 180, 1, list(range(50, 56)))])
-    assert loads == [("s", 1, 3, 53, 32), ("s", 1, 4, 54, 32), ("s", 1, 5, 55, 20)]
+    pol.after_alloc("r9", 84, list(range(50, 56)))
+    saves, loads = pol.build([])     # the request waits for its load: not scheduled
+    assert loads == [("r9", "s", 1, 3, 53, 32), ("r9", "s", 1, 4, 54, 32),
+                     ("r9", "s", 1, 5, 55, 20)]
+    assert pol.build([]) == ([], [])     # sent once
     # A tail with more entries than needed is fine; fewer means waiting for a fuller one.
     assert pol.match("r10", _load_params(), 180, 96) == 83
     assert pol.match("r11", _load_params(), 182, 96) is None
