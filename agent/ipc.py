@@ -10,8 +10,9 @@ agent binds one ROUTER socket (:class:`BlockHub`); each connector side connects 
   stats every ``HELLO_PERIOD_S``; the engine thread sends ``claim`` reports on its own socket;
 - the *worker side* (in the Worker process, :class:`agent.connector.link.WorkerLink`): a
   background sender thread ships the block slabs copied out in ``wait_for_save`` (CRC-32C
-  computed there, off the engine thread); the engine thread fetches received blocks
-  synchronously in ``start_load_kv``.
+  computed there, off the engine thread); a loader thread fetches received blocks for a
+  resumed request, checks them and copies them in beside the forward (the load is
+  asynchronous: vLLM holds the request until ``get_finished`` reports it; docs/vllm.md §3.2).
 
 Every message is a multipart ZeroMQ message ``[header, *payload]``: ``header`` is one typed
 message of :mod:`agent.connector.messages` as a JSON object with a ``"t"`` (type) key,
