@@ -210,10 +210,18 @@ class MigrationEngine(SourceRole, TargetRole):
         return int(self.identity().block_size)
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
+        """Run ``coro`` in the background, held until done. A failure nobody awaits (a warm-up
+        whose engine died before any Sync looked at it) is logged as ``background_task_failed``
+        and retrieved, not left to asyncio's "exception was never retrieved" at collection."""
         t = asyncio.get_running_loop().create_task(coro, name=name)
         self._bg.add(t)
-        t.add_done_callback(self._bg.discard)
+        t.add_done_callback(self._bg_done)
         return t
+
+    def _bg_done(self, t: asyncio.Task) -> None:
+        self._bg.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.warning("background_task_failed", task=t.get_name(), error=repr(t.exception()))
 
     def reply(self, status: int, s: Session | str, epoch: int, *, message: str = "",
               split: int = 0, scheme: int = 0) -> pallas_pb2.ControlReply:

@@ -883,3 +883,26 @@ def test_choice_waits_for_a_running_warmup_since_every_option_queues_behind_it()
     assert done.option == "finish" and done.finish_s < running.finish_s
     with pytest.raises(ValueError):
         commit_choice(_hs(warmup_left_s=-1.0))
+
+
+def test_a_background_failure_nobody_awaits_is_logged_and_retrieved():
+    """A warm-up whose engine fails before any Sync reads it: logged with its task's name, and
+    its exception retrieved (asyncio then reports nothing at the task's collection)."""
+    from structlog.testing import capture_logs
+    m, _, _ = _engine()
+
+    async def boom():
+        raise RuntimeError("engine died")
+
+    async def run():
+        with capture_logs() as logs:
+            t = m._spawn(boom(), "warmup-s-1")
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        return t, logs
+
+    t, logs = asyncio.run(run())
+    assert t.done() and t not in m._bg
+    failed = [e for e in logs if e["event"] == "background_task_failed"]
+    assert failed and failed[0]["task"] == "warmup-s-1" and "engine died" in failed[0]["error"]
+    assert t._log_traceback is False  # retrieved: asyncio's "never retrieved" will not fire
