@@ -806,11 +806,20 @@ class HopCost:
         out = np.zeros(h.shape, dtype=np.float64)
         for k in range(n_max):
             on = h > k
-            m = int(on.sum())
-            jit = self.jitter_median_s * np.exp(self.jitter_sigma * rng.standard_normal(m))
-            stall = np.where(rng.random(m) < self.stall_prob_at(k + 1), rng.exponential(self.stall_mean_s, m), 0.0)
-            out[on] += self.fixed_s + jit + stall
+            out[on] += self.sample_at(rng, k + 1, int(on.sum()))
         return out if (size is not None or np.ndim(hops)) else out.reshape(())
+
+    def sample_at(self, rng: np.random.Generator, position: int, size: int) -> np.ndarray:
+        """Per-token cost of the ``position``-th hop of the path alone (1-based), s: shape
+        ``(size,)``; :meth:`sample` over ``h`` hops is the sum of one such draw at each position
+        1..h. A relay that knows its place on the path draws this (``pallas_eval.relay``).
+        Raises ValueError for a position below 1 or a negative size."""
+        if size < 0:
+            raise ValueError(f"size must be >= 0, got {size}")
+        q = self.stall_prob_at(position)
+        jit = self.jitter_median_s * np.exp(self.jitter_sigma * rng.standard_normal(size))
+        stall = np.where(rng.random(size) < q, rng.exponential(self.stall_mean_s, size), 0.0)
+        return self.fixed_s + jit + stall
 
 
 #: Figure 1's fit with the stall probability growing along the path (see :class:`HopCost`,

@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--peer-rate-mbps", type=float, default=None,
                    help="agents' block-stream limit, Mbit/s (default: the regime's; 0: none)")
     r.add_argument("--hop-delay-ms", type=float, default=None,
-                   help="mean per-token cost of each relay hop (jitter and stalls scaled with it, "
-                        "pallas_eval.relay.REPLAY_HOP_COST; default: the regime's, 15.9 ms in paper, 0 in native)")
+                   help="mean per-token cost of a relay path's first hop (jitter and stalls scaled with it, "
+                        "later hops dearer: pallas_eval.relay.REPLAY_HOP_COST; default: the regime's, 12.0 ms "
+                        "in paper, 0 in native)")
     r.add_argument("--engine-multiprocessing", action="store_true",
                    help="vLLM's default engine/worker processes (busy-polls between steps); the default runs "
                         "the worker inside the EngineCore process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")

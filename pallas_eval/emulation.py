@@ -49,8 +49,9 @@ E2E_PACE = (20_000.0, 1000.0 / 15.0)
 #: The paper's inter-gNB goodput of the headline settings (Table 1, Figures 5 and 9), Mbit/s
 #: (pallas_eval.experiments.presets).
 PAPER_LINK_MBPS = PR.PAPER_GOODPUT_MBPS
-#: The replay relay's mean per-token cost per forwarding hop, s (pallas_eval.relay.REPLAY_HOP_COST:
-#: the linear fit to the paper's Figure 1, 15.9 ms); the replay rates' (presets.REPLAY_HOP_DELAY_S).
+#: The replay relay's mean per-token cost at the path's first hop, s (pallas_eval.relay.REPLAY_HOP_COST:
+#: the compounding fit to the paper's Figure 1, 12.0 ms, later positions dearer); the replay
+#: rates' (presets.REPLAY_HOP_DELAY_S).
 PAPER_HOP_DELAY_S = PR.REPLAY_HOP_DELAY_S
 
 

@@ -182,6 +182,8 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
 
         with con.status(f"starting {opts.servers} vLLM servers with agents (tiny model, first start builds it)"):
             servers = rp.start_servers(sup, opts, opts.servers, regime, peer_url=peer_url)
+        # Which agent each relay proxy fronts: each stream's position on its relay path (relay.py).
+        proxies.name_agents({s.agent_id: s.agent.front_url for s in servers})
         con.print(f"servers ready after {time.time() - t_start:.0f} s: "
                   + ", ".join(f"{s.agent_id} (front {s.agent.front_url})" for s in servers))
         origin_of = (lambda front: relay.get(front.rstrip("/"), front)) if relay else None  # noqa: E731

@@ -14,7 +14,10 @@ equations (through ``pallas_common.timing``, the same code the xApp's Scheduler 
   and ctHO's prefill skip them. ctHO's split counts them only where the source knows of them
   (``known_held_tokens``: the target is the agent the session came from, as the agent's
   ``agent/migration/engine.py:held_at`` sees it).
-- Detour: hops * hop delay, the hops of a session growing by one at each of its handovers.
+- Detour: the mean of its hop cost over the hops it has (``timing.HopCost.mean_s``: the rates'
+  ``hop_model`` scaled to a first hop of ``hop_delay_s``; the live relay draws the same law by
+  each proxy's position, ``pallas_eval.relay``), the hops of a session growing by one at each of
+  its handovers.
 
 Every target-side scheme's SIT includes c_sync and the first decode step at the target
 (1 / r_d), as Eq. 6 does for Pallas, so the schemes compare like with like.
@@ -43,7 +46,8 @@ class Rates:
 
     ``r_p`` prefill tokens/s at the target, ``r_d`` decode tokens/s per request, ``bandwidth``
     inter-gNB goodput bytes/s, ``s_kv`` KV bytes per token, ``block_size`` tokens per block,
-    ``c_sync`` seconds per commit, ``hop_delay_s`` Detour's extra delay per forwarding hop.
+    ``c_sync`` seconds per commit, ``hop_delay_s`` the mean cost per token of Detour's first
+    forwarding hop, ``hop_model`` the law of the further hops (``timing.HOP_COSTS``).
     """
 
     name: str
@@ -54,6 +58,11 @@ class Rates:
     block_size: int
     c_sync: float
     hop_delay_s: float
+    hop_model: str = timing.DEFAULT_HOP_MODEL
+
+    def hop_cost(self) -> timing.HopCost:
+        """Detour's hop cost: ``hop_model`` scaled so its first hop costs ``hop_delay_s``."""
+        return timing.hop_cost(self.hop_model).with_mean(self.hop_delay_s)
 
     def describe(self) -> str:
         return (f"{self.name}: r_p {self.r_p:,.0f} tok/s, r_d {self.r_d:.1f} tok/s, "
@@ -212,7 +221,9 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARE
             sit[sch] = timing.sit_recomputation(k - cached, rp, rates.c_sync) + first_step
             moved[sch], pre[sch] = np.zeros(n), k - cached
         else:   # detour
-            sit[sch] = timing.sit_detour(hops, rates.hop_delay_s)
+            cost = rates.hop_cost()
+            means = {h: cost.mean_s(h) for h in np.unique(hops.astype(np.int64)).tolist()}
+            sit[sch] = np.array([means[int(h)] for h in hops], dtype=np.float64)
             moved[sch], pre[sch] = np.zeros(n), np.zeros(n)
     return SchemeArrays(sit, moved, pre, window, chosen, t_early, fallback)
 

@@ -28,7 +28,8 @@ Detour's hop cost (both GPUs): ``pallas_common.timing.PAPER_HOP_COST``, a fixed 
 and stalls per token and hop, the stalls more frequent at each further hop, fitted to Figure 1
 (section 2.2, :data:`FIGURE1_ITL`; docs/model.md section 6.1); its first hop's mean, 12.0 ms, is
 ``hop_delay_s`` (``rates(..., hop_model="linear")``: the linear fit's 15.9 ms). The replay's
-setting keeps the linear fit (:data:`REPLAY_HOP_DELAY_S`, ``pallas_eval.relay.REPLAY_HOP_COST``).
+relay draws the same law by each proxy's position on the path (:data:`REPLAY_HOP_DELAY_S`,
+``pallas_eval.relay.REPLAY_HOP_COST``).
 Block size 16 (vLLM's GPU default).
 
 The replay's setting (``paper-replay``, :func:`replay_rates`): what ``pallas replay --regime
@@ -76,8 +77,9 @@ GPUS = ("rtx-a6000", "h200")
 BLOCK_SIZE = 16
 #: Detour's first hop's mean cost per token, s (the default hop model's, 12.0 ms).
 HOP_DELAY_S = timing.PAPER_HOP_COST.mean_s()
-#: The replay's relay hop's mean cost per token, s: the linear fit's, 15.9 ms (pallas_eval.relay).
-REPLAY_HOP_DELAY_S = timing.PAPER_HOP_COST_LINEAR.mean_s()
+#: The replay's relay hop's mean cost per token at the path's first position, s: the default hop
+#: model's, 12.0 ms (pallas_eval.relay draws each proxy's position on the path).
+REPLAY_HOP_DELAY_S = timing.PAPER_HOP_COST.mean_s()
 PAPER_C_SYNC_S = 0.150
 #: The paper's inter-gNB goodput in its headline settings (Table 1, Figures 2, 5 and 9), Mbit/s.
 PAPER_GOODPUT_MBPS = 300.0
@@ -152,7 +154,8 @@ def rates(model: str, gpu: str = "rtx-a6000", goodput_mbps: float = PAPER_GOODPU
     else:
         raise KeyError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
     return Rates(name=f"{LABELS[model]} on {gpu}", r_p=r_p, r_d=r_d, bandwidth=timing.mbit_per_s(goodput_mbps),
-                 s_kv=float(s_kv(model)), block_size=BLOCK_SIZE, c_sync=PAPER_C_SYNC_S, hop_delay_s=hop_delay_s)
+                 s_kv=float(s_kv(model)), block_size=BLOCK_SIZE, c_sync=PAPER_C_SYNC_S, hop_delay_s=hop_delay_s,
+                 hop_model=hop_model)
 
 
 #: The replay's setting (module docstring): its name, its anchor model and the anchor's rates.
@@ -168,7 +171,7 @@ _REPLAY_SOURCES = {True: "paper Table 1 / Fig. 5(d) (docs/model.md §6)",
 def replay_rates(model: str = REPLAY_ANCHOR_MODEL) -> Rates:
     """The replay's setting (``paper-replay``, module docstring) for ``model``: the anchor's
     rates for Qwen3-32B, the others' scaled by the H200 ratio; at 300 Mbit/s, block size 16,
-    c_sync 20 ms, the replay relay's hop cost (:data:`REPLAY_HOP_DELAY_S`, 15.9 ms a hop on average).
+    c_sync 20 ms, the replay relay's first hop's mean cost (:data:`REPLAY_HOP_DELAY_S`, 12.0 ms).
     KeyError for an unknown model."""
     _check_model(model)
     if model == REPLAY_ANCHOR_MODEL:

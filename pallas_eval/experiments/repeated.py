@@ -26,6 +26,8 @@ extrapolation (docs/model.md section 6.1).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from pallas_common import timing
@@ -71,7 +73,7 @@ def hop_cost_for(rates, hop_model: str = timing.DEFAULT_HOP_MODEL) -> timing.Hop
     """The hop cost ``hop_model`` (``timing.HOP_COSTS``) scaled so its first hop costs
     ``rates.hop_delay_s`` on average (``presets.rates(..., hop_model=...)``'s is the model's own).
     KeyError for an unknown model."""
-    return timing.hop_cost(hop_model).with_mean(rates.hop_delay_s)
+    return replace(rates, hop_model=hop_model).hop_cost()
 
 
 def hop_itl_draws(rates, rng: np.random.Generator, max_hops: int = 8,

@@ -175,10 +175,10 @@ def test_emulated_models_are_the_presets_replay_setting():
     p = PR.PAPER_QWEN3_32B
     assert (p.r_p, p.r_d, p.s_kv, p.block_size) == (1850.0, 25.0, 262_144.0, 16)
     assert p.bandwidth == timing.mbit_per_s(300.0) and p.c_sync == 0.02
-    assert p.hop_delay_s == timing.PAPER_HOP_COST_LINEAR.mean_s() == pytest.approx(0.0159, abs=5e-4)
+    assert p.hop_delay_s == timing.PAPER_HOP_COST.mean_s() == pytest.approx(0.0120, abs=5e-4)
     assert PR.RATE_PRESETS["paper"] is p
     assert emu.PAPER_LINK_MBPS == PR.PAPER_GOODPUT_MBPS == 300.0
-    assert emu.PAPER_HOP_DELAY_S == PR.REPLAY_HOP_DELAY_S == pytest.approx(0.0159, abs=5e-4)
+    assert emu.PAPER_HOP_DELAY_S == PR.REPLAY_HOP_DELAY_S == pytest.approx(0.0120, abs=5e-4)
     assert PR.HOP_DELAY_S == timing.PAPER_HOP_COST.mean_s() == pytest.approx(0.0120, abs=5e-4)
     a6000 = PR.rates("qwen3-32b", "rtx-a6000")
     assert a6000.r_p == pytest.approx(5120 / (0.581 + 2.103 - 2 * (0.15 + 0.048)))   # ~2,238 tokens/s

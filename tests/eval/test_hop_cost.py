@@ -102,3 +102,15 @@ def test_cli_hop_model_option_reaches_the_experiment(tmp_path, capsys):
     # live mode draws the replay's relay, not a hop model: the option is refused there
     assert main(["experiment", "repeated", "--hop-model", "linear", "--out", str(tmp_path / "live")]) == 2
     assert "--hop-model applies to --simulate" in " ".join(capsys.readouterr().out.split())
+
+
+def test_simulate_prices_detour_by_the_hop_law_not_hops_times_the_first_hop():
+    from pallas_eval.simulate import simulate_arrays
+    r = PR.PAPER_QWEN3_32B
+    a = simulate_arrays([500, 500, 500], 0.0, r, (DETOUR,), hops=[1, 2, 3])
+    c = T.PAPER_HOP_COST.with_mean(r.hop_delay_s)
+    assert a.sit[DETOUR] == pytest.approx([c.mean_s(1), c.mean_s(2), c.mean_s(3)])
+    assert a.sit[DETOUR][2] > 3 * r.hop_delay_s * 1.3          # the third hop stalls far more often
+    lin = PR.rates("qwen3-32b", hop_model="linear")
+    b = simulate_arrays([500], 0.0, lin, (DETOUR,), hops=[3])
+    assert b.sit[DETOUR] == pytest.approx([3 * lin.hop_delay_s])

@@ -23,7 +23,7 @@ def test_paper_regime_paces_scales_the_link_and_delays_the_relay(tmp_path):
     opts = rp.ReplayOptions(out_dir=tmp_path)
     r = rp.regime_of(opts, 2048.0)
     assert (r.name, r.model.name) == ("paper", "qwen3-32b")
-    assert r.hop_delay_s == pytest.approx(timing.PAPER_HOP_COST_LINEAR.mean_s())   # the relay's (relay.py)
+    assert r.hop_delay_s == pytest.approx(timing.PAPER_HOP_COST.mean_s())   # the relay's first hop (relay.py)
     assert r.peer_rate_mbps == pytest.approx(300 * 2048 / 262_144)
     assert "emulating qwen3-32b" in r.describe() and "2.34 Mbit/s" in r.describe()
     r14 = rp.regime_of(rp.ReplayOptions(out_dir=tmp_path, emulate="qwen3-14b", hop_delay_s=0.0), 2048.0)
