@@ -9,6 +9,7 @@ The channel, its transport and its message table: :mod:`agent.ipc`, :mod:`agent.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import queue
@@ -154,8 +155,9 @@ class WorkerLink:
 
     :meth:`send_block` queues a copied-out slab for the background sender thread, which
     computes its CRC-32C and sends it (the engine thread only pays for the copy).
-    :meth:`fetch` is a request/response on its own socket, used by the worker's loader thread
-    only (:class:`agent.connector.mover.WorkerSide`), off the engine thread.
+    :meth:`fetch` is a request/response on a socket of the calling thread's own (the worker's
+    loader thread, and the engine thread for a small synchronous load:
+    :class:`agent.connector.mover.WorkerSide`), so the two never share a ZMQ socket.
     """
 
     def __init__(self, address: str, hello: WorkerHello) -> None:
@@ -163,8 +165,8 @@ class WorkerLink:
         self._hello = hello
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._ctx = zmq.Context.instance()
-        self._fetch_sock: zmq.Socket | None = None
-        self._rid = 0
+        self._local = threading.local()  # .sock: this thread's fetch socket
+        self._rids = itertools.count(1)
         self._thread = threading.Thread(target=self._run, name="pallas-worker-link", daemon=True)
         self._thread.start()
 
@@ -224,13 +226,12 @@ class WorkerLink:
         agent does not answer within ``timeout_s`` or answers with a malformed reply (the
         caller then lets vLLM recompute those blocks).
         """
-        if self._fetch_sock is None:
-            self._fetch_sock = self._ctx.socket(zmq.DEALER)
-            self._fetch_sock.setsockopt(zmq.LINGER, 0)
-            self._fetch_sock.connect(self.address)
-        sock = self._fetch_sock
-        self._rid += 1
-        rid = self._rid
+        sock = getattr(self._local, "sock", None)
+        if sock is None:
+            sock = self._local.sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.address)
+        rid = next(self._rids)
         sock.send_multipart(encode(Fetch(rid, tuple(blocks))))
         deadline = time.monotonic() + timeout_s
         while True:
@@ -238,7 +239,7 @@ class WorkerLink:
             if left <= 0 or not sock.poll(timeout=int(left * 1000)):
                 # Reset the socket so a late reply cannot be taken for a later fetch's.
                 sock.close(linger=0)
-                self._fetch_sock = None
+                self._local.sock = None
                 return [None] * len(blocks)
             frames = sock.recv_multipart()
             try:

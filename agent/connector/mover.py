@@ -31,6 +31,7 @@ from agent.connector.link import WorkerLink, block_crc
 log = logging.getLogger("vllm.pallas.mover")
 
 LOAD_DEADLINE_S = 10.0  # a load not in this long after start_load_kv is reported failed
+SYNC_LOAD_DEADLINE_S = 0.5  # the most a synchronous load may hold the engine thread
 
 
 def find_block_dim(shape: tuple[int, ...], num_blocks: int) -> int:
@@ -118,11 +119,14 @@ class WorkerSide:
 
     Saves: ``wait_for_save`` copies each block (the only work on the engine thread) and hands
     it to :class:`agent.connector.link.WorkerLink`'s sender thread, which checksums and sends it.
-    Loads are asynchronous (docs/vllm.md §3.2): ``start_load_kv`` queues each request's blocks
-    for the loader thread, which fetches them, checks each one's size and CRC-32C and copies it
-    in beside the forward. ``get_finished`` reports a request once its load ended, or at its
-    deadline (``LOAD_DEADLINE_S``); a block that is missing, failed its check or was not in by
-    then goes to ``get_block_ids_with_load_errors`` in that step, so vLLM recomputes it.
+    A synchronous load (a small claim, ``LoadOp.sync``) is fetched, checked and copied in by
+    ``start_load_kv`` itself, before the forward, within ``SYNC_LOAD_DEADLINE_S``; its blocks
+    not in by then go to :meth:`take_errors` at once. Asynchronous loads (docs/vllm.md §3.2):
+    ``start_load_kv`` queues each request's blocks for the loader thread, which fetches them,
+    checks each one's size and CRC-32C and copies it in beside the forward. ``get_finished``
+    reports a request once its load ended, or at its deadline (``LOAD_DEADLINE_S``); a block
+    that is missing, failed its check or was not in by then goes to
+    ``get_block_ids_with_load_errors`` in that step, so vLLM recomputes it.
     """
 
     def __init__(self, address: str, extra_hello: dict[str, Any] | None = None,
@@ -166,10 +170,26 @@ class WorkerSide:
             self.blocks_saved += 1
 
     def load(self, loads: list[LoadOp]) -> None:
-        """Queue this step's loads for the loader thread, one job per request (start_load_kv)."""
-        deadline = self._clock() + LOAD_DEADLINE_S
+        """This step's loads (start_load_kv): the synchronous ones copied in now, one fetch per
+        request; the others queued for the loader thread, one job per request."""
+        now = self._clock()
+        sync: dict[str, _Load] = {}
+        for op in loads:
+            if op.sync:
+                sync.setdefault(op.req_id, _Load([], now + SYNC_LOAD_DEADLINE_S)).ops.append(op)
+        for job in sync.values():
+            try:
+                self._fetch_in(job)
+            except Exception:  # never take the engine down: the blocks are recomputed
+                log.exception("pallas: synchronous load failed")
+            with self._lock:
+                job.over = True
+                self._errors.update(op.block_id for op in job.ops if op.block_id not in job.done)
+        deadline = now + LOAD_DEADLINE_S
         with self._lock:
             for op in loads:
+                if op.sync:
+                    continue
                 job = self._loads.get(op.req_id)
                 if job is None:
                     job = self._loads[op.req_id] = _Load([], deadline)

@@ -57,7 +57,8 @@ class SaveOp(NamedTuple):
 
 class LoadOp(NamedTuple):
     """Load one received block into engine block ``block_id`` (target) for request ``req_id``:
-    block ``idx`` with at least ``need`` valid tokens."""
+    block ``idx`` with at least ``need`` valid tokens; ``sync``: before this step's forward, on
+    the engine thread (a claim of at most ``SYNC_LOAD_MAX_BLOCKS`` blocks), else beside it."""
 
     req_id: str
     sid: str
@@ -65,8 +66,16 @@ class LoadOp(NamedTuple):
     idx: int
     block_id: int
     need: int
+    sync: bool = False
 
 IDLE_WAIT_S = 0.01  # how long a deferral may block the scheduler when nothing else runs
+#: A claim of at most this many blocks is loaded synchronously: the worker copies them in before
+#: the step's forward, so vLLM schedules the resumed request in the step that claims it. A larger
+#: claim loads asynchronously (vLLM holds the request in WAITING_FOR_REMOTE_KVS until the worker
+#: reports the load in ``get_finished``), which costs the request at least one more engine step
+#: but never holds the residents' step for a bulk copy. Pallas's and ctHO's resumes claim 0-7
+#: blocks (the streamed suffix and the tail), Full-Copy's the whole sequence (docs/vllm.md §3.2).
+SYNC_LOAD_MAX_BLOCKS = 8
 
 
 def pallas_params(kv_transfer_params: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -99,6 +108,7 @@ class _Plan:
     epoch: int
     first_block: int
     needs: list[int]  # need_fill per block from first_block
+    sync: bool = False  # loaded before the step's forward (SYNC_LOAD_MAX_BLOCKS)
 
 
 @dataclass
@@ -118,13 +128,22 @@ class SchedulerPolicy:
         block_size: tokens per KV block (32 on vLLM CPU).
         report: sends a message to the agent (a :class:`Claim`); may be a no-op in tests.
         clock: wall clock in seconds (``time.time``), for the resume deadline.
+        sync_max_blocks: claims of at most this many blocks load synchronously (0: none);
+            ``SYNC_LOAD_MAX_BLOCKS`` by default.
+
+    Raises:
+        ValueError: ``block_size`` not positive or ``sync_max_blocks`` negative.
     """
 
     def __init__(self, block_size: int, report: Callable[[Message], None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 sync_max_blocks: int = SYNC_LOAD_MAX_BLOCKS) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
+        if sync_max_blocks < 0:
+            raise ValueError(f"sync_max_blocks must be >= 0, got {sync_max_blocks}")
         self.bs = block_size
+        self.sync_max_blocks = sync_max_blocks
         self._report = report or (lambda hdr: None)
         self._clock = clock
         self._lock = threading.Lock()
@@ -245,7 +264,8 @@ class SchedulerPolicy:
             return None
         ext = max(0, cover - num_computed)
         if ext > 0:
-            self._plans[req_id] = _Plan(sid, epoch, num_computed // bs, needs)
+            self._plans[req_id] = _Plan(sid, epoch, num_computed // bs, needs,
+                                        len(needs) <= self.sync_max_blocks)
         else:
             self._plans.pop(req_id, None)
         waited = self._clock() - self._waiting_since.pop(req_id, self._clock())
@@ -254,17 +274,26 @@ class SchedulerPolicy:
                            round(max(0.0, waited), 6), tuple(sorted(bad))))
         return ext
 
+    def loads_async(self, req_id: str) -> bool:
+        """Whether the claim :meth:`match` just made for ``req_id`` loads asynchronously (False
+        for a small claim, loaded before the step's forward, and for no claim)."""
+        plan = self._plans.get(req_id)
+        return plan is not None and not plan.sync
+
     def after_alloc(self, req_id: str, num_external_tokens: int, block_ids: list[int]) -> None:
         """vLLM allocated ``block_ids`` (the request's block table, first KV group) for the
-        request: if it claimed tokens, its loads go out with this step's :meth:`build` (vLLM
-        holds it in WAITING_FOR_REMOTE_KVS until the worker reports them in, docs/vllm.md §3.2)."""
+        request: if it claimed tokens, its loads go out with this step's :meth:`build`, flagged
+        ``sync`` for a small claim (vLLM schedules the request in this step), else asynchronous
+        (vLLM holds it in WAITING_FOR_REMOTE_KVS until the worker reports them in,
+        docs/vllm.md §3.2)."""
         plan = self._plans.pop(req_id, None)
         if plan is None or num_external_tokens <= 0:
             return
         for k, need in enumerate(plan.needs):
             j = plan.first_block + k
             if j < len(block_ids):
-                self._loads.append(LoadOp(req_id, plan.sid, plan.epoch, j, block_ids[j], need))
+                self._loads.append(LoadOp(req_id, plan.sid, plan.epoch, j, block_ids[j], need,
+                                          plan.sync))
 
     def build(self, scheduled: list[ScheduledReq], *,
               engine_idle: bool | None = None) -> tuple[list[SaveOp], list[LoadOp]]:

@@ -30,7 +30,8 @@ from vllm.logger import init_logger
 
 from agent.connector.messages import Message, SchedHello
 from agent.connector.mover import WorkerSide
-from agent.connector.policy import LoadOp, SaveOp, ScheduledReq, SchedulerPolicy, pallas_params
+from agent.connector.policy import (SYNC_LOAD_MAX_BLOCKS, LoadOp, SaveOp, ScheduledReq,
+                                    SchedulerPolicy, pallas_params)
 from agent.connector.link import SchedulerLink
 
 if TYPE_CHECKING:
@@ -62,6 +63,20 @@ def _agent_address(vllm_config: "VllmConfig") -> str:
         raise ValueError("PallasConnector needs kv_connector_extra_config.agent_address "
                          "or PALLAS_AGENT_ADDRESS")
     return str(addr)
+
+
+def _sync_max_blocks(vllm_config: "VllmConfig") -> int:
+    """``kv_connector_extra_config.sync_load_max_blocks``: claims of at most this many blocks
+    load before the step's forward (``policy.SYNC_LOAD_MAX_BLOCKS`` if absent; 0: none).
+
+    Raises:
+        ValueError: not a non-negative integer.
+    """
+    extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+    v = extra.get("sync_load_max_blocks", SYNC_LOAD_MAX_BLOCKS)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"sync_load_max_blocks must be an integer >= 0, got {v!r}")
+    return v
 
 
 def _backend_name(vllm_config: "VllmConfig") -> str:
@@ -120,7 +135,8 @@ class PallasConnector(KVConnectorBase_V1):
         self.link: SchedulerLink | None = None
         self.worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self.policy = SchedulerPolicy(self._bs, report=self._report)
+            self.policy = SchedulerPolicy(self._bs, report=self._report,
+                                          sync_max_blocks=_sync_max_blocks(vllm_config))
             self.link = SchedulerLink(self._address, self._stats, self.policy.on_command)
         else:
             mc = vllm_config.model_config
@@ -167,7 +183,10 @@ class PallasConnector(KVConnectorBase_V1):
         assert self.policy is not None
         n = self.policy.match(request.request_id, request.kv_transfer_params,
                               request.num_tokens, num_computed_tokens)
-        return (None, False) if n is None else (n, n > 0)  # a claim loads asynchronously
+        # a small claim loads before this step's forward, a larger one asynchronously
+        if n is None:
+            return None, False
+        return n, n > 0 and self.policy.loads_async(request.request_id)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:

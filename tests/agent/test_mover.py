@@ -7,7 +7,8 @@ import threading
 import pytest
 import torch
 
-from agent.connector.mover import LOAD_DEADLINE_S, BlockMover, WorkerSide, find_block_dim
+from agent.connector.mover import (LOAD_DEADLINE_S, SYNC_LOAD_DEADLINE_S, BlockMover,
+                                   WorkerSide, find_block_dim)
 from agent.connector.policy import LoadOp
 from agent.connector.messages import Loaded
 from agent.ipc import block_crc
@@ -146,5 +147,33 @@ def test_a_fetch_that_raises_still_ends_the_load_with_every_block_failed():
     ws.load(LOADS)
     ws.close()
     assert ws.take_finished() == {"r"} and ws.take_errors() == {2, 3, 4, 5}
+    for k in caches:
+        assert torch.equal(caches[k], before[k])
+
+
+def test_a_synchronous_load_is_in_before_load_returns_and_never_reported_as_finished():
+    ws, caches, before, good = _worker(lambda good: [
+        (32, block_crc(good), good), None, (32, block_crc(good), bytes(len(good)))])
+    sync = [op._replace(sync=True) for op in LOADS[:3]]
+    ws.load(sync)                      # no thread involved: done when load returns
+    (asked, timeout_s, thread), = ws.link.fetches
+    assert thread == threading.current_thread().name
+    assert timeout_s == pytest.approx(SYNC_LOAD_DEADLINE_S)
+    for k in caches:
+        assert torch.equal(caches[k][2], before[k][1])              # loaded
+        assert torch.equal(caches[k][3], before[k][3])              # missing: untouched
+        assert torch.equal(caches[k][4], before[k][4])              # bad CRC: untouched
+    assert ws.take_errors() == {3, 4}      # failed blocks reported in this same step
+    assert ws.take_finished() == set()     # vLLM scheduled it already: nothing to report
+    assert ws.link.reports == [Loaded("s", 1, (3,), (4, 5))]
+    ws.close()
+
+
+def test_a_synchronous_fetch_that_raises_fails_its_blocks_and_leaves_the_async_ones_queued():
+    ws, caches, before, _ = _worker(RuntimeError("agent gone"))
+    ws.load([LOADS[0]._replace(req_id="a", sync=True), LOADS[1]._replace(req_id="b")])
+    assert ws.take_errors() == {2}     # the synchronous one, at once
+    ws.close()                         # the asynchronous one ends in the loader thread
+    assert ws.take_finished() == {"b"} and ws.take_errors() == {3}
     for k in caches:
         assert torch.equal(caches[k], before[k])

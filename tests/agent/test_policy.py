@@ -88,10 +88,11 @@ def test_target_claims_contiguous_blocks_up_to_n_minus_1():
     n = pol.match("r9", _load_params(), 181, 96)
     assert n == 84
     assert reports[-1].local == 96 and reports[-1].external == 84
+    assert not pol.loads_async("r9")   # 3 blocks: loaded before the step's forward
     pol.after_alloc("r9", 84, list(range(50, 56)))
-    saves, loads = pol.build([])     # the request waits for its load: not scheduled
-    assert loads == [("r9", "s", 1, 3, 53, 32), ("r9", "s", 1, 4, 54, 32),
-                     ("r9", "s", 1, 5, 55, 20)]
+    saves, loads = pol.build([])
+    assert loads == [("r9", "s", 1, 3, 53, 32, True), ("r9", "s", 1, 4, 54, 32, True),
+                     ("r9", "s", 1, 5, 55, 20, True)]
     assert pol.build([]) == ([], [])     # sent once
     # A tail with more entries than needed is fine; fewer means waiting for a fuller one.
     assert pol.match("r10", _load_params(), 180, 96) == 83
@@ -100,6 +101,25 @@ def test_target_claims_contiguous_blocks_up_to_n_minus_1():
     for i, f in ((3, 32), (4, 32), (5, 19)):
         _avail(pol2, i, f)
     assert pol2.match("r", _load_params(deadline=0), 181, 96) == 64
+
+
+def test_a_claim_over_the_sync_bound_loads_asynchronously():
+    reports: list = []
+    pol = SchedulerPolicy(BS, report=reports.append, clock=Clock(), sync_max_blocks=2)
+    for i, f in ((3, 32), (4, 32), (5, 20)):
+        _avail(pol, i, f)
+    assert pol.match("r", _load_params(), 181, 96) == 84 and pol.loads_async("r")
+    pol.after_alloc("r", 84, list(range(50, 56)))
+    assert [op.sync for op in pol.build([])[1]] == [False, False, False]
+    assert pol.match("r2", _load_params(), 150, 96) == 53 and not pol.loads_async("r2")
+    pol.after_alloc("r2", 53, list(range(60, 66)))
+    assert [op.sync for op in pol.build([])[1]] == [True, True]
+    assert not pol.loads_async("nobody")
+    never = SchedulerPolicy(BS, clock=Clock(), sync_max_blocks=0)
+    _avail(never, 3)
+    assert never.match("r", _load_params(), 129, 96) == 32 and never.loads_async("r")
+    with pytest.raises(ValueError):
+        SchedulerPolicy(BS, sync_max_blocks=-1)
 
 
 def test_target_waits_for_expected_blocks_until_the_deadline():
