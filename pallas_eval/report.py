@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pallas_common.schemes import spec_for
 from pallas_eval.metrics import ITL_SLO_S, SchemeSummary, SessionRecord
 
 
@@ -269,8 +270,10 @@ def live_vs_model(summaries: Sequence[Any], simulated: dict[str, dict], rows: Se
     Where a scheme is off, the difference is put on a phase: ``commit`` (the Commit call at the
     xApp: the warm-up still to wait for, the blocks still to stream and the Sync; the model's
     SIT less its first decode step) or ``resume`` (from the Commit's reply to the first token at
-    the UE: the target's first step and the UE's reconnection; the model's 1 / r_d); Detour has
-    only ``relay``. Returns one dict per scheme: scheme, live_s, model_s, tolerance_s, ok,
+    the UE: the target's first step and the UE's reconnection; the model's 1 / r_d). A scheme
+    that serves the UE through a relay across the handover (Detour; Pallas-Bridge, whose gap is
+    the switch after the commit, timing.sit_bridge) has only ``relay``: its whole gap, since its
+    Commit call is not part of it. Returns one dict per scheme: scheme, live_s, model_s, tolerance_s, ok,
     phases ({phase: (live mean s, model s)}), phase (the one with the largest excess or None).
     """
     out = []
@@ -282,7 +285,9 @@ def live_vs_model(summaries: Sequence[Any], simulated: dict[str, dict], rows: Se
         tol = max(0.3 * m, step)
         ok = abs(sm.sit_mean - m) <= tol
         mine = [r for r in rows if r.scheme == sm.scheme and math.isfinite(r.sit_s)]
-        timed = [r for r in mine if math.isfinite(r.commit_s)]
+        spec = spec_for(sm.scheme)
+        relayed = spec.bridge or not spec.migrates
+        timed = [] if relayed else [r for r in mine if math.isfinite(r.commit_s)]
         phases: dict[str, tuple[float, float]] = {}
         if timed:
             commit = sum(r.commit_s for r in timed) / len(timed)

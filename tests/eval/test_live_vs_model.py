@@ -17,7 +17,7 @@ def _row(scheme, sit, commit=float("nan")):
 
 def test_a_scheme_within_tolerance_is_ok_and_one_outside_names_the_phase():
     rows = [_row("pallas", 0.50, 0.45), _row("pallas", 0.70, 0.60),     # commit 0.525 s of 0.60
-            _row("ctho", 0.80, 0.74), _row("detour", 0.2)]
+            _row("ctho", 0.80, 0.74), _row("detour", 0.2, 0.03)]
     sim = {"pallas": {"sit_mean": 0.20}, "ctho": {"sit_mean": 0.75}, "detour": {"sit_mean": 0.03}}
     out = {c["scheme"]: c for c in live_vs_model([_sm("pallas", 0.60), _sm("ctho", 0.80), _sm("detour", 0.20)],
                                                  sim, rows, r_d=25.0)}
@@ -35,3 +35,12 @@ def test_a_scheme_within_tolerance_is_ok_and_one_outside_names_the_phase():
 def test_one_decode_step_is_the_floor_of_the_tolerance():
     out = live_vs_model([_sm("detour", 0.06)], {"detour": {"sit_mean": 0.03}}, [_row("detour", 0.06)], r_d=25.0)
     assert out[0]["ok"] and out[0]["tolerance_s"] == 0.04
+
+
+def test_a_bridged_handover_is_one_relay_phase_though_its_commit_is_timed():
+    # Pallas-Bridge's Commit (0.30 s) runs while the relay serves the UE: not part of its gap.
+    rows = [_row("pallas-bridge", 0.20, 0.30), _row("pallas-bridge", 0.24, 0.34)]
+    out, = live_vs_model([_sm("pallas-bridge", 0.22)], {"pallas-bridge": {"sit_mean": 0.09}}, rows,
+                         r_d=25.0)
+    assert not out["ok"] and out["phase"] == "relay"
+    assert out["phases"] == {"relay": (0.22, 0.09)}
