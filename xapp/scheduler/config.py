@@ -110,7 +110,7 @@ class SchedulerConfig:
     tie_tol_s: float = 1e-9
     fixed_window_s: float | None = None
     ho_timing_quantile: float = 0.8
-    ho_timing_max_margin_s: float = 10.0
+    ho_timing_max_margin_s: float = 30.0
     ho_timing_window: int = 32
 
     def __post_init__(self) -> None:

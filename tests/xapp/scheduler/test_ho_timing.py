@@ -120,3 +120,15 @@ def test_the_cap_knob_takes_effect_on_reconfigure(cfg):
     plain = _early_engine(cfg, [])
     plain.set_prediction("ue1", "b", t_ho)
     assert t == run_until_trigger(plain, T0, t_ho)[0]
+
+
+def test_the_default_cap_admits_a_ping_pong_stretchs_errors():
+    """The UCC drive's ping-pong stretch (README "Replay a real drive") had recent errors whose
+    0.8 quantile was about 25 s; the default cap must not cut that margin (it was 10 s, which put
+    a trigger after its handover)."""
+    h = HandoverTimingError(**{k: getattr(SchedulerConfig(), f"ho_timing_{k}")
+                               for k in ("quantile", "max_margin_s", "window")})
+    for e in [6.5, 4.75, 27.25, 8.5, 24.75]:
+        h.observe(100.0 + e, 100.0)
+    assert h.margin_s == pytest.approx(np.quantile([6.5, 4.75, 27.25, 8.5, 24.75], 0.8))
+    assert h.margin_s > 20.0
