@@ -54,7 +54,7 @@ from pallas_proto import pallas_pb2
 from agent.ipc import BlockHub
 from agent.migration import MigrationConfig, MigrationEngine
 from agent.obs import BYTES_MOVED, KV_BLOCKS_HELD, configure_logging, get_logger, observe_resumed
-from agent.session import Engine, SessionStore
+from agent.session import SessionStore, VllmClient
 from agent.transfer import PeerClient, PeerPool, serve_peer_transfer
 from agent.wire import tune_malloc_for_blocks
 from pallas_common.msglimits import (DEFAULT_MAX_BLOCK_BYTES, DEFAULT_MAX_TOKENS, RpcLimits,
@@ -404,7 +404,7 @@ class Agent:
         self.log = get_logger("pallas.agent", agent=cfg.agent_id)
         self.hub = BlockHub(cfg.hub_address)
         self.sessions = SessionStore()
-        self.engine = Engine("http://127.0.0.1:1", cfg.model)  # pointed at vLLM by attach()
+        self.vllm_client = VllmClient("http://127.0.0.1:1", cfg.model)  # pointed at vLLM by attach()
         self.migration: MigrationEngine | None = None
         self.peer_server: grpc.aio.Server | None = None
         self.peer_address = ""
@@ -475,7 +475,7 @@ class Agent:
                    "limits": self.peer_limits}
         peers = PinnedPeerPool(sec, **pool_kw) if sec.watcher is not None else PeerPool(**pool_kw)
         self.migration = MigrationEngine(agent_id=cfg.agent_id, peer_address="",
-                                         sessions=self.sessions, engine=self.engine, hub=self.hub,
+                                         sessions=self.sessions, vllm_client=self.vllm_client, hub=self.hub,
                                          identity=self.identity, config=mcfg, peers=peers)
         listen = peer_listen or f"{cfg.host}:{cfg.peer_port}"
         self.peer_server, bound = await serve_peer_transfer(
@@ -497,9 +497,9 @@ class Agent:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (timeout_s or self.cfg.vllm_ready_timeout_s)
         self.vllm_url = vllm_url.rstrip("/")
-        await self.engine.close()
-        self.engine = self.migration.engine = Engine(self.vllm_url, self.cfg.model)
-        while not (await self.engine.health() and self.hub.ready):
+        await self.vllm_client.close()
+        self.vllm_client = self.migration.vllm_client = VllmClient(self.vllm_url, self.cfg.model)
+        while not (await self.vllm_client.health() and self.hub.ready):
             proc = getattr(self.vllm, "proc", None)
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{self.vllm.log_tail()}")
@@ -511,7 +511,7 @@ class Agent:
             raise RuntimeError(f"vLLM runs with tensor parallelism {tp}: Pallas moves one KV copy "
                                "per block and cannot migrate a sharded cache; run it with TP = 1")
         check_load_failure_policy(self.hub.sched_info, vllm_url)
-        self.engine.on_failed = self.migration.session_failed
+        self.vllm_client.on_failed = self.migration.session_failed
 
     def _launch_vllm(self) -> str:
         from agent.server import ServerConfig, VLLMServer
@@ -538,7 +538,7 @@ class Agent:
         ids = [3 + (i * 7919 + int(time.time())) % 997 for i in range(n)]  # fresh ids: no cache hit
         t0 = time.perf_counter()
         try:
-            await self.engine.prefill(ids)
+            await self.vllm_client.prefill(ids)
         except Exception as e:  # noqa: BLE001 - a failed probe leaves r_p unmeasured
             self.log.warning("prefill_probe_failed", error=repr(e))
             return
@@ -631,7 +631,7 @@ class Agent:
         if cfg.front_operator_token_file:
             with open(cfg.front_operator_token_file) as fh:
                 operator = fh.read().strip()
-        self.front = SessionFront(self.sessions, self.engine, agent_id=cfg.agent_id, tokenizer=tok,
+        self.front = SessionFront(self.sessions, self.vllm_client, agent_id=cfg.agent_id, tokenizer=tok,
                                   on_open=lambda s, sch: mig.set_session_scheme(s.session_id, sch),
                                   directory=cfg.peer_front, resume_wait_s=cfg.resume_wait_s,
                                   scheme_of=mig.scheme_for, vocab_size=vocab, max_model_len=max_len,
@@ -684,7 +684,7 @@ class Agent:
                 s._task.cancel()
         if self.peer_server is not None:
             await self.peer_server.stop(1.0)
-        await self.engine.close()
+        await self.vllm_client.close()
         await self.hub.close()
         if self.vllm is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.vllm.stop)

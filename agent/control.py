@@ -36,7 +36,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
     """``pallas.v1.Control`` for one agent.
 
     Args:
-        engine: the agent's migration engine.
+        migration: the agent's migration engine.
         agent_id: this agent's id (logs).
         telemetry: ``telemetry() -> pallas_pb2.TelemetryReport`` (agent.telemetry).
         default_period_s: Telemetry period when the request gives 0.
@@ -46,11 +46,11 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
             None: no check (tests, plaintext without a directory).
     """
 
-    def __init__(self, engine: MigrationEngine, *, agent_id: str,
+    def __init__(self, migration: MigrationEngine, *, agent_id: str,
                  telemetry: Callable[[], pallas_pb2.TelemetryReport] | None = None,
                  default_period_s: float = 0.1, min_period_s: float = 0.02,
                  directory: Collection[str] | None = None) -> None:
-        self.engine = engine
+        self.migration = migration
         self.directory = None if directory is None else frozenset(directory)
         self.agent_id = agent_id
         self.telemetry = telemetry
@@ -101,7 +101,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         """Start preparing ``request.session_id`` at ``request.target`` (epoch ``request.epoch``)."""
         sid, epoch = request.session_id, int(request.epoch)
         rep = self._no_endpoint(request.target, "target", sid, epoch) or await self._detached(
-            self.engine.trigger(sid, epoch, request.target, int(request.split_tokens),
+            self.migration.trigger(sid, epoch, request.target, int(request.split_tokens),
                                 request.scheme or None))
         return self._done("trigger", rep)
 
@@ -114,10 +114,10 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
 
     async def _cancel(self, request: pallas_pb2.CancelRequest) -> pallas_pb2.ControlReply:
         sid, epoch = request.session_id, int(request.epoch)
-        rep = await self.engine.cancel(sid, epoch, request.reason)
-        if self.engine.inbound.get(sid) is None:
+        rep = await self.migration.cancel(sid, epoch, request.reason)
+        if self.migration.inbound.get(sid) is None:
             return rep
-        rel = await self.engine.on_release(pallas_pb2.ReleaseRequest(
+        rel = await self.migration.on_release(pallas_pb2.ReleaseRequest(
             session_id=sid, epoch=epoch, reason=request.reason or "cancelled by the xApp"),
             undo_resume=False)
         _log.info("cancel_released_inbound", session=sid, epoch=epoch,
@@ -133,7 +133,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         sid, epoch = request.session_id, int(request.epoch)
         t0 = time.perf_counter()
         rep = self._no_endpoint(request.actual_target, "actual_target", sid, epoch) or \
-            await self._detached(self.engine.commit(sid, epoch, request.actual_target,
+            await self._detached(self.migration.commit(sid, epoch, request.actual_target,
                                                     request.scheme or None))
         COMMIT_SECONDS.labels(scheme_name(rep.scheme)).observe(time.perf_counter() - t0)
         return self._done("commit", rep)

@@ -63,7 +63,7 @@ Event stream (each line ``data: <json>``, then a blank line)::
     [DONE]
 
 A session whose vLLM request failed (an error in vLLM's stream, a stream without a
-``finish_reason``, the engine gone: agent.session.EngineError) ends with ``state``
+``finish_reason``, the engine gone: agent.session.VllmError) ends with ``state``
 ``"failed"`` and ``error`` naming the cause; ``"finished"`` always carries vLLM's
 ``finish_reason``. ``index`` is the output index (0 = first generated token); ``time`` is when the token reached
 the serving agent (Unix seconds); ``text`` appears when the agent has a tokenizer;
@@ -341,8 +341,8 @@ class SessionFront:
     Args:
         store: the agent's :class:`agent.session.SessionStore` (or anything with
             ``get``/``add``/``__iter__``).
-        engine: starts a session's generation: ``engine.start(session)`` and stops it with
-            ``await engine.abort(session)`` (:class:`agent.session.Engine`).
+        vllm_client: starts a session's generation: ``vllm_client.start(session)`` and stops it
+            with ``await vllm_client.abort(session)`` (:class:`agent.session.VllmClient`).
         agent_id: this agent's id.
         tokenizer: optional, with ``encode(text) -> list[int]`` and ``decode(ids) -> str``.
         on_open: ``on_open(session, scheme_value_or_None)`` after a session opens (the agent
@@ -369,7 +369,7 @@ class SessionFront:
     def __init__(
         self,
         store: Any,
-        engine: Any,
+        vllm_client: Any,
         *,
         agent_id: str,
         tokenizer: Any = None,
@@ -384,7 +384,7 @@ class SessionFront:
         max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         self.store = store
-        self.engine = engine
+        self.vllm_client = vllm_client
         self.agent_id = agent_id
         self.tokenizer = tokenizer
         self.on_open = on_open
@@ -746,7 +746,7 @@ class SessionFront:
         if self.on_open is not None:
             self.on_open(s, scheme)
         try:
-            self.engine.start(s)
+            self.vllm_client.start(s)
         except Exception as e:  # noqa: BLE001
             self.store.pop(sid) if hasattr(self.store, "pop") else None
             raise HTTPException(503, f"engine refused the session: {e!r}") from e
@@ -803,7 +803,7 @@ class SessionFront:
         @app.delete("/v1/sessions/{sid}")
         async def delete_session(request: Request, sid: str):
             s = known(request, sid)
-            await front.engine.abort(s)
+            await front.vllm_client.abort(s)
             if not s.done:
                 s.set_state(SessionState.FINISHED, finish_reason="abort")
             return {"session_id": sid, "state": _state(s)}

@@ -24,7 +24,7 @@ Metrics are prometheus-client objects registered once per process in the default
 - ``pallas_relayed_tokens_total``: tokens relayed for another agent (Detour).
 - ``pallas_session_failures_total{role, cause}``: sessions that ended ``failed`` here because
   their vLLM request failed (``role``: source/target; ``cause``: the failure's kind, see
-  :class:`agent.session.EngineError`).
+  :class:`agent.session.VllmError`).
 """
 
 from __future__ import annotations

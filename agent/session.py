@@ -118,7 +118,7 @@ class Session:
         handover: where and how the session left this agent (:class:`Handover`), source side.
         error: why the session failed here ("" if it did not): set with the state ``FAILED``
             (:meth:`fail`), the reason the UE's stream and the xApp's replies name.
-        failure_cause: the failure's kind (:attr:`EngineError.cause`), "" if none.
+        failure_cause: the failure's kind (:attr:`VllmError.cause`), "" if none.
         sit_observed: the target-side handover gap was recorded (agent.obs).
     """
 
@@ -358,7 +358,7 @@ class SessionStore:
         return session_id in self._by_id
 
 
-class EngineError(RuntimeError):
+class VllmError(RuntimeError):
     """The local vLLM server refused or failed a request.
 
     ``cause`` (the label of ``pallas_session_failures_total``): ``http_status`` (vLLM answered
@@ -389,7 +389,7 @@ async def _chunks(resp: httpx.Response, sid: str) -> AsyncIterator[dict[str, Any
     JSON is logged and skipped).
 
     Raises:
-        EngineError: an ``{"error": ...}`` chunk (cause ``stream_error``).
+        VllmError: an ``{"error": ...}`` chunk (cause ``stream_error``).
     """
     async for line in resp.aiter_lines():
         if not line.startswith("data: "):
@@ -403,12 +403,12 @@ async def _chunks(resp: httpx.Response, sid: str) -> AsyncIterator[dict[str, Any
             log.warning("bad_stream_chunk", session=sid, chunk=data[:200])
             continue
         if isinstance(chunk, dict) and chunk.get("error") is not None:
-            raise EngineError(f"vLLM failed the request: {_error_text(chunk['error'])}", "stream_error")
+            raise VllmError(f"vLLM failed the request: {_error_text(chunk['error'])}", "stream_error")
         if isinstance(chunk, dict):
             yield chunk
 
 
-class Engine:
+class VllmClient:
     """Async client of one local vLLM OpenAI-compatible server (``/v1/completions``).
 
     Prompts are token ids (the server runs with ``--skip-tokenizer-init``); responses stream
@@ -473,9 +473,9 @@ class Engine:
         the HTTP stream, which aborts the request inside vLLM.
 
         Raises:
-            EngineError: the server answered with an error status, sent an error chunk,
+            VllmError: the server answered with an error status, sent an error chunk,
                 finished the request with "error", ended the stream without a
-                ``finish_reason``, or could not be reached (:attr:`EngineError.cause`).
+                ``finish_reason``, or could not be reached (:attr:`VllmError.cause`).
         """
         remaining = session.remaining_tokens
         if remaining <= 0:
@@ -490,7 +490,7 @@ class Engine:
                                            timeout=httpx.Timeout(None, connect=10.0)) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")[:500]
-                    raise EngineError(f"vLLM answered HTTP {resp.status_code}: {text}",
+                    raise VllmError(f"vLLM answered HTTP {resp.status_code}: {text}",
                                       "http_status")
                 async for chunk in _chunks(resp, session.session_id):
                     for choice in chunk.get("choices") or []:
@@ -499,15 +499,15 @@ class Engine:
                         if choice.get("finish_reason"):
                             finish = choice["finish_reason"]
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise EngineError(f"vLLM at {self.base_url} is unreachable: {exc!r}",
+            raise VllmError(f"vLLM at {self.base_url} is unreachable: {exc!r}",
                               "unreachable") from exc
         except httpx.HTTPError as exc:
-            raise EngineError(f"the connection to vLLM at {self.base_url} broke mid-stream: "
+            raise VllmError(f"the connection to vLLM at {self.base_url} broke mid-stream: "
                               f"{exc!r}", "connection_lost") from exc
         if finish == "error":
-            raise EngineError("vLLM finished the request with an error", "request_error")
+            raise VllmError("vLLM finished the request with an error", "request_error")
         if finish is None:
-            raise EngineError(f"vLLM's stream ended after {len(session.output_token_ids)} "
+            raise VllmError(f"vLLM's stream ended after {len(session.output_token_ids)} "
                               "output tokens without a finish_reason (the request did not "
                               "complete)", "no_finish_reason")
         if not session.done:
@@ -539,7 +539,7 @@ class Engine:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the session fails; the agent runs on
-                reason = str(exc) if isinstance(exc, EngineError) else repr(exc)
+                reason = str(exc) if isinstance(exc, VllmError) else repr(exc)
                 cause = getattr(exc, "cause", "internal")
                 loaded = session.loaded
                 if loaded is not None and loaded.failed:
@@ -571,13 +571,13 @@ class Engine:
         blocks (docs/vllm.md §6.3). Returns the response's ``usage`` dict.
 
         Raises:
-            EngineError: the server answered with an error status.
+            VllmError: the server answered with an error status.
         """
         body = self._body(token_ids, SamplingSpec(max_tokens=1), max_tokens=1, min_tokens=0,
                           stream=False, kv_transfer_params=kv_transfer_params)
         r = await self._client.post("/v1/completions", json=body)
         if r.status_code != 200:
-            raise EngineError(f"vLLM {r.status_code}: {r.text[:500]}")
+            raise VllmError(f"vLLM {r.status_code}: {r.text[:500]}")
         return r.json().get("usage") or {}
 
     async def complete(self, token_ids: list[int], sampling: SamplingSpec) -> list[int]:
@@ -586,5 +586,5 @@ class Engine:
                           min_tokens=sampling.min_tokens, stream=False, kv_transfer_params=None)
         r = await self._client.post("/v1/completions", json=body)
         if r.status_code != 200:
-            raise EngineError(f"vLLM {r.status_code}: {r.text[:500]}")
+            raise VllmError(f"vLLM {r.status_code}: {r.text[:500]}")
         return list(r.json()["choices"][0]["token_ids"])

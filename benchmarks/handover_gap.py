@@ -49,7 +49,7 @@ async def one(a: AgentNode, b: AgentNode, srv_b: VLLMServer, variant: str, promp
     s = Session(uuid.uuid4().hex, "ue", prompt,
                 SamplingSpec(max_tokens=commit_at + check, ignore_eos=True))
     a.sessions.add(s)
-    a.engine.start(s)
+    a.vllm_client.start(s)
     if variant != "cold":
         await s.wait_tokens(trigger_at - 1)
         rep = await a.migration.trigger(s.session_id, 1, b.endpoint, scheme=(
@@ -95,7 +95,7 @@ async def main_async(args) -> None:
         print(f"servers ready after {time.time() - t0:.0f} s", flush=True)
         rng = random.Random(5)
         prompt = [rng.randrange(3, 16000) for _ in range(args.prompt)]
-        ref = await a.engine.complete(prompt, SamplingSpec(max_tokens=args.commit_at + args.check,
+        ref = await a.vllm_client.complete(prompt, SamplingSpec(max_tokens=args.commit_at + args.check,
                                                            ignore_eos=True))
         rows = []
         for variant in ("cold", "prefix_only", "connector"):

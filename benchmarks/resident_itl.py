@@ -102,7 +102,7 @@ async def one_load(agent: Agent, rng: random.Random, blocks: int) -> tuple[str, 
     load = {"epoch": 1, "prefix_len": 0, "first_block": 0, "last_block": blocks - 1,
             "deadline": time.time() + 30.0}
     t0 = time.time()
-    agent.engine.start(s, kv_transfer_params={"pallas": {"load": load}})
+    agent.vllm_client.start(s, kv_transfer_params={"pallas": {"load": load}})
     await s.wait_tokens(1, 120)
     t1 = s.token_times[0]
     await s.wait_tokens(2, 120)
@@ -130,7 +130,7 @@ async def main_async(args) -> None:
             s = Session(uuid.uuid4().hex, "ue", [rng.randrange(3, 2000) for _ in range(100)],
                         SamplingSpec(max_tokens=3500, ignore_eos=True))
             agent.sessions.add(s)
-            agent.engine.start(s)
+            agent.vllm_client.start(s)
             residents.append(s)
         for s in residents:
             await s.wait_tokens(20, 120)
@@ -156,7 +156,7 @@ async def main_async(args) -> None:
                 hit = any(a < w1 and b > w0 for w0, w1 in windows)
                 (during if hit else outside).append((b - a) * 1000.0)
         for s in residents:
-            await agent.engine.abort(s)
+            await agent.vllm_client.abort(s)
         wall = t_end - t_start
         lw = [(w1 - w0) * 1000.0 for w0, w1 in windows]
         print(f"{'paced' if args.pace else 'unpaced'} engine, {args.residents} residents, {args.loads} loads of {args.blocks} blocks "

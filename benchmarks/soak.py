@@ -225,7 +225,7 @@ class Soak:
             # as Agent.start runs it, so that the agents' memory is what a deployment's is.
             self._housekeeping.append(asyncio.create_task(agent._housekeeping()))
         for agent in self.agents:  # one request each: the engines' first-step costs out of the way
-            await agent.engine.complete(self._prompt(40), SamplingSpec(max_tokens=4, ignore_eos=True))
+            await agent.vllm_client.complete(self._prompt(40), SamplingSpec(max_tokens=4, ignore_eos=True))
         self.baseline = await self._free_blocks()
 
     async def stop(self) -> None:
@@ -318,7 +318,7 @@ class Soak:
         self.logs.append(str(srv.log_path))
         await loop.run_in_executor(None, srv.wait_ready, 900)
         await ag.attach(srv.base_url, 600)
-        await ag.engine.complete(self._prompt(40), SamplingSpec(max_tokens=4, ignore_eos=True))
+        await ag.vllm_client.complete(self._prompt(40), SamplingSpec(max_tokens=4, ignore_eos=True))
         self.baseline[i] = await self._free_blocks_of(i)
         self.up[i] = True
         self.tally.restarts.append((why, ag.cfg.agent_id, round(time.monotonic() - t0, 1),
@@ -356,7 +356,7 @@ class Soak:
             b = Session(uuid.uuid4().hex, "ue-busy", self._prompt(40),
                         SamplingSpec(max_tokens=1500, ignore_eos=True))
             tgt.sessions.add(b)
-            tgt.engine.start(b)
+            tgt.vllm_client.start(b)
             busy.append(b)
         t_end = time.monotonic() + 30
         while sum(1 for b in busy if b.output_token_ids) < n - self.args.concurrency \
@@ -366,7 +366,7 @@ class Soak:
 
     async def _unfill(self, tgt: Agent, busy: list[Session]) -> None:
         for b in busy:
-            await tgt.engine.abort(b)
+            await tgt.vllm_client.abort(b)
             if not b.done:
                 b.set_state(SessionState.FINISHED, finish_reason="abort")
 
@@ -529,7 +529,7 @@ class Soak:
         max_tokens = self.rng.randint(self.args.min_tokens, self.args.max_tokens)
         sampling = SamplingSpec(max_tokens=max_tokens, ignore_eos=True)
         try:
-            ref = await home.engine.complete(prompt, sampling)
+            ref = await home.vllm_client.complete(prompt, sampling)
         except Exception as exc:  # noqa: BLE001 - its engine was killed (--faults): next one
             if not self.args.faults:
                 raise
@@ -541,7 +541,7 @@ class Soak:
         sid = s.session_id
         self.copies[sid] = {id(s): (home, s)}
         home.sessions.add(s)
-        home.engine.start(s)
+        home.vllm_client.start(s)
         cur, epoch, hops = home, 1, 0
         kinds, weights = zip(*KINDS.items())
         while not self.tally.done():

@@ -345,7 +345,7 @@ async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3)
                             SamplingSpec(max_tokens=n_tokens, ignore_eos=True))
                 sum0, n0 = await _vllm_itl_counters(sa.base_url)
                 a.sessions.add(s)
-                a.engine.start(s)
+                a.vllm_client.start(s)
                 await s.wait_tokens(4)
                 if mode == "streaming":
                     rep = await a.migration.trigger(s.session_id, 1, b.endpoint, split_tokens=32)
@@ -353,7 +353,7 @@ async def _itl(model_name: str, n_tokens: int, prompt_len: int, rounds: int = 3)
                 elif mode == "export":
                     a.hub.export(s.session_id, 1, 1, stream=True, tail=False)
                 elif mode == "target":
-                    await b.engine.prefill(prompt[:32])
+                    await b.vllm_client.prefill(prompt[:32])
                 await s._task
                 await asyncio.sleep(1.0)  # vLLM publishes its stats about once a second
                 sum1, n1 = await _vllm_itl_counters(sa.base_url)

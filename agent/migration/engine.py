@@ -37,7 +37,7 @@ from agent.migration.source import Outbound, SourceRole
 from agent.migration.states import SourceState
 from agent.migration.target import Inbound, TargetRole
 from agent.obs import MIGRATIONS
-from agent.session import Engine, Session, SessionState, SessionStore
+from agent.session import Session, SessionState, SessionStore, VllmClient
 from agent.telemetry import Ewma
 from agent.transfer import PeerPool
 from pallas_common.schemes import SCHEMES, SchemeSpec, scheme_name, scheme_value
@@ -162,19 +162,20 @@ class MigrationEngine(SourceRole, TargetRole):
 
     Args:
         agent_id: this agent's id; peer_address: ``host:port`` of its PeerTransfer service.
-        sessions: the agent's sessions; engine: client of the local vLLM server.
+        sessions: the agent's sessions; vllm_client: client of the local vLLM server.
         hub: the local channel to the connector (blocks, claims, KV-pool stats).
         identity: returns this server's ModelIdentity.
         config: :class:`MigrationConfig`; peers: per-peer clients (default a new pool).
     """
 
     def __init__(self, *, agent_id: str, peer_address: str, sessions: SessionStore,
-                 engine: Engine, hub: BlockHub, identity: Callable[[], pallas_pb2.ModelIdentity],
+                 vllm_client: VllmClient, hub: BlockHub,
+                 identity: Callable[[], pallas_pb2.ModelIdentity],
                  config: MigrationConfig | None = None, peers: PeerPool | None = None) -> None:
         self.agent_id = agent_id
         self.peer_address = peer_address
         self.sessions = sessions
-        self.engine = engine
+        self.vllm_client = vllm_client
         self.hub = hub
         self.identity = identity
         self.cfg = config or MigrationConfig()
@@ -195,8 +196,8 @@ class MigrationEngine(SourceRole, TargetRole):
         hub.on_block = self._on_local_block
         hub.on_claim = self._on_claim
         hub.on_loaded = self._on_loaded
-        if hasattr(engine, "on_failed"):
-            engine.on_failed = self.session_failed
+        if hasattr(vllm_client, "on_failed"):
+            vllm_client.on_failed = self.session_failed
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -260,7 +261,7 @@ class MigrationEngine(SourceRole, TargetRole):
                                   f"{s.error or 'no reason recorded'}")
 
     def session_failed(self, s: Session) -> None:
-        """A session's request failed here (:attr:`agent.session.Engine.on_failed`): abandon its
+        """A session's request failed here (:attr:`agent.session.VllmClient.on_failed`): abandon its
         outbound attempt at once, so the target frees what it holds (nothing is left to
         migrate: a failed session is terminal)."""
         out = self.outbound.get(s.session_id)

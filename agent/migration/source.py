@@ -456,7 +456,7 @@ class SourceRole:
         sid = s.session_id
         out.to(SourceState.COMMITTED)
         self.outbound.pop(sid, None)
-        await self.engine.abort(s)
+        await self.vllm_client.abort(s)
         s.held_token_ids.clear()
         s.held_error = None   # the target serves on: a failure here after the commit point
         s.held_finish = None  # (or a finish held back) no longer concerns the session

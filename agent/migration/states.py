@@ -4,7 +4,7 @@ with their transition tables.
 An attempt is one (session, epoch). :data:`TRANSITIONS` lists every allowed move; anything else
 is a bug (:class:`IllegalTransition`). :data:`SESSION_TRANSITIONS` does the same for a
 session's state at one agent (:class:`pallas_common.schemes.SessionState`, enforced by
-:meth:`agent.session.Session.set_state`). tests/agent/test_engine.py walks both tables.
+:meth:`agent.session.Session.set_state`). tests/agent/migration/test_engine.py walks both tables.
 
 The session rules (issue 25): ``FINISHED`` only when vLLM gave a ``finish_reason`` (or nothing
 was left to generate); every vLLM failure the agent sees (an error chunk, a stream without a

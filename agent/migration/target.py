@@ -173,7 +173,7 @@ class TargetRole:
         overhead, not a rate, and is not a sample (a session coming back to an agent it left
         finds most of its prefix cached, which read as 8,000-9,500 tokens/s against a paced
         1,850)."""
-        usage = await self.engine.prefill(prefix)
+        usage = await self.vllm_client.prefill(prefix)
         took = time.monotonic() - inb.t_warmup
         computed = computed_tokens(len(prefix), usage)
         if took > 0 and computed >= MIN_WARMUP_SAMPLE_TOKENS:
@@ -280,7 +280,7 @@ class TargetRole:
         session = self._resumed_session(req, inb, now)
         old = self.sessions.get(sid)
         if old is not None and old._task is not None and not old._task.done():
-            await self.engine.abort(old)
+            await self.vllm_client.abort(old)
         self.sessions.add(session)
         inb.to(TargetState.RESUMED)
         if session.remaining_tokens <= 0:
@@ -311,7 +311,7 @@ class TargetRole:
             "last_block": last, "deadline": now + resume_s}}}
         claim_fut = asyncio.get_running_loop().create_future()
         self._claims[(sid, epoch)] = claim_fut
-        task = self.engine.start(session, kv_transfer_params=params)
+        task = self.vllm_client.start(session, kv_transfer_params=params)
         self._spawn(self._release_after_first_token(inb, session), f"drop-{sid}-{epoch}")
         try:
             return await self._await_claim(inb, session, old, claim_fut, task,
@@ -443,7 +443,7 @@ class TargetRole:
         """Undo a resume here (the source serves the session: one holder): the resumed request
         is aborted, the record says the session went back to its source (a UE streaming it
         here is relayed there) and the attempt's blocks are dropped."""
-        await self.engine.abort(session)
+        await self.vllm_client.abort(session)
         if not session.done:
             session.handover = Handover(target=inb.source.address if inb is not None else "",
                                         agent_id=session.resumed_agent,

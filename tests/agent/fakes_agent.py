@@ -1,6 +1,6 @@
 """Fakes of the local vLLM for the agent's unit tests, a fake handover, and a tiny HTTP server runner.
 
-FakeEngine produces a deterministic token sequence per prompt (token i of a session is a
+FakeVllmClient produces a deterministic token sequence per prompt (token i of a session is a
 function of the prompt and i only), so a session moved between two fake agents continues
 with exactly the tokens it would have produced without the move: the property the real e2e
 tests check with vLLM.
@@ -19,11 +19,11 @@ from agent.session import Handover, Session, SessionState, SessionStore
 
 
 def expected_token(prompt: list[int], i: int) -> int:
-    """Token at output index i of a session with this prompt (FakeEngine's rule)."""
+    """Token at output index i of a session with this prompt (FakeVllmClient's rule)."""
     return (sum(prompt) * 31 + i * 7 + len(prompt)) % 997
 
 
-class FakeEngine:
+class FakeVllmClient:
     """Appends ``expected_token`` every ``step_s`` until max_tokens; ``abort`` stops it."""
 
     def __init__(self, step_s: float = 0.005) -> None:
@@ -58,8 +58,8 @@ class FakeEngine:
                 await t
 
 
-def handover(src_store: SessionStore, sid: str, target_id: str, dst_store: SessionStore, dst_engine: FakeEngine,
-             source_id: str = "") -> Session:
+def handover(src_store: SessionStore, sid: str, target_id: str, dst_store: SessionStore,
+             dst_client: FakeVllmClient, source_id: str = "") -> Session:
     """Move a session the way the real core does: freeze at the source, resume at the target
     (``source_id``: the source's agent id, which decoded the outputs carried over)."""
     s = src_store.get(sid)
@@ -69,7 +69,7 @@ def handover(src_store: SessionStore, sid: str, target_id: str, dst_store: Sessi
                 resumed_from=len(s.output_token_ids), resumed_agent=source_id)
     t.state = SessionState.RESUMED
     dst_store.add(t)
-    dst_engine.start(t)
+    dst_client.start(t)
     s.handover = Handover(target=target_id, agent_id=target_id)
     s.set_state(SessionState.HANDED_OVER)
     return t
@@ -103,9 +103,9 @@ class ServedApp:
 
 async def fake_attach(self, url: str, timeout_s: float | None = None) -> None:
     """Stand-in for ``agent.app.Agent.attach`` (monkeypatched onto the class): no vLLM; a
-    FakeEngine and a connector hello of 32-token, 64 KiB blocks, 2 layers."""
+    FakeVllmClient and a connector hello of 32-token, 64 KiB blocks, 2 layers."""
     self.vllm_url = url
-    self.engine = self.migration.engine = FakeEngine()
+    self.vllm_client = self.migration.vllm_client = FakeVllmClient()
     self.hub.sched_info = SchedHello(block_size=32, free_blocks=100, num_blocks=120)
     self.hub.worker_info = WorkerHello(block_bytes=65536, num_layers=2, dtype="float32",
                                        model_dtype="float32")

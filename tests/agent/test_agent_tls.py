@@ -32,7 +32,7 @@ from pallas_common import tls
 from pallas_eval.localca import LocalCA
 
 import fakes_agent as fk
-from test_engine import Target
+from migration.fakes import Target
 
 PEER_SERVICE = pb.DESCRIPTOR.services_by_name["PeerTransfer"].full_name
 
@@ -182,7 +182,7 @@ def test_trigger_and_commit_to_a_non_directory_target_are_refused(pki, monkeypat
                 c2 = await ctl.Commit(pb.CommitRequest(session_id=sid, epoch=2,
                                                        actual_target=spoofed))
             s = app.sessions.get(sid)
-            # (FakeEngine stops appending once frozen, unlike vLLM whose held tokens unfreeze()
+            # (FakeVllmClient stops appending once frozen, unlike vLLM whose held tokens unfreeze()
             # publishes; so "serves on" is checked as: still here, serving, not frozen.)
             return t, c, c2, s.state, s.frozen_at, targets["intruder"][0].calls
 

@@ -36,7 +36,7 @@ _NO_RELAY = httpx.AsyncClient()  # for fronts that only parse (building a client
 
 def front(**kw) -> SessionFront:
     kw.setdefault("vocab_size", VOCAB)
-    return SessionFront(SessionStore(), fk.FakeEngine(0.005), agent_id=kw.pop("agent_id", "a"),
+    return SessionFront(SessionStore(), fk.FakeVllmClient(0.005), agent_id=kw.pop("agent_id", "a"),
                         resume_wait_s=0.5, **kw)
 
 
@@ -273,7 +273,7 @@ def test_the_replay_stops_leftover_sessions_with_the_operator_credential():
 
     from pallas_eval import replay as rp
 
-    f = SessionFront(SessionStore(), fk.FakeEngine(0.05), agent_id="a", operator_token=rp.OPERATOR_TOKEN)
+    f = SessionFront(SessionStore(), fk.FakeVllmClient(0.05), agent_id="a", operator_token=rp.OPERATOR_TOKEN)
 
     async def go():
         async with fk.ServedApp(f.app) as srv, httpx.AsyncClient() as c:

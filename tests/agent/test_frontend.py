@@ -27,9 +27,9 @@ class Agent:
     def __init__(self, agent_id, step_s=0.005, **kw):
         self.id = agent_id
         self.store = SessionStore()
-        self.engine = fk.FakeEngine(step_s)
+        self.vllm_client = fk.FakeVllmClient(step_s)
         self.opened = []
-        self.front = SessionFront(self.store, self.engine, agent_id=agent_id, resume_wait_s=3.0,
+        self.front = SessionFront(self.store, self.vllm_client, agent_id=agent_id, resume_wait_s=3.0,
                                   on_open=lambda s, sch: self.opened.append((s.session_id, sch)), **kw)
 
 
@@ -138,7 +138,7 @@ def test_handover_with_commit_in_flight_relays_then_serves_locally():
                     # (on B's first relayed token, not after a fixed sleep: a loaded host may
                     # take longer than any sleep to reconnect, and then nothing was relayed).
                     committed = True
-                    fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
+                    fk.handover(a.store, ue.session_id, "b", b.store, b.vllm_client)
             assert committed
             await ue.close()
             return ue
@@ -162,7 +162,7 @@ def test_handover_after_commit_serves_locally_from_the_right_index():
             await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
             async for rec in ue.tokens():
                 if rec.index == 19 and not ue.handovers:
-                    fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
+                    fk.handover(a.store, ue.session_id, "b", b.store, b.vllm_client)
                     await ue.handover(sb.url)
             await ue.close()
             return ue
@@ -185,10 +185,10 @@ def test_tokens_decoded_before_the_handover_are_the_sources_even_when_the_target
     async def go():
         src = a.store.add(Session(session_id=sid, ue_id="ue1", prompt_token_ids=list(PROMPT),
                                      sampling=SamplingSpec(max_tokens=N)))
-        a.engine.start(src)
+        a.vllm_client.start(src)
         while len(src.output_token_ids) < 24:      # the UE got 0..19, then left
             await asyncio.sleep(0.005)
-        t = fk.handover(a.store, sid, "b", b.store, b.engine, source_id="a")
+        t = fk.handover(a.store, sid, "b", b.store, b.vllm_client, source_id="a")
         out = []
         async for chunk in b.front.events(sid, 20, None, None):
             line = chunk.decode() if isinstance(chunk, bytes) else chunk
@@ -295,14 +295,14 @@ def test_a_to_b_to_a_with_stale_record_at_a():
             await ue.open(prompt_token_ids=PROMPT, max_tokens=N)
             async for rec in ue.tokens():
                 if rec.index == 14 and len(ue.handovers) == 0:
-                    fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
+                    fk.handover(a.store, ue.session_id, "b", b.store, b.vllm_client)
                     await ue.handover(sb.url)
                 elif rec.index == 34 and len(ue.handovers) == 1:
                     await ue.handover(sa.url)  # A still holds its old handed-over record
 
                     async def back():
                         await asyncio.sleep(0.1)
-                        fk.handover(b.store, ue.session_id, "a", a.store, a.engine)
+                        fk.handover(b.store, ue.session_id, "a", a.store, a.vllm_client)
                     asyncio.create_task(back())
             await ue.close()
             return ue
@@ -334,7 +334,7 @@ def test_ue_left_at_the_source_is_served_through_a_relay_of_the_new_holder():
         async with _peered(a, b) as (_, _, ue):
             async for rec in ue.tokens():
                 if rec.index == 14 and b.store.get(ue.session_id) is None:
-                    fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
+                    fk.handover(a.store, ue.session_id, "b", b.store, b.vllm_client)
         return ue
 
     ue = run(go())
@@ -357,7 +357,7 @@ def test_ue_back_at_the_source_before_the_commit_lands_loses_nothing():
 
                     async def late_commit():
                         await asyncio.sleep(0.25)
-                        fk.handover(a.store, ue.session_id, "b", b.store, b.engine)
+                        fk.handover(a.store, ue.session_id, "b", b.store, b.vllm_client)
                     commit = asyncio.create_task(late_commit())
                 elif rec.index == 18 and len(ue.handovers) == 1:
                     await ue.handover(sa.url)  # back before the commit lands

@@ -100,7 +100,7 @@ def test_attach_refuses_a_vllm_with_tensor_parallelism():
         a = Agent(parse_args(["--model", "m", "--vllm-url", "http://127.0.0.1:1", "--insecure"]))
         from agent.migration import MigrationEngine
         a.migration = MigrationEngine(agent_id="a", peer_address="", sessions=a.sessions,
-                                      engine=a.engine, hub=a.hub, identity=a.identity)
+                                      vllm_client=a.vllm_client, hub=a.hub, identity=a.identity)
         a.hub.sched_info = SchedHello(block_size=32)
         a.hub.worker_info = WorkerHello(block_bytes=64, num_layers=1, dtype="float32", tp_size=2)
         a.hub._ready.set()
@@ -108,14 +108,14 @@ def test_attach_refuses_a_vllm_with_tensor_parallelism():
         async def healthy():
             return True
         from agent import session
-        orig = session.Engine.health
-        session.Engine.health = lambda self: healthy()
+        orig = session.VllmClient.health
+        session.VllmClient.health = lambda self: healthy()
         try:
             with pytest.raises(RuntimeError, match="tensor parallelism 2"):
                 await a.attach("http://127.0.0.1:1", timeout_s=2)
         finally:
-            session.Engine.health = orig
-            await a.engine.close()
+            session.VllmClient.health = orig
+            await a.vllm_client.close()
     asyncio.run(go())
 
 
@@ -123,7 +123,7 @@ def test_agent_serves_control_health_front_metrics(monkeypatch, capsys):
     """The whole agent wired by agent.app.Agent, vLLM replaced by a fake engine and the peer
     by a recording target: health, a UE session over the front, a Commit with the session's
     own scheme, the Telemetry stream, /metrics and JSON logs."""
-    from test_engine import Target, _served
+    from migration.fakes import Target, _served
 
     monkeypatch.setattr(Agent, "attach", fk.fake_attach)
     monkeypatch.setattr(agent.weights, "weights_digest", lambda model: "d1")

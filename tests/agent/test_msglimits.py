@@ -150,7 +150,7 @@ def test_a_telemetry_report_at_its_limit_streams_and_one_byte_more_is_refused():
     from pallas_common.msglimits import TELEMETRY_REPORT_MAX
     from pallas_proto import pallas_pb2_grpc
 
-    from test_engine import _engine
+    from migration.fakes import _engine
 
     async def first_report(size: int) -> str:
         m, hub, eng = _engine()

@@ -1,7 +1,7 @@
 """Issue 25 item 1: every vLLM failure the agent can see is a failed session, never a finished
 one. A fake vLLM (an httpx transport that answers ``/v1/completions`` as vLLM's OpenAI server
-does, or fails as it does) drives the real :class:`agent.session.Engine`; the migration engine
-runs with fake peers over real gRPC (tests/agent/test_engine.py's helpers).
+does, or fails as it does) drives the real :class:`agent.session.VllmClient`; the migration engine
+runs with fake peers over real gRPC (tests/agent/migration/fakes.py).
 
 Paths: an ``{"error": ...}`` chunk (vLLM's GenerationError, e.g. a KV load failure under
 ``kv_load_failure_policy=fail`` or a dead engine core), a stream that ends without a
@@ -25,9 +25,9 @@ from agent.frontend import SessionFront
 from agent.migration.states import (SESSION_TERMINAL, SESSION_TRANSITIONS, IllegalTransition,
                                     check_session)
 from agent.obs import SESSION_FAILURES
-from agent.session import Engine, SamplingSpec, Session, SessionState, SessionStore
+from agent.session import SamplingSpec, Session, SessionState, SessionStore, VllmClient
 
-from test_engine import Target, _blk, _engine, _prep, _served, _serving, walk_table
+from migration.fakes import Target, _blk, _engine, _prep, _served, _serving, walk_table
 
 PROMPT = [5, 9, 11, 300, 2]
 
@@ -78,8 +78,8 @@ class FakeVLLM:
         return httpx.Response(200, content=stream(),
                               headers={"content-type": "text/event-stream"})
 
-    def engine(self) -> Engine:
-        return Engine("http://vllm.test", "tiny", transport=httpx.MockTransport(self))
+    def client(self) -> VllmClient:
+        return VllmClient("http://vllm.test", "tiny", transport=httpx.MockTransport(self))
 
 
 def _failures(role: str, cause: str) -> float:
@@ -87,7 +87,7 @@ def _failures(role: str, cause: str) -> float:
 
 
 async def _generate(fake: FakeVLLM, session: Session | None = None) -> Session:
-    eng = fake.engine()
+    eng = fake.client()
     s = session or Session("s", "ue", list(PROMPT), SamplingSpec(max_tokens=8))
     failed: list[Session] = []
     eng.on_failed = failed.append
@@ -156,7 +156,7 @@ def test_a_failure_while_frozen_is_held_until_the_commit_decides():
     async def go():
         fake = FakeVLLM([_chunk([7, 8, 9]), ERROR, DONE], gap_s=0.01)
         s = Session("s", "ue", list(PROMPT), SamplingSpec(max_tokens=8))
-        eng = fake.engine()
+        eng = fake.client()
         task = eng.start(s)
         s.freeze(0)                                 # a commit at output 0
         await task
@@ -196,7 +196,7 @@ def test_session_transition_table_is_walked_and_enforced():
 def test_the_ues_stream_ends_with_an_error_event_naming_the_failure():
     async def go():
         fake = FakeVLLM([_chunk([7, 8]), ERROR, DONE])
-        store, eng = SessionStore(), fake.engine()
+        store, eng = SessionStore(), fake.client()
         front = SessionFront(store, eng, agent_id="a")
         transport = httpx.ASGITransport(app=front.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://front") as c:
@@ -294,7 +294,7 @@ def test_a_resume_that_vllm_fails_before_its_claim_fails_the_sync_and_holds_noth
     session is not kept there (the source serves on: one holder) and the blocks are freed."""
     async def run_(fake):
         m, hub, eng = _engine(claim_wait_s=5.0, resume_deadline_s=5.0)
-        m.engine = fake.engine()
+        m.vllm_client = fake.client()
         assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
         assert m.on_block(_blk(2)) == "ok"
         t0 = asyncio.get_running_loop().time()
@@ -305,7 +305,7 @@ def test_a_resume_that_vllm_fails_before_its_claim_fails_the_sync_and_holds_noth
         took = asyncio.get_running_loop().time() - t0
         await asyncio.sleep(0.05)
         held = m.held()
-        await m.engine.close()
+        await m.vllm_client.close()
         await m.close()
         return rep, took, held, m.sessions.get("s")
     for fake, words in ((FakeVLLM([ERROR, DONE]), "Internal server error"),
@@ -349,27 +349,27 @@ def test_attach_refuses_a_vllm_whose_failed_block_loads_fail_the_request(policy)
     async def go():
         a = Agent(parse_args(["--model", "m", "--vllm-url", "http://127.0.0.1:1", "--insecure"]))
         a.migration = MigrationEngine(agent_id="a", peer_address="", sessions=a.sessions,
-                                      engine=a.engine, hub=a.hub, identity=a.identity)
+                                      vllm_client=a.vllm_client, hub=a.hub, identity=a.identity)
         a.hub.sched_info = SchedHello(block_size=32, load_failure_policy=policy)
         a.hub.worker_info = WorkerHello(block_bytes=64, num_layers=1, dtype="float32")
         a.hub._ready.set()
-        orig = Engine.__init__
+        orig = VllmClient.__init__
 
         def init(self, base_url, model, **kw):   # attach's client talks to the fake vLLM
             orig(self, base_url, model, transport=httpx.MockTransport(
                 lambda req: httpx.Response(200)))
-        Engine.__init__ = init
+        VllmClient.__init__ = init
         try:
             if policy == "recompute":
                 await a.attach("http://127.0.0.1:1", timeout_s=2)
-                assert a.engine.on_failed == a.migration.session_failed
+                assert a.vllm_client.on_failed == a.migration.session_failed
                 return None
             with pytest.raises(RuntimeError) as e:
                 await a.attach("http://127.0.0.1:1", timeout_s=2)
             return str(e.value)
         finally:
-            Engine.__init__ = orig
-            await a.engine.close()
+            VllmClient.__init__ = orig
+            await a.vllm_client.close()
     msg = asyncio.run(go())
     if policy != "recompute":
         assert "would fail the user's request" in msg and '"kv_load_failure_policy": "recompute"' in msg
@@ -379,7 +379,7 @@ def test_attach_refuses_a_vllm_whose_failed_block_loads_fail_the_request(policy)
 # ------------------------------------------------------------------ one holder (item 3)
 
 class _Aborts:
-    """A fake engine's ``start``/``abort`` that records the sessions aborted (the request
+    """A fake vLLM client's ``start``/``abort`` that records the sessions aborted (the request
     never gets going: no claim comes)."""
 
     def __init__(self, eng):

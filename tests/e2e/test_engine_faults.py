@@ -92,19 +92,19 @@ async def _run(a: Agent, prompt: list[int], max_tokens: int) -> Session:
     s = Session(uuid.uuid4().hex, "ue-1", prompt, SamplingSpec(max_tokens=max_tokens,
                                                                 ignore_eos=True))
     a.sessions.add(s)
-    a.engine.start(s)
+    a.vllm_client.start(s)
     return s
 
 
 async def _reference(a: Agent, prompt: list[int], n: int) -> list[int]:
-    return await a.engine.complete(prompt, SamplingSpec(max_tokens=n, ignore_eos=True))
+    return await a.vllm_client.complete(prompt, SamplingSpec(max_tokens=n, ignore_eos=True))
 
 
 async def _outputs(a: Agent, sid: str, n: int) -> list[int]:
     s = a.sessions.get(sid)
     assert s is not None
     assert await s.wait_tokens(n - 1, 300), f"stopped at {len(s.output_token_ids)}: {s.state}"
-    await a.engine.abort(s)
+    await a.vllm_client.abort(s)
     return s.output_token_ids[:n]
 
 
@@ -151,7 +151,7 @@ def test_a_prepared_target_whose_source_goes_silent_frees_what_it_holds(agents):
         out.stream.abort()
         await asyncio.sleep(IDLE_S + 0.5)
         dropped = await b.migration.expire()
-        await a.engine.abort(s)
+        await a.vllm_client.abort(s)
         await asyncio.sleep(1.0)
         return base, held, dropped, b.migration.held(), b.hub.kv_blocks()
 
@@ -218,7 +218,7 @@ def test_a_session_cancelled_while_its_blocks_load_at_the_target_frees_them(agen
             t = b.sessions.get(s.session_id)
             claim = t.claim
             # The UE cancels it there while the worker fetches its blocks (the front's DELETE).
-            await b.engine.abort(t)
+            await b.vllm_client.abort(t)
             t.set_state(SessionState.FINISHED, finish_reason="abort")
             await asyncio.sleep(2.5)  # the held-back fetch is answered; the step ends
         finally:
@@ -267,7 +267,7 @@ def test_a_target_whose_source_dies_during_the_commit_resumes_and_never_hangs(ag
         # (A is dead: what it held is gone with it; the test's A serves other cases.)
         a.migration.outbound.pop(s.session_id, None)
         a.hub.stop_export(s.session_id)
-        await a.engine.abort(s)
+        await a.vllm_client.abort(s)
         s.set_state(SessionState.FAILED)
         t = b.sessions.get(s.session_id)
         assert t is not None and t.state == SessionState.RESUMED, t
@@ -276,7 +276,7 @@ def test_a_target_whose_source_dies_during_the_commit_resumes_and_never_hangs(ag
         assert first, "B never resumed the session"
         assert await t.wait_tokens(159, 120)
         out = t.output_token_ids[:160]
-        await b.engine.abort(t)
+        await b.vllm_client.abort(t)
         t.set_state(SessionState.FINISHED, finish_reason="abort")
         after = await _settled(b)
         return base, after, out, ref, t_first, t.resumed_from

@@ -140,16 +140,16 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 async def _reference(node: AgentNode, prompt: list[int], max_tokens: int) -> list[int]:
     """A's own greedy continuation of the prompt, without any migration."""
-    assert node.engine is not None
-    return await node.engine.complete(prompt, SamplingSpec(max_tokens=max_tokens,
-                                                           ignore_eos=True))
+    assert node.vllm_client is not None
+    return await node.vllm_client.complete(prompt, SamplingSpec(max_tokens=max_tokens,
+                                                                ignore_eos=True))
 
 
 async def _start(node: AgentNode, prompt: list[int], max_tokens: int) -> Session:
     s = Session(uuid.uuid4().hex, "ue-1", prompt,
                 SamplingSpec(max_tokens=max_tokens, ignore_eos=True))
     node.sessions.add(s)
-    node.engine.start(s)
+    node.vllm_client.start(s)
     return s
 
 
@@ -177,7 +177,7 @@ async def _collect(node: AgentNode, sid: str, m: int, timeout: float = 300.0) ->
     assert s is not None, "target holds no session"
     toks = await s.wait_tokens(m - 1, timeout)
     assert toks, f"session stopped at {len(s.output_token_ids)} tokens: {s.state} {s.error}"
-    await node.engine.abort(s)
+    await node.vllm_client.abort(s)
     return s
 
 

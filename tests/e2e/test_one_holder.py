@@ -42,7 +42,7 @@ def test_a_full_target_gives_a_commit_up_in_time_and_a_retry_commits_token_exact
 
     async def go():
         prompt = _prompt(150, 31)
-        ref = await a.engine.complete(prompt, SamplingSpec(max_tokens=200, ignore_eos=True))
+        ref = await a.vllm_client.complete(prompt, SamplingSpec(max_tokens=200, ignore_eos=True))
         busy = await _run(b, _prompt(60, 32), 4000)          # B's only slot
         assert await busy.wait_tokens(2, 120)
         s = await _run(a, prompt, 2000)
@@ -55,7 +55,7 @@ def test_a_full_target_gives_a_commit_up_in_time_and_a_retry_commits_token_exact
         took = asyncio.get_running_loop().time() - t0
         state1 = s.state
         # B gets room: a copy left resumed there would now decode
-        await b.engine.abort(busy)
+        await b.vllm_client.abort(busy)
         busy.set_state(SessionState.FINISHED, finish_reason="abort")
         await asyncio.sleep(2.0)
         t1 = b.sessions.get(s.session_id)
@@ -66,7 +66,7 @@ def test_a_full_target_gives_a_commit_up_in_time_and_a_retry_commits_token_exact
         t2 = b.sessions.get(s.session_id)
         assert t2 is not None and await t2.wait_tokens(199, 120), t2
         out = list(t2.output_token_ids[:200])
-        await b.engine.abort(t2)
+        await b.vllm_client.abort(t2)
         t2.set_state(SessionState.FINISHED, finish_reason="abort")
         return (r1, took, state1, left, held_b, r2, out, ref, t2.resumed_from,
                 await _settled(a), await _settled(b))

@@ -84,7 +84,7 @@ async def _triggered(a: Agent, b: Agent, prompt_len: int, seed: int, split: int,
     """A 2,000-token session at ``a`` triggered (epoch 1, ``split``) to ``b`` and run to
     ``outputs`` outputs; returns it and ``a``'s greedy reference of ``ref_tokens`` tokens."""
     prompt = _prompt(prompt_len, seed)
-    ref = (await a.engine.complete(prompt, SamplingSpec(max_tokens=ref_tokens, ignore_eos=True))
+    ref = (await a.vllm_client.complete(prompt, SamplingSpec(max_tokens=ref_tokens, ignore_eos=True))
            if ref_tokens else [])
     s = await _run(a, prompt, 2000)
     assert await s.wait_tokens(5, 120)
@@ -109,7 +109,7 @@ def test_a_block_that_fails_to_load_after_its_checksum_is_recomputed_token_exact
         got = await t.wait_tokens(159, 90)
         state, error, loaded, claim = t.state, t.error, t.loaded, t.claim
         out = list(t.output_token_ids[:160])
-        await b.engine.abort(t)
+        await b.vllm_client.abort(t)
         if not t.done:
             t.set_state(SessionState.FINISHED, finish_reason="abort")
         fault_file.write_text(json.dumps({"drop_loads": 0}))

@@ -12,7 +12,7 @@ fakes keep both ends of an attempt (the source's outbound and the attempt its Pr
 the target), and the source's Release to the target is lost (the source cannot reach it), so
 only a Cancel the restarted xApp sends to the target itself frees the target. (The agents' own
 side of this, a Cancel at the target releasing its attempt and a commit whose caller died
-running to its end, is tested on the real engine in tests/agent/test_control_recovery.py.)
+running to its end, is tested on the real engine in tests/agent/migration/test_control_recovery.py.)
 """
 
 from __future__ import annotations

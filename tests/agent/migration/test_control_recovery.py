@@ -4,7 +4,7 @@ session frozen at the source, and the restarted xApp's repeat gets the first rep
 and a Cancel sent to the target agent releases the attempt prepared there.
 
 Real gRPC on loopback: the agent's ControlService over a MigrationEngine (fake vLLM client),
-PeerTransfer targets from test_engine.
+PeerTransfer targets from tests/agent/migration/fakes.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pallas_proto import pallas_pb2_grpc
 from agent.control import ControlService, add_control_service
 from agent.session import SessionState
 
-from test_engine import Target, _blk, _engine, _prep, _served, _serving
+from migration.fakes import Target, _blk, _engine, _prep, _served, _serving
 
 
 async def _control(m):

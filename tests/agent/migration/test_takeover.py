@@ -18,7 +18,7 @@ from agent.transfer import CALLER, PeerPool, serve_peer_transfer
 from pallas_common import tls
 from pallas_eval.localca import LocalCA
 
-from test_engine import _blk, _engine, _prep, _serving
+from migration.fakes import _blk, _engine, _prep, _serving
 
 PEER_SERVICE = pb.DESCRIPTOR.services_by_name["PeerTransfer"].full_name
 

@@ -9,7 +9,7 @@ import asyncio
 
 from pallas_proto import pallas_pb2 as pb
 
-from test_engine import IDENT, _blk, _engine, _prep
+from migration.fakes import IDENT, _blk, _engine, _prep
 
 BLOCK = int(IDENT.block_bytes)
 
