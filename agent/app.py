@@ -479,11 +479,11 @@ class Agent:
                                          identity=self.identity, config=mcfg, peers=peers)
         listen = peer_listen or f"{cfg.host}:{cfg.peer_port}"
         self.peer_server, bound = await serve_peer_transfer(
-            self.migration, listen, credentials=sec.server_credentials(),
+            self.migration.target, listen, credentials=sec.server_credentials(),
             interceptors=tuple(sec.interceptors({PEER_SERVICE: self.directory or ()})),
             limits=self.peer_limits, transport=self._peer_cap)
         self.peer_address = f"{cfg.advertise_host}:{bound.rsplit(':', 1)[1]}"
-        self.migration.peer_address = self.peer_address
+        self.migration.ctx.peer_address = self.peer_address
 
     async def attach(self, vllm_url: str, timeout_s: float | None = None) -> None:
         """Point the engine client at the local vLLM and wait for it and its connector.
@@ -498,7 +498,7 @@ class Agent:
         deadline = loop.time() + (timeout_s or self.cfg.vllm_ready_timeout_s)
         self.vllm_url = vllm_url.rstrip("/")
         await self.vllm_client.close()
-        self.vllm_client = self.migration.vllm_client = VllmClient(self.vllm_url, self.cfg.model)
+        self.vllm_client = self.migration.ctx.vllm_client = VllmClient(self.vllm_url, self.cfg.model)
         while not (await self.vllm_client.health() and self.hub.ready):
             proc = getattr(self.vllm, "proc", None)
             if proc is not None and proc.poll() is not None:
@@ -563,7 +563,7 @@ class Agent:
                     if now - max(s.token_times[-1] if s.token_times else 0.0, s.ended_at) > ttl:
                         self.sessions.pop(s.session_id)
                         self.migration.forget(s.session_id)
-            await self.migration.expire()
+            await self.migration.target.expire()
 
     async def start(self) -> None:
         """Start the core, vLLM (unless ``--vllm-url``), the gRPC services, front, telemetry."""
@@ -580,14 +580,14 @@ class Agent:
         mig = self.migration
         self.scraper = VllmScraper(self.vllm_url, period_s=1.0)
         self.scraper.start()
-        mig.prefill_rate = lambda: self.scraper.prefill_rate.value or 0.0
-        mig.observe_prefill = lambda tokens, seconds: self.scraper.observe_prefill(tokens, seconds, warmup=True)
+        mig.ctx.prefill_rate = lambda: self.scraper.prefill_rate.value or 0.0
+        mig.ctx.observe_prefill = lambda tokens, seconds: self.scraper.observe_prefill(tokens, seconds, warmup=True)
         BYTES_MOVED.fn = lambda: [((p.agent_id, "sent"), float(p.bytes_sent))
-                                  for p in mig.peers.telemetry()]
+                                  for p in mig.ctx.peers.telemetry()]
         KV_BLOCKS_HELD.fn = lambda: [((), mig.held()["blocks"])]
         collector = TelemetryCollector(cfg.agent_id, lambda: list(self.sessions),
                                        scraper=self.scraper, identity=self._identity_or_none,
-                                       peers=lambda: list(mig.peers.telemetry()),
+                                       peers=lambda: list(mig.ctx.peers.telemetry()),
                                        kv_blocks=self.hub.kv_blocks)
         self.control = ControlService(mig, agent_id=cfg.agent_id, telemetry=collector.report,
                                       default_period_s=cfg.telemetry_period_ms / 1000.0,

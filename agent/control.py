@@ -115,9 +115,9 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
     async def _cancel(self, request: pallas_pb2.CancelRequest) -> pallas_pb2.ControlReply:
         sid, epoch = request.session_id, int(request.epoch)
         rep = await self.migration.cancel(sid, epoch, request.reason)
-        if self.migration.inbound.get(sid) is None:
+        if self.migration.ctx.inbound.get(sid) is None:
             return rep
-        rel = await self.migration.on_release(pallas_pb2.ReleaseRequest(
+        rel = await self.migration.target.on_release(pallas_pb2.ReleaseRequest(
             session_id=sid, epoch=epoch, reason=request.reason or "cancelled by the xApp"),
             undo_resume=False)
         _log.info("cancel_released_inbound", session=sid, epoch=epoch,

@@ -652,7 +652,7 @@ class Soak:
             # Settle: every session ended; the housekeeping's expiry has had its period.
             await asyncio.sleep(max(2.0, a.inbound_idle_s / 2))
             for agent in self.agents:
-                await agent.migration.expire()
+                await agent.migration.target.expire()
             free = await self._free_blocks()
             self.tally.rss_mib["end"] = round(_rss_mib(), 1)
             types_end = _type_counts()
@@ -709,7 +709,7 @@ class Soak:
                         (ag.cfg.agent_id, sid[:12], o.state.value, o.epoch, o.target.agent_id,
                          o.session.state.value, o.session.finish_reason, o.session.error,
                          self.hist.get(sid, [])[-4:])
-                        for ag in self.agents for sid, o in ag.migration.outbound.items()],
+                        for ag in self.agents for sid, o in ag.migration.ctx.outbound.items()],
                     "fault_share": a.fault_share, "commit_deadline_s": a.commit_deadline_s}
             return report
         finally:

@@ -13,7 +13,7 @@ equations (through ``pallas_common.timing``, the same code the xApp's Scheduler 
   the whole blocks it computed then in vLLM's prefix cache (``cached_tokens``): Recomputation
   and ctHO's prefill skip them. ctHO's split counts them only where the source knows of them
   (``known_held_tokens``: the target is the agent the session came from, as the agent's
-  ``agent/migration/engine.py:held_at`` sees it).
+  ``agent/migration/source.py:held_at`` sees it).
 - Detour: the mean of its hop cost over the hops it has (``timing.HopCost.mean_s``: the rates'
   ``hop_model`` scaled to a first hop of ``hop_delay_s``; the live relay draws the same law by
   each proxy's position, ``pallas_eval.relay``), the hops of a session growing by one at each of

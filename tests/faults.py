@@ -2,8 +2,8 @@
 
 - :class:`UncheckedStore`: a block store that skips the CRC-32C check (the negative control of
   the end-to-end checksum tests: what a path without checksums would accept).
-- :func:`corrupt_outgoing`: makes a migration engine zero the data of chosen blocks after their
-  checksum was taken (the target must catch them).
+- :class:`CorruptingPeers`: a migration engine's peer pool whose streams zero the data of chosen
+  blocks after their checksum was taken (the target must catch them).
 - :func:`hold_back`: makes an agent's connector channel handle one session's messages of one
   kind late (a Sync that waits past its deadline, a load that waits for its blocks).
 - :func:`engine_core`, :func:`kill_engine_core`: find and SIGKILL a vLLM server's EngineCore.
@@ -21,7 +21,6 @@ import time
 import psutil
 
 from agent.ipc import BlockStore, block_crc
-from agent.migration import MigrationEngine
 from agent.wire import Block
 
 
@@ -32,18 +31,37 @@ class UncheckedStore(BlockStore):
         return super().put(sid, epoch, idx, fill, block_crc(data), data, True)
 
 
-def corrupt_outgoing(engine: MigrationEngine, blocks: set[tuple[str, int]]) -> None:
-    """From now on ``engine`` sends zeroed data for each (session_id, block_index) in
-    ``blocks`` (a live set: add or clear entries while it runs), with the original checksum."""
-    orig = engine._outgoing
+class _Proxy:
+    """Stands in for ``inner``: every attribute not defined here is the inner object's."""
 
-    def outgoing(out, blk) -> Block:
-        b = orig(out, blk)
-        if (b.session_id, b.block_index) in blocks:
-            b = Block(b.session_id, b.epoch, b.block_index, b.fill, b.checksum, bytes(len(b.data)))
-        return b
+    def __init__(self, inner, blocks: set[tuple[str, int]]) -> None:
+        self.inner, self.blocks = inner, blocks
 
-    engine._outgoing = outgoing
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class _CorruptingStream(_Proxy):
+    def send(self, blk) -> bool:
+        if (blk.session_id, blk.block_index) in self.blocks:
+            blk = Block(blk.session_id, blk.epoch, blk.block_index, blk.fill, blk.checksum,
+                        bytes(len(blk.data)))
+        return self.inner.send(blk)
+
+
+class _CorruptingClient(_Proxy):
+    def open_stream(self, session_id: str, epoch: int) -> _CorruptingStream:
+        return _CorruptingStream(self.inner.open_stream(session_id, epoch), self.blocks)
+
+
+class CorruptingPeers(_Proxy):
+    """A peer pool (``agent.transfer.PeerPool``) whose block streams send zeroed data, with the
+    original checksum, for each (session_id, block_index) in ``blocks`` (a live set: add or
+    clear entries while it runs). Install it in an engine's context:
+    ``engine.ctx.peers = CorruptingPeers(engine.ctx.peers, blocks)``."""
+
+    def get(self, endpoint) -> _CorruptingClient:
+        return _CorruptingClient(self.inner.get(endpoint), self.blocks)
 
 
 def hold_back(a, kind: type, sid: str, delay_s: float, seen: asyncio.Event):

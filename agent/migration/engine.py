@@ -2,8 +2,9 @@
 docs/model.md §5-8).
 
 The Control service (xApp) calls :meth:`MigrationEngine.trigger`, :meth:`~MigrationEngine.cancel`
-and :meth:`~MigrationEngine.commit`; the PeerTransfer service calls the target side
-(:class:`agent.migration.target.TargetRole`). The engine carries out the scheme the call names
+and :meth:`~MigrationEngine.commit`; the PeerTransfer service calls the target role
+(:attr:`MigrationEngine.target`, :class:`agent.migration.target.Target`). The engine carries
+out the scheme the call names
 (or the session's pinned one, or the agent default; :data:`pallas_common.schemes.SCHEMES`):
 
 - a proactive scheme's Trigger prepares the target (prefix warm-up) and streams suffix blocks;
@@ -16,15 +17,15 @@ and :meth:`~MigrationEngine.commit`; the PeerTransfer service calls the target s
 - A commit the target refuses or fails is answered with a non-OK status (the session stays at
   the source, unfrozen; the xApp binds it back there).
 
-One :class:`Ledger` holds the epochs: per (session, epoch) its closure and the replies that make
-calls idempotent, bounded in size.
+The engine owns the shared state (:class:`agent.migration.context.Context`) and composes the
+source role (:class:`agent.migration.source.Source`) and the target role over it. One
+:class:`~agent.migration.context.Ledger` holds the epochs: per (session, epoch) its closure and
+the replies that make calls idempotent, bounded in size.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 
@@ -32,132 +33,21 @@ import structlog
 from pallas_proto import pallas_pb2
 
 from agent.ipc import BlockHub
+from agent.migration.context import Context, Ledger, MigrationConfig
 from agent.migration.plan import commit_scheme
-from agent.migration.source import Outbound, SourceRole
+from agent.migration.source import Source
 from agent.migration.states import SourceState
-from agent.migration.target import Inbound, TargetRole
+from agent.migration.target import Target
 from agent.obs import MIGRATIONS
 from agent.session import Session, SessionState, SessionStore, VllmClient
-from agent.telemetry import Ewma
 from agent.transfer import PeerPool
 from pallas_common.schemes import SCHEMES, SchemeSpec, scheme_name, scheme_value
-from pallas_common.timing import ctho_split
 
 log = structlog.get_logger("pallas.agent.migration")
 S = pallas_pb2
 
 
-def held_at(s: Session, target: pallas_pb2.PeerEndpoint) -> int:
-    """Tokens of ``s`` whose KV ``target`` computed while it served the session, if it is the
-    agent the session came from here (``Session.resumed_agent``), else 0: the prompt and the
-    outputs before ``resumed_from`` but the last of them (whose KV is computed only with the
-    next decode step). The caller floors it to whole blocks (vLLM caches whole blocks)."""
-    if not s.resumed_agent or target.agent_id != s.resumed_agent:
-        return 0
-    return max(0, len(s.prompt_token_ids) + s.resumed_from - 1)
-
-
-@dataclasses.dataclass
-class MigrationConfig:
-    """Knobs of the migration engine (seconds unless noted; agent/app.py sets them from flags).
-
-    Attributes:
-        commit_deadline_s: the longest a commit keeps the session frozen at the source.
-        bridge_max_s: a bridging commit (``pallas-bridge``): the longest the source decodes on,
-            relayed by the new agent, waiting for the target to hold the state; then it hands
-            over what the target holds (the rest is recomputed there).
-        bridge_poll_s: how often a bridging commit asks the target's progress.
-        rpc_timeout_s: deadline of Prepare and of the stream's final ack.
-        release_timeout_s: deadline of the best-effort Release on cancel/failure.
-        warmup_timeout_s: target: upper bound of Sync's wait for the prefix warm-up.
-        resume_deadline_s: target: how long a resumed request waits for blocks in flight.
-        claim_wait_s: target: extra wait for the connector's claim report.
-        inbound_idle_s: target: an attempt whose source is silent this long expires.
-        max_inbound_session_bytes / max_inbound_bytes: target: buffered KV bounds, bytes.
-        link_rate_mbps: per-peer token-bucket limit on block streams (None = unlimited).
-        c_sync_s: c, the expected Sync cost in the commit-time choice.
-        relay_hop_s: Detour's expected relay hop (reported in the choice).
-        default_prefill_rate: r_p, tokens/s, when nothing was measured yet.
-        default_scheme: scheme when neither the call nor the session names one.
-        max_ledger: (session, epoch) entries remembered (oldest forgotten first).
-    """
-
-    commit_deadline_s: float = 10.0
-    bridge_max_s: float = 8.0
-    bridge_poll_s: float = 0.02
-    rpc_timeout_s: float = 10.0
-    release_timeout_s: float = 5.0
-    warmup_timeout_s: float = 60.0
-    resume_deadline_s: float = 5.0
-    claim_wait_s: float = 5.0
-    inbound_idle_s: float = 30.0
-    max_inbound_session_bytes: int = 1 << 30
-    max_inbound_bytes: int = 4 << 30
-    link_rate_mbps: float | None = None
-    c_sync_s: float = 0.01
-    relay_hop_s: float = 0.005
-    default_prefill_rate: float = 5000.0
-    default_scheme: int = S.SCHEME_PALLAS
-    max_ledger: int = 10_000
-
-
-@dataclasses.dataclass
-class Entry:
-    """The ledger's record of one (session, epoch): its closure and its calls' replies."""
-
-    closed: str = ""  # "" | "cancelled" | "committed"
-    replies: dict[str, asyncio.Future] = dataclasses.field(default_factory=dict)
-
-
-class Ledger:
-    """Epochs per session, bounded (least recently used forgotten first; docs/model.md §5).
-
-    ``newest(sid)``: the newest epoch a Control call named (source side); ``newest_in(sid)``:
-    the newest a peer named (target side); ``entry(sid, epoch)``: the per-attempt record.
-    """
-
-    def __init__(self, max_entries: int = 10_000) -> None:
-        self.max_entries = max_entries
-        self._entries: collections.OrderedDict[tuple[str, int], Entry] = collections.OrderedDict()
-        self._newest: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
-
-    def _bump(self, d: collections.OrderedDict, key, value=None):
-        if value is not None:
-            d[key] = value
-        d.move_to_end(key)
-        while len(d) > self.max_entries:
-            d.popitem(last=False)
-
-    def entry(self, sid: str, epoch: int) -> Entry:
-        e = self._entries.get((sid, epoch))
-        if e is None:
-            e = Entry()
-        self._bump(self._entries, (sid, epoch), e)
-        return e
-
-    def newest(self, sid: str) -> int:
-        return self._newest.get((sid, "out"), 0)
-
-    def see(self, sid: str, epoch: int) -> None:
-        self._bump(self._newest, (sid, "out"), max(self.newest(sid), epoch))
-
-    def newest_in(self, sid: str) -> int:
-        return self._newest.get((sid, "in"), -1)
-
-    def see_in(self, sid: str, epoch: int) -> None:
-        self._bump(self._newest, (sid, "in"), max(self.newest_in(sid), epoch))
-
-    def forget(self, sid: str) -> None:
-        for k in [k for k in self._entries if k[0] == sid]:
-            del self._entries[k]
-        self._newest.pop((sid, "out"), None)
-        self._newest.pop((sid, "in"), None)
-
-    def __len__(self) -> int:
-        return len(self._entries) + len(self._newest)
-
-
-class MigrationEngine(SourceRole, TargetRole):
+class MigrationEngine:
     """Runs migrations of this agent's sessions (source) and accepts them (target).
 
     Args:
@@ -166,72 +56,30 @@ class MigrationEngine(SourceRole, TargetRole):
         hub: the local channel to the connector (blocks, claims, KV-pool stats).
         identity: returns this server's ModelIdentity.
         config: :class:`MigrationConfig`; peers: per-peer clients (default a new pool).
+
+    Attributes: ``ctx`` (:class:`Context`, the state the roles share), ``source``
+    (:class:`Source`) and ``target`` (:class:`Target`, the PeerTransfer handler).
     """
 
     def __init__(self, *, agent_id: str, peer_address: str, sessions: SessionStore,
                  vllm_client: VllmClient, hub: BlockHub,
                  identity: Callable[[], pallas_pb2.ModelIdentity],
                  config: MigrationConfig | None = None, peers: PeerPool | None = None) -> None:
-        self.agent_id = agent_id
-        self.peer_address = peer_address
-        self.sessions = sessions
-        self.vllm_client = vllm_client
-        self.hub = hub
-        self.identity = identity
-        self.cfg = config or MigrationConfig()
-        self.peers = peers or PeerPool(link_rate_mbps=self.cfg.link_rate_mbps,
-                                       timeout_s=self.cfg.rpc_timeout_s)
-        self.ledger = Ledger(self.cfg.max_ledger)
-        self.outbound: dict[str, Outbound] = {}
-        self.inbound: dict[str, Inbound] = {}
+        cfg = config or MigrationConfig()
+        self.ctx = Context(agent_id=agent_id, peer_address=peer_address, sessions=sessions,
+                           vllm_client=vllm_client, hub=hub, identity=identity, cfg=cfg,
+                           peers=peers or PeerPool(link_rate_mbps=cfg.link_rate_mbps,
+                                                   timeout_s=cfg.rpc_timeout_s),
+                           ledger=Ledger(cfg.max_ledger))
+        self.source = Source(self.ctx)
+        self.target = Target(self.ctx)
         self.session_schemes: dict[str, int] = {}
-        # r_p: the agent's measured prefill rate (app: the vLLM scraper's), and the hook that
-        # feeds it each warm-up this agent ran as a target (a prefill under the present load).
-        self.prefill_rate: Callable[[], float] = lambda: 0.0
-        self.observe_prefill: Callable[[int, float], None] = lambda tokens, seconds: None
-        self.warmup_rate = Ewma(0.3)
-        self._claims: dict[tuple[str, int], asyncio.Future] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._bg: set[asyncio.Task] = set()
-        hub.on_block = self._on_local_block
-        hub.on_claim = self._on_claim
-        hub.on_loaded = self._on_loaded
+        hub.on_block = self.source.on_local_block
+        hub.on_claim = self.target.on_claim
+        hub.on_loaded = self.target.on_loaded
         if hasattr(vllm_client, "on_failed"):
             vllm_client.on_failed = self.session_failed
-
-    # ------------------------------------------------------------------ helpers
-    @property
-    def endpoint(self) -> pallas_pb2.PeerEndpoint:
-        """This agent's PeerEndpoint."""
-        return pallas_pb2.PeerEndpoint(agent_id=self.agent_id, address=self.peer_address)
-
-    @property
-    def block_size(self) -> int:
-        """Tokens per KV block of the local engine."""
-        return int(self.identity().block_size)
-
-    def _spawn(self, coro, name: str) -> asyncio.Task:
-        """Run ``coro`` in the background, held until done. A failure nobody awaits (a warm-up
-        whose engine died before any Sync looked at it) is logged as ``background_task_failed``
-        and retrieved, not left to asyncio's "exception was never retrieved" at collection."""
-        t = asyncio.get_running_loop().create_task(coro, name=name)
-        self._bg.add(t)
-        t.add_done_callback(self._bg_done)
-        return t
-
-    def _bg_done(self, t: asyncio.Task) -> None:
-        self._bg.discard(t)
-        if not t.cancelled() and t.exception() is not None:
-            log.warning("background_task_failed", task=t.get_name(), error=repr(t.exception()))
-
-    def reply(self, status: int, s: Session | str, epoch: int, *, message: str = "",
-              split: int = 0, scheme: int = 0) -> pallas_pb2.ControlReply:
-        """A ControlReply carrying the session's current state."""
-        sid = s if isinstance(s, str) else s.session_id
-        sess = self.sessions.get(sid)
-        return pallas_pb2.ControlReply(status=status, message=message, session_id=sid,
-                                       epoch=epoch, split_tokens=split, scheme=scheme,
-                                       state=sess.state.proto if sess is not None else 0)
 
     def set_session_scheme(self, session_id: str, scheme: int | str | None) -> None:
         """Pin a scheme for one session (from the UE front); ``None`` clears it."""
@@ -244,31 +92,31 @@ class MigrationEngine(SourceRole, TargetRole):
         """The scheme pinned here or carried from the previous agent; 0 when none."""
         if session_id in self.session_schemes:
             return self.session_schemes[session_id]
-        s = self.sessions.get(session_id)
+        s = self.ctx.sessions.get(session_id)
         return s.scheme if s is not None else 0
 
     def scheme_for(self, session_id: str, requested: int | str | None = None) -> int:
         """The call's scheme, else the session's, else the agent default."""
         if requested not in (None, 0, ""):
             return scheme_value(requested)
-        return self.pinned_scheme(session_id) or self.cfg.default_scheme
+        return self.pinned_scheme(session_id) or self.ctx.cfg.default_scheme
 
     def failed_reply(self, s: Session, epoch: int, scheme: int = 0) -> pallas_pb2.ControlReply:
         """The non-OK reply to a Control call about a session that failed here: STATUS_ERROR
         naming the failure (:attr:`Session.error`)."""
-        return self.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
-                          message=f"session failed at agent {self.agent_id}: "
-                                  f"{s.error or 'no reason recorded'}")
+        return self.ctx.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
+                              message=f"session failed at agent {self.ctx.agent_id}: "
+                                      f"{s.error or 'no reason recorded'}")
 
     def session_failed(self, s: Session) -> None:
         """A session's request failed here (:attr:`agent.session.VllmClient.on_failed`): abandon its
         outbound attempt at once, so the target frees what it holds (nothing is left to
         migrate: a failed session is terminal)."""
-        out = self.outbound.get(s.session_id)
+        out = self.ctx.outbound.get(s.session_id)
         if out is not None and out.state not in (SourceState.COMMITTING,):
             MIGRATIONS.labels("source", scheme_name(out.scheme), "failed").inc()
-            self._spawn(self._abandon(out, f"the session failed at the source: {s.error}"),
-                        f"abandon-failed-{s.session_id}")
+            self.ctx.spawn(self.source.abandon(out, f"the session failed at the source: {s.error}"),
+                           f"abandon-failed-{s.session_id}")
 
     def forget(self, session_id: str) -> None:
         """Drop every record of a session that ended here. An attempt still prepared for it (a
@@ -279,10 +127,11 @@ class MigrationEngine(SourceRole, TargetRole):
         still preparing or a Commit is carrying out belongs to that call, which ends it either way
         (abandoning it under a commit made the commit fail after the target had resumed, found by
         the same soak)."""
-        out = self.outbound.get(session_id)
+        out = self.ctx.outbound.get(session_id)
         if out is not None and out.live:
-            self._spawn(self._abandon(out, "the session ended here"), f"abandon-ended-{session_id}")
-        self.ledger.forget(session_id)
+            self.ctx.spawn(self.source.abandon(out, "the session ended here"),
+                           f"abandon-ended-{session_id}")
+        self.ctx.ledger.forget(session_id)
         self.session_schemes.pop(session_id, None)
         self._locks.pop(session_id, None)
 
@@ -295,35 +144,35 @@ class MigrationEngine(SourceRole, TargetRole):
         ended non-OK (the session stayed at the source, nothing was handed over): it runs
         again (issue 25: "a retry of the same commit works")."""
         if not sid:
-            return self.reply(S.STATUS_INVALID, sid, epoch, message="session_id is empty")
-        e = self.ledger.entry(sid, epoch)
+            return self.ctx.reply(S.STATUS_INVALID, sid, epoch, message="session_id is empty")
+        e = self.ctx.ledger.entry(sid, epoch)
         fut = e.replies.get(method)
         if fut is not None and method == "commit" and fut.done() \
                 and fut.result().status != S.STATUS_OK:
             del e.replies[method]   # a failed commit left the session here: a retry runs again
         elif fut is not None:
             return await asyncio.shield(fut)
-        newest = self.ledger.newest(sid)
+        newest = self.ctx.ledger.newest(sid)
         if epoch < newest:
-            return self.reply(S.STATUS_STALE_EPOCH, sid, epoch, message=f"epoch {epoch} is "
-                              f"older than the newest epoch {newest} seen for this session")
+            return self.ctx.reply(S.STATUS_STALE_EPOCH, sid, epoch, message=f"epoch {epoch} is "
+                                  f"older than the newest epoch {newest} seen for this session")
         if e.closed and e.closed not in allow_closed:
-            return self.reply(S.STATUS_STALE_EPOCH, sid, epoch,
-                              message=f"epoch {epoch} was already {e.closed}; use a new epoch")
-        s = self.sessions.get(sid)
+            return self.ctx.reply(S.STATUS_STALE_EPOCH, sid, epoch,
+                                  message=f"epoch {epoch} was already {e.closed}; use a new epoch")
+        s = self.ctx.sessions.get(sid)
         if s is None:
-            return self.reply(S.STATUS_UNKNOWN_SESSION, sid, epoch,
-                              message=f"agent {self.agent_id} does not serve session {sid}")
+            return self.ctx.reply(S.STATUS_UNKNOWN_SESSION, sid, epoch,
+                                  message=f"agent {self.ctx.agent_id} does not serve session {sid}")
         fut = e.replies[method] = asyncio.get_running_loop().create_future()
-        self.ledger.see(sid, epoch)
+        self.ctx.ledger.see(sid, epoch)
         lock = self._locks.setdefault(sid, asyncio.Lock())
         try:
             async with lock:
                 rep = await work(s)
         except Exception as exc:  # noqa: BLE001 - an internal failure is a reply
             log.exception("control_failed", method=method, session=sid, epoch=epoch)
-            rep = self.reply(S.STATUS_ERROR, sid, epoch,
-                             message=f"{method} failed: {exc!r}; the source keeps serving")
+            rep = self.ctx.reply(S.STATUS_ERROR, sid, epoch,
+                                 message=f"{method} failed: {exc!r}; the source keeps serving")
         fut.set_result(rep)
         return rep
 
@@ -346,13 +195,13 @@ class MigrationEngine(SourceRole, TargetRole):
             s.epoch = epoch
             if not spec.proactive:
                 MIGRATIONS.labels("source", spec.name, "recorded").inc()
-                return self.reply(S.STATUS_OK, s, epoch, scheme=value, message=f"{spec.name} "
-                                  "prepares nothing before the handover; recorded")
+                return self.ctx.reply(S.STATUS_OK, s, epoch, scheme=value, message=f"{spec.name} "
+                                      "prepares nothing before the handover; recorded")
             if s.state not in (SessionState.SERVING, SessionState.MIGRATING,
                                SessionState.RESUMED):
-                return self.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
-            split = 0 if spec.full_transfer else self._split(s, int(split_tokens))
-            rep = await self._start(s, epoch, target, split, value, spec.stream_suffix)
+                return self.ctx.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
+            split = 0 if spec.full_transfer else self.source.block_split(s, int(split_tokens))
+            rep = await self.source.start_attempt(s, epoch, target, split, value, spec.stream_suffix)
             MIGRATIONS.labels("source", spec.name, "triggered" if rep.status == S.STATUS_OK
                               else "rejected").inc()
             return rep
@@ -363,14 +212,14 @@ class MigrationEngine(SourceRole, TargetRole):
         """Abandon the attempt of ``epoch``: the target releases all it holds; decoding here
         never stops. OK also when nothing was prepared."""
         async def work(s: Session) -> pallas_pb2.ControlReply:
-            self.ledger.entry(session_id, epoch).closed = "cancelled"
+            self.ctx.ledger.entry(session_id, epoch).closed = "cancelled"
             out = await self._abandon_current(s, reason or "cancelled")
             if out is None:
-                return self.reply(S.STATUS_OK, s, epoch, message="no migration running")
+                return self.ctx.reply(S.STATUS_OK, s, epoch, message="no migration running")
             MIGRATIONS.labels("source", scheme_name(out.scheme), "cancelled").inc()
             log.info("cancelled", session=session_id, epoch=epoch, reason=reason)
-            return self.reply(S.STATUS_OK, s, epoch, split=out.split, scheme=out.scheme,
-                              message=f"epoch {epoch} cancelled ({reason or 'no reason given'})")
+            return self.ctx.reply(S.STATUS_OK, s, epoch, split=out.split, scheme=out.scheme,
+                                  message=f"epoch {epoch} cancelled ({reason or 'no reason given'})")
 
         return await self._once("cancel", session_id, epoch, work, allow_closed=("cancelled",))
 
@@ -393,13 +242,13 @@ class MigrationEngine(SourceRole, TargetRole):
                 return await self._detour(s, epoch, value)
             if s.state not in (SessionState.SERVING, SessionState.MIGRATING,
                                SessionState.RESUMED, SessionState.FINISHED):
-                return self.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
+                return self.ctx.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
             s.epoch = epoch
             freeze_at = ue_tokens
             if spec.bridge and s.state != SessionState.FINISHED and not s.request_done:
-                await self._bridge(s, epoch, actual_target, spec.value)
+                await self.source.bridge(s, epoch, actual_target, spec.value)
                 freeze_at = None  # hand over at the token boundary the bridge chose
-            out = self.outbound.get(session_id)
+            out = self.ctx.outbound.get(session_id)
             use, why = commit_scheme(
                 spec, prepared=(out is not None and out.live and out.epoch == epoch
                                 and out.target.address == actual_target.address),
@@ -408,24 +257,25 @@ class MigrationEngine(SourceRole, TargetRole):
             if why:
                 log.info("commit_fallback", session=session_id, epoch=epoch, requested=spec.name,
                          scheme=use.name, reason=why)
-            split = await self._ctho(s, actual_target) if use.commit_split == "ctho" else None
+            split = (await self.source.split_for_ctho(s, actual_target)
+                     if use.commit_split == "ctho" else None)
             if s.state == SessionState.FAILED:   # its request failed while this call waited
                 return await self._failed_at_source(s, epoch, use)
-            deadline = time.monotonic() + self.cfg.commit_deadline_s
+            deadline = time.monotonic() + self.ctx.cfg.commit_deadline_s
             s.freeze(freeze_at)
             back = s.state
             if s.state != SessionState.FINISHED:
                 s.set_state(SessionState.COMMITTING)
             try:
-                rep = await self._commit_attempt(s, epoch, actual_target, split,
-                                                 use.commit_ship, use.value,
-                                                 self.pinned_scheme(session_id), deadline)
+                rep = await self.source.commit_attempt(s, epoch, actual_target, split,
+                                                       use.commit_ship, use.value,
+                                                       self.pinned_scheme(session_id), deadline)
             except Exception as exc:  # never leave the source frozen
                 log.exception("commit_error", session=session_id, epoch=epoch)
-                out = self.outbound.get(session_id)
+                out = self.ctx.outbound.get(session_id)
                 if out is not None:
-                    await self._abandon(out, "commit error")
-                rep = self.reply(S.STATUS_ERROR, s, epoch, scheme=use.value, message=repr(exc))
+                    await self.source.abandon(out, "commit error")
+                rep = self.ctx.reply(S.STATUS_ERROR, s, epoch, scheme=use.value, message=repr(exc))
             return self._settle_commit(s, epoch, rep, spec, use, back)
 
         return await self._once("commit", session_id, epoch, work, allow_closed=("cancelled",))
@@ -433,9 +283,9 @@ class MigrationEngine(SourceRole, TargetRole):
     async def _abandon_current(self, s: Session, why: str):
         """Abandon the session's outbound attempt, if any (a MIGRATING session serves on);
         returns it (an :class:`Outbound`) or None."""
-        out = self.outbound.get(s.session_id)
+        out = self.ctx.outbound.get(s.session_id)
         if out is not None:
-            await self._abandon(out, why)
+            await self.source.abandon(out, why)
             if s.state == SessionState.MIGRATING:
                 s.set_state(SessionState.SERVING)
         return out
@@ -451,8 +301,8 @@ class MigrationEngine(SourceRole, TargetRole):
         """Detour's commit: any attempt is abandoned, the source serves on, the new agent relays."""
         await self._abandon_current(s, "detour")
         MIGRATIONS.labels("source", "detour", "committed").inc()
-        return self.reply(S.STATUS_OK, s, epoch, scheme=value,
-                          message="detour: the source serves on, the new agent relays")
+        return self.ctx.reply(S.STATUS_OK, s, epoch, scheme=value,
+                              message="detour: the source serves on, the new agent relays")
 
     def _settle_commit(self, s: Session, epoch: int, rep: pallas_pb2.ControlReply, spec: SchemeSpec,
                        use: SchemeSpec, back: SessionState) -> pallas_pb2.ControlReply:
@@ -463,7 +313,7 @@ class MigrationEngine(SourceRole, TargetRole):
             if use is not spec:
                 rep.message = f"committed with {use.name} (fallback from {spec.name})" + (
                     f": {rep.message}" if rep.message else "")
-            self.ledger.entry(s.session_id, epoch).closed = "committed"
+            self.ctx.ledger.entry(s.session_id, epoch).closed = "committed"
             MIGRATIONS.labels("source", use.name, "fallback" if use is not spec else "committed").inc()
             return rep
         if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
@@ -475,56 +325,24 @@ class MigrationEngine(SourceRole, TargetRole):
         MIGRATIONS.labels("source", use.name, "error").inc()
         return rep
 
-    async def _ctho(self, s: Session, target: pallas_pb2.PeerEndpoint) -> int:
-        """ctHO's split p (docs/model.md §6) with the *target's* measured r_p (asked with a
-        Progress call; this agent's, then the default, when it does not say) and the measured
-        goodput to it; 0 (ship everything) without a model identity.
-
-        A target that is the agent this session came from (``Session.resumed_agent``: the UE
-        hands back to the cell it left, a ping-pong) still holds in vLLM's prefix cache the
-        whole blocks of the tokens it had then (:func:`held_at`); they are not shipped again
-        and its prefill of them is a cache hit (``ctho_split``'s ``held_tokens``). Should
-        vLLM have evicted them meanwhile, the target recomputes them: slower, never wrong."""
-        client = self.peers.get(target)
-        try:
-            r_p = (await client.progress(pallas_pb2.ProgressRequest(session_id=s.session_id),
-                                         timeout_s=min(1.0, self.cfg.rpc_timeout_s))).prefill_rate
-        except Exception as exc:  # noqa: BLE001 - an unreachable target fails at Prepare
-            log.info("target_rate_unknown", session=s.session_id, error=repr(exc))
-            r_p = 0.0
-        r_p = r_p or self.prefill_rate() or self.cfg.default_prefill_rate
-        try:
-            ident = self.identity()
-            goodput = client.goodput_bytes_per_s or client.bucket.rate or 1e9
-            held = held_at(s, target)
-            split = int(ctho_split(s.num_tokens, int(ident.block_size), r_p,
-                                   float(ident.kv_bytes_per_token), goodput, held)[0])
-            if held:
-                log.info("ctho_held_at_target", session=s.session_id, target=target.agent_id,
-                         held_tokens=held, split=split, tokens=s.num_tokens)
-            return split
-        except (ValueError, RuntimeError) as exc:
-            log.warning("ctho_rates_unavailable", session=s.session_id, error=repr(exc))
-            return 0
-
     # ------------------------------------------------------------------ accounting
     def held(self) -> dict[str, int]:
         """What this agent holds for migrations (the cancel/kill tests check it returns to 0)."""
-        return {"inbound": len(self.inbound), "outbound": len(self.outbound),
-                "blocks": self.hub.store.num_blocks, "bytes": self.hub.store.num_bytes,
-                "reserved_bytes": self.reserved_bytes(),
-                "streams_queued": sum(o.stream.queued for o in self.outbound.values()
+        return {"inbound": len(self.ctx.inbound), "outbound": len(self.ctx.outbound),
+                "blocks": self.ctx.hub.store.num_blocks, "bytes": self.ctx.hub.store.num_bytes,
+                "reserved_bytes": self.target.reserved_bytes(),
+                "streams_queued": sum(o.stream.queued for o in self.ctx.outbound.values()
                                       if o.stream is not None)}
 
     async def close(self) -> None:
         """Abandon every outbound attempt, drop every inbound one, close peer channels."""
-        for out in list(self.outbound.values()):
-            self.hub.stop_export(out.session.session_id)
+        for out in list(self.ctx.outbound.values()):
+            self.ctx.hub.stop_export(out.session.session_id)
             if out.stream is not None:
                 out.stream.abort()
-        self.outbound.clear()
-        for inb in list(self.inbound.values()):
-            await self._drop_inbound(inb, "agent closing")
-        for t in list(self._bg):
+        self.ctx.outbound.clear()
+        for inb in list(self.ctx.inbound.values()):
+            await self.target.drop_inbound(inb, "agent closing")
+        for t in list(self.ctx.tasks):
             t.cancel()
-        await self.peers.close()
+        await self.ctx.peers.close()

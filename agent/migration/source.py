@@ -1,10 +1,11 @@
 """Source side of a migration (paper section 4.3; docs/architecture.md §2, steps 1 and 3).
 
-:class:`SourceRole` (mixed into :class:`agent.migration.engine.MigrationEngine`) prepares a
-target, streams each newly completed KV block of the session while it decodes on, and at the
-commit freezes the session at the commit point, ships what is left and sends Sync. A failed or
-cancelled attempt never stops the source's request; it is never frozen longer than the commit's
-deadline (``MigrationConfig.commit_deadline_s``).
+:class:`Source` (composed by :class:`agent.migration.engine.MigrationEngine` over its
+:class:`agent.migration.context.Context`) prepares a target, streams each newly completed KV
+block of the session while it decodes on, and at the commit freezes the session at the commit
+point, ships what is left and sends Sync. A failed or cancelled attempt never stops the
+source's request; it is never frozen longer than the commit's deadline
+(``MigrationConfig.commit_deadline_s``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import structlog
 from pallas_proto import pallas_pb2
 
 from agent.ipc import LocalBlock
+from agent.migration.context import Context
 from agent.migration.plan import CommitInputs, CommitPlan, plan_commit, tail_pays
 from agent.migration.states import SourceState, check
 from agent.session import Handover, Session, SessionState
 from agent.transfer import BlockStream, PeerClient
 from agent.wire import Block
 from pallas_common.schemes import Ship
-from pallas_common.timing import CommitChoice, HandoverState, commit_choice
+from pallas_common.timing import CommitChoice, HandoverState, commit_choice, ctho_split
 
 log = structlog.get_logger("pallas.agent.migration")
 S = pallas_pb2
@@ -39,6 +41,16 @@ def _finished_here(s: Session) -> bool:
     """vLLM finished the session's request here with a finish_reason (published, or held back by
     the commit's freeze): the commit hands over a session with nothing left to decode."""
     return s.state == SessionState.FINISHED or s.held_finish is not None
+
+
+def held_at(s: Session, target: pallas_pb2.PeerEndpoint) -> int:
+    """Tokens of ``s`` whose KV ``target`` computed while it served the session, if it is the
+    agent the session came from here (``Session.resumed_agent``), else 0: the prompt and the
+    outputs before ``resumed_from`` but the last of them (whose KV is computed only with the
+    next decode step). The caller floors it to whole blocks (vLLM caches whole blocks)."""
+    if not s.resumed_agent or target.agent_id != s.resumed_agent:
+        return 0
+    return max(0, len(s.prompt_token_ids) + s.resumed_from - 1)
 
 
 @dataclasses.dataclass(eq=False)
@@ -84,12 +96,15 @@ class Outbound:
         return j
 
 
-class SourceRole:
-    """The source half of the migration engine (attributes come from the engine)."""
+class Source:
+    """The source role of the migration engine, over the engine's :class:`Context`."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
 
     # ------------------------------------------------------------------ local blocks
-    def _on_local_block(self, blk: LocalBlock) -> None:
-        out = self.outbound.get(blk.sid)
+    def on_local_block(self, blk: LocalBlock) -> None:
+        out = self.ctx.outbound.get(blk.sid)
         if out is None or out.epoch != blk.epoch or not (out.live or
                                                          out.state == SourceState.COMMITTING):
             return
@@ -99,12 +114,9 @@ class SourceRole:
         elif blk.idx not in out.full:
             out.full.add(blk.idx)
             if out.stream is not None:
-                out.stream.send(self._outgoing(out, blk))
+                out.stream.send(Block(out.session.session_id, out.epoch, blk.idx, blk.fill,
+                                      blk.crc, blk.data))
         out.note()
-
-    def _outgoing(self, out: Outbound, blk: LocalBlock) -> Block:
-        """The block as it goes on the wire (tests override this to inject faults)."""
-        return Block(out.session.session_id, out.epoch, blk.idx, blk.fill, blk.crc, blk.data)
 
     def _watch_stream(self, out: Outbound) -> None:
         """A failed stream (peer gone) ends the attempt; the session serves on."""
@@ -114,9 +126,9 @@ class SourceRole:
             if stream.error is not None and out.live:
                 out.to(SourceState.FAILED)
                 out.error = repr(stream.error)
-                self.hub.stop_export(out.session.session_id)
-                if self.outbound.get(out.session.session_id) is out:
-                    self.outbound.pop(out.session.session_id, None)
+                self.ctx.hub.stop_export(out.session.session_id)
+                if self.ctx.outbound.get(out.session.session_id) is out:
+                    self.ctx.outbound.pop(out.session.session_id, None)
                 if out.session.state == SessionState.MIGRATING:
                     out.session.set_state(SessionState.SERVING)
                 log.warning("migration_failed", session=out.session.session_id,
@@ -129,39 +141,39 @@ class SourceRole:
         out.stream = out.client.open_stream(out.session.session_id, out.epoch)
         self._watch_stream(out)
         out.to(SourceState.STREAMING)
-        self.hub.export(out.session.session_id, out.epoch, start_block, stream=True, tail=tail)
+        self.ctx.hub.export(out.session.session_id, out.epoch, start_block, stream=True, tail=tail)
 
-    async def _abandon(self, out: Outbound, reason: str) -> None:
+    async def abandon(self, out: Outbound, reason: str) -> None:
         """Stop an attempt: no more export, stream cancelled, the target released."""
         sid = out.session.session_id
-        if self.outbound.get(sid) is out:
-            self.outbound.pop(sid, None)
+        if self.ctx.outbound.get(sid) is out:
+            self.ctx.outbound.pop(sid, None)
         if out.state in (SourceState.CANCELLED, SourceState.COMMITTED, SourceState.FAILED):
             return
         out.to(SourceState.CANCELLED)
-        self.hub.stop_export(sid)
+        self.ctx.hub.stop_export(sid)
         if out.stream is not None:
             out.stream.abort()
         out.note()
         try:
             await out.client.release(pallas_pb2.ReleaseRequest(session_id=sid, epoch=out.epoch,
                                                                reason=reason),
-                                     timeout_s=self.cfg.release_timeout_s)
+                                     timeout_s=self.ctx.cfg.release_timeout_s)
         except Exception as exc:  # the peer may be gone: its state expires there
             log.warning("release_failed", session=sid, epoch=out.epoch,
                         peer=out.target.address, error=repr(exc))
 
-    def _split(self, s: Session, split_tokens: int) -> int:
+    def block_split(self, s: Session, split_tokens: int) -> int:
         """The block-aligned split: ``split_tokens`` (0 = every whole block so far) rounded down."""
-        bs = self.block_size
+        bs = self.ctx.block_size
         p = s.num_tokens if split_tokens <= 0 else min(split_tokens, s.num_tokens)
         return p // bs * bs
 
     async def _prepare(self, out: Outbound) -> pallas_pb2.PrepareReply:
         s = out.session
-        ident = self.identity()
+        ident = self.ctx.identity()
         req = pallas_pb2.PrepareRequest(
-            session_id=s.session_id, epoch=out.epoch, source=self.endpoint, model=ident,
+            session_id=s.session_id, epoch=out.epoch, source=self.ctx.endpoint, model=ident,
             prefix_token_ids=s.all_token_ids[:out.split],
             expected_kv_bytes=int((s.num_tokens + s.remaining_tokens) * ident.kv_bytes_per_token),
             scheme=out.scheme, ue_id=s.ue_id)
@@ -174,24 +186,24 @@ class SourceRole:
         return rep
 
     # ------------------------------------------------------------------ trigger
-    async def _start(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint, split: int,
-                     scheme: int, stream_suffix: bool) -> pallas_pb2.ControlReply:
+    async def start_attempt(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint, split: int,
+                            scheme: int, stream_suffix: bool) -> pallas_pb2.ControlReply:
         """Prepare ``target`` and start the suffix stream (paper section 4.3, step 1)."""
         sid = s.session_id
-        out = Outbound(session=s, epoch=epoch, target=target, client=self.peers.get(target),
-                       split=split, first_block=split // self.block_size, scheme=scheme,
+        out = Outbound(session=s, epoch=epoch, target=target, client=self.ctx.peers.get(target),
+                       split=split, first_block=split // self.ctx.block_size, scheme=scheme,
                        proactive=True, stream_suffix=stream_suffix)
-        self.outbound[sid] = out
+        self.ctx.outbound[sid] = out
         try:
             rep = await self._prepare(out)
         except Exception as exc:
             out.to(SourceState.FAILED)
-            self.outbound.pop(sid, None)
+            self.ctx.outbound.pop(sid, None)
             log.warning("prepare_failed", session=sid, epoch=epoch, error=repr(exc))
-            return self.reply(S.STATUS_ERROR, s, epoch, message=f"prepare failed: {exc!r}")
+            return self.ctx.reply(S.STATUS_ERROR, s, epoch, message=f"prepare failed: {exc!r}")
         if rep.status != S.STATUS_OK:
-            self.outbound.pop(sid, None)
-            return self.reply(rep.status, s, epoch, message=rep.message)
+            self.ctx.outbound.pop(sid, None)
+            return self.ctx.reply(rep.status, s, epoch, message=rep.message)
         if stream_suffix:
             # Full blocks only: the partial tail block is copied out at the commit.
             self._open_stream(out, out.first_block, tail=False)
@@ -199,11 +211,43 @@ class SourceRole:
             s.set_state(SessionState.MIGRATING)
         log.info("triggered", session=sid, epoch=epoch, peer=target.address, split=split,
                  stream=stream_suffix)
-        return self.reply(S.STATUS_OK, s, epoch, split=split, scheme=scheme)
+        return self.ctx.reply(S.STATUS_OK, s, epoch, split=split, scheme=scheme)
+
+    async def split_for_ctho(self, s: Session, target: pallas_pb2.PeerEndpoint) -> int:
+        """ctHO's split p (docs/model.md §6) with the *target's* measured r_p (asked with a
+        Progress call; this agent's, then the default, when it does not say) and the measured
+        goodput to it; 0 (ship everything) without a model identity.
+
+        A target that is the agent this session came from (``Session.resumed_agent``: the UE
+        hands back to the cell it left, a ping-pong) still holds in vLLM's prefix cache the
+        whole blocks of the tokens it had then (:func:`held_at`); they are not shipped again
+        and its prefill of them is a cache hit (``ctho_split``'s ``held_tokens``). Should
+        vLLM have evicted them meanwhile, the target recomputes them: slower, never wrong."""
+        client = self.ctx.peers.get(target)
+        try:
+            r_p = (await client.progress(pallas_pb2.ProgressRequest(session_id=s.session_id),
+                                         timeout_s=min(1.0, self.ctx.cfg.rpc_timeout_s))).prefill_rate
+        except Exception as exc:  # noqa: BLE001 - an unreachable target fails at Prepare
+            log.info("target_rate_unknown", session=s.session_id, error=repr(exc))
+            r_p = 0.0
+        r_p = r_p or self.ctx.prefill_rate() or self.ctx.cfg.default_prefill_rate
+        try:
+            ident = self.ctx.identity()
+            goodput = client.goodput_bytes_per_s or client.bucket.rate or 1e9
+            held = held_at(s, target)
+            split = int(ctho_split(s.num_tokens, int(ident.block_size), r_p,
+                                   float(ident.kv_bytes_per_token), goodput, held)[0])
+            if held:
+                log.info("ctho_held_at_target", session=s.session_id, target=target.agent_id,
+                         held_tokens=held, split=split, tokens=s.num_tokens)
+            return split
+        except (ValueError, RuntimeError) as exc:
+            log.warning("ctho_rates_unavailable", session=s.session_id, error=repr(exc))
+            return 0
 
     # ------------------------------------------------------------------ bridging
-    async def _bridge(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
-                      scheme: int) -> bool:
+    async def bridge(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
+                     scheme: int) -> bool:
         """Bridging (``pallas-bridge``, docs/model.md §8): before the commit freezes ``s``,
         keep decoding here (the new agent's front relays these tokens to the UE) until the
         target holds the state, then return right after a token, so the handover happens at a
@@ -217,21 +261,21 @@ class SourceRole:
         past it, or if the attempt fails or the request ends, the commit goes on with whatever
         the target holds. Returns True when the target was ready.
         """
-        sid, bs = s.session_id, self.block_size
-        out = self.outbound.get(sid)
+        sid, bs = s.session_id, self.ctx.block_size
+        out = self.ctx.outbound.get(sid)
         if not (out is not None and out.live and out.epoch == epoch
                 and out.target.address == target.address):
             if out is not None:
-                await self._abandon(out, "mispredicted target" if out.target.address
-                                    != target.address else "superseded")
-            split = await self._ctho(s, target)
-            rep = await self._start(s, epoch, target, split, scheme, stream_suffix=True)
+                await self.abandon(out, "mispredicted target" if out.target.address
+                                   != target.address else "superseded")
+            split = await self.split_for_ctho(s, target)
+            rep = await self.start_attempt(s, epoch, target, split, scheme, stream_suffix=True)
             if rep.status != S.STATUS_OK:
                 log.info("bridge_unprepared", session=sid, epoch=epoch, message=rep.message)
                 return False
-            out = self.outbound.get(sid)
+            out = self.ctx.outbound.get(sid)
         t0 = time.monotonic()
-        end = t0 + self.cfg.bridge_max_s
+        end = t0 + self.ctx.cfg.bridge_max_s
         ready = False
         while out is not None and out.live and not s.request_done and time.monotonic() < end:
             try:
@@ -246,7 +290,7 @@ class SourceRole:
             if prog.warmup_done and prog.blocks_received >= need:
                 ready = out.ready = True
                 break
-            await asyncio.sleep(self.cfg.bridge_poll_s)
+            await asyncio.sleep(self.ctx.cfg.bridge_poll_s)
         if ready and not s.request_done:
             # Hand over right after a token: the UE then waits only for the switch itself.
             n = len(s.output_token_ids)
@@ -264,18 +308,18 @@ class SourceRole:
         try:
             prog = await out.client.progress(pallas_pb2.ProgressRequest(
                 session_id=out.session.session_id, epoch=out.epoch),
-                timeout_s=min(1.0, self.cfg.commit_deadline_s / 4))
+                timeout_s=min(1.0, self.ctx.cfg.commit_deadline_s / 4))
         except Exception as exc:  # no answer: finish the prepared state, bounded as usual
             log.warning("progress_failed", session=out.session.session_id, error=repr(exc))
             return None, 0.0
         if prog.status != S.STATUS_OK or prog.warmup_done:
             return None, prog.prefill_rate
-        ident = self.identity()
+        ident = self.ctx.identity()
         r_p, goodput = self._rates_for(out, prog.prefill_rate)
         # The UE's commit point may lie behind the prepared split (a trigger at a block boundary
         # the UE had not reached yet): only the prefix's whole blocks below n count, and the
         # blocks streamed from the split on are of no use.
-        prefix = min(out.split, n // self.block_size * self.block_size)
+        prefix = min(out.split, n // self.ctx.block_size * self.ctx.block_size)
         # The warm-up started when the target answered Prepare; what it still needs at r_p.
         # While the target says it is still running it needs at least one more engine step,
         # however long it has taken so far: a target slower than r_p (busy with other
@@ -289,15 +333,15 @@ class SourceRole:
                            prefilled_tokens=min(prefix, prog.prefilled_tokens),
                            received_blocks=prog.blocks_received if prefix == out.split else 0,
                            handover_tokens=n,
-                           block_size=self.block_size, s_kv=float(ident.kv_bytes_per_token),
-                           r_p=r_p, goodput=goodput, c_sync=self.cfg.c_sync_s,
-                           hop_delay_s=self.cfg.relay_hop_s,
+                           block_size=self.ctx.block_size, s_kv=float(ident.kv_bytes_per_token),
+                           r_p=r_p, goodput=goodput, c_sync=self.ctx.cfg.c_sync_s,
+                           hop_delay_s=self.ctx.cfg.relay_hop_s,
                            warmup_left_s=left)
         return commit_choice(st), r_p
 
-    async def _commit_attempt(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
-                              split: int | None, ship: Ship, scheme: int, session_scheme: int,
-                              deadline: float) -> pallas_pb2.ControlReply:
+    async def commit_attempt(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
+                             split: int | None, ship: Ship, scheme: int, session_scheme: int,
+                             deadline: float) -> pallas_pb2.ControlReply:
         """Hand ``s`` (frozen by the caller) over to ``target`` (paper section 4.3, step 3).
 
         A live attempt at the same target and epoch is finished; otherwise the target is
@@ -329,18 +373,18 @@ class SourceRole:
         except Exception as exc:
             ok, msg, rep = False, f"sync failed: {exc!r}", None
         if not ok:
-            await self._abandon(out, "sync failed")
+            await self.abandon(out, "sync failed")
             log.warning("commit_failed", session=s.session_id, epoch=epoch, error=msg)
-            return self.reply(rep.status if rep is not None and rep.status != S.STATUS_OK
-                              else S.STATUS_ERROR, s, epoch, message=msg, split=out.split,
-                              scheme=scheme)
+            return self.ctx.reply(rep.status if rep is not None and rep.status != S.STATUS_OK
+                                  else S.STATUS_ERROR, s, epoch, message=msg, split=out.split,
+                                  scheme=scheme)
         r = await self._handed_over(s, out, target, rep, sync, n, t0, choice)
         if choice is not None:
             r.choice.CopyFrom(pallas_pb2.CommitChoice(
                 option=choice.option, finish_s=choice.finish_s, ctho_s=choice.ctho_s,
                 recompute_s=choice.recompute_s, detour_s=choice.detour_s,
                 ctho_split_tokens=choice.ctho_split, prefix_tokens=sync.split_tokens,
-                handover_tokens=n, prefill_rate=r_p, c_sync_s=self.cfg.c_sync_s,
+                handover_tokens=n, prefill_rate=r_p, c_sync_s=self.ctx.cfg.c_sync_s,
                 goodput_bytes_per_s=out.client.goodput_bytes_per_s,
                 waited_s=time.monotonic() - t_sync))
         return r
@@ -352,29 +396,29 @@ class SourceRole:
         one prepared now, (it, False) (an attempt elsewhere or of another epoch is abandoned);
         a non-OK reply when the target could not be prepared before ``deadline``."""
         sid = s.session_id
-        out = self.outbound.get(sid)
+        out = self.ctx.outbound.get(sid)
         prepared = (out is not None and out.epoch == epoch and out.proactive and out.live
                     and out.target.address == target.address)
         if prepared:
             return out, True
         if out is not None:
-            await self._abandon(out, "mispredicted target" if out.target.address
-                                != target.address else "superseded")
-        split = 0 if ship == Ship.ALL else self._split(s, split) if split else 0
-        out = Outbound(session=s, epoch=epoch, target=target, client=self.peers.get(target),
-                       split=split, first_block=split // self.block_size, scheme=scheme,
+            await self.abandon(out, "mispredicted target" if out.target.address
+                               != target.address else "superseded")
+        split = 0 if ship == Ship.ALL else self.block_split(s, split) if split else 0
+        out = Outbound(session=s, epoch=epoch, target=target, client=self.ctx.peers.get(target),
+                       split=split, first_block=split // self.ctx.block_size, scheme=scheme,
                        proactive=False, stream_suffix=ship != Ship.NONE)
-        self.outbound[sid] = out
+        self.ctx.outbound[sid] = out
         try:
             rep = await asyncio.wait_for(self._prepare(out), deadline - time.monotonic())
         except Exception as exc:
-            self.outbound.pop(sid, None)
-            return self.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
-                              message=f"prepare at the target failed: {exc!r}")
+            self.ctx.outbound.pop(sid, None)
+            return self.ctx.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
+                                  message=f"prepare at the target failed: {exc!r}")
         if rep.status != S.STATUS_OK:  # any refusal there is REJECTED here (not the xApp's
-            self.outbound.pop(sid, None)  # stale epoch): the session stays here
-            return self.reply(S.STATUS_REJECTED, s, epoch, scheme=scheme,
-                              message=f"target refused ({S.Status.Name(rep.status)}): {rep.message}")
+            self.ctx.outbound.pop(sid, None)  # stale epoch): the session stays here
+            return self.ctx.reply(S.STATUS_REJECTED, s, epoch, scheme=scheme,
+                                  message=f"target refused ({S.Status.Name(rep.status)}): {rep.message}")
         return out, False
 
     def _plan(self, out: Outbound, s: Session, prepared: bool, ship: Ship,
@@ -388,10 +432,10 @@ class SourceRole:
         r_p, goodput = self._rates_for(out, r_p)
         return plan_commit(CommitInputs(
             prepared=prepared, ship=ship, split=out.split, first_block=out.first_block,
-            block_size=self.block_size, deadline_left_s=deadline - time.monotonic(), choice=choice,
+            block_size=self.ctx.block_size, deadline_left_s=deadline - time.monotonic(), choice=choice,
             finished_here=_finished_here(s),
             failed_here=s.held_error is not None, goodput=goodput,
-            s_kv=float(self.identity().kv_bytes_per_token), r_p=r_p))
+            s_kv=float(self.ctx.identity().kv_bytes_per_token), r_p=r_p))
 
     async def _ship(self, out: Outbound, plan: CommitPlan, need_end: int, deadline: float
                     ) -> tuple[pallas_pb2.KVBlock | None, int]:
@@ -400,16 +444,16 @@ class SourceRole:
         stream's end and the Sync need the rest; what is missing then is recomputed), close the
         stream before the Sync (it must not overtake blocks in flight). Returns (the tail block
         to send with the Sync or None, blocks streamed)."""
-        sid, epoch, bs = out.session.session_id, out.epoch, self.block_size
+        sid, epoch, bs = out.session.session_id, out.epoch, self.ctx.block_size
         if plan.shipping and out.stream is None:
             out.stream = out.client.open_stream(sid, epoch)
             self._watch_stream(out)
         if plan.shipping:
             # The engine's next step copies out what is missing from the run and the tail.
-            self.hub.export(sid, epoch, out.run_end(), stream=True, tail=plan.ship_tail)
+            self.ctx.hub.export(sid, epoch, out.run_end(), stream=True, tail=plan.ship_tail)
             await self._wait_blocks(out, need_end, time.monotonic() + 0.5 * max(0.0, deadline - time.monotonic()),
                                     tail=plan.ship_tail)
-        self.hub.stop_export(sid)
+        self.ctx.hub.stop_export(sid)
         tail_msg = None
         last_full, t = need_end // bs, out.tail
         if plan.ship_tail and need_end % bs and last_full not in out.full and t is not None \
@@ -436,7 +480,7 @@ class SourceRole:
         at a block boundary the UE had not reached; the target uses whole blocks below n only),
         the warm-up wait and what is left of the deadline."""
         remaining = 0 if _finished_here(s) and not s.held_token_ids else s.remaining_tokens
-        sp, bs = s.sampling, self.block_size
+        sp, bs = s.sampling, self.ctx.block_size
         return pallas_pb2.SyncRequest(
             session_id=s.session_id, epoch=out.epoch, token_ids=s.all_token_ids[:n],
             prompt_tokens=len(s.prompt_token_ids), tail=tail_msg, streamed_blocks=streamed,
@@ -455,8 +499,8 @@ class SourceRole:
         record the handover and answer OK with what moved."""
         sid = s.session_id
         out.to(SourceState.COMMITTED)
-        self.outbound.pop(sid, None)
-        await self.vllm_client.abort(s)
+        self.ctx.outbound.pop(sid, None)
+        await self.ctx.vllm_client.abort(s)
         s.held_token_ids.clear()
         s.held_error = None   # the target serves on: a failure here after the commit point
         s.held_finish = None  # (or a finish held back) no longer concerns the session
@@ -467,7 +511,7 @@ class SourceRole:
         log.info("committed", session=sid, epoch=out.epoch, n_tokens=n, streamed=sync.streamed_blocks,
                  tail=sync.HasField("tail"), reused=rep.reused_tokens,
                  choice=choice.option if choice else None, took_s=round(time.time() - t0, 4))
-        r = self.reply(S.STATUS_OK, s, out.epoch, split=out.split, scheme=sync.scheme, message=rep.message)
+        r = self.ctx.reply(S.STATUS_OK, s, out.epoch, split=out.split, scheme=sync.scheme, message=rep.message)
         r.blocks_moved, r.kv_bytes_moved = rep.blocks_received, rep.bytes_received
         r.reused_tokens = rep.reused_tokens
         r.recomputed_tokens = max(0, n - rep.reused_tokens)
@@ -477,14 +521,14 @@ class SourceRole:
         """(r_p, goodput) for a commit's decisions: the target's prefill rate (``r_p``, else
         this agent's measured one, else the configured default), tokens/s; the link's goodput
         (measured, else the rate limit, else unlimited loopback, 1e9), bytes/s."""
-        r_p = r_p or self.prefill_rate() or self.cfg.default_prefill_rate
+        r_p = r_p or self.ctx.prefill_rate() or self.ctx.cfg.default_prefill_rate
         return r_p, out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9
 
     def _tail_pays(self, out: Outbound, r_p: float) -> bool:
         """Whether shipping the tail's KV beats recomputing it at the target (:func:`tail_pays`
         at :meth:`_rates_for`; docs/model.md §3, Eq. 6)."""
         r_p, goodput = self._rates_for(out, r_p)
-        return tail_pays(goodput, float(self.identity().kv_bytes_per_token), r_p)
+        return tail_pays(goodput, float(self.ctx.identity().kv_bytes_per_token), r_p)
 
     async def _wait_blocks(self, out: Outbound, need_end: int, deadline: float, tail: bool = True) -> None:
         """Wait (until ``deadline``, time.monotonic()) for the engine to copy out what covers
@@ -496,7 +540,7 @@ class SourceRole:
         ``BLOCK_FLUSH_GRACE_S`` for copies still on the local channel). What is missing at the
         return is recomputed by the target (logged ``blocks_missing_at_commit``).
         """
-        bs = self.block_size
+        bs = self.ctx.block_size
         last_full, rem = need_end // bs, need_end % bs
         while True:
             have_full = all(j in out.full for j in range(out.first_block, last_full))

@@ -1,9 +1,10 @@
 """Target side of a migration (paper section 4.3; docs/architecture.md §2, steps 2-3).
 
-:class:`TargetRole` (mixed into :class:`agent.migration.engine.MigrationEngine`) admits an
-attempt at Prepare and reserves its KV memory from this agent's own accounting until the Sync
-or Release; warms the prefix cache; buffers streamed blocks within per-attempt and per-agent
-byte bounds (an oversized block is refused on arrival); and at Sync resumes the request here.
+:class:`Target` (composed by :class:`agent.migration.engine.MigrationEngine` over its
+:class:`agent.migration.context.Context`) admits an attempt at Prepare and reserves its KV
+memory from this agent's own accounting until the Sync or Release; warms the prefix cache;
+buffers streamed blocks within per-attempt and per-agent byte bounds (an oversized block is
+refused on arrival); and at Sync resumes the request here.
 An attempt whose source goes silent for ``inbound_idle_s`` expires (:meth:`expire`).
 
 Who may touch an attempt (issue 16): with mutual TLS the Prepare's ``source`` must be one of the
@@ -23,9 +24,11 @@ import structlog
 from pallas_proto import pallas_pb2
 
 from agent.connector.messages import Claim, Loaded
+from agent.migration.context import Context
 from agent.migration.states import TargetState, check
 from agent.obs import MIGRATIONS
 from agent.session import Handover, SamplingSpec, Session, SessionState
+from agent.telemetry import Ewma
 from agent.transfer import CALL_DEADLINE, CALLER, identity_mismatch
 from agent.wire import Block
 from pallas_common.aio import cancel_and_wait
@@ -89,36 +92,45 @@ def _not_source(source: pallas_pb2.PeerEndpoint) -> str:
     return f"peer {sorted(caller)} is not the attempt's source {source.agent_id!r}"
 
 
-class TargetRole:
-    """The target half of the migration engine (attributes come from the engine)."""
+class Target:
+    """The target role of the migration engine, over the engine's :class:`Context`; the
+    agent's PeerTransfer handler (:class:`agent.transfer.PeerHandler`).
+
+    ``warmup_rate``: EWMA of this agent's warm-up prefill rates, tokens/s (its r_p).
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.warmup_rate = Ewma(0.3)
+        self._claims: dict[tuple[str, int], asyncio.Future] = {}
 
     def _lives_here(self, sid: str) -> str:
         """Why session ``sid`` may not be taken over by a peer ("" if it may): it lives here
         (served by this agent, not handed over, finished or failed)."""
-        s = self.sessions.get(sid)
+        s = self.ctx.sessions.get(sid)
         if s is None or s.done:
             return ""
         return f"session {sid} lives at this agent ({s.state.value})"
 
     def reserved_bytes(self) -> int:
         """KV bytes promised to admitted attempts not yet resumed or released."""
-        return sum(i.reserved_bytes for i in self.inbound.values()
+        return sum(i.reserved_bytes for i in self.ctx.inbound.values()
                    if i.state == TargetState.PREPARING)
 
     def buffered_bytes(self) -> int:
         """KV bytes buffered in this agent for incoming attempts."""
-        return sum(i.bytes_in for i in self.inbound.values())
+        return sum(i.bytes_in for i in self.ctx.inbound.values())
 
     async def on_prepare(self, req: pallas_pb2.PrepareRequest) -> pallas_pb2.PrepareReply:
         """Admission, memory reservation and prefix warm-up (paper section 4.3, step 2)."""
         sid, epoch = req.session_id, req.epoch
-        mine = self.identity()
-        newest = self.ledger.newest_in(sid)
+        mine = self.ctx.identity()
+        newest = self.ctx.ledger.newest_in(sid)
         if epoch < newest:
             return pallas_pb2.PrepareReply(status=S.STATUS_STALE_EPOCH, model=mine,
                                            message=f"newest epoch is {newest}")
         why = _not_source(req.source) or self._lives_here(sid)
-        inb = self.inbound.get(sid)
+        inb = self.ctx.inbound.get(sid)
         if not why and inb is not None and inb.epoch == epoch and (
                 inb.source.agent_id, inb.source.address) != (req.source.agent_id,
                                                              req.source.address):
@@ -131,7 +143,7 @@ class TargetRole:
             return pallas_pb2.PrepareReply(status=S.STATUS_OK, model=mine,
                                            message="already prepared")
         if inb is not None:
-            await self._drop_inbound(inb, "superseded")
+            await self.drop_inbound(inb, "superseded")
         mismatch = identity_mismatch(req.model, mine)
         if mismatch:
             return pallas_pb2.PrepareReply(status=S.STATUS_REJECTED, model=mine,
@@ -145,20 +157,20 @@ class TargetRole:
         # Admission by this agent's own accounting: the source's claim is taken only above what
         # the target knows it will hold, the prefix's blocks (a claim of 0 reserves those).
         need = max(int(req.expected_kv_bytes), len(prefix) // bs * int(mine.block_bytes))
-        free = int(self.hub.kv_stats().get("free_blocks", 0)) * int(mine.block_bytes)
+        free = int(self.ctx.hub.kv_stats().get("free_blocks", 0)) * int(mine.block_bytes)
         free = max(0, free - self.reserved_bytes())  # what earlier admissions were promised
         if need > free:
             return pallas_pb2.PrepareReply(status=S.STATUS_REJECTED, model=mine,
                                            free_kv_bytes=free,
                                            message=f"needs {need} B of KV, "
                                                    f"{free} B free after reservations")
-        self.ledger.see_in(sid, epoch)
+        self.ctx.ledger.see_in(sid, epoch)
         inb = Inbound(session_id=sid, epoch=epoch, source=req.source, prefix_len=len(prefix),
                       scheme=req.scheme, ue_id=req.ue_id, reserved_bytes=need)
         if prefix:
             inb.t_warmup = time.monotonic()
-            inb.warmup = self._spawn(self._warm(inb, prefix), f"warmup-{sid}-{epoch}")
-        self.inbound[sid] = inb
+            inb.warmup = self.ctx.spawn(self._warm(inb, prefix), f"warmup-{sid}-{epoch}")
+        self.ctx.inbound[sid] = inb
         log.info("prepared", session=sid, epoch=epoch, peer=req.source.address,
                  prefix=len(prefix), reserved=need)
         return pallas_pb2.PrepareReply(status=S.STATUS_OK, model=mine, free_kv_bytes=free)
@@ -173,17 +185,17 @@ class TargetRole:
         overhead, not a rate, and is not a sample (a session coming back to an agent it left
         finds most of its prefix cached, which read as 8,000-9,500 tokens/s against a paced
         1,850)."""
-        usage = await self.vllm_client.prefill(prefix)
+        usage = await self.ctx.vllm_client.prefill(prefix)
         took = time.monotonic() - inb.t_warmup
         computed = computed_tokens(len(prefix), usage)
         if took > 0 and computed >= MIN_WARMUP_SAMPLE_TOKENS:
             self.warmup_rate.update(computed / took)
-            self.observe_prefill(computed, took)
+            self.ctx.observe_prefill(computed, took)
 
     def on_block(self, blk: Block | pallas_pb2.KVBlock, crc_ok: bool | None = None) -> str:
         """Store one streamed block: "ok", "stale" (no attempt of that epoch), "bad" (CRC),
         "refused" (larger than a block, or over the per-attempt / per-agent byte bound)."""
-        inb = self.inbound.get(blk.session_id)
+        inb = self.ctx.inbound.get(blk.session_id)
         if inb is None or blk.epoch != inb.epoch or inb.state != TargetState.PREPARING:
             return "stale"
         if _not_source(inb.source):
@@ -194,19 +206,19 @@ class TargetRole:
         inb.touched = time.monotonic()
         n = len(blk.data)
         why = ""
-        if n > int(self.identity().block_bytes):
+        if n > int(self.ctx.identity().block_bytes):
             why = f"{n} B is larger than a block"
-        elif inb.bytes_in + n > self.cfg.max_inbound_session_bytes:
+        elif inb.bytes_in + n > self.ctx.cfg.max_inbound_session_bytes:
             why = "attempt over max_inbound_session_bytes"
-        elif self.buffered_bytes() + n > self.cfg.max_inbound_bytes:
+        elif self.buffered_bytes() + n > self.ctx.cfg.max_inbound_bytes:
             why = "agent over max_inbound_bytes"
         if why:
             inb.blocks_rejected += 1
             log.warning("block_refused", session=blk.session_id, epoch=blk.epoch,
                         block=blk.block_index, why=why)
             return "refused"
-        verdict = self.hub.put_block(blk.session_id, blk.epoch, blk.block_index, blk.fill,
-                                     blk.checksum, blk.data, crc_ok)
+        verdict = self.ctx.hub.put_block(blk.session_id, blk.epoch, blk.block_index, blk.fill,
+                                         blk.checksum, blk.data, crc_ok)
         if verdict == "ok":
             if blk.block_index not in inb.indices:
                 inb.indices.add(blk.block_index)
@@ -227,8 +239,8 @@ class TargetRole:
         it is usable earlier (a time-based estimate let the choice "recompute" from a prefix
         that was not there, and the resumed request then waited for the warm-up anyway).
         """
-        r_p = self.warmup_rate.value or self.prefill_rate()
-        inb = self.inbound.get(req.session_id)
+        r_p = self.warmup_rate.value or self.ctx.prefill_rate()
+        inb = self.ctx.inbound.get(req.session_id)
         if inb is None or inb.epoch != req.epoch:  # still says this agent's r_p (ctHO's split)
             return pallas_pb2.ProgressReply(status=S.STATUS_UNKNOWN_SESSION, prefill_rate=r_p)
         inb.touched = time.monotonic()
@@ -246,7 +258,7 @@ class TargetRole:
 
     def _run(self, inb: Inbound, start_token: int) -> int:
         """Blocks held in one run from the block of ``start_token`` on."""
-        j = first = start_token // self.block_size
+        j = first = start_token // self.ctx.block_size
         while j in inb.indices:
             j += 1
         return j - first
@@ -254,7 +266,7 @@ class TargetRole:
     async def on_sync(self, req: pallas_pb2.SyncRequest) -> pallas_pb2.SyncReply:
         """Resume the session here: submit the request (prompt = every token so far)."""
         sid, epoch = req.session_id, req.epoch
-        inb = self.inbound.get(sid)
+        inb = self.ctx.inbound.get(sid)
         refused = self._sync_refusal(req, inb)
         if refused is not None:
             return refused
@@ -272,20 +284,20 @@ class TargetRole:
         if inb.warmup is not None and not inb.warmup.done():
             try:  # never longer than the source's choice allows (0: do not wait)
                 await asyncio.wait_for(asyncio.shield(inb.warmup),
-                                       left(min(req.warmup_wait_s, self.cfg.warmup_timeout_s)))
+                                       left(min(req.warmup_wait_s, self.ctx.cfg.warmup_timeout_s)))
             except Exception as exc:  # a slow or failed warm-up only costs recomputation
                 log.info("warmup_not_awaited", session=sid, epoch=epoch, error=repr(exc))
         load = self._load_range(req, inb)
         now = time.time()
         session = self._resumed_session(req, inb, now)
-        old = self.sessions.get(sid)
+        old = self.ctx.sessions.get(sid)
         if old is not None and old._task is not None and not old._task.done():
-            await self.vllm_client.abort(old)
-        self.sessions.add(session)
+            await self.ctx.vllm_client.abort(old)
+        self.ctx.sessions.add(session)
         inb.to(TargetState.RESUMED)
         if session.remaining_tokens <= 0:
             session.set_state(SessionState.FINISHED, finish_reason="length")
-            await self._drop_inbound(inb, "finished at the source")
+            await self.drop_inbound(inb, "finished at the source")
             return pallas_pb2.SyncReply(status=S.STATUS_OK, message="finished",
                                         blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
         got = await self._submit_resume(req, inb, session, old, load, now, left, end, budget)
@@ -305,17 +317,17 @@ class TargetRole:
         the connector's load deadline, ``left(cap)`` caps a wait by the source's deadline."""
         sid, epoch = req.session_id, req.epoch
         first, last = load
-        resume_s = min(self.cfg.resume_deadline_s, max(0.05, req.deadline_s or 1e9))
+        resume_s = min(self.ctx.cfg.resume_deadline_s, max(0.05, req.deadline_s or 1e9))
         params = {"pallas": {"sid": sid, "load": {
             "epoch": epoch, "prefix_len": inb.prefix_len, "first_block": first,
             "last_block": last, "deadline": now + resume_s}}}
         claim_fut = asyncio.get_running_loop().create_future()
         self._claims[(sid, epoch)] = claim_fut
-        task = self.vllm_client.start(session, kv_transfer_params=params)
-        self._spawn(self._release_after_first_token(inb, session), f"drop-{sid}-{epoch}")
+        task = self.ctx.vllm_client.start(session, kv_transfer_params=params)
+        self.ctx.spawn(self._release_after_first_token(inb, session), f"drop-{sid}-{epoch}")
         try:
             return await self._await_claim(inb, session, old, claim_fut, task,
-                                           left(resume_s + self.cfg.claim_wait_s), end, budget)
+                                           left(resume_s + self.ctx.cfg.claim_wait_s), end, budget)
         except asyncio.CancelledError:
             # The call ended before any answer. At its gRPC deadline (e.g. the Sync reached a
             # loaded target late): the source gave up and serves on, so the resume is undone
@@ -324,8 +336,8 @@ class TargetRole:
             # away (its agent died), so this target keeps the session and serves it.
             at = CALL_DEADLINE.get()
             if at is not None and time.monotonic() >= at - SYNC_REPLY_MARGIN_S / 10:
-                self._spawn(self._hand_back(session, inb, "the Sync's deadline passed before "
-                                            "its answer"), f"undo-{sid}-{epoch}")
+                self.ctx.spawn(self._hand_back(session, inb, "the Sync's deadline passed before "
+                                               "its answer"), f"undo-{sid}-{epoch}")
             raise
         finally:
             self._claims.pop((sid, epoch), None)
@@ -336,7 +348,7 @@ class TargetRole:
         lives here already (rejected), or token counts that do not add up (invalid)."""
         sid, epoch = req.session_id, req.epoch
         if inb is None or inb.epoch != epoch or inb.state != TargetState.PREPARING:
-            status = (S.STATUS_STALE_EPOCH if epoch < self.ledger.newest_in(sid)
+            status = (S.STATUS_STALE_EPOCH if epoch < self.ctx.ledger.newest_in(sid)
                       else S.STATUS_UNKNOWN_SESSION)
             return pallas_pb2.SyncReply(status=status, message="no prepared migration")
         why = _not_source(inb.source) or self._lives_here(sid)
@@ -352,7 +364,7 @@ class TargetRole:
         none): only what arrived, a run of blocks from the split on (the source's count is
         checked against it; a block it claims but that never came is recomputed, not
         awaited), and the tail block when it continues that run."""
-        bs = self.block_size
+        bs = self.ctx.block_size
         first = int(req.split_tokens) // bs
         arrived = self._run(inb, first * bs)
         if int(req.streamed_blocks) != arrived:
@@ -429,11 +441,11 @@ class TargetRole:
         the attempt's blocks are dropped) and answer the Sync non-OK with the reason, so the
         source keeps the session (one holder)."""
         sid = session.session_id
-        if self.sessions.get(sid) is session:
-            self.sessions.pop(sid)
+        if self.ctx.sessions.get(sid) is session:
+            self.ctx.sessions.pop(sid)
             if old is not None:
-                self.sessions.add(old)
-        await self._drop_inbound(inb, "resume failed")
+                self.ctx.sessions.add(old)
+        await self.drop_inbound(inb, "resume failed")
         MIGRATIONS.labels("target", scheme_name(inb.scheme), "failed").inc()
         log.warning("resume_failed", session=sid, epoch=inb.epoch, error=session.error)
         return pallas_pb2.SyncReply(status=S.STATUS_ERROR,
@@ -443,14 +455,14 @@ class TargetRole:
         """Undo a resume here (the source serves the session: one holder): the resumed request
         is aborted, the record says the session went back to its source (a UE streaming it
         here is relayed there) and the attempt's blocks are dropped."""
-        await self.vllm_client.abort(session)
+        await self.ctx.vllm_client.abort(session)
         if not session.done:
             session.handover = Handover(target=inb.source.address if inb is not None else "",
                                         agent_id=session.resumed_agent,
                                         n_tokens=session.num_tokens, t_commit=time.time())
             session.set_state(SessionState.HANDED_OVER)
         if inb is not None:
-            await self._drop_inbound(inb, f"resume undone: {why}")
+            await self.drop_inbound(inb, f"resume undone: {why}")
         MIGRATIONS.labels("target", scheme_name(inb.scheme) if inb is not None else "",
                           "handed_back").inc()
         log.warning("resume_undone", session=session.session_id, epoch=session.epoch,
@@ -461,36 +473,36 @@ class TargetRole:
         try:
             await session.wait_tokens(session.resumed_from)
         finally:
-            await self._drop_inbound(inb, "resumed")
+            await self.drop_inbound(inb, "resumed")
 
-    def _on_claim(self, claim: Claim) -> None:
+    def on_claim(self, claim: Claim) -> None:
         fut = self._claims.get((claim.sid, claim.epoch))
         if fut is not None and not fut.done():
             fut.set_result(claim)
 
-    def _on_loaded(self, loaded: Loaded) -> None:
+    def on_loaded(self, loaded: Loaded) -> None:
         """The connector's report of a load; blocks that failed to load (missing, or bad after
         their checksum passed) are recomputed by vLLM (``kv_load_failure_policy=recompute``)
         or fail the request: either way the attempt's buffered blocks are of no more use and
         are released now."""
-        s = self.sessions.get(loaded.sid)
+        s = self.ctx.sessions.get(loaded.sid)
         if s is not None:
             s.loaded = loaded
-        inb = self.inbound.get(loaded.sid)
+        inb = self.ctx.inbound.get(loaded.sid)
         if loaded.failed and inb is not None and inb.epoch == loaded.epoch:
             log.warning("blocks_failed_to_load", session=loaded.sid, epoch=loaded.epoch,
                         failed=list(loaded.failed), loaded=len(loaded.blocks))
-            self._spawn(self._drop_inbound(inb, "blocks failed to load"),
-                        f"drop-failed-{loaded.sid}-{loaded.epoch}")
+            self.ctx.spawn(self.drop_inbound(inb, "blocks failed to load"),
+                           f"drop-failed-{loaded.sid}-{loaded.epoch}")
 
-    async def _drop_inbound(self, inb: Inbound, reason: str) -> int:
-        if self.inbound.get(inb.session_id) is inb:
-            self.inbound.pop(inb.session_id, None)
+    async def drop_inbound(self, inb: Inbound, reason: str) -> int:
+        if self.ctx.inbound.get(inb.session_id) is inb:
+            self.ctx.inbound.pop(inb.session_id, None)
         await cancel_and_wait(inb.warmup)
         if inb.state != TargetState.RELEASED:
             inb.to(TargetState.RELEASED)
-        held = self.hub.store.epoch(inb.session_id)
-        n = self.hub.drop(inb.session_id) if held is not None and held <= inb.epoch else 0
+        held = self.ctx.hub.store.epoch(inb.session_id)
+        n = self.ctx.hub.drop(inb.session_id) if held is not None and held <= inb.epoch else 0
         log.info("inbound_released", session=inb.session_id, epoch=inb.epoch, blocks=n,
                  reason=reason)
         return n
@@ -506,39 +518,39 @@ class TargetRole:
         undo a resume (it cannot know whether the commit succeeded).
         """
         sid, epoch = req.session_id, req.epoch
-        newest = self.ledger.newest_in(sid)
+        newest = self.ctx.ledger.newest_in(sid)
         if epoch < newest:
             return pallas_pb2.ReleaseReply(status=S.STATUS_STALE_EPOCH,
                                            message=f"newest epoch is {newest}")
-        inb = self.inbound.get(sid)
+        inb = self.ctx.inbound.get(sid)
         if inb is not None and _not_source(inb.source):  # before the epoch is recorded
             return pallas_pb2.ReleaseReply(status=S.STATUS_REJECTED,
                                            message=_not_source(inb.source))
-        s = self.sessions.get(sid)
+        s = self.ctx.sessions.get(sid)
         if undo_resume and s is not None and s.state == SessionState.RESUMED \
                 and s.epoch == epoch and s.resumed_agent \
                 and not _not_source(pallas_pb2.PeerEndpoint(agent_id=s.resumed_agent)):
             mine = inb if inb is not None and inb.epoch == epoch else None
-            blocks = self.hub.store.num_blocks
+            blocks = self.ctx.hub.store.num_blocks
             # shielded: a Release whose own deadline passes mid-way still undoes the resume
             await asyncio.shield(self._hand_back(s, mine, f"the source abandoned the commit "
                                                           f"({req.reason or 'no reason given'})"))
-            self.ledger.see_in(sid, epoch)
+            self.ctx.ledger.see_in(sid, epoch)
             return pallas_pb2.ReleaseReply(
-                status=S.STATUS_OK, blocks_released=max(0, blocks - self.hub.store.num_blocks),
+                status=S.STATUS_OK, blocks_released=max(0, blocks - self.ctx.hub.store.num_blocks),
                 message="resume undone: the source keeps the session")
-        self.ledger.see_in(sid, epoch)
+        self.ctx.ledger.see_in(sid, epoch)
         if inb is None or inb.state != TargetState.PREPARING:
             return pallas_pb2.ReleaseReply(status=S.STATUS_OK, message="nothing held")
-        n = await self._drop_inbound(inb, req.reason or "released")
+        n = await self.drop_inbound(inb, req.reason or "released")
         return pallas_pb2.ReleaseReply(status=S.STATUS_OK, blocks_released=n)
 
     async def expire(self, now: float | None = None) -> int:
         """Drop prepared attempts whose source sent nothing for ``inbound_idle_s``; returns
         how many were dropped (a lost Release or a dead source frees the target this way)."""
         now = time.monotonic() if now is None else now
-        stale = [i for i in self.inbound.values() if i.state == TargetState.PREPARING
-                 and now - i.touched > self.cfg.inbound_idle_s]
+        stale = [i for i in self.ctx.inbound.values() if i.state == TargetState.PREPARING
+                 and now - i.touched > self.ctx.cfg.inbound_idle_s]
         for inb in stale:
-            await self._drop_inbound(inb, "source silent")
+            await self.drop_inbound(inb, "source silent")
         return len(stale)

@@ -105,7 +105,7 @@ async def fake_attach(self, url: str, timeout_s: float | None = None) -> None:
     """Stand-in for ``agent.app.Agent.attach`` (monkeypatched onto the class): no vLLM; a
     FakeVllmClient and a connector hello of 32-token, 64 KiB blocks, 2 layers."""
     self.vllm_url = url
-    self.vllm_client = self.migration.vllm_client = FakeVllmClient()
+    self.vllm_client = self.migration.ctx.vllm_client = FakeVllmClient()
     self.hub.sched_info = SchedHello(block_size=32, free_blocks=100, num_blocks=120)
     self.hub.worker_info = WorkerHello(block_bytes=65536, num_layers=2, dtype="float32",
                                        model_dtype="float32")

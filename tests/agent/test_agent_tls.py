@@ -157,7 +157,7 @@ def test_peer_transfer_admits_only_directory_agents(pki, monkeypatch, fake_core)
                             out[(name, call)] = e.code()
                 finally:
                     await pool.close()
-            return out, dict(app.migration.inbound)
+            return out, dict(app.migration.ctx.inbound)
 
     out, inbound = asyncio.run(asyncio.wait_for(go(), 30))
     for name in ("intruder", "pallas-xapp"):

@@ -294,20 +294,20 @@ def test_a_resume_that_vllm_fails_before_its_claim_fails_the_sync_and_holds_noth
     session is not kept there (the source serves on: one holder) and the blocks are freed."""
     async def run_(fake):
         m, hub, eng = _engine(claim_wait_s=5.0, resume_deadline_s=5.0)
-        m.vllm_client = fake.client()
-        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
-        assert m.on_block(_blk(2)) == "ok"
+        m.ctx.vllm_client = fake.client()
+        assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        assert m.target.on_block(_blk(2)) == "ok"
         t0 = asyncio.get_running_loop().time()
-        rep = await m.on_sync(pb.SyncRequest(
+        rep = await m.target.on_sync(pb.SyncRequest(
             session_id="s", epoch=1, token_ids=list(range(100)), prompt_tokens=70,
             streamed_blocks=1, split_tokens=64, ue_id="ue",
             sampling=pb.SamplingParams(max_tokens=20), deadline_s=8.0))
         took = asyncio.get_running_loop().time() - t0
         await asyncio.sleep(0.05)
         held = m.held()
-        await m.vllm_client.close()
+        await m.ctx.vllm_client.close()
         await m.close()
-        return rep, took, held, m.sessions.get("s")
+        return rep, took, held, m.ctx.sessions.get("s")
     for fake, words in ((FakeVLLM([ERROR, DONE]), "Internal server error"),
                         (FakeVLLM(refuse=True), "unreachable")):
         rep, took, held, s = asyncio.run(run_(fake))
@@ -320,12 +320,12 @@ def test_a_resume_that_vllm_fails_before_its_claim_fails_the_sync_and_holds_noth
 def test_blocks_vllm_reports_failed_to_load_are_released():
     async def run_():
         m, hub, eng = _engine()
-        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
-        assert m.on_block(_blk(2)) == "ok" and m.on_block(_blk(3)) == "ok"
-        m._on_loaded(Loaded("s", 2, blocks=(2,), failed=(3,)))   # another epoch: kept
+        assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        assert m.target.on_block(_blk(2)) == "ok" and m.target.on_block(_blk(3)) == "ok"
+        m.target.on_loaded(Loaded("s", 2, blocks=(2,), failed=(3,)))   # another epoch: kept
         await asyncio.sleep(0.01)
         kept = m.held()["blocks"]
-        m._on_loaded(Loaded("s", 1, blocks=(2,), failed=(3,)))
+        m.target.on_loaded(Loaded("s", 1, blocks=(2,), failed=(3,)))
         await asyncio.sleep(0.01)
         held = m.held()
         await m.close()
@@ -393,17 +393,17 @@ class _Aborts:
 async def _resumed(m):
     """Prepare, one block, a Sync and vLLM's claim: the session resumed at ``m``."""
     from agent.connector.messages import Claim
-    assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
-    assert m.on_block(_blk(2)) == "ok"
+    assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+    assert m.target.on_block(_blk(2)) == "ok"
     sync = asyncio.ensure_future(_resume(m))
     await asyncio.sleep(0.01)
-    m._on_claim(Claim("s", 1, 64, 32, 100, 0.0, ()))
+    m.target.on_claim(Claim("s", 1, 64, 32, 100, 0.0, ()))
     assert (await sync).status == pb.STATUS_OK
-    return m.sessions.get("s")
+    return m.ctx.sessions.get("s")
 
 
 def _resume(m, deadline_s=8.0, epoch=1):
-    return m.on_sync(pb.SyncRequest(
+    return m.target.on_sync(pb.SyncRequest(
         session_id="s", epoch=epoch, token_ids=list(range(100)), prompt_tokens=70,
         streamed_blocks=1, split_tokens=64, ue_id="ue",
         sampling=pb.SamplingParams(max_tokens=20), deadline_s=deadline_s))
@@ -416,13 +416,13 @@ def test_a_sync_not_taken_up_by_vllm_is_undone_before_the_sources_deadline():
     async def run_():
         m, hub, eng = _engine(claim_wait_s=5.0, resume_deadline_s=5.0)
         ab = _Aborts(eng)
-        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
-        assert m.on_block(_blk(2)) == "ok"
+        assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        assert m.target.on_block(_blk(2)) == "ok"
         t0 = asyncio.get_running_loop().time()
         rep = await _resume(m, deadline_s=1.0)
         took = asyncio.get_running_loop().time() - t0
         await asyncio.sleep(0.01)
-        held, s = m.held(), m.sessions.get("s")
+        held, s = m.held(), m.ctx.sessions.get("s")
         await m.close()
         return rep, took, held, s, ab.aborted
     rep, took, held, s, aborted = asyncio.run(run_())
@@ -440,10 +440,10 @@ def test_a_release_from_the_source_undoes_a_resume_it_gave_up_and_a_cancel_does_
         m, hub, eng = _engine()
         ab = _Aborts(eng)
         s = await _resumed(m)
-        kept = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=1, reason="x"),
+        kept = await m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=1, reason="x"),
                                   undo_resume=False)
         kept_state = s.state
-        undone = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=1,
+        undone = await m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=1,
                                                       reason="sync failed"))
         held = m.held()
         await m.close()
@@ -495,8 +495,8 @@ def test_a_sync_cancelled_before_its_answer_is_undone_at_its_deadline_only(deadl
     async def run_():
         m, hub, eng = _engine(claim_wait_s=5.0, resume_deadline_s=5.0)
         ab = _Aborts(eng)
-        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
-        assert m.on_block(_blk(2)) == "ok"
+        assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        assert m.target.on_block(_blk(2)) == "ok"
         now = asyncio.get_running_loop().time()   # the loop's clock is time.monotonic()
         CALL_DEADLINE.set(now if deadline_passed else now + 60.0)
         sync = asyncio.ensure_future(_resume(m, deadline_s=8.0))
@@ -510,7 +510,7 @@ def test_a_sync_cancelled_before_its_answer_is_undone_at_its_deadline_only(deadl
                 break
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.01)
-        held, s = m.held(), m.sessions.get("s")
+        held, s = m.held(), m.ctx.sessions.get("s")
         await m.close()
         return held, s, ab.aborted
     held, s, aborted = asyncio.run(run_())
@@ -535,7 +535,7 @@ def test_a_release_cancelled_mid_undo_still_hands_the_session_back():
             aborted.append(s.session_id)
         eng.abort = slow_abort
         s = await _resumed(m)
-        rel = asyncio.ensure_future(m.on_release(pb.ReleaseRequest(session_id="s", epoch=1,
+        rel = asyncio.ensure_future(m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=1,
                                                                    reason="sync failed")))
         await asyncio.sleep(0.01)
         rel.cancel()

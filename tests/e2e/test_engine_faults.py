@@ -117,9 +117,9 @@ def test_a_refused_commit_is_not_ok_and_the_source_serves_on_token_exact(agents)
         s = await _run(a, prompt, 400)
         # B has seen a newer attempt of this session (epoch 9): it refuses epoch 1.
         src = pb.PeerEndpoint(agent_id="x", address="127.0.0.1:9")
-        assert (await b.migration.on_prepare(pb.PrepareRequest(
+        assert (await b.migration.target.on_prepare(pb.PrepareRequest(
             session_id=s.session_id, epoch=9, model=b.identity(), source=src))).status == 1
-        await b.migration.on_release(pb.ReleaseRequest(session_id=s.session_id, epoch=9))
+        await b.migration.target.on_release(pb.ReleaseRequest(session_id=s.session_id, epoch=9))
         assert await s.wait_tokens(20, 120)
         r = await a.migration.commit(s.session_id, 1, b.endpoint, pb.SCHEME_FULL_COPY)
         out = await _outputs(a, s.session_id, 120)
@@ -146,11 +146,11 @@ def test_a_prepared_target_whose_source_goes_silent_frees_what_it_holds(agents):
             await asyncio.sleep(0.05)
         held = b.migration.held()
         # The source goes silent: its stream stops, and no Release will come.
-        out = a.migration.outbound.pop(s.session_id)
+        out = a.migration.ctx.outbound.pop(s.session_id)
         a.hub.stop_export(s.session_id)
         out.stream.abort()
         await asyncio.sleep(IDLE_S + 0.5)
-        dropped = await b.migration.expire()
+        dropped = await b.migration.target.expire()
         await a.vllm_client.abort(s)
         await asyncio.sleep(1.0)
         return base, held, dropped, b.migration.held(), b.hub.kv_blocks()
@@ -265,7 +265,7 @@ def test_a_target_whose_source_dies_during_the_commit_resumes_and_never_hangs(ag
         finally:
             undo()
         # (A is dead: what it held is gone with it; the test's A serves other cases.)
-        a.migration.outbound.pop(s.session_id, None)
+        a.migration.ctx.outbound.pop(s.session_id, None)
         a.hub.stop_export(s.session_id)
         await a.vllm_client.abort(s)
         s.set_state(SessionState.FAILED)

@@ -25,7 +25,7 @@ pytest.importorskip("vllm")
 from pallas_eval.emulation import E2E_PACE, server_settings  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
-from tests.faults import UncheckedStore, corrupt_outgoing  # noqa: E402
+from tests.faults import CorruptingPeers, UncheckedStore  # noqa: E402
 from agent.app import Agent as _AgentNode  # noqa: E402
 from agent.app import AgentConfig as _AgentConfig  # noqa: E402
 from pallas_eval.localca import LocalCA  # noqa: E402
@@ -314,7 +314,8 @@ def test_corrupted_block_is_caught_and_recomputed(pair: Pair):
         ref = await _reference(pair.a, prompt, 300)
         s = await _start(pair.a, prompt, 300 + SLACK)
         corrupt = {(s.session_id, 4)}  # P = 96 -> blocks 3, 4, ...
-        corrupt_outgoing(pair.a.migration, corrupt)
+        peers = pair.a.migration.ctx.peers
+        pair.a.migration.ctx.peers = CorruptingPeers(peers, corrupt)
         try:
             await _wait_outputs(s, 1)
             rep = await pair.a.migration.trigger(s.session_id, 1, pair.b.endpoint,
@@ -326,6 +327,7 @@ def test_corrupted_block_is_caught_and_recomputed(pair: Pair):
             t = await _collect(pair.b, s.session_id, 300)
         finally:
             corrupt.clear()
+            pair.a.migration.ctx.peers = peers
         return {"ref": ref, "tgt": t, "claim": t.claim}
 
     r = pair.lt.run(run())
@@ -343,7 +345,8 @@ def test_corruption_without_checksum_diverges(pair: Pair):
         ref = await _reference(pair.a, prompt, 200)
         s = await _start(pair.a, prompt, 200 + SLACK)
         corrupt = {(s.session_id, 3)}
-        corrupt_outgoing(pair.a.migration, corrupt)
+        peers = pair.a.migration.ctx.peers
+        pair.a.migration.ctx.peers = CorruptingPeers(peers, corrupt)
         checked, pair.b.hub.store = pair.b.hub.store, UncheckedStore()
         try:
             await _wait_outputs(s, 1)
@@ -355,6 +358,7 @@ def test_corruption_without_checksum_diverges(pair: Pair):
             t = await _collect(pair.b, s.session_id, 200)
         finally:
             corrupt.clear()
+            pair.a.migration.ctx.peers = peers
             pair.b.hub.store = checked
         return ref, t
 
@@ -366,7 +370,7 @@ def test_corruption_without_checksum_diverges(pair: Pair):
 def test_evicted_prefix_is_recomputed(pair: Pair):
     """B's warmed prefix is evicted before the commit: B recomputes it, still exact."""
     async def evict(s):
-        inb = pair.b.migration.inbound[s.session_id]
+        inb = pair.b.migration.ctx.inbound[s.session_id]
         if inb.warmup is not None:
             await inb.warmup
         async with httpx.AsyncClient() as c:

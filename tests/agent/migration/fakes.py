@@ -69,7 +69,7 @@ def _serving(m, sid="s", n_prompt=40, outputs=(5, 6, 7), max_tokens=50):
     s = Session(sid, "ue", list(range(n_prompt)), SamplingSpec(max_tokens=max_tokens))
     s.set_state(SessionState.SERVING)
     s.append_tokens(list(outputs))
-    m.sessions.add(s)
+    m.ctx.sessions.add(s)
     return s
 
 

@@ -17,9 +17,9 @@ BLOCK = int(IDENT.block_bytes)
 def test_a_block_of_block_bytes_is_taken_and_one_byte_more_refused():
     async def run():
         m, hub, eng = _engine()
-        assert (await m.on_prepare(_prep())).status == pb.STATUS_OK
-        return (m.on_block(_blk(2, data=b"\x01" * BLOCK)),
-                m.on_block(_blk(3, data=b"\x01" * (BLOCK + 1))), hub.store.num_bytes)
+        assert (await m.target.on_prepare(_prep())).status == pb.STATUS_OK
+        return (m.target.on_block(_blk(2, data=b"\x01" * BLOCK)),
+                m.target.on_block(_blk(3, data=b"\x01" * (BLOCK + 1))), hub.store.num_bytes)
 
     at, over, held = asyncio.run(run())
     assert (at, over, held) == ("ok", "refused", BLOCK)
@@ -29,13 +29,13 @@ def test_inbound_bytes_per_attempt_and_per_agent_take_their_limit_and_no_byte_mo
     async def run():
         m, hub, eng = _engine(max_inbound_session_bytes=100, max_inbound_bytes=150)
         for sid in ("s", "s2"):
-            assert (await m.on_prepare(_prep(sid=sid))).status == pb.STATUS_OK
-        out = [m.on_block(_blk(2, data=b"\x01" * 60)),
-               m.on_block(_blk(3, data=b"\x01" * 40)),          # the attempt at 100: its limit
-               m.on_block(_blk(4, data=b"\x01" * 1)),           # 101
-               m.on_block(_blk(2, sid="s2", data=b"\x01" * 50)),  # the agent at 150: its limit
-               m.on_block(_blk(3, sid="s2", data=b"\x01" * 1))]   # 151
-        return out, m.inbound["s"].bytes_in, m.buffered_bytes()
+            assert (await m.target.on_prepare(_prep(sid=sid))).status == pb.STATUS_OK
+        out = [m.target.on_block(_blk(2, data=b"\x01" * 60)),
+               m.target.on_block(_blk(3, data=b"\x01" * 40)),          # the attempt at 100: its limit
+               m.target.on_block(_blk(4, data=b"\x01" * 1)),           # 101
+               m.target.on_block(_blk(2, sid="s2", data=b"\x01" * 50)),  # the agent at 150: its limit
+               m.target.on_block(_blk(3, sid="s2", data=b"\x01" * 1))]   # 151
+        return out, m.ctx.inbound["s"].bytes_in, m.target.buffered_bytes()
 
     out, attempt, agent = asyncio.run(run())
     assert out == ["ok", "ok", "refused", "ok", "refused"]
@@ -46,10 +46,10 @@ def test_the_ledger_keeps_its_limit_and_forgets_the_oldest_past_it():
     async def run():
         m, hub, eng = _engine(max_ledger=8)
         for i in range(8):
-            await m.on_release(pb.ReleaseRequest(session_id=f"s{i}", epoch=3))
-        kept = [m.ledger.newest_in(f"s{i}") for i in range(8)]
-        await m.on_release(pb.ReleaseRequest(session_id="s8", epoch=3))
-        return kept, m.ledger.newest_in("s0"), m.ledger.newest_in("s8"), len(m.ledger._newest)
+            await m.target.on_release(pb.ReleaseRequest(session_id=f"s{i}", epoch=3))
+        kept = [m.ctx.ledger.newest_in(f"s{i}") for i in range(8)]
+        await m.target.on_release(pb.ReleaseRequest(session_id="s8", epoch=3))
+        return kept, m.ctx.ledger.newest_in("s0"), m.ctx.ledger.newest_in("s8"), len(m.ctx.ledger._newest)
 
     kept, first, last, n = asyncio.run(run())
     assert kept == [3] * 8 and (first, last, n) == (-1, 3, 8)
@@ -58,10 +58,10 @@ def test_the_ledger_keeps_its_limit_and_forgets_the_oldest_past_it():
 def test_a_prepared_attempt_lives_its_idle_time_and_expires_past_it():
     async def run():
         m, hub, eng = _engine(inbound_idle_s=10.0)
-        assert (await m.on_prepare(_prep(expected=65536))).status == pb.STATUS_OK
-        t = m.inbound["s"].touched
-        at = await m.expire(now=t + 10.0)
-        past = await m.expire(now=t + 10.0 + 1e-3)
+        assert (await m.target.on_prepare(_prep(expected=65536))).status == pb.STATUS_OK
+        t = m.ctx.inbound["s"].touched
+        at = await m.target.expire(now=t + 10.0)
+        past = await m.target.expire(now=t + 10.0 + 1e-3)
         return at, past, m.held()["reserved_bytes"]
 
     at, past, reserved = asyncio.run(run())
@@ -105,10 +105,10 @@ def test_an_ended_session_is_kept_its_ttl_and_forgotten_past_it(monkeypatch):
                 s.set_state(SessionState.FINISHED, finish_reason="length")
                 s.ended_at = ended
                 app.sessions.add(s)
-                app.migration.ledger.see(sid, 7)
+                app.migration.ctx.ledger.see(sid, 7)
             await asyncio.sleep(0.6)            # the janitor's first pass comes at once
             return ({s.session_id for s in app.sessions},
-                    app.migration.ledger.newest("within"), app.migration.ledger.newest("past"))
+                    app.migration.ctx.ledger.newest("within"), app.migration.ctx.ledger.newest("past"))
 
     kept, within, past = asyncio.run(asyncio.wait_for(run(), 30))
     assert "within" in kept and "past" not in kept

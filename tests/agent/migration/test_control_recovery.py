@@ -23,7 +23,7 @@ from migration.fakes import Target, _blk, _engine, _prep, _served, _serving
 
 async def _control(m):
     server = grpc.aio.server()
-    add_control_service(server, ControlService(m, agent_id=m.agent_id))
+    add_control_service(server, ControlService(m, agent_id=m.ctx.agent_id))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"
@@ -63,8 +63,8 @@ def test_a_commit_whose_caller_died_still_ends_and_the_repeat_gets_its_reply():
 def test_a_cancel_at_the_target_releases_the_attempt_prepared_there():
     async def run():
         m, hub, eng = _engine()
-        assert (await m.on_prepare(_prep(epoch=4, expected=65536))).status == pb.STATUS_OK
-        assert m.on_block(_blk(2, epoch=4)) == "ok"
+        assert (await m.target.on_prepare(_prep(epoch=4, expected=65536))).status == pb.STATUS_OK
+        assert m.target.on_block(_blk(2, epoch=4)) == "ok"
         ctl_srv, addr = await _control(m)
         try:
             async with grpc.aio.insecure_channel(addr) as ch:

@@ -80,43 +80,43 @@ def test_prepare_admission_reservation_and_epochs():
         other = pb.ModelIdentity()
         other.CopyFrom(IDENT)
         other.weights_digest = "cd"
-        r = await m.on_prepare(_prep(model=other))
+        r = await m.target.on_prepare(_prep(model=other))
         assert r.status == pb.STATUS_REJECTED and "weights_digest" in r.message
-        r = await m.on_prepare(_prep(expected=10**9))
+        r = await m.target.on_prepare(_prep(expected=10**9))
         assert r.status == pb.STATUS_REJECTED and r.free_kv_bytes == 2 * 65536
-        assert (await m.on_prepare(_prep(prefix=40))).status == pb.STATUS_INVALID
-        assert (await m.on_prepare(_prep(epoch=2, expected=65536))).status == pb.STATUS_OK
-        assert (await m.on_prepare(_prep(epoch=2))).message == "already prepared"
+        assert (await m.target.on_prepare(_prep(prefix=40))).status == pb.STATUS_INVALID
+        assert (await m.target.on_prepare(_prep(epoch=2, expected=65536))).status == pb.STATUS_OK
+        assert (await m.target.on_prepare(_prep(epoch=2))).message == "already prepared"
         # The reservation holds until Sync/Release: a second session sees only what is left
         # (nothing: the first one's prefix is 2 blocks, whatever its claim said).
-        r = await m.on_prepare(_prep(sid="s2", expected=2 * 65536))
+        r = await m.target.on_prepare(_prep(sid="s2", expected=2 * 65536))
         assert r.status == pb.STATUS_REJECTED and r.free_kv_bytes == 0
         await asyncio.sleep(0)
         assert eng.prefills == [list(range(64))]   # warm-up with exactly the prefix
-        assert (await m.on_prepare(_prep(epoch=1))).status == pb.STATUS_STALE_EPOCH
-        assert m.on_block(_blk(2, epoch=2)) == "ok"
-        assert m.on_block(_blk(3, epoch=1)) == "stale"
-        assert m.on_block(_blk(3, epoch=2, crc=5)) == "bad"
+        assert (await m.target.on_prepare(_prep(epoch=1))).status == pb.STATUS_STALE_EPOCH
+        assert m.target.on_block(_blk(2, epoch=2)) == "ok"
+        assert m.target.on_block(_blk(3, epoch=1)) == "stale"
+        assert m.target.on_block(_blk(3, epoch=2, crc=5)) == "bad"
         assert hub.store.num_blocks == 1
-        rel = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=1))
+        rel = await m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=1))
         assert rel.status == pb.STATUS_STALE_EPOCH and hub.store.num_blocks == 1
-        rel = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=2))
+        rel = await m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=2))
         assert rel.status == pb.STATUS_OK and rel.blocks_released == 1
         assert m.held()["reserved_bytes"] == 0 and m.held()["blocks"] == 0
-        assert (await m.on_prepare(_prep(sid="s2", expected=2 * 65536))).status == pb.STATUS_OK
-        assert m.on_block(_blk(4, epoch=2)) == "stale"   # released: nothing is taken any more
+        assert (await m.target.on_prepare(_prep(sid="s2", expected=2 * 65536))).status == pb.STATUS_OK
+        assert m.target.on_block(_blk(4, epoch=2)) == "stale"   # released: nothing is taken any more
     asyncio.run(run())
 
 
 def test_oversized_and_over_budget_blocks_are_refused_on_arrival():
     async def run():
         m, hub, eng = _engine(max_inbound_session_bytes=40, max_inbound_bytes=50)
-        assert (await m.on_prepare(_prep())).status == pb.STATUS_OK
-        assert (await m.on_prepare(_prep(sid="s2"))).status == pb.STATUS_OK
-        assert m.on_block(_blk(2, data=b"\x00" * (65536 + 1))) == "refused"
-        assert m.on_block(_blk(2, data=b"\x01" * 30)) == "ok"
-        assert m.on_block(_blk(3, data=b"\x01" * 30)) == "refused"          # per attempt
-        assert m.on_block(_blk(2, sid="s2", data=b"\x01" * 30)) == "refused"  # per agent
+        assert (await m.target.on_prepare(_prep())).status == pb.STATUS_OK
+        assert (await m.target.on_prepare(_prep(sid="s2"))).status == pb.STATUS_OK
+        assert m.target.on_block(_blk(2, data=b"\x00" * (65536 + 1))) == "refused"
+        assert m.target.on_block(_blk(2, data=b"\x01" * 30)) == "ok"
+        assert m.target.on_block(_blk(3, data=b"\x01" * 30)) == "refused"          # per attempt
+        assert m.target.on_block(_blk(2, sid="s2", data=b"\x01" * 30)) == "refused"  # per agent
         assert hub.store.num_bytes == 30
     asyncio.run(run())
 
@@ -124,11 +124,11 @@ def test_oversized_and_over_budget_blocks_are_refused_on_arrival():
 def test_inbound_state_expires_when_the_source_goes_silent():
     async def run():
         m, hub, eng = _engine(inbound_idle_s=0.05)
-        assert (await m.on_prepare(_prep(expected=65536))).status == pb.STATUS_OK
-        assert m.on_block(_blk(2)) == "ok"
-        assert await m.expire() == 0
+        assert (await m.target.on_prepare(_prep(expected=65536))).status == pb.STATUS_OK
+        assert m.target.on_block(_blk(2)) == "ok"
+        assert await m.target.expire() == 0
         await asyncio.sleep(0.1)
-        assert await m.expire() == 1
+        assert await m.target.expire() == 1
         assert m.held() == {"inbound": 0, "outbound": 0, "blocks": 0, "bytes": 0,
                             "reserved_bytes": 0, "streams_queued": 0}
     asyncio.run(run())
@@ -138,9 +138,9 @@ def test_ledger_is_bounded():
     async def run():
         m, hub, eng = _engine(max_ledger=8)
         for i in range(50):
-            await m.on_release(pb.ReleaseRequest(session_id=f"s{i}", epoch=1))
+            await m.target.on_release(pb.ReleaseRequest(session_id=f"s{i}", epoch=1))
             await m.cancel(f"s{i}", 1)
-        assert len(m.ledger._entries) <= 8 and len(m.ledger._newest) <= 8
+        assert len(m.ctx.ledger._entries) <= 8 and len(m.ctx.ledger._newest) <= 8
     asyncio.run(run())
 
 
@@ -149,10 +149,10 @@ def test_sync_loads_only_blocks_that_arrived():
     that never come: the load range ends at the last block held."""
     async def run():
         m, hub, eng = _engine()
-        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
-        m.on_block(_blk(2))
+        assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        m.target.on_block(_blk(2))
         tokens = list(range(200))
-        rep = await m.on_sync(pb.SyncRequest(
+        rep = await m.target.on_sync(pb.SyncRequest(
             session_id="s", epoch=1, token_ids=tokens, prompt_tokens=170, streamed_blocks=4,
             split_tokens=64, ue_id="ue", sampling=pb.SamplingParams(max_tokens=20)))
         assert rep.status == pb.STATUS_OK
@@ -164,12 +164,12 @@ def test_sync_loads_only_blocks_that_arrived():
 def test_sync_resumes_with_reduced_sampling_and_load_params():
     async def run():
         m, hub, eng = _engine()
-        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
-        m.on_block(_blk(2))
+        assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        m.target.on_block(_blk(2))
         tokens = list(range(100))       # 70 prompt + 30 generated
         tail = _blk(3)
         tail.fill = 3
-        rep = await m.on_sync(pb.SyncRequest(
+        rep = await m.target.on_sync(pb.SyncRequest(
             session_id="s", epoch=1, token_ids=tokens, prompt_tokens=70, tail=tail,
             streamed_blocks=1, split_tokens=64, ue_id="ue", session_scheme=pb.SCHEME_CTHO,
             sampling=pb.SamplingParams(max_tokens=20, ignore_eos=True)))
@@ -181,7 +181,7 @@ def test_sync_resumes_with_reduced_sampling_and_load_params():
         assert s.remaining_tokens == 20 and s.all_token_ids == tokens
         load = params["pallas"]["load"]
         assert (load["first_block"], load["last_block"], load["prefix_len"]) == (2, 3, 64)
-        bad = await m.on_sync(pb.SyncRequest(session_id="zz", epoch=1, token_ids=[1]))
+        bad = await m.target.on_sync(pb.SyncRequest(session_id="zz", epoch=1, token_ids=[1]))
         assert bad.status == pb.STATUS_UNKNOWN_SESSION
     asyncio.run(run())
 
@@ -190,11 +190,11 @@ def test_sync_waits_for_the_warmup_no_longer_than_the_source_allows():
     async def run():
         m, hub, eng = _engine()
         eng.prefill_s = 5.0
-        assert (await m.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
-        prog = await m.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
+        assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        prog = await m.target.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
         assert prog.status == pb.STATUS_OK and not prog.warmup_done and prog.prefix_tokens == 64
         t0 = asyncio.get_running_loop().time()
-        rep = await m.on_sync(pb.SyncRequest(session_id="s", epoch=1, token_ids=list(range(80)),
+        rep = await m.target.on_sync(pb.SyncRequest(session_id="s", epoch=1, token_ids=list(range(80)),
                                              prompt_tokens=70, split_tokens=64, warmup_wait_s=0.05,
                                              sampling=pb.SamplingParams(max_tokens=5)))
         assert rep.status == pb.STATUS_OK
@@ -332,7 +332,7 @@ def test_a_session_forgotten_with_a_prepared_attempt_releases_it():
         m, hub, target, server, tgt, s = await _triggered()
         try:
             s.set_state(SessionState.FINISHED, finish_reason="length")
-            m.sessions.pop("s")
+            m.ctx.sessions.pop("s")
             m.forget("s")
             for _ in range(100):
                 if "release" in target.ops():
@@ -354,11 +354,11 @@ def test_a_session_forgotten_while_its_commit_runs_leaves_the_attempt_to_the_com
     async def run():
         m, hub, target, server, tgt, s = await _triggered()
         try:
-            out = m.outbound["s"]
+            out = m.ctx.outbound["s"]
             out.to(SourceState.COMMITTING)
             m.forget("s")
             await asyncio.sleep(0.1)
-            ops, still = target.ops(), m.outbound.get("s")
+            ops, still = target.ops(), m.ctx.outbound.get("s")
         finally:
             await m.close()
             await server.stop(0)
@@ -372,7 +372,7 @@ def test_prepared_commit_with_a_failed_warmup_takes_the_choice_and_reports_it():
     warm-up that ended without caching the prefix leaves the alternatives to compete."""
     async def run():
         m, hub, eng = _engine()
-        m.prefill_rate = lambda: 100.0
+        m.ctx.prefill_rate = lambda: 100.0
         target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, prefix_tokens=96,
                                                   prefilled_tokens=0, warmup_done=False,
                                                   warmup_failed=True, prefill_rate=10.0))
@@ -410,7 +410,7 @@ def test_a_warmup_running_past_its_estimate_is_finished_not_redone_by_ctho():
         s = _serving(m, n_prompt=100)
         try:
             assert (await m.trigger("s", 1, tgt, split_tokens=96)).status == pb.STATUS_OK
-            m.outbound["s"].t_prepared -= 100.0          # 96 / 10 tok/s = 9.6 s, long past
+            m.ctx.outbound["s"].t_prepared -= 100.0          # 96 / 10 tok/s = 9.6 s, long past
             s._task = asyncio.ensure_future(asyncio.sleep(0))
             await asyncio.sleep(0.01)
             r = await m.commit("s", 1, tgt)
@@ -431,7 +431,7 @@ def test_a_commit_point_behind_the_prepared_split_still_commits():
     STATUS_ERROR. It chooses over the part of the prefix below the commit point."""
     async def run():
         m, hub, eng = _engine()
-        m.prefill_rate = lambda: 100.0
+        m.ctx.prefill_rate = lambda: 100.0
         target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, prefix_tokens=128,
                                                   prefilled_tokens=40, warmup_done=False,
                                                   prefill_rate=10.0))
@@ -462,7 +462,7 @@ def test_a_commit_that_ships_nothing_closes_the_prepared_suffix_stream():
     async def run():
         m, hub, target, server, tgt, s = await _triggered()
         try:
-            stream = m.outbound["s"].stream
+            stream = m.ctx.outbound["s"].stream
             assert stream is not None and not stream.task.done()
             s._task = asyncio.ensure_future(asyncio.sleep(0))
             s.set_state(SessionState.FINISHED, finish_reason="length")   # it ended here first
@@ -488,14 +488,14 @@ def test_commit_block_wait_ends_with_the_request_not_at_a_poll_timeout():
         out.full.add(1)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        await asyncio.wait_for(m._wait_blocks(out, 70, loop.time() + 10), 5.0)
+        await asyncio.wait_for(m.source._wait_blocks(out, 70, loop.time() + 10), 5.0)
         assert loop.time() - t0 < 0.3 and out.tail is None
         # A tail copied out after the request ended is still taken.
         s._task = asyncio.ensure_future(asyncio.sleep(30))
         loop.call_later(0.02, lambda: (setattr(out, "tail", LocalBlock("s", 1, 2, 6, 0, b"t", True, 70)),
                                        out.note()))
         t0 = loop.time()
-        await asyncio.wait_for(m._wait_blocks(out, 70, loop.time() + 10), 5.0)
+        await asyncio.wait_for(m.source._wait_blocks(out, 70, loop.time() + 10), 5.0)
         assert loop.time() - t0 < 0.3 and out.tail.idx == 2 and not s._task.done()
         s._task.cancel()
     asyncio.run(run())
@@ -509,7 +509,7 @@ async def _ctho_commit_split(setup, outputs=(), max_tokens=50):
     target = Target(progress=pb.ProgressReply(status=pb.STATUS_UNKNOWN_SESSION,
                                               prefill_rate=50.0))
     server, tgt = await _served(target)
-    m.peers.get(tgt).bucket.rate = 65536.0 * 4     # B: 4 blocks/s
+    m.ctx.peers.get(tgt).bucket.rate = 65536.0 * 4     # B: 4 blocks/s
     s = _serving(m, n_prompt=300, outputs=outputs, max_tokens=max_tokens)
     m.session_schemes["s"] = pb.SCHEME_CTHO        # the ctHO scheme's own session
     extra = setup(m, s, tgt)
@@ -526,7 +526,7 @@ async def _ctho_commit_split(setup, outputs=(), max_tokens=50):
 def test_ctho_split_uses_the_targets_measured_prefill_rate():
     """Issue 13 item 3: the split used the source's (never written, 5,000 tokens/s) rate."""
     def fast_source(m, s, tgt):
-        m.prefill_rate = lambda: 1e6                    # the source prefills fast
+        m.ctx.prefill_rate = lambda: 1e6                    # the source prefills fast
 
     split, _ = asyncio.run(_ctho_commit_split(fast_source))
     want, _ = ctho_split(300, 32, 50.0, 2048.0, 65536.0 * 4)
@@ -537,7 +537,7 @@ def test_ctho_back_to_the_agent_the_session_came_from_ships_only_what_it_lacks()
     """A ping-pong: the session came here from agent "t" and hands back to it; "t" still holds
     the blocks it computed (vLLM's prefix cache), so ctHO's split starts after them
     (docs/model.md §8) instead of shipping blocks "t" has; to any other agent it is plain."""
-    from agent.migration.engine import held_at
+    from agent.migration.source import held_at
 
     def came_from(agent):
         def setup(m, s, tgt):
@@ -633,10 +633,10 @@ def test_the_tail_crosses_the_link_only_where_that_beats_recomputing_it():
 
     def out(goodput, limit):
         return NS(client=NS(goodput_bytes_per_s=goodput, bucket=NS(rate=limit)))
-    assert not m._tail_pays(out(0.0, 2.34e6 / 8), 1850.0)     # the paper regime's scaled link
-    assert not m._tail_pays(out(3.0e6, 0.0), 1850.0)          # measured, just below s_kv * r_p
-    assert m._tail_pays(out(5.0e6, 0.0), 1850.0)              # measured, above it
-    assert m._tail_pays(out(0.0, 0.0), 1850.0)                # unlimited loopback, nothing measured
+    assert not m.source._tail_pays(out(0.0, 2.34e6 / 8), 1850.0)     # the paper regime's scaled link
+    assert not m.source._tail_pays(out(3.0e6, 0.0), 1850.0)          # measured, just below s_kv * r_p
+    assert m.source._tail_pays(out(5.0e6, 0.0), 1850.0)              # measured, above it
+    assert m.source._tail_pays(out(0.0, 0.0), 1850.0)                # unlimited loopback, nothing measured
 
 
 def test_warmup_rate_counts_only_the_tokens_the_engine_computed():
@@ -646,14 +646,14 @@ def test_warmup_rate_counts_only_the_tokens_the_engine_computed():
         m, hub, eng = _engine()
         eng.prefill_s = 0.05
         eng.cached = 320 - 32          # 1 block of 10 computed: below the sample floor
-        assert (await m.on_prepare(_prep(prefix=320, expected=65536))).status == pb.STATUS_OK
-        await m.inbound["s"].warmup
-        assert m.warmup_rate.value is None or m.warmup_rate.value == 0
+        assert (await m.target.on_prepare(_prep(prefix=320, expected=65536))).status == pb.STATUS_OK
+        await m.ctx.inbound["s"].warmup
+        assert m.target.warmup_rate.value is None or m.target.warmup_rate.value == 0
         eng.cached = 64                # 256 of 320 computed in ~0.05 s: about 5,000 tokens/s
-        assert (await m.on_prepare(_prep(sid="s2", prefix=320, expected=65536))).status == pb.STATUS_OK
-        await m.inbound["s2"].warmup
+        assert (await m.target.on_prepare(_prep(sid="s2", prefix=320, expected=65536))).status == pb.STATUS_OK
+        await m.ctx.inbound["s2"].warmup
         await m.close()
-        assert 256 / 0.2 < m.warmup_rate.value <= 256 / 0.05 + 1, m.warmup_rate.value
+        assert 256 / 0.2 < m.target.warmup_rate.value <= 256 / 0.05 + 1, m.target.warmup_rate.value
     asyncio.run(run())
 
 
@@ -663,13 +663,13 @@ def test_progress_reports_no_prefix_before_the_warmup_step_ends():
     that was not there yet), and the whole prefix once it is done."""
     async def run():
         m, hub, eng = _engine()
-        m.warmup_rate.update(100_000.0)   # a fast measured rate must not invent progress
+        m.target.warmup_rate.update(100_000.0)   # a fast measured rate must not invent progress
         eng.prefill_s = 0.3
-        assert (await m.on_prepare(_prep(prefix=320, expected=65536))).status == pb.STATUS_OK
+        assert (await m.target.on_prepare(_prep(prefix=320, expected=65536))).status == pb.STATUS_OK
         await asyncio.sleep(0.05)
-        early = await m.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
-        await m.inbound["s"].warmup
-        late = await m.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
+        early = await m.target.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
+        await m.ctx.inbound["s"].warmup
+        late = await m.target.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
         await m.close()
         assert (early.prefilled_tokens, early.warmup_done) == (0, False)
         assert (late.prefilled_tokens, late.warmup_done) == (320, True)
@@ -776,13 +776,52 @@ def test_a_background_failure_nobody_awaits_is_logged_and_retrieved():
 
     async def run():
         with capture_logs() as logs:
-            t = m._spawn(boom(), "warmup-s-1")
+            t = m.ctx.spawn(boom(), "warmup-s-1")
             await asyncio.sleep(0)
             await asyncio.sleep(0)
         return t, logs
 
     t, logs = asyncio.run(run())
-    assert t.done() and t not in m._bg
+    assert t.done() and t not in m.ctx.tasks
     failed = [e for e in logs if e["event"] == "background_task_failed"]
     assert failed and failed[0]["task"] == "warmup-s-1" and "engine died" in failed[0]["error"]
     assert t._log_traceback is False  # retrieved: asyncio's "never retrieved" will not fire
+
+
+def test_corrupting_peers_zero_the_chosen_blocks_and_keep_their_checksums():
+    """tests/faults.py's CorruptingPeers, installed in the engine's context, zeroes in flight
+    the data of the blocks it is given (the checksum stays the original's) and nothing else:
+    what the e2e checksum tests rely on."""
+    from tests.faults import CorruptingPeers
+
+    class Recording(Target):
+        def __init__(self):
+            super().__init__()
+            self.blocks: dict[int, tuple[bytes, int]] = {}
+
+        def on_block(self, blk, crc_ok=None):
+            self.blocks[blk.block_index] = (bytes(blk.data), blk.checksum)
+            return "ok"
+
+    async def run():
+        m, hub, eng = _engine()
+        target = Recording()
+        server, tgt = await _served(target)
+        _serving(m, n_prompt=40, outputs=tuple(range(60)))
+        m.ctx.peers = CorruptingPeers(m.ctx.peers, {("s", 2)})
+        data = {i: bytes([i + 1]) * 16 for i in (1, 2, 3)}
+        try:
+            rep = await m.trigger("s", 1, tgt, split_tokens=32, scheme="pallas")
+            for i, d in data.items():
+                m.source.on_local_block(LocalBlock("s", 1, i, 32, block_crc(d), d))
+            out = m.ctx.outbound["s"]
+            await out.stream.finish(5.0)
+        finally:
+            await m.close()
+            await server.stop(0)
+        return rep, target.blocks, data
+
+    rep, got, data = asyncio.run(run())
+    assert rep.status == pb.STATUS_OK and sorted(got) == [1, 2, 3]
+    assert got[1] == (data[1], block_crc(data[1])) and got[3] == (data[3], block_crc(data[3]))
+    assert got[2] == (bytes(16), block_crc(data[2]))

@@ -32,23 +32,23 @@ def test_prepare_and_sync_cannot_take_over_a_session_that_lives_here():
     async def run():
         m, hub, eng = _engine()
         live = _serving(m)                      # "s" is decoding at this agent
-        r = await m.on_prepare(_prep())
+        r = await m.target.on_prepare(_prep())
         assert r.status == pb.STATUS_REJECTED and "lives at this agent" in r.message, r
-        assert m.inbound == {} and eng.prefills == [] and m.ledger.newest_in("s") == -1
+        assert m.ctx.inbound == {} and eng.prefills == [] and m.ctx.ledger.newest_in("s") == -1
         # An attempt prepared before the session appeared here: its Sync does not replace it.
         # (states set by hand: a handed-over record never serves again in the product)
         live.state = SessionState.HANDED_OVER
-        assert (await m.on_prepare(_prep())).status == pb.STATUS_OK
+        assert (await m.target.on_prepare(_prep())).status == pb.STATUS_OK
         live.state = SessionState.SERVING
-        r = await m.on_sync(_sync())
+        r = await m.target.on_sync(_sync())
         assert r.status == pb.STATUS_REJECTED and "lives at this agent" in r.message, r
-        assert m.sessions.get("s") is live and live.state == SessionState.SERVING
+        assert m.ctx.sessions.get("s") is live and live.state == SessionState.SERVING
         assert eng.started == []
         # Handed over (or ended) here, the session may come back: the same Sync now resumes it.
         live.set_state(SessionState.HANDED_OVER)
-        r = await m.on_sync(_sync())
+        r = await m.target.on_sync(_sync())
         assert r.status == pb.STATUS_OK, r
-        assert m.sessions.get("s") is not live and m.sessions.get("s").state == SessionState.RESUMED
+        assert m.ctx.sessions.get("s") is not live and m.ctx.sessions.get("s").state == SessionState.RESUMED
     asyncio.run(run())
 
 
@@ -56,29 +56,29 @@ def test_another_peer_cannot_prepare_stream_sync_or_release_an_attempt():
     async def run():
         m, hub, eng = _engine()
         tok = CALLER.set(frozenset({"c"}))
-        r = await m.on_prepare(_prep())        # claims source "a", the caller is "c"
+        r = await m.target.on_prepare(_prep())        # claims source "a", the caller is "c"
         assert r.status == pb.STATUS_REJECTED and "not the attempt's source 'a'" in r.message
-        assert m.inbound == {}
+        assert m.ctx.inbound == {}
         CALLER.reset(tok)
         tok = CALLER.set(frozenset({"a", "a.example"}))
-        assert (await m.on_prepare(_prep(expected=65536))).status == pb.STATUS_OK
+        assert (await m.target.on_prepare(_prep(expected=65536))).status == pb.STATUS_OK
         CALLER.reset(tok)
         tok = CALLER.set(frozenset({"c"}))
         same_epoch = _prep()
         same_epoch.source.agent_id = "c"
-        r = await m.on_prepare(same_epoch)     # c's own claim, but epoch 1 is a's
+        r = await m.target.on_prepare(same_epoch)     # c's own claim, but epoch 1 is a's
         assert r.status == pb.STATUS_REJECTED and "prepared by 'a'" in r.message
-        assert m.on_block(_blk(2)) == "refused"
-        assert (await m.on_sync(_sync())).status == pb.STATUS_REJECTED
-        rel = await m.on_release(pb.ReleaseRequest(session_id="s", epoch=5))
+        assert m.target.on_block(_blk(2)) == "refused"
+        assert (await m.target.on_sync(_sync())).status == pb.STATUS_REJECTED
+        rel = await m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=5))
         assert rel.status == pb.STATUS_REJECTED
-        assert m.ledger.newest_in("s") == 1    # the refused Release recorded no epoch
-        assert m.sessions.get("s") is None and m.inbound["s"].blocks_in == 0
+        assert m.ctx.ledger.newest_in("s") == 1    # the refused Release recorded no epoch
+        assert m.ctx.sessions.get("s") is None and m.ctx.inbound["s"].blocks_in == 0
         assert m.held()["reserved_bytes"] == 2 * 65536     # the 64-token prefix's blocks
         CALLER.reset(tok)
         tok = CALLER.set(frozenset({"a"}))
-        assert m.on_block(_blk(2)) == "ok"
-        assert (await m.on_sync(_sync())).status == pb.STATUS_OK
+        assert m.target.on_block(_blk(2)) == "ok"
+        assert (await m.target.on_sync(_sync())).status == pb.STATUS_OK
         CALLER.reset(tok)
     asyncio.run(run())
 
@@ -86,10 +86,10 @@ def test_another_peer_cannot_prepare_stream_sync_or_release_an_attempt():
 def test_a_sync_of_another_epoch_changes_nothing():
     async def run():
         m, hub, eng = _engine()
-        assert (await m.on_prepare(_prep(epoch=3))).status == pb.STATUS_OK
-        assert (await m.on_sync(_sync(epoch=2))).status == pb.STATUS_STALE_EPOCH
-        assert (await m.on_sync(_sync(epoch=4))).status == pb.STATUS_UNKNOWN_SESSION
-        assert m.sessions.get("s") is None and m.inbound["s"].epoch == 3 and eng.started == []
+        assert (await m.target.on_prepare(_prep(epoch=3))).status == pb.STATUS_OK
+        assert (await m.target.on_sync(_sync(epoch=2))).status == pb.STATUS_STALE_EPOCH
+        assert (await m.target.on_sync(_sync(epoch=4))).status == pb.STATUS_UNKNOWN_SESSION
+        assert m.ctx.sessions.get("s") is None and m.ctx.inbound["s"].epoch == 3 and eng.started == []
     asyncio.run(run())
 
 
@@ -107,7 +107,7 @@ def test_over_mutual_tls_only_the_preparing_peer_syncs(pki):
         m, hub, eng = _engine()
         sec = tls.LinkSecurity(pki["b"])
         server, addr = await serve_peer_transfer(
-            m, "127.0.0.1:0", credentials=sec.server_credentials(),
+            m.target, "127.0.0.1:0", credentials=sec.server_credentials(),
             interceptors=tuple(sec.interceptors({PEER_SERVICE: ["a", "c"]})))
         me = pb.PeerEndpoint(agent_id="b", address=addr)
         pools = {n: PeerPool(channel_factory=tls.LinkSecurity(pki[n], server_name="b").aio_channel)
@@ -135,10 +135,10 @@ def test_admission_counts_the_targets_own_need_not_the_sources_claim():
     """A claim of 0 bytes does not bypass admission: the prefix's blocks are reserved."""
     async def run():
         m, hub, eng = _engine(free_blocks=2)
-        zero = await m.on_prepare(_prep(prefix=96, expected=0))        # 3 blocks, 2 free
-        ok = await m.on_prepare(_prep(sid="s2", prefix=64, expected=0))
+        zero = await m.target.on_prepare(_prep(prefix=96, expected=0))        # 3 blocks, 2 free
+        ok = await m.target.on_prepare(_prep(sid="s2", prefix=64, expected=0))
         reserved = m.held()["reserved_bytes"]
-        third = await m.on_prepare(_prep(sid="s3", prefix=0, expected=1))
+        third = await m.target.on_prepare(_prep(sid="s3", prefix=0, expected=1))
         return zero, ok, reserved, third
 
     zero, ok, reserved, third = asyncio.run(run())
