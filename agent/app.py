@@ -1,34 +1,10 @@
-"""``pallas-agent``: the sidecar beside one vLLM server (docs/architecture.md §1).
+"""``pallas-agent``: the sidecar beside one vLLM server, and its one composition root.
 
-This module is the agent's one composition root. :class:`AgentConfig` holds every setting; each
-field is one flag ``--<field-with-dashes>`` and one environment variable ``PALLAS_<FIELD>``
-(upper case; the flag wins), both derived from the field's name in :func:`build_parser`, so a
-flag and its variable always agree. :class:`Agent` builds and owns every part of one process:
-
-- the local channel to the Pallas connector inside vLLM (:class:`agent.ipc.BlockHub`);
-- the migration engine (:class:`agent.migration.MigrationEngine`) behind the peer data plane
-  (gRPC ``pallas.v1.PeerTransfer``) on ``--peer-port``;
-- the xApp-facing Control service (gRPC ``pallas.v1.Control``, a thin servicer over the engine)
-  and gRPC health checking on ``--control-port``;
-- the links' security (issue 16, :func:`link_security`): both gRPC servers serve mutual TLS from
-  ``PALLAS_TLS_CERT/KEY/CA`` (reloaded when cert-manager rotates them) and admit Control only
-  from the xApp's identity (``--xapp-identity``), PeerTransfer only from the directory's agents
-  (the ids of ``--peer-front`` and ``--peer-identity``), health from any certificate of the CA;
-  outgoing peer channels present the agent's certificate and check that the target's names the
-  agent id the xApp gave. Plaintext only with ``--insecure``; neither: the agent refuses to start;
-- the UE session front (HTTP, agent/frontend.py) with ``/metrics`` on ``--front-port``;
-- vLLM itself, launched with the connector configured (default), or a running one given by
-  ``--vllm-url`` (it must load the connector pointed at ``--hub-address``).
-
-Logs are JSON lines on stderr (structlog).
-
-Example (two agents on one host, a tiny random model built by the harness,
-``python -c 'from pallas_eval.models import build_model; print(build_model("tiny"))'``)::
-
-    pallas-agent --agent-id a --model $MODEL --front-port 8081 --control-port 50061 \\
-        --peer-port 50071 --omp-bind 0 --insecure
-    pallas-agent --agent-id b --model $MODEL --front-port 8082 --control-port 50062 \\
-        --peer-port 50072 --omp-bind 1 --peer-rate-mbps 300 --insecure
+:class:`AgentConfig` holds every setting; each field is one flag ``--<field-with-dashes>`` and
+one environment variable ``PALLAS_<FIELD>`` (the flag wins), both derived from the field's name
+in :func:`build_parser`. :class:`Agent` builds and owns every part of one process: what they are,
+the links' security (issue 16) and an example: docs/architecture.md §6. Logs are JSON lines on
+stderr (structlog).
 """
 
 from __future__ import annotations
@@ -320,24 +296,16 @@ class PinnedPeerPool(PeerPool):
         self._retired: list[PeerClient] = []
 
     def get(self, endpoint: pallas_pb2.PeerEndpoint) -> PeerClient:
-        addr, name = endpoint.address, endpoint.agent_id
-        c = self._clients.get(addr)
-        if c is not None and self._pinned.get(addr) != name:
+        addr = endpoint.address
+        if addr in self._clients and self._pinned.get(addr) != endpoint.agent_id:
             self._retired.append(self._clients.pop(addr))
-            c = None
-        if c is None:
-            watcher = self.security.watcher
+        self._pinned[addr] = endpoint.agent_id
+        return super().get(endpoint)
 
-            def factory(address: str, options: Any) -> Any:
-                return open_channel(address, watcher, aio=True, options=options,
-                                    server_name=name or None)
-            self._pinned[addr] = name
-            c = self._clients[addr] = PeerClient(addr, link_rate_mbps=self.link_rate_mbps,
-                                                 timeout_s=self.timeout_s, channel_factory=factory,
-                                                 limits=self.limits())
-        if name:
-            self._names[addr] = name
-        return c
+    def _factory(self, endpoint: pallas_pb2.PeerEndpoint) -> Any:
+        watcher, name = self.security.watcher, endpoint.agent_id or None
+        return lambda address, options: open_channel(address, watcher, aio=True, options=options,
+                                                     server_name=name)
 
     async def close(self) -> None:
         await super().close()

@@ -1,80 +1,11 @@
 """The UE-facing session front of an agent: an HTTP API modelled on vLLM's OpenAI completions.
 
-A UE opens a session at the agent of its serving gNB and receives its tokens as a stream of
-server-sent events (``data: {json}\\n\\n`` lines ending with ``data: [DONE]``, as OpenAI
-streaming does), one event per token with the token's output index. The session lives on at
-the agent when the UE's stream closes (a handover cuts it): the UE resumes it, at whichever
-agent it reaches, from the first output index it has not received. After a commit the new
-agent serves the session from its own vLLM; under Detour (or while a commit is still in
-flight) the new agent relays the old agent's stream, one extra hop per token (paper section
-2.2, "Source-side retention").
-
-Routes (JSON bodies; every field of the open request except the prompt is optional;
-:class:`OpenRequest` gives each field's rules):
-
-``POST /v1/sessions`` open a session. Body (at most ``max_body_bytes``, else 413)::
-
-    {"ue_id": "ue-7", "session_id": "optional-label",
-     "prompt": "text" | [token ids],  "prompt_token_ids": [token ids]   (exactly one),
-     "max_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_tokens": 0,
-     "stop_token_ids": [], "ignore_eos": false, "seed": null,
-     "scheme": "pallas" | "full-copy" | "recomputation" | "ctho" | "detour" | "no-rc" | "no-sm",
-     "stream": true}
-
-  With ``"stream": true`` (default) the answer is the event stream below, starting at index 0;
-  with ``false`` it is the session object (``GET /v1/sessions/{id}``) and the UE streams with
-  the resume route. Both carry ``session_token``: every later call for the session sends it
-  as ``Authorization: Bearer <session_token>``, at this agent or any other (401 without it,
-  403 with another). The session id is assigned here (``label.`` + 32 hex digits when the
-  body names a ``session_id`` label; :func:`new_session_credentials`). Errors: 400 with
-  ``{"error": {"message", "param", "code"}}`` naming the field (bad type or range, a token id
-  outside the vocabulary, min_tokens > max_tokens, a text prompt without a tokenizer), 413
-  (body too large), 503 (the engine refused).
-
-``GET /v1/sessions/{id}/stream?from_index=N&origin=URL`` resume (or first stream) from output
-  index N (default 0). ``origin``: the front URL of the agent the UE streamed from before the
-  handover; if this agent does not (yet) serve the session it relays ``origin``'s stream until
-  the session arrives here; ``origin`` must be one of the peer fronts of ``--peer-front``
-  (400 otherwise: the front never fetches an arbitrary URL). 404 if neither this agent nor
-  ``origin`` knows the session within ``resume_wait_s``.
-
-``GET /v1/sessions/{id}`` the session object::
-
-    {"session_id", "ue_id", "agent_id", "state", "prompt_tokens", "output_tokens",
-     "max_tokens", "finish_reason", "epoch", "scheme", "resumed_from", "decode_rate",
-     "moved_to", "error"}
-
-  With ``?include_tokens=true`` it also carries ``output_token_ids`` and ``token_times`` (when
-  each output token reached this agent; tokens copied in at a resume carry the resume time).
-
-``GET /v1/sessions`` ``{"sessions": [session objects]}``, only with the operator credential
-(``Authorization: Bearer <operator token>``; 403 otherwise). ``DELETE /v1/sessions/{id}`` stops
-the session here (``{"session_id", "state"}``). ``GET /health`` ``{"status": "ok",
-"agent_id"}``. ``GET /metrics`` Prometheus text.
-
-Event stream (each line ``data: <json>``, then a blank line)::
-
-    {"object": "session", "session_id", "ue_id", "agent_id", "prompt_tokens", "max_tokens",
-     "from_index", "scheme"}                                   first event
-    {"object": "session.token", "session_id", "index", "token_id", "text"?, "time",
-     "agent_id", "relayed_by"?}                                one per token
-    {"object": "session.end", "session_id", "next_index", "state", "finish_reason",
-     "moved_to"?, "moved_to_url"?, "agent_id", "error"?}       last event
-    [DONE]
-
-A session whose vLLM request failed (an error in vLLM's stream, a stream without a
-``finish_reason``, the engine gone: agent.session.VllmError) ends with ``state``
-``"failed"`` and ``error`` naming the cause; ``"finished"`` always carries vLLM's
-``finish_reason``. ``index`` is the output index (0 = first generated token); ``time`` is when the token reached
-the serving agent (Unix seconds); ``text`` appears when the agent has a tokenizer;
-``agent_id`` is the agent that decoded the token (the origin, when relayed; the previous
-holder for the tokens it decoded before a handover that the UE gets from the new one after
-it) and ``relayed_by`` the agent that relayed it. When the session is handed over from an agent while a UE streams it
-there, that agent's stream goes on by relaying the new holder (whose front it knows from its
-directory, ``--peer-front``): the UE keeps receiving in its old cell and moves when its own
-handover comes. A stream ends with ``state`` ``"handed_over"`` and ``moved_to`` (the new
-holder's agent id; ``moved_to_url`` when known) only where the new holder's front is unknown, or
-when the stream is itself relayed by another agent: resume there from ``next_index``.
+A UE opens a session at the agent of its serving gNB and receives its tokens as server-sent
+events, one per token with its output index; it resumes the session, at whichever agent it
+reaches, from the first index it has not received, and a front that does not (yet) serve the
+session relays the one that does (paper section 2.2, "Source-side retention"). Routes, bodies,
+status codes and the events' fields: docs/front.md (§1 sessions and resumes, §2 routes, §3 the
+event stream).
 """
 
 from __future__ import annotations
@@ -99,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from agent.obs import RELAYED_TOKENS, SESSIONS, get_logger
 from pallas_common.schemes import scheme_name, scheme_value
-from agent.session import SamplingSpec, Session, SessionState
+from agent.session import SamplingSpec, Session, SessionState, sse_json
 from pallas_common.aio import cancel_and_wait
 
 __all__ = ["SessionFront", "OpenRequest", "RequestError", "new_session_credentials", "token_matches", "model_limits",
@@ -497,10 +428,19 @@ class SessionFront:
             ev["relayed_by"] = relayed_by
         return ev
 
-    def _end(self, sid: str, next_index: int, state: str, error: str) -> dict[str, Any]:
-        """A ``session.end`` event of a stream this agent cannot carry on (no finish reason)."""
-        return {"object": "session.end", "session_id": sid, "next_index": next_index, "state": state,
-                "finish_reason": None, "agent_id": self.agent_id, "error": error}
+    def _header(self, sid: str, s: Session | None, start: int, scheme: str | None) -> dict[str, Any]:
+        """The ``session`` event that opens a stream of ``sid`` from output index ``start``."""
+        return {"object": "session", "session_id": sid, "ue_id": s.ue_id if s else None,
+                "agent_id": self.agent_id, "prompt_tokens": len(s.prompt_token_ids) if s else None,
+                "max_tokens": s.sampling.max_tokens if s else None, "from_index": start,
+                "scheme": scheme}
+
+    def _end(self, sid: str, next_index: int, state: str, error: str | None,
+             finish_reason: str | None = None) -> dict[str, Any]:
+        """A ``session.end`` event (``error`` None: none to report)."""
+        end = {"object": "session.end", "session_id": sid, "next_index": next_index, "state": state,
+               "finish_reason": finish_reason, "agent_id": self.agent_id}
+        return end if error is None else dict(end, error=error)
 
     async def events(self, sid: str, start: int, origin: str | None, header: dict[str, Any] | None,
                      relay: str | None = None, token: str | None = None) -> AsyncIterator[bytes]:
@@ -528,10 +468,8 @@ class SessionFront:
                 async for idx, tok, t in s.stream(i):
                     yield sse(self._token_event(sid, idx, tok, t, s.decoded_by(idx, self.agent_id), None))
                     i = idx + 1
-                end = {"object": "session.end", "session_id": sid, "next_index": i, "state": _state(s),
-                       "finish_reason": s.finish_reason, "agent_id": self.agent_id}
-                if s.state == SessionState.FAILED:
-                    end["error"] = s.error or "the session failed at this agent"
+                end = self._end(sid, i, _state(s), (s.error or "the session failed at this agent")
+                                if s.state == SessionState.FAILED else None, s.finish_reason)
                 if s.state == SessionState.HANDED_OVER:
                     moved = _moved_to(s)
                     end["moved_to"] = moved
@@ -634,18 +572,8 @@ class SessionFront:
                     yield "end", self._end(sid, start, "unknown", f"origin answered {r.status_code}: {body}")
                     return
                 log.info("relay_start", from_index=start)
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:]
-                    if data.strip() == "[DONE]":
-                        return
-                    try:
-                        ev = json.loads(data)
-                    except json.JSONDecodeError:
-                        log.warning("relay_bad_event", data=data[:200])
-                        continue
-                    obj = ev.get("object")
+                async for ev in sse_json(r.aiter_lines(), lambda d: log.warning("relay_bad_event", data=d)):
+                    obj = ev.get("object") if isinstance(ev, dict) else None
                     if obj == "session.token":
                         ev["relayed_by"] = self.agent_id
                         yield "token", ev
@@ -754,9 +682,8 @@ class SessionFront:
                   max_tokens=sampling.max_tokens, scheme=scheme_name(scheme) if scheme else None)
         if not req.stream:
             return dict(self.session_json(s), session_token=token)
-        header = {"object": "session", "session_id": sid, "ue_id": s.ue_id, "agent_id": self.agent_id,
-                  "prompt_tokens": len(ids), "max_tokens": sampling.max_tokens, "from_index": 0,
-                  "scheme": scheme_name(scheme) if scheme else None, "session_token": token}
+        header = dict(self._header(sid, s, 0, scheme_name(scheme) if scheme else None),
+                      session_token=token)
         return StreamingResponse(self.events(sid, 0, None, header, token=token),
                                  media_type="text/event-stream")
 
@@ -826,12 +753,8 @@ class SessionFront:
                     raise HTTPException(404, f"session {sid} is not known here and no origin was given")
             if relay:
                 _log.info("relay_serving", session=sid, peer=relay, from_index=from_index)
-            local = front._local(sid)
-            header = None if relay else {  # a relaying agent sends its own header
-                "object": "session", "session_id": sid, "ue_id": local.ue_id if local else None,
-                "agent_id": front.agent_id, "prompt_tokens": len(local.prompt_token_ids) if local else None,
-                "max_tokens": local.sampling.max_tokens if local else None, "from_index": from_index,
-                "scheme": None}
+            # a relaying agent sends its own header
+            header = None if relay else front._header(sid, front._local(sid), from_index, None)
             return StreamingResponse(front.events(sid, from_index, origin, header, relay, token=_bearer(request)),
                                      media_type="text/event-stream")
 

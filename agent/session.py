@@ -384,6 +384,22 @@ def _error_text(err: Any) -> str:
     return str(err)[:300]
 
 
+async def sse_json(lines: AsyncIterator[str], on_bad: Callable[[str], None]
+                   ) -> AsyncIterator[Any]:
+    """The JSON payloads of a server-sent event stream's ``data: <json>`` lines, up to
+    ``data: [DONE]``; a payload that is not JSON goes to ``on_bad`` and is skipped."""
+    async for line in lines:
+        if not line.startswith("data: "):
+            continue
+        data = line[6:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            yield json.loads(data)
+        except json.JSONDecodeError:
+            on_bad(data[:200])
+
+
 async def _chunks(resp: httpx.Response, sid: str) -> AsyncIterator[dict[str, Any]]:
     """The JSON objects of a completion's event stream up to ``[DONE]`` (a line that is not
     JSON is logged and skipped).
@@ -391,17 +407,8 @@ async def _chunks(resp: httpx.Response, sid: str) -> AsyncIterator[dict[str, Any
     Raises:
         VllmError: an ``{"error": ...}`` chunk (cause ``stream_error``).
     """
-    async for line in resp.aiter_lines():
-        if not line.startswith("data: "):
-            continue
-        data = line[6:].strip()
-        if data == "[DONE]":
-            return
-        try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
-            log.warning("bad_stream_chunk", session=sid, chunk=data[:200])
-            continue
+    async for chunk in sse_json(resp.aiter_lines(),
+                                lambda data: log.warning("bad_stream_chunk", session=sid, chunk=data)):
         if isinstance(chunk, dict) and chunk.get("error") is not None:
             raise VllmError(f"vLLM failed the request: {_error_text(chunk['error'])}", "stream_error")
         if isinstance(chunk, dict):
@@ -575,16 +582,17 @@ class VllmClient:
         """
         body = self._body(token_ids, SamplingSpec(max_tokens=1), max_tokens=1, min_tokens=0,
                           stream=False, kv_transfer_params=kv_transfer_params)
-        r = await self._client.post("/v1/completions", json=body)
-        if r.status_code != 200:
-            raise VllmError(f"vLLM {r.status_code}: {r.text[:500]}")
-        return r.json().get("usage") or {}
+        return (await self._post(body)).get("usage") or {}
 
     async def complete(self, token_ids: list[int], sampling: SamplingSpec) -> list[int]:
         """Non-streaming generation of ``sampling.max_tokens`` tokens after ``token_ids`` (references in tests)."""
         body = self._body(token_ids, sampling, max_tokens=sampling.max_tokens,
                           min_tokens=sampling.min_tokens, stream=False, kv_transfer_params=None)
+        return list((await self._post(body))["choices"][0]["token_ids"])
+
+    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a non-streaming completion; its JSON answer. Raises VllmError on an error status."""
         r = await self._client.post("/v1/completions", json=body)
         if r.status_code != 200:
             raise VllmError(f"vLLM {r.status_code}: {r.text[:500]}")
-        return list(r.json()["choices"][0]["token_ids"])
+        return r.json()

@@ -531,10 +531,14 @@ class PeerPool:
         if c is None:
             c = self._clients[endpoint.address] = PeerClient(
                 endpoint.address, link_rate_mbps=self.link_rate_mbps, timeout_s=self.timeout_s,
-                channel_factory=self.channel_factory, limits=self.limits())
+                channel_factory=self._factory(endpoint), limits=self.limits())
         if endpoint.agent_id:
             self._names[endpoint.address] = endpoint.agent_id
         return c
+
+    def _factory(self, endpoint: pallas_pb2.PeerEndpoint) -> Callable | None:
+        """The channel factory of a new client for ``endpoint``."""
+        return self.channel_factory
 
     def telemetry(self) -> list[pallas_pb2.PeerTelemetry]:
         """PeerTelemetry of every peer contacted so far."""
