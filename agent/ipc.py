@@ -1,25 +1,11 @@
 """The local channel between the agent and the Pallas connector inside vLLM's processes: the
 agent's side (the connector's side, which runs inside vLLM, is :mod:`agent.connector.link`).
 
-Transport: ZeroMQ over loopback TCP (pyzmq ships with vLLM); nothing touches the disk. The
-agent binds one ROUTER socket (:class:`BlockHub`); each connector side connects DEALER sockets:
-
-- the *scheduler side* (in vLLM's EngineCore process,
-  :class:`agent.connector.link.SchedulerLink`): a background thread receives the agent's
-  commands (export / stop / avail / bad / drop / reset) and sends a ``hello`` with KV-pool
-  stats every ``HELLO_PERIOD_S``; the engine thread sends ``claim`` reports on its own socket;
-- the *worker side* (in the Worker process, :class:`agent.connector.link.WorkerLink`): a
-  background sender thread ships the block slabs copied out in ``wait_for_save`` (CRC-32C
-  computed there, off the engine thread); a loader thread fetches received blocks for a
-  resumed request, checks them and copies them in beside the forward (the load is
-  asynchronous: vLLM holds the request until ``get_finished`` reports it; docs/vllm.md §3.2).
-
-Every message is a multipart ZeroMQ message ``[header, *payload]``: ``header`` is one typed
-message of :mod:`agent.connector.messages` as a JSON object with a ``"t"`` (type) key,
-``payload`` holds raw block bytes (one frame per block). Each receiver decodes the header into
-its dataclass, checking every field (:func:`agent.connector.messages.decode`); a malformed
-message, or one the receiver does not take, is logged and dropped, never handed on.
-The message table is in :mod:`agent.connector.messages`.
+ZeroMQ over loopback TCP: the agent binds one ROUTER socket (:class:`BlockHub`), the
+connector's scheduler and worker sides connect DEALER sockets. Every message is
+``[header, *payload]``: one typed message of :mod:`agent.connector.messages` as JSON, then raw
+block bytes (one frame per block); a malformed message is logged and dropped. Threads, sockets
+and the message table: docs/vllm.md §3.5.
 """
 
 from __future__ import annotations

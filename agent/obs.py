@@ -1,30 +1,8 @@
 """Observability for the Pallas agent: structured JSON logs and Prometheus metrics.
 
-Logs are structlog events rendered as one JSON object per line. Every record about a
-migration carries the keys ``session``, ``epoch`` and ``peer`` (bound or passed
-explicitly), so a migration can be followed across the two
-agents and the xApp by grepping one session id.
-
-Metrics are prometheus-client objects registered once per process in the default registry
-(the agent runs one Pallas agent per process; vLLM runs in its own processes and has its own
-``/metrics``). The names follow Prometheus conventions, with SI units in the name:
-
-- ``pallas_migrations_total{role, scheme, outcome}``: control-plane outcomes
-  (``role``: source/target; ``outcome``: committed, cancelled, fallback, rejected, error,
-  stale).
-- ``pallas_sit_seconds``: the part of the handover gap a target agent sees: from the Sync's
-  arrival (the resumed session's creation here) to the first token its own vLLM produced
-  for it. docs/model.md §7 defines SIT at the UE, which adds the source's commit work
-  and the network; the UE client (pallas_eval/client.py) measures that.
-- ``pallas_commit_seconds{scheme}``: duration of a Commit at the source, by scheme used.
-- ``pallas_bytes_moved_total{peer, direction}``: KV bytes moved over the peer stream.
-- ``pallas_kv_blocks_held``: KV blocks the agent holds for incoming migrations.
-- ``pallas_control_calls_total{method, status}``: xApp-facing Control calls by status.
-- ``pallas_sessions{state}``: UE sessions by state.
-- ``pallas_relayed_tokens_total``: tokens relayed for another agent (Detour).
-- ``pallas_session_failures_total{role, cause}``: sessions that ended ``failed`` here because
-  their vLLM request failed (``role``: source/target; ``cause``: the failure's kind, see
-  :class:`agent.session.VllmError`).
+Logs are structlog events, one JSON object per line; every record about a migration carries
+``session``, ``epoch`` and ``peer``. Metrics are prometheus-client objects in the default
+registry, SI units in their names; each metric's labels and meaning: docs/architecture.md §7.
 """
 
 from __future__ import annotations
@@ -39,22 +17,11 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = [
-    "configure_logging",
-    "get_logger",
-    "MIGRATIONS",
-    "SIT_SECONDS",
-    "COMMIT_SECONDS",
-    "observe_resumed",
-    "CONTROL_CALLS",
-    "SESSIONS",
-    "RELAYED_TOKENS",
-    "SESSION_FAILURES",
-    "BYTES_MOVED",
-    "KV_BLOCKS_HELD",
-    "CallbackCollector",
-    "register_collector",
-]
+__all__ = ["configure_logging", "get_logger", "MIGRATIONS", "SIT_SECONDS", "COMMIT_SECONDS",
+           "observe_resumed", "CONTROL_CALLS", "SESSIONS", "RELAYED_TOKENS",
+           "SESSION_FAILURES", "BYTES_MOVED", "KV_BLOCKS_HELD", "CallbackCollector",
+           "register_collector"]
+
 
 def configure_logging(level: str = "INFO", *, json: bool = True, stream=None) -> None:
     """Configure structlog (and the stdlib root logger it feeds) once per process.

@@ -1,29 +1,10 @@
 """Typed messages of the local channel between the agent and the Pallas connector (agent.ipc).
 
-Every message is a frozen dataclass with a wire type name (``TYPE``); on the wire it is a JSON
-object ``{"t": TYPE, field: value, ...}`` (one header frame, block bytes travel in extra frames,
-agent/ipc.py). :func:`decode` checks the type name and every field's type and range (ints are
-non-negative, floats finite, lists hold what they should) and raises :class:`MessageError` with
-the message type and field on anything else, so a malformed or foreign message is one clear
-error that the receiving loop logs and drops; it never reaches the engine. Unknown extra keys
-are ignored (a newer peer may add fields); a missing field without a default is an error.
-
-=========  ================  ===============================================================
-type       direction         class
-=========  ================  ===============================================================
-hello      sched -> agent    :class:`SchedHello` (``role`` "sched"): KV-pool stats
-hello      worker -> agent   :class:`WorkerHello` (``role`` "worker"): KV layout, model
-block      worker -> agent   :class:`BlockHeader` + 1 data frame
-claim      sched -> agent    :class:`Claim`
-loaded     worker -> agent   :class:`Loaded`
-fetch      worker -> agent   :class:`Fetch`; answered by :class:`Fetched` + 1 frame per block
-export     agent -> sched    :class:`Export`
-stop       agent -> sched    :class:`Stop`
-avail      agent -> sched    :class:`Avail`
-bad        agent -> sched    :class:`Bad`
-drop       agent -> sched    :class:`Drop`
-reset      agent -> sched    :class:`Reset`
-=========  ================  ===============================================================
+Every message is a frozen dataclass with a wire type name (``TYPE``), on the wire a JSON object
+``{"t": TYPE, field: value, ...}``. :func:`decode` checks the type name and every field's type
+and range and raises :class:`MessageError` (message type and field) on anything else; unknown
+extra keys are ignored. The rules and the table of types, directions and classes:
+docs/vllm.md §3.5.
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
 """Scheduler-side policy of the Pallas connector, free of vLLM types (unit-testable).
 
-The policy decides, each engine step, which KV blocks the worker copies out (source role) and
-which received blocks it copies in (target role). The vLLM class in ``agent.connector`` only
+Each engine step it decides which KV blocks the worker copies out (source role: every block
+that became full once, and the partial tail while the agent's export asks for it) and which
+received blocks a resumed request claims and the worker copies in (target role: the longest
+run contiguous from the local prefix-cache hit; ``None`` while an expected block is in flight
+before the deadline; a missing, bad or evicted block ends the run and vLLM recomputes the
+rest). The rules in full: docs/vllm.md §3.4; the vLLM class in ``agent.connector`` only
 adapts vLLM's hooks to it.
-
-Source role (paper §4.3, steps 1 and 3): for a session under export (the agent's ``export``
-command: session id, epoch, first block), after a step in which a tracked request has KV for
-positions ``< computed`` (``computed = num_computed_tokens + num_scheduled_tokens``), every
-block ``j`` with ``(j + 1) * block_size <= computed`` not shipped yet is emitted once as a full
-block, and, while the export asks for it (the agent does at the commit), the partial last
-block (``computed % block_size`` valid entries) is snapshotted every step (the tail;
-docs/vllm.md §6.5). Block ids are read from the KV cache manager
-at that step, so a preempted and resumed request (new block table) is handled; blocks already
-shipped stay valid because the KV of a position depends only on the tokens before it.
-
-Target role (step 3): a resumed request (prompt = all n tokens so far) carries
-``kv_transfer_params = {"pallas": {"sid", "load": {"epoch", "prefix_len", "first_block",
-"last_block", "deadline"}}}``. vLLM presents the block-aligned local prefix-cache hit ``c``; the
-policy claims the longest run of received blocks contiguous from ``c`` up to position ``n - 1``
-(APC and the scheduler leave the last token to recompute, docs/vllm.md §6.4). If a block
-it expects (``first_block..last_block``) has not arrived yet and the deadline has not passed,
-it answers None (vLLM keeps the request waiting and asks again next step). A missing block past
-the deadline, a block that failed its checksum (``bad``), or a prefix that was evicted
-(``c < prefix_len`` with no block at ``c``) ends the claimed run: vLLM recomputes the rest, so
-a wrong block is never loaded. A request waits only before its first claim: asked again after
-a preemption (vLLM recomputes a preempted request from its prefix-cache hit), it claims what
-is still held and recomputes the rest at once (the agent drops the blocks after the first
-token, so waiting for them again would stall it until the deadline).
 """
 
 from __future__ import annotations

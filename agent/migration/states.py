@@ -6,28 +6,9 @@ is a bug (:class:`IllegalTransition`). :data:`SESSION_TRANSITIONS` does the same
 session's state at one agent (:class:`pallas_common.schemes.SessionState`, enforced by
 :meth:`agent.session.Session.set_state`). tests/agent/migration/test_engine.py walks both tables.
 
-The session rules (issue 25): ``FINISHED`` only when vLLM gave a ``finish_reason`` (or nothing
-was left to generate); every vLLM failure the agent sees (an error chunk, a stream without a
-``finish_reason``, an HTTP error, the engine unreachable, a KV load failure) moves the session
-to ``FAILED`` with a reason, which is terminal: no move leaves ``FAILED``, ``HANDED_OVER``,
-and ``FINISHED`` is left only by handing the finished record over. A failure while the session
-is frozen for a commit is held (the commit decides: handed over, or ``FAILED`` once unfrozen).
-
-One holder at all times (issue 25): the source's commit ends ``COMMITTED`` only on the target's
-OK to its Sync, and the target answers every Sync before the deadline the source sent with it
-(``SyncRequest.deadline_s``, less a margin). A target whose vLLM has not taken the resumed
-request up by then undoes the resume (its session ``RESUMED -> HANDED_OVER``, back to the
-source; the attempt ``RESUMED -> RELEASED``) and answers non-OK. A source whose Sync failed or
-timed out (``COMMITTING -> CANCELLED``) releases the epoch before it answers the xApp, and a
-Release of an epoch resumed at the target undoes that resume the same way; the source then
-serves on (``COMMITTING -> SERVING``). A retry of a commit that ended non-OK runs again.
-A Sync whose gRPC call is cancelled at its deadline (e.g. it reached a loaded target late) is
-undone at the target the same way without waiting for the Release (which may be lost or late):
-the source never saw an OK and serves on. One cancelled before its deadline (the source's agent
-went away mid-commit) keeps the session at the target, which serves it. A Release that times
-out while it undoes a resume still finishes the undo. (The 1,000-migration soak of issue 25
-found resumed copies left for ever when both the Sync and the Release to a loaded target timed
-out.)
+The session rules (``FINISHED`` only with vLLM's ``finish_reason``, every vLLM failure
+``FAILED`` and terminal) and the one-holder rules of a commit, Sync and Release (issue 25):
+docs/architecture.md §5.
 """
 
 from __future__ import annotations
