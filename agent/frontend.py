@@ -60,13 +60,7 @@ def new_session_credentials(label: str | None = None) -> tuple[str, str]:
     (:func:`token_matches`) at *any* agent, with no key and no state: a session resumed after
     a handover at another agent accepts the same token, and no proto field carries it.
 
-    What it protects: a session's reads, streams, resumes, relays and DELETE against anyone who
-    knows only its id (ids appear in logs, telemetry, the xApp and E2 reports); opening a
-    session with a known id elsewhere yields a *new* id, never a token for the old one; the
-    agents hold no secret that could mint tokens. What it does not: the front speaks plain HTTP,
-    so anyone on the path sees the token (put the front behind TLS); a token cannot be revoked
-    and stays valid for its session's lifetime; it does not authenticate the UE or the caller
-    of the open request (anyone who reaches the front can open sessions).
+    What it protects and what it does not: docs/front.md §4.
     """
     token = secrets.token_urlsafe(_TOKEN_BYTES)
     digest = _token_digest(token)
@@ -103,14 +97,8 @@ class OpenRequest(BaseModel):
     JSON numbers only for numbers (no ``"8"`` for 8), booleans only for flags, unknown fields
     refused (a typo is not silently dropped).
 
-    Validation context (``OpenRequest.model_validate(body, context=...)``): ``vocab_size``
-    (token ids must be below it) and ``max_model_len`` (prompt + max_tokens must fit), each
-    optional. Field rules: one of ``prompt_token_ids`` / ``prompt`` (text needs the agent's
-    tokenizer), non-empty; token ids in [0, vocab_size); ``max_tokens`` >= 1;
-    0 <= ``min_tokens`` <= ``max_tokens``; ``temperature`` in [0, 2]; ``top_p`` in (0, 1];
-    ``top_k`` = -1, 0 or >= 1; ``seed`` a 64-bit signed int; ``scheme`` one of
-    pallas_common.schemes' names; ``session_id`` a label of :data:`SESSION_LABEL_RULE` (the front
-    appends the token digest, :func:`new_session_credentials`); ``ue_id`` up to 128 characters.
+    Validation context (``OpenRequest.model_validate(body, context=...)``): ``vocab_size`` and
+    ``max_model_len``, each optional. Each field's rule: docs/front.md §2.
 
     Raises:
         pydantic.ValidationError: on any bad field (:meth:`SessionFront.parse_open` turns it
@@ -289,12 +277,9 @@ class SessionFront:
             refused to everyone.
         max_body_bytes: cap on a request body; a larger one is refused with 413.
 
-    Access (issue 16): opening a session returns its ``session_token``
-    (:func:`new_session_credentials` says what it protects); every later call for the session
-    (GET, stream/resume, DELETE) needs ``Authorization: Bearer <session_token>`` (401 without,
-    403 with a wrong one), at this agent or at any other after a handover. A relaying agent
-    passes the UE's token on. ``origin`` (and a relayed stream's ``moved_to_url``) is followed
-    only to fronts of ``directory``: never to an arbitrary URL.
+    Access (issue 16): every call for a session after its open needs its ``session_token``
+    (401 without, 403 with a wrong one); ``origin`` is followed only to fronts of ``directory``
+    (docs/front.md §4).
     """
 
     def __init__(

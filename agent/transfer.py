@@ -1,7 +1,7 @@
 """The peer data plane between agents (PeerTransfer gRPC service, paper §4.3).
 
 - :class:`PeerTransferService`: the target side, a grpc.aio servicer that hands each call to a
-  handler (the agent's :class:`agent.migration.MigrationEngine`): Prepare (admission: ModelIdentity and
+  handler (the agent's :class:`agent.migration.target.Target`): Prepare (admission: ModelIdentity and
   free KV memory; starts the prefix warm-up), StreamBlocks (suffix KV blocks, each with its
   CRC-32C; blocks of an old epoch are dropped), Sync (token ids, tail block, remaining sampling
   parameters; the target resumes the request) and Release.

@@ -1,9 +1,7 @@
 """The Pallas KV connector package (vLLM's KV connector API, KVConnectorBase_V1).
 
-vLLM loads ``PallasConnector`` from this package through ``--kv-transfer-config``::
-
-    {"kv_connector": "PallasConnector", "kv_connector_module_path": "agent.connector",
-     "kv_role": "kv_both", "kv_connector_extra_config": {"agent_address": "tcp://127.0.0.1:5601"}}
+vLLM loads ``PallasConnector`` from this package through ``--kv-transfer-config``
+(docs/vllm.md §3):
 
 - :mod:`agent.connector.policy`: scheduler-side block bookkeeping, free of vLLM types;
 - :mod:`agent.connector.mover`: worker-side whole-block slab copies;

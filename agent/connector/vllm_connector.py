@@ -1,13 +1,10 @@
 """The Pallas KV connector class: vLLM's KV connector API (KVConnectorBase_V1), loaded by an
-unmodified vLLM server through ``--kv-transfer-config``::
-
-    {"kv_connector": "PallasConnector", "kv_connector_module_path": "agent.connector",
-     "kv_role": "kv_both", "kv_connector_extra_config": {"agent_address": "tcp://127.0.0.1:5601"}}
+unmodified vLLM server through ``--kv-transfer-config`` (docs/vllm.md §3).
 
 The scheduler side (EngineCore process) runs :class:`agent.connector.policy.SchedulerPolicy`;
 the worker side (Worker process) runs :class:`agent.connector.mover.WorkerSide`. Both talk to
-the agent over :mod:`agent.connector.link`. ``agent_address`` may also come from the environment variable
-``PALLAS_AGENT_ADDRESS``. ``agent`` and ``proto`` must be on ``PYTHONPATH`` of every vLLM
+the agent over :mod:`agent.connector.link`. ``agent_address`` may also come from the
+environment variable ``PALLAS_AGENT_ADDRESS``. ``agent`` and ``proto`` must be on ``PYTHONPATH`` of every vLLM
 process (workers are spawned).
 
 Emulation (pacing a tiny model like a real one) is not here: the harness subclasses this class

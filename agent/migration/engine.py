@@ -3,24 +3,12 @@ docs/model.md §5-8).
 
 The Control service (xApp) calls :meth:`MigrationEngine.trigger`, :meth:`~MigrationEngine.cancel`
 and :meth:`~MigrationEngine.commit`; the PeerTransfer service calls the target role
-(:attr:`MigrationEngine.target`, :class:`agent.migration.target.Target`). The engine carries
-out the scheme the call names
-(or the session's pinned one, or the agent default; :data:`pallas_common.schemes.SCHEMES`):
-
-- a proactive scheme's Trigger prepares the target (prefix warm-up) and streams suffix blocks;
-  a reactive one's only records the epoch;
-- a Commit finishes a live attempt at the same target and epoch, choosing at the handover
-  between finishing it, a ctHO split of what the target lacks, or recomputation (docs/model.md
-  §8; the estimates go into the reply); any other commit prepares the actual target now
-  with the named scheme (the xApp names ctHO for a mispredicted target, Detour when no target
-  can serve; Detour moves nothing).
-- A commit the target refuses or fails is answered with a non-OK status (the session stays at
-  the source, unfrozen; the xApp binds it back there).
-
-The engine owns the shared state (:class:`agent.migration.context.Context`) and composes the
-source role (:class:`agent.migration.source.Source`) and the target role over it. One
-:class:`~agent.migration.context.Ledger` holds the epochs: per (session, epoch) its closure and
-the replies that make calls idempotent, bounded in size.
+(:attr:`MigrationEngine.target`). The engine carries out the scheme the call names (or the
+session's pinned one, or the agent default; :data:`pallas_common.schemes.SCHEMES`), what each
+call does per scheme: docs/architecture.md §5. It owns the shared state
+(:class:`agent.migration.context.Context`) and composes the source role
+(:class:`agent.migration.source.Source`) and the target role
+(:class:`agent.migration.target.Target`) over it.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pallas_proto import pallas_pb2
 
 from agent.ipc import LocalBlock
 from agent.migration.context import Context
-from agent.migration.plan import CommitInputs, CommitPlan, plan_commit, tail_pays
+from agent.migration.plan import CommitInputs, CommitPlan, plan_commit
 from agent.migration.states import SourceState, check
 from agent.session import Handover, Session, SessionState
 from agent.transfer import BlockStream, PeerClient
@@ -523,12 +523,6 @@ class Source:
         (measured, else the rate limit, else unlimited loopback, 1e9), bytes/s."""
         r_p = r_p or self.ctx.prefill_rate() or self.ctx.cfg.default_prefill_rate
         return r_p, out.client.goodput_bytes_per_s or out.client.bucket.rate or 1e9
-
-    def _tail_pays(self, out: Outbound, r_p: float) -> bool:
-        """Whether shipping the tail's KV beats recomputing it at the target (:func:`tail_pays`
-        at :meth:`_rates_for`; docs/model.md §3, Eq. 6)."""
-        r_p, goodput = self._rates_for(out, r_p)
-        return tail_pays(goodput, float(self.ctx.identity().kv_bytes_per_token), r_p)
 
     async def _wait_blocks(self, out: Outbound, need_end: int, deadline: float, tail: bool = True) -> None:
         """Wait (until ``deadline``, time.monotonic()) for the engine to copy out what covers

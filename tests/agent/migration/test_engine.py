@@ -13,6 +13,7 @@ from pallas_proto import pallas_pb2 as pb
 from agent.control import ControlService
 from agent.ipc import LocalBlock, block_crc
 from agent.migration import Outbound
+from agent.migration.plan import tail_pays
 from agent.migration.states import TERMINAL, TRANSITIONS, SourceState, TargetState, check
 from agent.session import SamplingSpec, Session, SessionState
 from pallas_common.schemes import SCHEMES, scheme_name, scheme_value
@@ -631,12 +632,14 @@ def test_the_tail_crosses_the_link_only_where_that_beats_recomputing_it():
 
     m, hub, eng = _engine()
 
-    def out(goodput, limit):
-        return NS(client=NS(goodput_bytes_per_s=goodput, bucket=NS(rate=limit)))
-    assert not m.source._tail_pays(out(0.0, 2.34e6 / 8), 1850.0)     # the paper regime's scaled link
-    assert not m.source._tail_pays(out(3.0e6, 0.0), 1850.0)          # measured, just below s_kv * r_p
-    assert m.source._tail_pays(out(5.0e6, 0.0), 1850.0)              # measured, above it
-    assert m.source._tail_pays(out(0.0, 0.0), 1850.0)                # unlimited loopback, nothing measured
+    def pays(goodput, limit):   # as the commit's plan decides it (Source._plan)
+        r_p, b = m.source._rates_for(NS(client=NS(goodput_bytes_per_s=goodput, bucket=NS(rate=limit))),
+                                     1850.0)
+        return tail_pays(b, float(IDENT.kv_bytes_per_token), r_p)
+    assert not pays(0.0, 2.34e6 / 8)     # the paper regime's scaled link
+    assert not pays(3.0e6, 0.0)          # measured, just below s_kv * r_p
+    assert pays(5.0e6, 0.0)              # measured, above it
+    assert pays(0.0, 0.0)                # unlimited loopback, nothing measured
 
 
 def test_warmup_rate_counts_only_the_tokens_the_engine_computed():
