@@ -1,14 +1,11 @@
 """``pallas.v1.Control``: the xApp-facing gRPC service, a thin servicer over the migration engine.
 
 Trigger/Cancel/Commit validate their endpoint and go to :class:`agent.migration.MigrationEngine`,
-which keeps the epochs and the idempotency contract (proto/pallas_proto/pallas.proto,
-"Conventions"): a retry of (method, session, epoch) gets the first call's reply; an epoch older
-than the newest seen is ``STATUS_STALE_EPOCH``; ``STATUS_INVALID`` for malformed requests,
-``STATUS_UNKNOWN_SESSION`` when this agent does not hold the session, ``STATUS_REJECTED`` /
-``STATUS_ERROR`` when the target refused or failed (the source keeps serving); with a
-directory (issue 16), a Trigger or Commit naming a target outside it is ``STATUS_REJECTED``
-before the engine sees it (nothing is sent there, the source keeps serving). Telemetry
-streams the rates the xApp's window decision needs (docs/model.md §2-4).
+which keeps the epochs and the idempotency contract and answers with the statuses of
+proto/pallas_proto/pallas.proto ("Conventions"); with a directory (issue 16), a Trigger or
+Commit naming a target outside it is ``STATUS_REJECTED`` before the engine sees it (nothing is
+sent there, the source keeps serving). Telemetry streams the rates the xApp's window decision
+needs (docs/model.md §2-4).
 """
 
 from __future__ import annotations
@@ -102,7 +99,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         sid, epoch = request.session_id, int(request.epoch)
         rep = self._no_endpoint(request.target, "target", sid, epoch) or await self._detached(
             self.migration.trigger(sid, epoch, request.target, int(request.split_tokens),
-                                request.scheme or None))
+                                   request.scheme or None))
         return self._done("trigger", rep)
 
     async def Cancel(self, request: pallas_pb2.CancelRequest, context) -> pallas_pb2.ControlReply:
@@ -134,7 +131,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         t0 = time.perf_counter()
         rep = self._no_endpoint(request.actual_target, "actual_target", sid, epoch) or \
             await self._detached(self.migration.commit(sid, epoch, request.actual_target,
-                                                    request.scheme or None))
+                                                       request.scheme or None))
         COMMIT_SECONDS.labels(scheme_name(rep.scheme)).observe(time.perf_counter() - t0)
         return self._done("commit", rep)
 

@@ -498,7 +498,7 @@ class VllmClient:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")[:500]
                     raise VllmError(f"vLLM answered HTTP {resp.status_code}: {text}",
-                                      "http_status")
+                                    "http_status")
                 async for chunk in _chunks(resp, session.session_id):
                     for choice in chunk.get("choices") or []:
                         if choice.get("token_ids"):
@@ -507,16 +507,16 @@ class VllmClient:
                             finish = choice["finish_reason"]
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise VllmError(f"vLLM at {self.base_url} is unreachable: {exc!r}",
-                              "unreachable") from exc
+                            "unreachable") from exc
         except httpx.HTTPError as exc:
             raise VllmError(f"the connection to vLLM at {self.base_url} broke mid-stream: "
-                              f"{exc!r}", "connection_lost") from exc
+                            f"{exc!r}", "connection_lost") from exc
         if finish == "error":
             raise VllmError("vLLM finished the request with an error", "request_error")
         if finish is None:
             raise VllmError(f"vLLM's stream ended after {len(session.output_token_ids)} "
-                              "output tokens without a finish_reason (the request did not "
-                              "complete)", "no_finish_reason")
+                            "output tokens without a finish_reason (the request did not "
+                            "complete)", "no_finish_reason")
         if not session.done:
             if session.frozen_at is not None:
                 session.held_finish = finish  # published by unfreeze() if it stays here

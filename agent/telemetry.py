@@ -1,16 +1,9 @@
-"""Telemetry for the xApp's window decision (docs/model.md §2-4).
-
-Everything the xApp needs about one agent, measured here and never taken from peak hardware
-figures:
-
-- per session: K_curr (tokens so far) and the smoothed decode rate r_d (tokens/s);
-- per server: the prefill rate r_p available to migrations (tokens/s, measured from vLLM's
-  own prefill histograms), free and total KV blocks (vLLM ``/metrics``), the aggregate decode
-  rate and the model identity used for admission;
-- per peer: the measured block-stream goodput B (bytes/s), bytes sent and RTT.
-
-Rates are smoothed by an EWMA whose weight on the newest sample is ``alpha`` (docs/model.md
-§2: default 0.3).
+"""Telemetry for the xApp's window decision (docs/model.md §2-4), measured here, never taken
+from peak hardware figures: per session K_curr (tokens) and the decode rate r_d (tokens/s); per
+server the prefill rate r_p available to migrations (tokens/s, from vLLM's prefill histograms
+and the agent's warm-ups), free and total KV blocks, the aggregate decode rate and the model
+identity; per peer the block-stream goodput B (bytes/s), bytes sent and RTT. Rates are EWMAs
+with weight ``alpha`` on the newest sample (docs/model.md §2: default 0.3).
 """
 
 from __future__ import annotations

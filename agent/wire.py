@@ -1,15 +1,13 @@
 """KVBlock on the wire without protobuf's payload copies.
 
-The block stream (PeerTransfer.StreamBlocks) carries ``pallas.v1.KVBlock`` messages: a few
-small header fields and one large ``data`` field (a whole KV block, 0.8-2.4 MB for the models of
-the evaluation). Going through the generated protobuf classes copies the payload four times per
-block on this path (into the message, out of it when serialised, into the parsed message, out
-again on each ``.data`` access); at 1 GB/s that is most of a CPU. This module writes and reads
-the *same* wire format (protobuf encoding, proto3, ``proto/pallas_proto/pallas.proto``): the
-header fields go through the generated class, the payload is appended as field ``data`` on the
-way out and sliced as a ``memoryview`` of the received buffer on the way in. A peer that uses the
-generated stub on either side interoperates unchanged (tests/agent/test_wire.py checks both
-directions).
+The block stream (PeerTransfer.StreamBlocks) carries ``pallas.v1.KVBlock`` messages: a few small
+header fields and one ``data`` field of a whole KV block (0.8-2.4 MB for the evaluation's
+models). The generated classes copy the payload four times per block (into the message, out at
+serialisation, into the parsed message, out at each ``.data``), most of a CPU at 1 GB/s. This
+module writes and reads the *same* protobuf encoding (proto/pallas_proto/pallas.proto): header
+fields through the generated class, the payload appended as field ``data`` on the way out and
+sliced as a ``memoryview`` on the way in; a peer on the generated stub interoperates
+(tests/agent/test_wire.py checks both directions).
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ async def main_async(args) -> None:
         rng = random.Random(5)
         prompt = [rng.randrange(3, 16000) for _ in range(args.prompt)]
         ref = await a.vllm_client.complete(prompt, SamplingSpec(max_tokens=args.commit_at + args.check,
-                                                           ignore_eos=True))
+                                                                ignore_eos=True))
         rows = []
         for variant in ("cold", "prefix_only", "connector"):
             r = await one(a, b, sb, variant, prompt, args.trigger_at, args.commit_at, args.check)

@@ -1,14 +1,10 @@
 """Worker-side block mover of the Pallas connector: whole-block slab copies out and in.
 
 A *slab* is one KV block of every attention layer, stacked: ``[num_layers, *block_shape]``
-where ``block_shape`` is the per-layer cache tensor with its block dimension removed. Whole
-blocks are copied without interpreting the layout inside a block, because on vLLM CPU the
-entries of a block are not indexed by token position (K and V rows are packed; docs/vllm.md
-§6.2), and other backends use other layouts. The block dimension of a layer's cache is
-found as the dimension whose size equals the number of KV blocks, so the same code serves the
-CPU layout ``[num_blocks, H, N, C]`` and GPU layouts such as ``[2, num_blocks, bs, H, D]``.
-Blocks move only between engines whose ModelIdentity matches (same dtype, block size, head
-size, backend/ISA, KV dtype), which the agents check at Prepare.
+(``block_shape``: a layer's cache tensor without its block dimension, found as the dimension of
+size num_blocks, so CPU ``[num_blocks, H, N, C]`` and GPU ``[2, num_blocks, bs, H, D]`` layouts
+both work). Blocks are copied whole, never read inside, and only between engines whose
+ModelIdentity matches (docs/vllm.md §6.2).
 """
 
 from __future__ import annotations

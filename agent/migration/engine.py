@@ -38,15 +38,9 @@ S = pallas_pb2
 class MigrationEngine:
     """Runs migrations of this agent's sessions (source) and accepts them (target).
 
-    Args:
-        agent_id: this agent's id; peer_address: ``host:port`` of its PeerTransfer service.
-        sessions: the agent's sessions; vllm_client: client of the local vLLM server.
-        hub: the local channel to the connector (blocks, claims, KV-pool stats).
-        identity: returns this server's ModelIdentity.
-        config: :class:`MigrationConfig`; peers: per-peer clients (default a new pool).
-
-    Attributes: ``ctx`` (:class:`Context`, the state the roles share), ``source``
-    (:class:`Source`) and ``target`` (:class:`Target`, the PeerTransfer handler).
+    The arguments are the :class:`Context` attributes of the same name (``config``: its
+    ``cfg``; ``peers``: default a new pool). Attributes: ``ctx`` (the state the roles share),
+    ``source`` (:class:`Source`) and ``target`` (:class:`Target`, the PeerTransfer handler).
     """
 
     def __init__(self, *, agent_id: str, peer_address: str, sessions: SessionStore,

@@ -123,7 +123,7 @@ def test_each_rpc_takes_its_limit_and_refuses_one_byte_more(monkeypatch):
                         _raw(ch, "/pallas.v1.Control/Cancel", False)(raw, timeout=10))
             # The agent's own peer client: a request over its method's limit is never sent.
             client = app.migration.ctx.peers.get(pb.PeerEndpoint(agent_id="a",
-                                                             address=app.peer_address))
+                                                                 address=app.peer_address))
             for extra in (0, 1):
                 req = sized(pb.PrepareRequest(session_id="s", epoch=9), "ue_id",
                             lim.request["Prepare"] + extra)

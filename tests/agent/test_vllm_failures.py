@@ -441,10 +441,10 @@ def test_a_release_from_the_source_undoes_a_resume_it_gave_up_and_a_cancel_does_
         ab = _Aborts(eng)
         s = await _resumed(m)
         kept = await m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=1, reason="x"),
-                                  undo_resume=False)
+                                         undo_resume=False)
         kept_state = s.state
         undone = await m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=1,
-                                                      reason="sync failed"))
+                                                             reason="sync failed"))
         held = m.held()
         await m.close()
         return kept, kept_state, undone, s, held, ab.aborted
@@ -536,7 +536,7 @@ def test_a_release_cancelled_mid_undo_still_hands_the_session_back():
         eng.abort = slow_abort
         s = await _resumed(m)
         rel = asyncio.ensure_future(m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=1,
-                                                                   reason="sync failed")))
+                                                                          reason="sync failed")))
         await asyncio.sleep(0.01)
         rel.cancel()
         with pytest.raises(asyncio.CancelledError):

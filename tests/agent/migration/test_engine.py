@@ -196,8 +196,8 @@ def test_sync_waits_for_the_warmup_no_longer_than_the_source_allows():
         assert prog.status == pb.STATUS_OK and not prog.warmup_done and prog.prefix_tokens == 64
         t0 = asyncio.get_running_loop().time()
         rep = await m.target.on_sync(pb.SyncRequest(session_id="s", epoch=1, token_ids=list(range(80)),
-                                             prompt_tokens=70, split_tokens=64, warmup_wait_s=0.05,
-                                             sampling=pb.SamplingParams(max_tokens=5)))
+                                                    prompt_tokens=70, split_tokens=64, warmup_wait_s=0.05,
+                                                    sampling=pb.SamplingParams(max_tokens=5)))
         assert rep.status == pb.STATUS_OK
         assert asyncio.get_running_loop().time() - t0 < 1.0
     asyncio.run(run())
