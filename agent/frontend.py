@@ -324,14 +324,7 @@ class SessionFront:
         front of the agent that decoded the tokens it last relayed (the session's holder, when
         the directory names it), else the front it relayed them from; None if it never
         relayed ``sid``, or if that is the front of ``requester`` (the agent asking: relaying
-        back to it would loop).
-
-        Detour leaves a session at its source while the UE moves on: the UE's next agent asks
-        this one (its previous agent) for the stream, and this one, which never held the
-        session, relays it on from the holder, so a relay is at most two hops. Without it the
-        request waited ``resume_wait_s`` for a session that never comes (5-28 s stalls in the
-        replay); remembering only the previous origin made a loop when the UE came back to an
-        agent it had left (A relays B, B relays A, ...).
+        back to it would loop). Why: docs/front.md §3 (relays of relays).
         """
         url = self._relay_origins.get(sid)
         if url is not None and requester is not None:
@@ -429,7 +422,7 @@ class SessionFront:
 
     async def events(self, sid: str, start: int, origin: str | None, header: dict[str, Any] | None,
                      relay: str | None = None, token: str | None = None) -> AsyncIterator[bytes]:
-        """The event stream of session ``sid`` from output index ``start`` (see module doc).
+        """The event stream of session ``sid`` from output index ``start`` (docs/front.md §3).
 
         Serves local tokens while this agent holds the session; relays ``origin`` while it
         does not; switches from relaying to local serving when the origin reports the session

@@ -228,13 +228,10 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
     """Target side of the peer data plane; every call is delegated to ``handler``.
 
     Each block's CRC-32C is checked as it arrives, on the event loop (``crc_threads=0``, the
-    default) or in a thread pool pipelined with the reception of the next blocks
-    (``crc_threads > 0``; crc32c releases the GIL). Inline is the default because the hand-off
-    to a pool thread cost more CPU than the checksum itself on the 2-core dev host (receiver CPU
-    per 786 KB block over a bare StreamBlocks server: +230 us inline, +660 us through a pool),
-    and the checksum runs at several GB/s, well above the stream's rate. The handler gets each
-    block in order with the verdict. A handler exception becomes STATUS_ERROR (logged); the
-    service runs on.
+    default: the hand-off to a pool cost more CPU than the checksum, receiver CPU per 786 KB
+    block on the 2-core dev host +230 us inline, +660 us through a pool) or in a thread pool
+    pipelined with the next blocks (``crc_threads > 0``). The handler gets each block in order
+    with the verdict; a handler exception becomes STATUS_ERROR (logged), the service runs on.
     """
 
     MAX_IN_FLIGHT = 8  # blocks whose checksum is being computed (pool mode)

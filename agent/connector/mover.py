@@ -111,18 +111,13 @@ class _Load:
 
 
 class WorkerSide:
-    """The worker half of the connector: runs the step's saves and loads.
+    """The worker half of the connector: runs the step's saves and loads (docs/vllm.md §3.2).
 
-    Saves: ``wait_for_save`` copies each block (the only work on the engine thread) and hands
-    it to :class:`agent.connector.link.WorkerLink`'s sender thread, which checksums and sends it.
-    A synchronous load (a small claim, ``LoadOp.sync``) is fetched, checked and copied in by
-    ``start_load_kv`` itself, before the forward, within ``SYNC_LOAD_DEADLINE_S``; its blocks
-    not in by then go to :meth:`take_errors` at once. Asynchronous loads (docs/vllm.md §3.2):
-    ``start_load_kv`` queues each request's blocks for the loader thread, which fetches them,
-    checks each one's size and CRC-32C and copies it in beside the forward. ``get_finished``
-    reports a request once its load ended, or at its deadline (``LOAD_DEADLINE_S``); a block
-    that is missing, failed its check or was not in by then goes to
-    ``get_block_ids_with_load_errors`` in that step, so vLLM recomputes it.
+    ``wait_for_save`` copies each block out (the only work on the engine thread) for
+    :class:`agent.connector.link.WorkerLink`'s sender thread. A synchronous load (``LoadOp.sync``)
+    is fetched, checked and copied in by ``start_load_kv`` within ``SYNC_LOAD_DEADLINE_S``; an
+    asynchronous one by the loader thread, reported by ``get_finished`` when it ended or at
+    ``LOAD_DEADLINE_S``. Blocks missing, bad or late go to :meth:`take_errors` (vLLM recomputes).
     """
 
     def __init__(self, address: str, extra_hello: dict[str, Any] | None = None,

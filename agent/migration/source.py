@@ -248,18 +248,13 @@ class Source:
     # ------------------------------------------------------------------ bridging
     async def bridge(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
                      scheme: int) -> bool:
-        """Bridging (``pallas-bridge``, docs/model.md §8): before the commit freezes ``s``,
-        keep decoding here (the new agent's front relays these tokens to the UE) until the
-        target holds the state, then return right after a token, so the handover happens at a
-        token boundary with only the tail left (recomputed at the target).
-
-        An attempt prepared at ``target`` for ``epoch`` is used as it is; otherwise (no
-        prediction, another target) one is started now with ctHO's split (the prefix is
-        prefilled there, the blocks after it stream as the source completes them). "Holds the
-        state": the warm-up has ended and every full block up to the current token arrived
-        (the target's Progress, polled every ``bridge_poll_s``). Bounded by ``bridge_max_s``;
-        past it, or if the attempt fails or the request ends, the commit goes on with whatever
-        the target holds. Returns True when the target was ready.
+        """Bridging (``pallas-bridge``, docs/model.md §8): before the commit freezes ``s``, keep
+        decoding here (relayed to the UE) until the target holds the state (its warm-up ended
+        and every full block up to the current token arrived: its Progress, polled every
+        ``bridge_poll_s``), then return right after a token. The attempt prepared at ``target``
+        for ``epoch`` is used, else one is started now with ctHO's split. Bounded by
+        ``bridge_max_s`` (then, or if the attempt fails or the request ends, the commit goes on
+        with what the target holds). Returns True when the target was ready.
         """
         sid, bs = s.session_id, self.ctx.block_size
         out = self.ctx.outbound.get(sid)
