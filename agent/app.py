@@ -315,13 +315,9 @@ class PinnedPeerPool(PeerPool):
 
 
 def check_load_failure_policy(hello: Any, vllm_url: str) -> None:
-    """Refuse a vLLM whose connector reports a KV load-failure policy other than "recompute".
-
-    The connector reports blocks that fail to load at a resume (missing, or bad after their
-    checksum passed) and relies on vLLM recomputing them; under vLLM's default ``"fail"`` the
-    resumed request fails instead (issue 25). The agent launches vLLM with
-    ``"kv_load_failure_policy": "recompute"`` in ``--kv-transfer-config``; an attached one
-    (``--vllm-url``) must have it too.
+    """Refuse a vLLM whose connector reports a KV load-failure policy other than "recompute"
+    (under vLLM's default ``"fail"`` a block that fails to load at a resume fails the request;
+    docs/vllm.md §5, issue 25).
 
     Raises:
         RuntimeError: the policy is "fail" or not reported (a connector older than this check),

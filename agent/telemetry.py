@@ -111,11 +111,8 @@ class VllmScraper:
     or a short prompt measures step overhead, not the prefill rate available to a migration).
     The aggregate decode rate is delta(generation tokens) / delta(wall time).
 
-    :meth:`migration_prefill_rate` is the r_p a migration gets here: the agent's own prefix
-    warm-ups (computed tokens over the time from Prepare to their end, queueing behind the
-    engine's other work included) while one was timed in the last ``warmup_fresh_s``; vLLM's
-    per-request figures start timing only when a request is scheduled, so they miss that
-    queueing (a 448-token warm-up took 1 s at a target whose engine figures said 1,600 tokens/s).
+    :meth:`migration_prefill_rate` is the r_p a migration gets here (docs/model.md §2): the
+    agent's own prefix warm-ups while one was timed in the last ``warmup_fresh_s``, else vLLM's.
 
     Args:
         base_url: vLLM server URL.

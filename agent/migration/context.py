@@ -134,8 +134,7 @@ class Context:
         agent_id: this agent's id; peer_address: ``host:port`` of its PeerTransfer service
             ("" until the service is bound; agent/app.py sets it then).
         sessions: the agent's sessions.
-        vllm_client: client of the local vLLM server (:class:`agent.session.VllmClient` or a
-            fake; agent/app.py replaces it once vLLM is up).
+        vllm_client: client of the local vLLM server (:class:`agent.session.VllmClient`).
         hub: the local channel to the connector (blocks, claims, KV-pool stats).
         identity: returns this server's ModelIdentity.
         cfg: :class:`MigrationConfig`.
@@ -143,10 +142,8 @@ class Context:
         ledger: the epochs (:class:`Ledger`).
         outbound: session id -> its source attempt (:class:`agent.migration.source.Outbound`).
         inbound: session id -> its target attempt (:class:`agent.migration.target.Inbound`).
-        prefill_rate: r_p measured at this agent, tokens/s (0: none yet; agent/app.py: the
-            vLLM scraper's).
-        observe_prefill: ``(tokens, seconds)`` of each warm-up this agent ran as a target (a
-            prefill under the present load; agent/app.py feeds the scraper).
+        prefill_rate: r_p measured at this agent, tokens/s (0: none yet); observe_prefill:
+            ``(tokens, seconds)`` of each warm-up run here as a target (agent/app.py: the scraper).
     """
 
     agent_id: str
