@@ -114,3 +114,31 @@ def test_simulate_prices_detour_by_the_hop_law_not_hops_times_the_first_hop():
     lin = PR.rates("qwen3-32b", hop_model="linear")
     b = simulate_arrays([500], 0.0, lin, (DETOUR,), hops=[3])
     assert b.sit[DETOUR] == pytest.approx([3 * lin.hop_delay_s])
+
+
+def test_repeated_detour_tokens_cross_the_path_they_are_delivered_over():
+    """Table 2's Detour (pallas_eval/experiments/repeated.py ``detour_sessions``): a relay
+    forwards a token only after the previous one crossed, so the stream falls behind the source
+    and the tokens it has not delivered at a handover come over the next, longer path. The
+    delivered tokens' hops are then later than the hops in place when they were decoded, and
+    the mean gap above what the decode-time hops alone give (the pre-fix weighting)."""
+    d, _, _ = repeated.drives(17, 1, 1)
+    rates = PR.rates("qwen3-32b")
+    cost = repeated.hop_cost_for(rates)
+    gaps, hops, sits = repeated.detour_sessions(d, rates, cost, np.random.default_rng(3))
+    step = 1.0 / rates.r_d
+    n_tok = [int(math.floor(e / step + 1e-9)) + 1 for e in d.end_s]
+    assert gaps.size == hops.size == sum(n - 1 for n in n_tok)
+    assert np.array_equal(np.isfinite(sits), np.isfinite(d.ho_time))
+    decoded_hops = []
+    for i, n in enumerate(n_tok):
+        ho = d.ho_time[i][np.isfinite(d.ho_time[i])]
+        decoded_hops.append(np.searchsorted(ho, np.arange(1, n) * step, side="right"))
+    decoded_hops = np.concatenate(decoded_hops)
+    assert hops.mean() > decoded_hops.mean() + 0.5
+    at_decode = np.mean([step + cost.mean_s(int(h)) for h in decoded_hops])
+    assert gaps.mean() > 1.2 * at_decode
+    # the first relayed path starts with nothing held back: the gap across the first handover is
+    # the next decode step plus one hop's draw, a decode step at least
+    first = sits[:, 0]
+    assert np.all(first >= step - 1e-9) and np.mean(first) == pytest.approx(step + cost.mean_s(1), abs=0.03)
