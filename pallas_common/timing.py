@@ -50,6 +50,7 @@ __all__ = [
     "decide",
     "DetourDelivery",
     "detour_delivery",
+    "detour_switch_gap",
     "detour_itl",
     "detour_itl_samples",
     "discard_bound",
@@ -929,6 +930,42 @@ def detour_delivery(n_tokens: int, step_s: float, switches: Any, path_hops: Any,
     gaps = np.full(sw.size, np.nan)
     gaps[ok] = arrival[i[ok]] - arrival[i[ok] - 1]
     return DetourDelivery(arrival, hops, gaps)
+
+
+def detour_switch_gap(r_d: float, hops: Any, prev_hops: Any, cost: HopCost, request_s: float = 0.0,
+                      requests_per_hop: int = 1) -> np.ndarray:
+    """The gap a UE sees across a Detour handover on average, s (docs/model.md section 6.1):
+    from its last token before the switch to its first over the new path of ``hops`` relay hops,
+    the old path having had ``prev_hops``. Broadcasts ``hops`` and ``prev_hops`` (ints >= 0).
+
+    The new path opens ``S = (1 + requests_per_hop * hops) * request_s`` after the switch: the
+    UE's request to its new front and, per relay hop, ``requests_per_hop`` HTTP stream requests
+    of ``request_s`` each (agent/frontend.py relays by one stream request a hop; the replay's
+    delaying proxy in front of each front forwards it once more, ``pallas_eval.relay``: 2).
+    Its first token pays ``D = cost.mean_s(hops)``. With a direct
+    old path (``prev_hops`` 0) nothing is held back: the UE switched ``U`` after its last token,
+    uniform over a decode step ``1 / r_d``, and the source decodes the next token a step after
+    the last, so the gap is ``E[max(1 / r_d, U + S)] + D`` (``1 / r_d + S^2 r_d / 2 + D`` for
+    ``S <= 1 / r_d``, else ``S + 1 / (2 r_d) + D``). Over a relayed old path the stream lags its
+    source (:func:`detour_delivery`): the next tokens are held at the source and the first
+    leaves as the new path opens, ``U' + S + D``, ``U'`` on average half a relayed gap,
+    ``(1 / r_d + cost.mean_s(prev_hops)) / 2``.
+
+    Raises ValueError for a non-positive rate, negative hops or ``request_s``, or
+    ``requests_per_hop`` below 1.
+    """
+    if not r_d > 0 or request_s < 0 or requests_per_hop < 1:
+        raise ValueError(f"need r_d > 0, request_s >= 0, requests_per_hop >= 1; got {r_d}, {request_s}, "
+                         f"{requests_per_hop}")
+    h, ph = np.broadcast_arrays(np.asarray(hops, dtype=np.int64), np.asarray(prev_hops, dtype=np.int64))
+    if np.any(h < 0) or np.any(ph < 0):
+        raise ValueError("hops and prev_hops must be >= 0")
+    step = 1.0 / r_d
+    mean = np.vectorize(cost.mean_s, otypes=[np.float64])
+    setup = (1 + requests_per_hop * h) * request_s
+    direct = np.where(setup <= step, step + setup ** 2 / (2.0 * step), setup + step / 2.0)
+    lagging = (step + mean(ph)) / 2.0 + setup
+    return np.where(ph == 0, direct, lagging) + mean(h)
 
 
 def sit_bridge(block_size: Any, r_p: Any, r_d: Any, c_sync: Any, hop_delay_s: Any) -> Any:

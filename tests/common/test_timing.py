@@ -407,6 +407,43 @@ def test_detour_delivery_bad_input():
     assert empty.arrival.size == 0 and np.isnan(empty.switch_gaps).all()
 
 
+def test_detour_switch_gap_closed_forms():
+    """docs/model.md 6.1: the gap across a Detour handover, 30 ms a hop (no jitter or stall),
+    a 40 ms decode step."""
+    c = T.HopCost(fixed_s=0.03, jitter_median_s=0.0, jitter_sigma=0.0, stall_prob=0.0)
+    g = T.detour_switch_gap
+    # direct old path, nothing to set up: the next decode step, then the new hop
+    assert float(g(25.0, 1, 0, c)) == pytest.approx(0.04 + 0.03)
+    # set-up S = (1 + 2 x 1) x 10 ms = 30 ms, under a step: step + S^2 / (2 step) + D
+    assert float(g(25.0, 1, 0, c, 0.01, 2)) == pytest.approx(0.04 + 0.03 ** 2 / 0.08 + 0.03)
+    # S = (1 + 2) x 20 ms = 60 ms, over a step: S + step / 2 + D
+    assert float(g(25.0, 2, 0, c, 0.02)) == pytest.approx(0.06 + 0.02 + 0.06)
+    # a relayed old path (2 hops) lags: half its gap (40 + 60 ms), the set-up, the new path's hops
+    assert float(g(25.0, 0, 2, c, 0.01)) == pytest.approx(0.05 + 0.01)
+    assert g(25.0, [1, 0], [0, 2], c, 0.01).shape == (2,)
+    for bad in [(0.0, 1, 0, c), (25.0, -1, 0, c), (25.0, 1, -1, c), (25.0, 1, 0, c, -0.01)]:
+        with pytest.raises(ValueError):
+            g(*bad)
+    with pytest.raises(ValueError):
+        g(25.0, 1, 0, c, 0.01, 0)
+
+
+@pytest.mark.parametrize("prev_hops, setup", [(0, 0.03), (0, 0.07), (1, 0.03)])
+def test_detour_switch_gap_is_the_mean_of_the_delivery(prev_hops, setup):
+    """The closed form against :func:`T.detour_delivery` with the switch at a uniform time: the
+    old path direct from the start or relayed (1 hop) from 1.0 s, the switch to 2 hops some
+    time after 4.0 s, the new path opening ``setup`` after it."""
+    c = T.HopCost(fixed_s=0.03, jitter_median_s=0.0, jitter_sigma=0.0, stall_prob=0.0)
+    step, rng = 0.04, np.random.default_rng(9)
+    gaps = []
+    for t in 4.0 + rng.uniform(0.0, 1.0, 400):
+        sw, hp = ([t], [0, 2]) if prev_hops == 0 else ([1.0, t], [0, prev_hops, 2])
+        d = T.detour_delivery(200, step, sw, hp, c, rng, setup_s=setup)
+        gaps.append(d.switch_gaps[-1])
+    want = float(T.detour_switch_gap(1 / step, 2, prev_hops, c, setup / 3, 1))   # S = 3 x setup / 3
+    assert np.mean(gaps) == pytest.approx(want, rel=0.05)
+
+
 # ---------------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("field, value", [("r_p", 0.0), ("r_d", -1.0), ("bandwidth", 0.0),

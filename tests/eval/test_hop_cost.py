@@ -105,15 +105,19 @@ def test_cli_hop_model_option_reaches_the_experiment(tmp_path, capsys):
 
 
 def test_simulate_prices_detour_by_the_hop_law_not_hops_times_the_first_hop():
+    """Detour's model SIT (timing.detour_switch_gap) takes the new path's mean hop cost from the
+    hop law: with a direct old path and no set-up it is a decode step plus mean_s(h)."""
+    import dataclasses
     from pallas_eval.simulate import simulate_arrays
-    r = PR.PAPER_QWEN3_32B
-    a = simulate_arrays([500, 500, 500], 0.0, r, (DETOUR,), hops=[1, 2, 3])
+    r = dataclasses.replace(PR.PAPER_QWEN3_32B, relay_request_s=0.0)
+    step = 1.0 / r.r_d
+    a = simulate_arrays([500, 500, 500], 0.0, r, (DETOUR,), hops=[1, 2, 3], prev_hops=0)
     c = T.PAPER_HOP_COST.with_mean(r.hop_delay_s)
-    assert a.sit[DETOUR] == pytest.approx([c.mean_s(1), c.mean_s(2), c.mean_s(3)])
-    assert a.sit[DETOUR][2] > 3 * r.hop_delay_s * 1.3          # the third hop stalls far more often
-    lin = PR.rates("qwen3-32b", hop_model="linear")
-    b = simulate_arrays([500], 0.0, lin, (DETOUR,), hops=[3])
-    assert b.sit[DETOUR] == pytest.approx([3 * lin.hop_delay_s])
+    assert a.sit[DETOUR] == pytest.approx([step + c.mean_s(1), step + c.mean_s(2), step + c.mean_s(3)])
+    assert a.sit[DETOUR][2] - step > 3 * r.hop_delay_s * 1.3     # the third hop stalls far more often
+    lin = dataclasses.replace(PR.rates("qwen3-32b", hop_model="linear"), relay_request_s=0.0)
+    b = simulate_arrays([500], 0.0, lin, (DETOUR,), hops=[3], prev_hops=0)
+    assert b.sit[DETOUR] == pytest.approx([1.0 / lin.r_d + 3 * lin.hop_delay_s])
 
 
 def test_repeated_detour_tokens_cross_the_path_they_are_delivered_over():
