@@ -48,6 +48,9 @@ __all__ = [
     "ctho_split",
     "hop_cost",
     "decide",
+    "DetourDelivery",
+    "detour_delivery",
+    "detour_switch_gap",
     "detour_itl",
     "detour_itl_samples",
     "discard_bound",
@@ -849,6 +852,120 @@ def detour_itl_samples(rng: np.random.Generator, itl_s: float, hops: int, n: int
     if n < 0 or itl_s < 0:
         raise ValueError(f"n and itl_s must be >= 0, got {n}, {itl_s}")
     return itl_s + cost.sample(rng, hops, n)
+
+
+@dataclass(frozen=True)
+class DetourDelivery:
+    """One Detour session as the UE receives it (:func:`detour_delivery`).
+
+    ``arrival``: when each token reached the UE, s, shape ``(n,)`` in token order; ``hops``:
+    the relay hops of the path it came over, int64 ``(n,)``; ``switch_gaps``: per path switch
+    (a handover), the gap from the last token the UE got before it to the first it got at or
+    after it, s, shape ``(m,)`` (NaN where no token came before or after it: the gap the
+    replay's SIT measures for Detour, ``pallas_eval.metrics.sit_for_handover``)."""
+
+    arrival: np.ndarray
+    hops: np.ndarray
+    switch_gaps: np.ndarray
+
+    def gaps(self) -> np.ndarray:
+        """Inter-token latencies at the UE, s, shape ``(max(0, n - 1),)``."""
+        return np.diff(self.arrival)
+
+    def gap_hops(self) -> np.ndarray:
+        """The relay hops of each gap's later token, int64, shape of :meth:`gaps`."""
+        return self.hops[1:]
+
+
+def detour_delivery(n_tokens: int, step_s: float, switches: Any, path_hops: Any, cost: HopCost,
+                    rng: np.random.Generator, setup_s: float = 0.0) -> DetourDelivery:
+    """When each of a Detour session's tokens reaches the UE over a relay path that changes at
+    every handover (docs/model.md section 6.1).
+
+    The source decodes token ``i`` at ``i * step_s`` (s, i = 0 .. ``n_tokens`` - 1) whatever the
+    relay does. The UE is on path ``k`` from ``switches[k - 1]`` to ``switches[k]`` (path 0
+    from the start, the last one until every token has arrived), of ``path_hops[k]`` relay
+    hops (``len(path_hops) == len(switches) + 1``). At each switch the UE resumes from the
+    first token it has not received (agent/frontend.py: ``from_index``): tokens that were
+    still on the old path are fetched again over the new one. On a path that opened at ``s``
+    token ``i`` enters the relay at ``a_i = max(i * step_s, s + setup_s)`` (the tokens the
+    source holds by then all at once) and reaches the UE at
+    ``out_i = out_{i-1} + (a_i - a_{i-1}) + D_i`` (the first at ``a_i + D_i``): each relay
+    forwards a token only after the previous one crossed (:class:`HopCost`), the rule the
+    live relay's proxies follow (``pallas_eval.relay.relay_due``), ``D_i`` one draw of ``cost``
+    over the path's hops (0 at 0 hops). A token whose ``out_i`` falls after the path's end
+    never arrives over it. So on a relayed path the stream falls behind the source by every
+    draw, and the tokens decoded on a short path are delivered over the longer later ones.
+
+    ``setup_s``: how long after a switch the new path takes its first token (the UE's request
+    to its new front and the front's to the source), s; 0 for none. Raises ValueError for a
+    negative token count, a non-positive step, negative hops or setup, unsorted switches or a
+    ``path_hops`` of the wrong length.
+    """
+    sw = np.asarray(switches, dtype=np.float64).reshape(-1)
+    hp = np.asarray(path_hops, dtype=np.int64).reshape(-1)
+    if n_tokens < 0 or not step_s > 0 or setup_s < 0:
+        raise ValueError(f"need n_tokens >= 0, step_s > 0, setup_s >= 0; got {n_tokens}, {step_s}, {setup_s}")
+    if hp.size != sw.size + 1 or np.any(hp < 0):
+        raise ValueError(f"path_hops must be {sw.size + 1} counts >= 0, got {hp.tolist()}")
+    if np.any(np.diff(sw) < 0):
+        raise ValueError("switches must be sorted")
+    gen = np.arange(n_tokens, dtype=np.float64) * step_s
+    arrival = np.empty(n_tokens)
+    hops = np.zeros(n_tokens, dtype=np.int64)
+    nxt, start = 0, -math.inf
+    for k in range(sw.size + 1):
+        if nxt >= n_tokens:
+            break
+        end = sw[k] if k < sw.size else math.inf
+        a = gen[nxt:] if k == 0 else np.maximum(gen[nxt:], start + setup_s)
+        d = cost.sample(rng, int(hp[k]), a.size) if hp[k] > 0 else np.zeros(a.size)
+        out = a + np.cumsum(d)
+        got = int(np.searchsorted(out, end, side="right")) if math.isfinite(end) else a.size
+        arrival[nxt:nxt + got], hops[nxt:nxt + got] = out[:got], hp[k]
+        nxt += got
+        start = end
+    i = np.searchsorted(arrival, sw, side="left")
+    ok = (i > 0) & (i < n_tokens)
+    gaps = np.full(sw.size, np.nan)
+    gaps[ok] = arrival[i[ok]] - arrival[i[ok] - 1]
+    return DetourDelivery(arrival, hops, gaps)
+
+
+def detour_switch_gap(r_d: float, hops: Any, prev_hops: Any, cost: HopCost, request_s: float = 0.0,
+                      requests_per_hop: int = 1) -> np.ndarray:
+    """The gap a UE sees across a Detour handover on average, s (docs/model.md section 6.1):
+    from its last token before the switch to its first over the new path of ``hops`` relay hops,
+    the old path having had ``prev_hops``. Broadcasts ``hops`` and ``prev_hops`` (ints >= 0).
+
+    The new path opens ``S = (1 + requests_per_hop * hops) * request_s`` after the switch: the
+    UE's request to its new front and, per relay hop, ``requests_per_hop`` HTTP stream requests
+    of ``request_s`` each (agent/frontend.py relays by one stream request a hop; the replay's
+    delaying proxy in front of each front forwards it once more, ``pallas_eval.relay``: 2).
+    Its first token pays ``D = cost.mean_s(hops)``. With a direct
+    old path (``prev_hops`` 0) nothing is held back: the UE switched ``U`` after its last token,
+    uniform over a decode step ``1 / r_d``, and the source decodes the next token a step after
+    the last, so the gap is ``E[max(1 / r_d, U + S)] + D`` (``1 / r_d + S^2 r_d / 2 + D`` for
+    ``S <= 1 / r_d``, else ``S + 1 / (2 r_d) + D``). Over a relayed old path the stream lags its
+    source (:func:`detour_delivery`): the next tokens are held at the source and the first
+    leaves as the new path opens, ``U' + S + D``, ``U'`` on average half a relayed gap,
+    ``(1 / r_d + cost.mean_s(prev_hops)) / 2``.
+
+    Raises ValueError for a non-positive rate, negative hops or ``request_s``, or
+    ``requests_per_hop`` below 1.
+    """
+    if not r_d > 0 or request_s < 0 or requests_per_hop < 1:
+        raise ValueError(f"need r_d > 0, request_s >= 0, requests_per_hop >= 1; got {r_d}, {request_s}, "
+                         f"{requests_per_hop}")
+    h, ph = np.broadcast_arrays(np.asarray(hops, dtype=np.int64), np.asarray(prev_hops, dtype=np.int64))
+    if np.any(h < 0) or np.any(ph < 0):
+        raise ValueError("hops and prev_hops must be >= 0")
+    step = 1.0 / r_d
+    mean = np.vectorize(cost.mean_s, otypes=[np.float64])
+    setup = (1 + requests_per_hop * h) * request_s
+    direct = np.where(setup <= step, step + setup ** 2 / (2.0 * step), setup + step / 2.0)
+    lagging = (step + mean(ph)) / 2.0 + setup
+    return np.where(ph == 0, direct, lagging) + mean(h)
 
 
 def sit_bridge(block_size: Any, r_p: Any, r_d: Any, c_sync: Any, hop_delay_s: Any) -> Any:

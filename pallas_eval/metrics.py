@@ -247,19 +247,24 @@ def relay_hops(s: SessionRecord) -> np.ndarray:
     agents' fronts relay (agent/frontend.py ``relay_origin``): 0 when the agent serving the UE
     decoded it; 1 when the serving agent relayed it from the UE's previous agent and that agent
     decoded it (the holder); 2 otherwise (the previous agent relays on from the holder: a front
-    relays at most two hops). The serving agent is the token's ``relayed`` agent, else its
-    decoder; the previous agent is the serving agent before the current run of tokens."""
+    relays at most two hops), except that a serving agent that relayed the session before goes
+    to the holder directly (it remembers it): 1 (``pallas_eval.simulate.front_relay_hops`` gives
+    the model the same). The serving agent is the token's ``relayed`` agent, else its decoder;
+    the previous agent is the serving agent before the current run of tokens."""
     n = len(s.times)
     out = np.zeros(n, dtype=np.int64)
     rel = s.relayed if len(s.relayed) == n else [""] * n
     dec = s.agents if len(s.agents) == n else [""] * n
     cur, prev = None, None
+    relayed_before: set[str] = set()    # agents that relayed an earlier run of the session
     for i in range(n):
         serving = rel[i] or dec[i]
         if serving != cur:
+            if cur is not None and i > 0 and rel[i - 1] and rel[i - 1] != dec[i - 1]:
+                relayed_before.add(cur)
             prev, cur = cur, serving
         if rel[i] and rel[i] != dec[i]:
-            out[i] = 1 if prev == dec[i] else 2
+            out[i] = 1 if (prev == dec[i] or rel[i] in relayed_before) else 2
     return out
 
 

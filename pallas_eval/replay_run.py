@@ -27,7 +27,8 @@ from pallas_eval.metrics import ITL_SLO_S, gap_between_tokens, hop_itl_line, itl
 from pallas_eval.report import (HandoverRow, cpu_table, handover_table, live_vs_model, live_vs_model_lines,
                                 lead_summary, plot_cdfs, plot_timeline, ratio_table, summary_table,
                                 write_csv, write_json)
-from pallas_eval.simulate import Rates, SimHandover, held_from_rows, measured_rates, simulate, summarize_sim
+from pallas_eval.simulate import (Rates, SimHandover, front_relay_hops, front_relay_paths, held_from_rows, measured_rates,
+                                  simulate, summarize_sim)
 
 def _rates_from_file(spec: str) -> Rates:
     path, _, model = spec.partition(":")
@@ -46,16 +47,26 @@ def _rates_from_file(spec: str) -> Rates:
         r_d = float(np.median(vals)) if vals else None
     r_d = r_d or float(np.median([x["tokens_per_s_per_request"] for x in m["decode"]]))
     return Rates(f"{d.get('device', path)} {m['model']}", r_p, r_d, timing.mbit_per_s(PR.PAPER_GOODPUT_MBPS),
-                 float(m["kv_bytes_per_token"]), PR.BLOCK_SIZE, PR.REPLAY_C_SYNC_S, PR.REPLAY_HOP_DELAY_S)
+                 float(m["kv_bytes_per_token"]), PR.BLOCK_SIZE, PR.REPLAY_C_SYNC_S, PR.REPLAY_HOP_DELAY_S,
+                 relay_request_s=PR.REPLAY_C_SYNC_S, relay_requests_per_hop=2)
 
 
 def emulated_rates(regime: rp.Regime, c_sync: float | None, block_size: int = 32) -> Rates:
     """The timing model's rates in the paper regime: the emulated model's r_p and r_d, the
     scaled link with the tiny model's s_kv (so K * s_kv / B is the emulated model's transfer
-    time), the relay hop delay, and c_sync as measured (20 ms if not)."""
+    time), the relay hop delay, and c_sync as measured (20 ms if not), which is also each request
+    of a Detour relay path's set-up (``Rates.relay_request_s``: an HTTP request between two of the
+    replay's processes, as the control round trip is; two a hop through the delaying proxies)."""
     m = regime.model
+    c = c_sync if c_sync and math.isfinite(c_sync) else PR.REPLAY_C_SYNC_S
     return Rates(f"emulated {m.name}", m.r_p, m.r_d, regime.peer_rate_mbps * 1e6 / 8.0, regime.s_kv_tiny,
-                 block_size, c_sync if c_sync and math.isfinite(c_sync) else PR.REPLAY_C_SYNC_S, regime.hop_delay_s)
+                 block_size, c, regime.hop_delay_s, relay_request_s=c, relay_requests_per_hop=_requests_per_hop(regime))
+
+
+def _requests_per_hop(regime: rp.Regime | None) -> int:
+    """HTTP stream requests per relay hop of a Detour path in this replay: the front's, and the
+    delaying proxy's in front of the next front where the regime has a hop delay (pallas_eval.relay)."""
+    return 2 if regime is not None and regime.hop_delay_s > 0 else 1
 
 
 def _pick_rates(spec: str, measured: dict | None, block_size: int = 32, s_kv: float = 0.0,
@@ -68,30 +79,35 @@ def _pick_rates(spec: str, measured: dict | None, block_size: int = 32, s_kv: fl
         return emulated_rates(regime, (measured or {}).get("c_sync"), block_size)
     if spec == "measured":
         m = measured or {}
-        return measured_rates(r_p=m.get("r_p"), r_d=m.get("r_d_xapp") or m.get("r_d_ue"), bandwidth=m.get("bandwidth"),
+        return dataclasses.replace(measured_rates(r_p=m.get("r_p"), r_d=m.get("r_d_xapp") or m.get("r_d_ue"), bandwidth=m.get("bandwidth"),
                               s_kv=float(m.get("s_kv") or s_kv or 16384.0), block_size=int(m.get("block_size") or block_size),
-                              c_sync=m.get("c_sync"), hop_delay_s=None)
+                              c_sync=m.get("c_sync"), hop_delay_s=None),
+                                   relay_requests_per_hop=_requests_per_hop(regime))
     if spec in PR.RATE_PRESETS:
         return PR.RATE_PRESETS[spec]
     return _rates_from_file(spec)
 
 
 def _sim_handovers_live(rows: list[HandoverRow]) -> list[SimHandover]:
+    """The model's handovers of a scheme's live rows: Detour's relay hops are the live fronts'
+    (simulate.front_relay_paths)."""
     out, hops = [], {}
-    for r, (cached, known) in zip(rows, held_from_rows(rows)):
+    for r, (cached, known), (rh, prev) in zip(rows, held_from_rows(rows), front_relay_paths(rows)):
         if not math.isfinite(r.sit_s):
             continue
         h = hops.get(r.session_id, 0)
         out.append(SimHandover(r.ue_id, r.time_s, r.from_cell, r.to_cell, int(r.tokens_at_ho),
-                               r.lead_s if math.isfinite(r.lead_s) else 0.0, h, cached, known))
+                               r.lead_s if math.isfinite(r.lead_s) else 0.0, h, cached, known, rh, prev))
         hops[r.session_id] = h + 1
     return out
 
 
 def _sim_handovers_offline(plan: dict, opts: rp.ReplayOptions, rates: Rates, sampler: LengthSampler,
-                           lead_s: float) -> list[SimHandover]:
+                           lead_s: float, server_of: dict[int, int] | None = None) -> list[SimHandover]:
     """Sessions laid out in time with the model's rates (prefill then decode at r_d, back to
-    back per UE), so the handovers meet the same session lengths as a live run."""
+    back per UE), so the handovers meet the same session lengths as a live run. ``server_of``
+    (cell -> server, the replay's cell map): Detour's relay hops are the live fronts'
+    (simulate.front_relay_hops); without it, the chain."""
     out = []
     for u in plan["ues"]:
         stream = ue_session_stream(opts.seed, u["ue_id"], sampler, 2048)
@@ -104,13 +120,21 @@ def _sim_handovers_offline(plan: dict, opts: rp.ReplayOptions, rates: Rates, sam
             sessions.append((t, len(s.prompt_ids), s.max_tokens))
             t += dur + 0.2
         hops: dict[int, int] = {}
+        paths: dict[int, tuple[int, set, int]] = {}      # session -> (holder, relayed, hops now)
         for ue, tho, a, b in plan["handovers"]:
             if ue != u["ue_id"]:
                 continue
             for i, (t0, p, o) in enumerate(sessions):
                 gen = (tho - t0 - p / rates.r_p) * rates.r_d
                 if 0 < gen < o:
-                    out.append(SimHandover(ue, tho - float(plan["t_first"]), a, b, int(p + gen), lead_s, hops.get(i, 0)))
+                    rh, prev = None, 0
+                    if server_of is not None:
+                        fs, ts = server_of.get(a, -1), server_of.get(b, -1)
+                        holder, relayed, prev = paths.get(i, (fs, set(), 0))
+                        rh = front_relay_hops(holder, relayed, fs, ts)
+                        paths[i] = (holder, relayed | ({ts} - {holder}), rh)
+                    out.append(SimHandover(ue, tho - float(plan["t_first"]), a, b, int(p + gen), lead_s,
+                                           hops.get(i, 0), relay_hops=rh, prev_relay_hops=prev))
                     hops[i] = hops.get(i, 0) + 1
                     break
     return out
@@ -149,7 +173,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
 
     if opts.simulate_only:
         rates = _pick_rates(opts.rates if opts.rates not in ("measured", "auto", "emulated") else "paper", None)
-        hos = [h for so, pl, _ in inputs for h in _sim_handovers_offline(pl, so, rates, sampler, so.lead_s)]
+        hos = [h for so, pl, mp in inputs for h in _sim_handovers_offline(pl, so, rates, sampler, so.lead_s, mp)]
         res = simulate(hos, rates, schemes)
         sm = summarize_sim(res)
         _print_sim(con, sm, rates, hos)

@@ -14,10 +14,15 @@ equations (through ``pallas_common.timing``, the same code the xApp's Scheduler 
   and ctHO's prefill skip them. ctHO's split counts them only where the source knows of them
   (``known_held_tokens``: the target is the agent the session came from, as the agent's
   ``agent/migration/source.py:held_at`` sees it).
-- Detour: the mean of its hop cost over the hops it has (``timing.HopCost.mean_s``: the rates'
-  ``hop_model`` scaled to a first hop of ``hop_delay_s``; the live relay draws the same law by
-  each proxy's position, ``pallas_eval.relay``), the hops of a session growing by one at each of
-  its handovers.
+- Detour: the gap the UE sees across the handover (``timing.detour_switch_gap``): the wait for
+  its first token over the new path (a decode step after its last one when the old path was
+  direct, else as the new path opens: the stream lags over a relayed path), the new path's
+  set-up (one ``relay_request_s`` per HTTP stream request) and the mean of its hop cost over the
+  new path's hops (``timing.HopCost.mean_s``: the rates' ``hop_model`` scaled to a first hop of
+  ``hop_delay_s``; the live relay draws the same law by each proxy's position,
+  ``pallas_eval.relay``). The hops are the live fronts' (:func:`front_relay_paths`: 0 at the
+  holder, at most 2) where the handovers come from a replay, else one more at each of the
+  session's handovers (the paper's chain of relays).
 
 Every target-side scheme's SIT includes c_sync and the first decode step at the target
 (1 / r_d), as Eq. 6 does for Pallas, so the schemes compare like with like.
@@ -47,7 +52,11 @@ class Rates:
     ``r_p`` prefill tokens/s at the target, ``r_d`` decode tokens/s per request, ``bandwidth``
     inter-gNB goodput bytes/s, ``s_kv`` KV bytes per token, ``block_size`` tokens per block,
     ``c_sync`` seconds per commit, ``hop_delay_s`` the mean cost per token of Detour's first
-    forwarding hop, ``hop_model`` the law of the further hops (``timing.HOP_COSTS``).
+    forwarding hop, ``hop_model`` the law of the further hops (``timing.HOP_COSTS``),
+    ``relay_request_s`` one HTTP stream request of a Detour relay path's set-up, s, and
+    ``relay_requests_per_hop`` how many a relay hop makes (``timing.detour_switch_gap``; the
+    replay takes its measured control round trip and 2 where its delaying proxies stand in for
+    the backhaul, the paper's experiments 0 s: the paper gives no figure).
     """
 
     name: str
@@ -59,6 +68,8 @@ class Rates:
     c_sync: float
     hop_delay_s: float
     hop_model: str = timing.DEFAULT_HOP_MODEL
+    relay_request_s: float = 0.0
+    relay_requests_per_hop: int = 1
 
     def hop_cost(self) -> timing.HopCost:
         """Detour's hop cost: ``hop_model`` scaled so its first hop costs ``hop_delay_s``."""
@@ -77,7 +88,9 @@ class SimHandover:
     handovers (Detour's hop count grows with them). ``cached_tokens``: tokens of the session the
     target computed when it served the session before (0: never); ``known_held_tokens``: the
     same where the target is the agent the session came from (the source then knows it), else
-    0 (see the module docstring)."""
+    0 (see the module docstring). ``relay_hops`` / ``prev_relay_hops``: Detour's relay hops
+    after and before this handover where known (:func:`front_relay_paths`); None: the chain,
+    ``hops_before + 1`` and ``hops_before``."""
 
     ue_id: str
     time: float
@@ -88,6 +101,8 @@ class SimHandover:
     hops_before: int = 0
     cached_tokens: int = 0
     known_held_tokens: int = 0
+    relay_hops: int | None = None
+    prev_relay_hops: int = 0
 
 
 @dataclass
@@ -126,7 +141,7 @@ class SchemeArrays:
     fallback: np.ndarray
 
 
-def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARED, *, hops=1,
+def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARED, *, hops=1, prev_hops=None,
                     bandwidth=None, est_bandwidth=None, ho_error_s=0.0, r_p=None, est_r_p=None,
                     cached_tokens=0, known_held_tokens=0,
                     alpha: float = 0.8, dt: float = 0.1, t_max: float = 5.0) -> SchemeArrays:
@@ -134,7 +149,8 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARE
 
     Per-handover inputs broadcast to shape (n,): ``k_ho`` tokens at the actual HO; ``lead_s``
     the prediction lead (T_avail, s; <= 0: no usable prediction, Pallas falls back to ctHO);
-    ``hops`` Detour's forwarding hops at this HO; ``bandwidth`` the goodput the migration gets
+    ``hops`` Detour's forwarding hops after this HO and ``prev_hops`` before it (default
+    ``hops - 1``, the chain); ``bandwidth`` the goodput the migration gets
     (bytes/s; default ``rates.bandwidth``) and ``est_bandwidth`` the Scheduler Engine's estimate
     of it when deciding (default: the same); ``r_p``/``est_r_p`` likewise for the target's
     prefill rate; ``ho_error_s`` the actual HO time minus the predicted one (s; > 0: later);
@@ -220,10 +236,12 @@ def simulate_arrays(k_ho, lead_s, rates: Rates, schemes: Iterable[str] = COMPARE
         elif sch == RECOMPUTATION:
             sit[sch] = timing.sit_recomputation(k - cached, rp, rates.c_sync) + first_step
             moved[sch], pre[sch] = np.zeros(n), k - cached
-        else:   # detour
-            cost = rates.hop_cost()
-            means = {h: cost.mean_s(h) for h in np.unique(hops.astype(np.int64)).tolist()}
-            sit[sch] = np.array([means[int(h)] for h in hops], dtype=np.float64)
+        else:   # detour: the gap across the switch of relay paths
+            h = hops.astype(np.int64)
+            prev = (np.maximum(h - 1, 0) if prev_hops is None
+                    else np.broadcast_to(np.asarray(prev_hops, dtype=np.int64), (n,)))
+            sit[sch] = timing.detour_switch_gap(r_d, h, prev, rates.hop_cost(), rates.relay_request_s,
+                                                rates.relay_requests_per_hop)
             moved[sch], pre[sch] = np.zeros(n), np.zeros(n)
     return SchemeArrays(sit, moved, pre, window, chosen, t_early, fallback)
 
@@ -237,7 +255,8 @@ def simulate(handovers: Sequence[SimHandover], rates: Rates, schemes: Iterable[s
         simulate_arrays(np.zeros(0), np.zeros(0), rates, schemes)      # still checks the names
         return []
     a = simulate_arrays([h.k_ho for h in handovers], [h.lead_s for h in handovers], rates, schemes,
-                        hops=[h.hops_before + 1 for h in handovers],
+                        hops=[h.hops_before + 1 if h.relay_hops is None else h.relay_hops for h in handovers],
+                        prev_hops=[h.hops_before if h.relay_hops is None else h.prev_relay_hops for h in handovers],
                         cached_tokens=[h.cached_tokens for h in handovers],
                         known_held_tokens=[h.known_held_tokens for h in handovers], alpha=alpha, dt=dt, t_max=t_max)
     out: list[SimResult] = []
@@ -277,15 +296,17 @@ def measured_rates(*, r_p: float | None, r_d: float | None, bandwidth: float | N
                    base: Rates | None = None) -> Rates:
     """Rates from a live run's measurements; a missing (None or non-finite) one is taken from
     ``base`` (default: 5,000 tok/s prefill, 50 tok/s decode, 1 Gbit/s, 20 ms sync, 5 ms hop).
+    A Detour relay path's requests each cost the c_sync taken (``Rates.relay_request_s``).
     """
     b = base or Rates("defaults", 5000.0, 50.0, timing.mbit_per_s(1000.0), s_kv, block_size, 0.02, 0.005)
 
     def pick(v, d):
         return d if v is None or not math.isfinite(v) or v <= 0 else float(v)
 
+    c = pick(c_sync, b.c_sync)
     return replace(b, name="measured (this run)", r_p=pick(r_p, b.r_p), r_d=pick(r_d, b.r_d),
                    bandwidth=pick(bandwidth, b.bandwidth), s_kv=s_kv, block_size=block_size,
-                   c_sync=pick(c_sync, b.c_sync), hop_delay_s=pick(hop_delay_s, b.hop_delay_s))
+                   c_sync=c, hop_delay_s=pick(hop_delay_s, b.hop_delay_s), relay_request_s=c)
 
 
 def held_from_rows(rows: Sequence) -> list[tuple[int, int]]:
@@ -308,4 +329,39 @@ def held_from_rows(rows: Sequence) -> list[tuple[int, int]]:
         out.append((cached, known))
         left[(sid, r.from_server)] = max(0, int(r.tokens_at_ho) - 1)
         came_from[sid] = r.from_server
+    return out
+
+
+def front_relay_hops(holder: str, relayed: set[str], from_server: str, to_server: str) -> int:
+    """The relay hops the live fronts give a Detour stream after a handover from ``from_server``
+    to ``to_server`` (agent/frontend.py ``relay_origin``): 0 at the ``holder`` (the session's own
+    agent serves it); 1 where the new agent relayed the session before (it remembers the holder)
+    or the UE comes from the holder; else 2 (the new agent relays the UE's previous one, which
+    relays on from the holder). ``relayed``: the agents that relayed the session so far."""
+    if to_server == holder:
+        return 0
+    return 1 if (to_server in relayed or from_server == holder) else 2
+
+
+def front_relay_paths(rows: Sequence) -> list[tuple[int, int]]:
+    """(relay hops after, relay hops before) of Detour's path at each of a scheme's handover
+    rows (``pallas_eval.report.HandoverRow``: session_id, from_server, to_server, in time
+    order), by :func:`front_relay_hops`: a session's holder is the server it left at its first
+    handover (Detour never moves it). Rows without a session count (0, 0)."""
+    holder: dict[str, str] = {}
+    relayed: dict[str, set[str]] = {}
+    last: dict[str, int] = {}
+    out = []
+    for r in rows:
+        sid = r.session_id
+        if not sid:
+            out.append((0, 0))
+            continue
+        hold = holder.setdefault(sid, r.from_server)
+        mine = relayed.setdefault(sid, set())
+        h = front_relay_hops(hold, mine, r.from_server, r.to_server)
+        out.append((h, last.get(sid, 0)))
+        last[sid] = h
+        if r.to_server != hold:
+            mine.add(r.to_server)
     return out

@@ -171,7 +171,9 @@ _REPLAY_SOURCES = {True: "paper Table 1 / Fig. 5(d) (docs/model.md §6)",
 def replay_rates(model: str = REPLAY_ANCHOR_MODEL) -> Rates:
     """The replay's setting (``paper-replay``, module docstring) for ``model``: the anchor's
     rates for Qwen3-32B, the others' scaled by the H200 ratio; at 300 Mbit/s, block size 16,
-    c_sync 20 ms, the replay relay's first hop's mean cost (:data:`REPLAY_HOP_DELAY_S`, 12.0 ms).
+    c_sync 20 ms, the replay relay's first hop's mean cost (:data:`REPLAY_HOP_DELAY_S`, 12.0 ms),
+    and c_sync for each request of a Detour relay path's set-up (``Rates.relay_request_s``, two a
+    hop: the replay's delaying proxies forward each relay's request, pallas_eval.relay).
     KeyError for an unknown model."""
     _check_model(model)
     if model == REPLAY_ANCHOR_MODEL:
@@ -184,7 +186,8 @@ def replay_rates(model: str = REPLAY_ANCHOR_MODEL) -> Rates:
         r_d = round(REPLAY_R_D * h[model]["r_d"] / a["r_d"], 1)
         name = f"{REPLAY_SETTING} ({LABELS[model]}, {PAPER_GOODPUT_MBPS:.0f} Mbit/s)"
     return Rates(name=name, r_p=r_p, r_d=r_d, bandwidth=timing.mbit_per_s(PAPER_GOODPUT_MBPS),
-                 s_kv=float(s_kv(model)), block_size=BLOCK_SIZE, c_sync=REPLAY_C_SYNC_S, hop_delay_s=REPLAY_HOP_DELAY_S)
+                 s_kv=float(s_kv(model)), block_size=BLOCK_SIZE, c_sync=REPLAY_C_SYNC_S, hop_delay_s=REPLAY_HOP_DELAY_S,
+                 relay_request_s=REPLAY_C_SYNC_S, relay_requests_per_hop=2)
 
 
 def replay_source(model: str) -> str:

@@ -9,23 +9,30 @@ Engine's estimate is the EWMA of the session's earlier handovers' goodput. Sessi
 1,000-token prompt (prefilled at r_p before the drive starts) and decode at r_d throughout,
 stalled by each SIT.
 
-ITL per scheme: every gap between consecutive tokens of a session, weighted by how many there
-are: 1 / r_d between handovers, the SIT across each handover (target-side schemes), and for
-Detour 1 / r_d plus each token's draw of the backhaul's cost over the hops so far
-(``pallas_common.timing.HopCost``, fitted to the paper's Figure 1, its first hop's mean the rates'
-``hop_delay_s``). ``hop_model`` picks the fit (``timing.HOP_COSTS``):
-``compounding`` (the default: each further relay hop stalls a token more often, at the rate
-Figure 1 shows from two to three hops) or ``linear`` (every hop alike). The relay path grows at
-each handover by the backhaul hops between the old and the new serving site: in the grid every
-crossing goes to a 4-neighbour, whose gNBs are one Xn hop apart, so by one hop. Detour's SIT at
-a handover is the hop cost's mean over the hops it then has; its ITL (mean, P90, P99, share over
-the 100 ms SLO) is reported per hop count, and every scheme's ITL P90, P99 and SLO share beside
-its mean. Sessions reach 8 hops, Figure 1 only 3: the factor over Pallas is the hop model's
-extrapolation (docs/model.md section 6.1).
+ITL per scheme: every gap between consecutive tokens of a session at the UE, weighted by how
+many there are: 1 / r_d between handovers and the SIT across each handover (target-side schemes).
+Detour's tokens are followed to the UE (``pallas_common.timing.detour_delivery``): the source
+decodes at r_d throughout, each token crosses the relay path the UE is on when it is forwarded,
+paying a draw of the backhaul's cost over that path's hops (``pallas_common.timing.HopCost``,
+fitted to the paper's Figure 1, its first hop's mean the rates' ``hop_delay_s``), and a relay
+forwards a token only after the previous one crossed, so the stream falls behind the source
+and what it has not delivered at a handover is delivered over the next, longer path; after
+the drive's last handover the UE stays in its cell until the rest has arrived. ``hop_model``
+picks the fit (``timing.HOP_COSTS``): ``compounding`` (the default: each further relay hop
+stalls a token more often, at the rate Figure 1 shows from two to three hops) or ``linear``
+(every hop alike). The relay path grows at each handover by the backhaul hops between the old
+and the new serving site: in the grid every crossing goes to a 4-neighbour, whose gNBs are one
+Xn hop apart, so by one hop. Detour's SIT at a handover is the gap the UE sees across it (the
+last token before, the first after, as the replay measures it). Detour's ITL (mean, P90, P99,
+share over the 100 ms SLO) of a stream relayed over a fixed h hops (Figure 1's setting) is
+reported per hop count, with the share of the delivered tokens that came over each hop count,
+and every scheme's ITL P90, P99 and SLO share beside its mean. Sessions reach 8 hops, Figure 1
+only 3: the factor over Pallas is the hop model's extrapolation (docs/model.md section 6.1).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -84,48 +91,23 @@ def hop_itl_draws(rates, rng: np.random.Generator, max_hops: int = 8,
     return {h: timing.detour_itl_samples(rng, 1.0 / rates.r_d, h, HOP_DRAWS, cost) for h in range(max_hops + 1)}
 
 
-def session_itls(d: M.Drives, sits: np.ndarray, rates, detour: bool, k_start: float = 0.0,
-                 draws: dict[int, np.ndarray] | None = None):
-    """(values, weights) of every session's token gaps (module docstring), s.
-
-    Detour's gaps at ``h`` hops are ``draws[h]`` (:func:`hop_itl_draws`), each weighted by the
-    tokens streamed at that hop count over ``HOP_DRAWS``; without ``draws`` each hop costs
-    ``hop_delay_s`` (the first hop's mean: linear in hops)."""
+def session_itls(d: M.Drives, sits: np.ndarray, rates):
+    """(values, weights) of a target-side scheme's token gaps over every session (module
+    docstring), s: 1 / r_d between handovers, the handover's SIT across it, the session's
+    tokens stalled by each SIT (Detour's: :func:`detour_sessions`)."""
     step = 1.0 / rates.r_d
     vals, wts = [], []
-    at_hops: dict[int, float] = {}
-
-    def detour_gap(h: int, w: float) -> None:
-        if draws is None:
-            vals.append(step + h * rates.hop_delay_s)
-            wts.append(w)
-        else:
-            at_hops[h] = at_hops.get(h, 0.0) + w
-
     for i in range(d.n):
-        t_prev, hops = 0.0, 0
+        t_prev = 0.0
         for j in range(d.ho_time.shape[1]):
             t = d.ho_time[i, j]
             if not np.isfinite(t):
                 break
-            n_tok = max(0.0, (t - t_prev) * rates.r_d - 1)
-            if detour:
-                detour_gap(hops, n_tok)
-                hops += 1
-                detour_gap(hops, 1.0)
-            else:
-                vals += [step, sits[i, j]]
-                wts += [n_tok, 1.0]
-            t_prev = t + (0.0 if detour else sits[i, j])
-        n_tok = max(0.0, (d.end_s[i] - t_prev) * rates.r_d - 1)
-        if detour:
-            detour_gap(hops, n_tok)
-        else:
-            vals.append(step)
-            wts.append(n_tok)
-    for h, w in sorted(at_hops.items()):
-        vals += list(draws[h])
-        wts += [w / HOP_DRAWS] * HOP_DRAWS
+            vals += [step, sits[i, j]]
+            wts += [max(0.0, (t - t_prev) * rates.r_d - 1), 1.0]
+            t_prev = t + sits[i, j]
+        vals.append(step)
+        wts.append(max(0.0, (d.end_s[i] - t_prev) * rates.r_d - 1))
     return np.array(vals), np.array(wts)
 
 
@@ -156,11 +138,24 @@ def baseline_sits(d: M.Drives, rates, scheme: str, bw: np.ndarray) -> np.ndarray
     return out
 
 
-def detour_sits(d: M.Drives, cost: timing.HopCost) -> np.ndarray:
-    """Detour's SIT at every handover, s, shape ``d.ho_time.shape``: the first relayed token's
-    extra delay, the mean of ``cost`` over the hops the path has after it (j + 1 at the j-th)."""
-    means = np.array([cost.mean_s(h) for h in range(1, d.ho_time.shape[1] + 1)])
-    return np.where(np.isfinite(d.ho_time), means[None, :], np.nan)
+def detour_sessions(d: M.Drives, rates, cost: timing.HopCost, rng: np.random.Generator):
+    """Every session's tokens under Detour followed to the UE (module docstring;
+    ``timing.detour_delivery``): the source decodes from time 0 to the session's end at r_d,
+    the path has j relay hops after the session's j-th handover. Returns ``(gaps, gap_hops,
+    sits)``: every inter-token gap at the UE (s, (m,)), the hops of the path its later token
+    came over (int64, (m,)), and the gap across each handover (s, ``d.ho_time.shape``, NaN
+    padding)."""
+    step = 1.0 / rates.r_d
+    gaps, hops = [], []
+    sits = np.full(d.ho_time.shape, np.nan)
+    for i in range(d.n):
+        ho = d.ho_time[i][np.isfinite(d.ho_time[i])]
+        n_tok = int(math.floor(d.end_s[i] / step + 1e-9)) + 1
+        got = timing.detour_delivery(n_tok, step, ho, np.arange(ho.size + 1), cost, rng)
+        gaps.append(got.gaps())
+        hops.append(got.gap_hops())
+        sits[i, :ho.size] = got.switch_gaps
+    return np.concatenate(gaps), np.concatenate(hops), sits
 
 
 def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
@@ -174,24 +169,33 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
     ta = M.t_avail(d, p)
     bw = g * 1e6 / 8
     n_ho = int(np.isfinite(d.ho_time).sum())
-    rows, table, detour_hops, detour_detail = [], [], {}, {}
+    rows, table, detour_hops, detour_detail, detour_delivered = [], [], {}, {}, {}
     for model in models:
         rates = PR.rates(model, gpu, 300.0, hop_model=hop_model)
         on = M.run_online(d, p, rates, np.full(d.n, float(PROMPT)), bw, t_avail_s=ta)
         sits = {PALLAS: on.sit}
+        det_gaps, det_hops, sits[DETOUR] = detour_sessions(d, rates, hop_cost_for(rates, hop_model),
+                                                           np.random.default_rng([seed, 0x41]))
         for s in COMPARED[1:]:
-            sits[s] = (detour_sits(d, hop_cost_for(rates, hop_model)) if s == DETOUR
-                       else baseline_sits(d, rates, s, bw))
+            if s != DETOUR:
+                sits[s] = baseline_sits(d, rates, s, bw)
         ok = np.isfinite(d.ho_time)
         draws = hop_itl_draws(rates, np.random.default_rng([seed, 0x40]), hop_model=hop_model)
         for s in COMPARED:
-            v, w = session_itls(d, sits[s], rates, detour=(s == DETOUR), draws=draws)
+            if s == DETOUR:
+                v, w = det_gaps, np.ones_like(det_gaps)
+            else:
+                v, w = session_itls(d, sits[s], rates)
             x = sits[s][ok]
+            x = x[np.isfinite(x)]
             table.append({"model": model, "scheme": s, "handovers": int(ok.sum()),
                           "sit_mean_ms": 1000 * float(x.mean()), "sit_p99_ms": 1000 * float(np.percentile(x, 99)),
                           **itl_stats(v, w)})
         detour_hops[model] = {h: 1000 * float(x.mean()) for h, x in draws.items()}
         detour_detail[model] = {h: itl_stats(x, np.ones_like(x)) for h, x in draws.items()}
+        detour_delivered[model] = {int(h): {"share": float(np.mean(det_hops == h)),
+                                            "itl_mean_ms": 1000 * float(det_gaps[det_hops == h].mean())}
+                                   for h in np.unique(det_hops)}
         for i, j in zip(*np.nonzero(ok)):
             rows.append({"model": model, "session": int(i), "handover": int(j) + 1, "time_s": d.ho_time[i, j],
                          "from_cell": int(d.ho_from[i, j]), "to_cell": int(d.ho_to[i, j]),
@@ -203,7 +207,8 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
     plot = plot_table2(out_dir / "table2.png", table, detour_hops, models)
     comps = _comparisons(table, n_ho, hop_model)
     commits = float(np.mean([r["committed"] for r in rows])) if rows else float("nan")
-    summary = {"hop_model": hop_model, "table2": table, "detour_itl_ms_by_hops": detour_hops, "detour_itl_by_hops": detour_detail, "handovers_per_model": n_ho,
+    summary = {"hop_model": hop_model, "table2": table, "detour_itl_ms_by_hops": detour_hops, "detour_itl_by_hops": detour_detail,
+               "detour_delivered_by_hops": detour_delivered, "handovers_per_model": n_ho,
                "sessions": d.n, "commit_share": commits,
                "t_avail_s": {"p10": float(np.nanpercentile(ta, 10)), "p50": float(np.nanpercentile(ta, 50)),
                              "p90": float(np.nanpercentile(ta, 90))}}
@@ -215,18 +220,18 @@ def run(out_dir, *, tiny: bool = False, seed: int = 17, gpu: str = "rtx-a6000",
 
 #: The factor's reason under ``--hop-model linear`` (replaces WHY's).
 WHY_LINEAR_FACTOR = ("model: --hop-model linear: every hop alike, 15.9 ms on average (the earlier fit to Qwen3-32B's "
-                     "Figure 1 points; it misses Llama-3-8B's three-hop share, 2.4% against 12.61%); token-weighted "
-                     "over sessions of 1-8 handovers (about 2.7 hops on average) that adds about 45 ms to each gap, "
-                     "1.8-2.4x. The default, compounding fit gives 2.7-3.9x (docs/model.md 6.1)")
+                     "Figure 1 points; it misses Llama-3-8B's three-hop share, 2.4% against 12.61%); up to three hops "
+                     "that is less than a decode step, so the backlog a handover leaves is delivered faster than the "
+                     "source decodes: 1.6-2.4x. The default, compounding fit gives 3.5-6.2x (docs/model.md 6.1)")
 
 WHY = {
     "repeated.detour_itl_factor": "model: Detour's hop cost is fitted to Figure 1's seven points (docs/model.md 6.1), "
                                   "each further hop's stall probability 5.8x the one before (0.5%, 2.8%, 16%, 93% at "
                                   "hops 1-4, every token after): 12, 26, 49, 130, 216 ... 472 ms a gap at 1, 2, 3, 4, "
-                                  "5 ... 8 hops. Token-weighted over sessions of 1-8 handovers that gives 2.7-3.9x, "
-                                  "36-59% below the paper's 4.2-9.6x; sessions reach 8 hops and Figure 1 only 3, so "
-                                  "the factor is the fit's extrapolation, not tuned to Table 2 (--hop-model linear, "
-                                  "every hop alike, 15.9 ms: 1.8-2.4x)",
+                                  "5 ... 8 hops. The relayed stream falls behind its source, and what it has not "
+                                  "delivered at a handover comes over the next, longer path (timing.detour_delivery): "
+                                  "3.5-6.2x over sessions of 1-8 handovers; sessions reach 8 hops and Figure 1 only 3, "
+                                  "so the factor is the fit's extrapolation, not tuned to Table 2",
     "repeated.pallas_itl": "preset: r_d is constant per model (Figure 5(d)'s 28-48 ms); the paper's Table 2 ITLs reach "
                            "66.7 ms for the largest model, as decoding slows with the longer contexts of long sessions",
     "repeated.pallas_sit_mean": "preset: c_sync is one fixed 150 ms for every model, so with the first decode step no "

@@ -334,6 +334,116 @@ def test_detour_and_discard_bound():
     assert np.allclose(T.discard_bound(5.0, np.array([0.0, 2.0]), 3.0), [2.0, 4.0])
 
 
+def _literal_delivery(n, step, switches, hops, per_hop, setup=0.0):
+    """docs/model.md 6.1's delivery written out token by token, with a cost of exactly
+    ``per_hop`` s a hop: out_i = out_{i-1} + (a_i - a_{i-1}) + D, a_i = max(i step, s + setup)."""
+    arrival, on = [], []
+    nxt, start = 0, -math.inf
+    for k, h in enumerate(hops):
+        end = switches[k] if k < len(switches) else math.inf
+        prev = None
+        for i in range(nxt, n):
+            a = i * step if k == 0 else max(i * step, start + setup)
+            out = a + h * per_hop if prev is None else prev[1] + (a - prev[0]) + h * per_hop
+            if out > end:
+                break
+            arrival.append(out)
+            on.append(h)
+            prev = (a, out)
+            nxt = i + 1
+        start = end
+    return arrival, on
+
+
+@pytest.mark.parametrize("setup", [0.0, 0.03])
+def test_detour_delivery_follows_the_relay_rule_token_by_token(setup):
+    """A fixed 30 ms a hop (no jitter, no stall), a 50 ms decode step, paths of 0, 1 and 3
+    hops from 1.0 s and 2.0 s: every arrival is the literal recursion's."""
+    fixed = T.HopCost(fixed_s=0.03, jitter_median_s=0.0, jitter_sigma=0.0, stall_prob=0.0)
+    got = T.detour_delivery(80, 0.05, [1.0, 2.0], [0, 1, 3], fixed, np.random.default_rng(0), setup_s=setup)
+    want, on = _literal_delivery(80, 0.05, [1.0, 2.0], [0, 1, 3], 0.03, setup)
+    assert got.arrival.tolist() == pytest.approx(want, abs=1e-12)
+    assert got.hops.tolist() == on
+    assert got.gaps().size == 79 and np.all(got.gaps() > 0)
+
+
+def test_detour_delivery_refetches_the_backlog_over_the_new_path():
+    """On a relayed path the UE falls behind the source; what it lacks at a handover comes over
+    the next path, so tokens decoded before the switch arrive over the longer path after it."""
+    fixed = T.HopCost(fixed_s=0.03, jitter_median_s=0.0, jitter_sigma=0.0, stall_prob=0.0)
+    step = 0.05
+    got = T.detour_delivery(100, step, [1.01, 3.01], [0, 1, 2], fixed, np.random.default_rng(0))
+    gen = np.arange(100) * step
+    # the first path is direct: the 21 tokens decoded by 1.01 s arrive as they are decoded
+    assert np.allclose(got.arrival[:21], gen[:21]) and np.all(got.hops[:21] == 0)
+    # one hop of 30 ms a token: token 21 + j arrives at 1.08 + 0.08 j, so 25 by 3.01 s
+    assert int(np.sum(got.hops == 1)) == 25
+    # 61 tokens were decoded by 3.01 s; the 15 the UE still lacked come over the 2-hop path
+    late = (gen < 3.01) & (got.hops == 2)
+    assert late.sum() == 61 - 21 - 25
+    # the backlog leaves the new path at one 2-hop cost (60 ms) apart, not a decode step plus it
+    first = int(np.argmax(got.hops == 2))
+    assert got.gaps()[first] == pytest.approx(0.06)
+    # the gap across each switch is the last token before it to the first at or after it
+    i = int(np.searchsorted(got.arrival, 3.01))
+    assert got.switch_gaps[1] == pytest.approx(got.arrival[i] - got.arrival[i - 1])
+    assert got.switch_gaps[0] == pytest.approx(step + 0.03)      # the next decode plus one hop
+    # nothing is lost or repeated: every token arrives once, in order
+    assert got.arrival.size == 100 and np.all(np.diff(got.arrival) > 0)
+    # mean ITL at the UE: the whole delivery over the gaps, longer than the decode step
+    assert got.gaps().mean() == pytest.approx((got.arrival[-1] - got.arrival[0]) / 99)
+    assert got.gaps().mean() > step
+
+
+def test_detour_delivery_bad_input():
+    c, rng = T.PAPER_HOP_COST, np.random.default_rng(0)
+    for args in [(-1, 0.05, [], [0]), (10, 0.0, [], [0]), (10, 0.05, [1.0], [0]), (10, 0.05, [2.0, 1.0], [0, 1, 2]),
+                 (10, 0.05, [1.0], [0, -1])]:
+        with pytest.raises(ValueError):
+            T.detour_delivery(*args, c, rng)
+    with pytest.raises(ValueError):
+        T.detour_delivery(10, 0.05, [], [0], c, rng, setup_s=-0.1)
+    empty = T.detour_delivery(0, 0.05, [1.0], [0, 1], c, rng)
+    assert empty.arrival.size == 0 and np.isnan(empty.switch_gaps).all()
+
+
+def test_detour_switch_gap_closed_forms():
+    """docs/model.md 6.1: the gap across a Detour handover, 30 ms a hop (no jitter or stall),
+    a 40 ms decode step."""
+    c = T.HopCost(fixed_s=0.03, jitter_median_s=0.0, jitter_sigma=0.0, stall_prob=0.0)
+    g = T.detour_switch_gap
+    # direct old path, nothing to set up: the next decode step, then the new hop
+    assert float(g(25.0, 1, 0, c)) == pytest.approx(0.04 + 0.03)
+    # set-up S = (1 + 2 x 1) x 10 ms = 30 ms, under a step: step + S^2 / (2 step) + D
+    assert float(g(25.0, 1, 0, c, 0.01, 2)) == pytest.approx(0.04 + 0.03 ** 2 / 0.08 + 0.03)
+    # S = (1 + 2) x 20 ms = 60 ms, over a step: S + step / 2 + D
+    assert float(g(25.0, 2, 0, c, 0.02)) == pytest.approx(0.06 + 0.02 + 0.06)
+    # a relayed old path (2 hops) lags: half its gap (40 + 60 ms), the set-up, the new path's hops
+    assert float(g(25.0, 0, 2, c, 0.01)) == pytest.approx(0.05 + 0.01)
+    assert g(25.0, [1, 0], [0, 2], c, 0.01).shape == (2,)
+    for bad in [(0.0, 1, 0, c), (25.0, -1, 0, c), (25.0, 1, -1, c), (25.0, 1, 0, c, -0.01)]:
+        with pytest.raises(ValueError):
+            g(*bad)
+    with pytest.raises(ValueError):
+        g(25.0, 1, 0, c, 0.01, 0)
+
+
+@pytest.mark.parametrize("prev_hops, setup", [(0, 0.03), (0, 0.07), (1, 0.03)])
+def test_detour_switch_gap_is_the_mean_of_the_delivery(prev_hops, setup):
+    """The closed form against :func:`T.detour_delivery` with the switch at a uniform time: the
+    old path direct from the start or relayed (1 hop) from 1.0 s, the switch to 2 hops some
+    time after 4.0 s, the new path opening ``setup`` after it."""
+    c = T.HopCost(fixed_s=0.03, jitter_median_s=0.0, jitter_sigma=0.0, stall_prob=0.0)
+    step, rng = 0.04, np.random.default_rng(9)
+    gaps = []
+    for t in 4.0 + rng.uniform(0.0, 1.0, 400):
+        sw, hp = ([t], [0, 2]) if prev_hops == 0 else ([1.0, t], [0, prev_hops, 2])
+        d = T.detour_delivery(200, step, sw, hp, c, rng, setup_s=setup)
+        gaps.append(d.switch_gaps[-1])
+    want = float(T.detour_switch_gap(1 / step, 2, prev_hops, c, setup / 3, 1))   # S = 3 x setup / 3
+    assert np.mean(gaps) == pytest.approx(want, rel=0.05)
+
+
 # ---------------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("field, value", [("r_p", 0.0), ("r_d", -1.0), ("bandwidth", 0.0),

@@ -105,12 +105,44 @@ def test_cli_hop_model_option_reaches_the_experiment(tmp_path, capsys):
 
 
 def test_simulate_prices_detour_by_the_hop_law_not_hops_times_the_first_hop():
+    """Detour's model SIT (timing.detour_switch_gap) takes the new path's mean hop cost from the
+    hop law: with a direct old path and no set-up it is a decode step plus mean_s(h)."""
+    import dataclasses
     from pallas_eval.simulate import simulate_arrays
-    r = PR.PAPER_QWEN3_32B
-    a = simulate_arrays([500, 500, 500], 0.0, r, (DETOUR,), hops=[1, 2, 3])
+    r = dataclasses.replace(PR.PAPER_QWEN3_32B, relay_request_s=0.0)
+    step = 1.0 / r.r_d
+    a = simulate_arrays([500, 500, 500], 0.0, r, (DETOUR,), hops=[1, 2, 3], prev_hops=0)
     c = T.PAPER_HOP_COST.with_mean(r.hop_delay_s)
-    assert a.sit[DETOUR] == pytest.approx([c.mean_s(1), c.mean_s(2), c.mean_s(3)])
-    assert a.sit[DETOUR][2] > 3 * r.hop_delay_s * 1.3          # the third hop stalls far more often
-    lin = PR.rates("qwen3-32b", hop_model="linear")
-    b = simulate_arrays([500], 0.0, lin, (DETOUR,), hops=[3])
-    assert b.sit[DETOUR] == pytest.approx([3 * lin.hop_delay_s])
+    assert a.sit[DETOUR] == pytest.approx([step + c.mean_s(1), step + c.mean_s(2), step + c.mean_s(3)])
+    assert a.sit[DETOUR][2] - step > 3 * r.hop_delay_s * 1.3     # the third hop stalls far more often
+    lin = dataclasses.replace(PR.rates("qwen3-32b", hop_model="linear"), relay_request_s=0.0)
+    b = simulate_arrays([500], 0.0, lin, (DETOUR,), hops=[3], prev_hops=0)
+    assert b.sit[DETOUR] == pytest.approx([1.0 / lin.r_d + 3 * lin.hop_delay_s])
+
+
+def test_repeated_detour_tokens_cross_the_path_they_are_delivered_over():
+    """Table 2's Detour (pallas_eval/experiments/repeated.py ``detour_sessions``): a relay
+    forwards a token only after the previous one crossed, so the stream falls behind the source
+    and the tokens it has not delivered at a handover come over the next, longer path. The
+    delivered tokens' hops are then later than the hops in place when they were decoded, and
+    the mean gap above what the decode-time hops alone give (the pre-fix weighting)."""
+    d, _, _ = repeated.drives(17, 1, 1)
+    rates = PR.rates("qwen3-32b")
+    cost = repeated.hop_cost_for(rates)
+    gaps, hops, sits = repeated.detour_sessions(d, rates, cost, np.random.default_rng(3))
+    step = 1.0 / rates.r_d
+    n_tok = [int(math.floor(e / step + 1e-9)) + 1 for e in d.end_s]
+    assert gaps.size == hops.size == sum(n - 1 for n in n_tok)
+    assert np.array_equal(np.isfinite(sits), np.isfinite(d.ho_time))
+    decoded_hops = []
+    for i, n in enumerate(n_tok):
+        ho = d.ho_time[i][np.isfinite(d.ho_time[i])]
+        decoded_hops.append(np.searchsorted(ho, np.arange(1, n) * step, side="right"))
+    decoded_hops = np.concatenate(decoded_hops)
+    assert hops.mean() > decoded_hops.mean() + 0.5
+    at_decode = np.mean([step + cost.mean_s(int(h)) for h in decoded_hops])
+    assert gaps.mean() > 1.2 * at_decode
+    # the first relayed path starts with nothing held back: the gap across the first handover is
+    # the next decode step plus one hop's draw, a decode step at least
+    first = sits[:, 0]
+    assert np.all(first >= step - 1e-9) and np.mean(first) == pytest.approx(step + cost.mean_s(1), abs=0.03)
