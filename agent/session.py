@@ -1,13 +1,10 @@
 """UE sessions and the client of one local vLLM OpenAI server.
 
-A *session* is one UE's LLM request as the agent sees it: the prompt's token ids, the output
-token ids in the order vLLM streamed them, the arrival time of each output token, the sampling
-parameters, the migration epoch and a state. The UE front (agent/frontend.py) reads tokens
-from a session with :meth:`Session.wait_tokens` / :meth:`Session.stream`; the
-:class:`VllmClient` appends them as vLLM produces them. After a handover the target agent holds a session with the same id,
-its output so far copied from the source, and appends the tokens its own vLLM produces after
-the resume, so a UE can continue at the target from any output index (docs/architecture.md
-§2, step 3).
+A *session* is one UE's LLM request as the agent sees it (:class:`Session`). The UE front
+(agent/frontend.py) reads its tokens with :meth:`Session.wait_tokens` / :meth:`Session.stream`;
+the :class:`VllmClient` appends them as vLLM produces them. After a handover the target holds a
+session with the same id, its output so far copied from the source, so a UE can continue there
+from any output index (docs/architecture.md §2, step 3).
 
 Token indices used by readers are *output* indices: index 0 is the first generated token.
 Times are seconds since the Unix epoch (``time.time()``).

@@ -7,11 +7,9 @@ buffers streamed blocks within per-attempt and per-agent byte bounds (an oversiz
 refused on arrival); and at Sync resumes the request here.
 An attempt whose source goes silent for ``inbound_idle_s`` expires (:meth:`expire`).
 
-Who may touch an attempt (issue 16): with mutual TLS the Prepare's ``source`` must be one of the
-calling peer's verified identities, and only that peer may stream blocks to, Sync or Release the
-attempt; a Prepare of the same epoch from another source is refused; neither Prepare nor Sync
-may take over a session that lives here (one this agent serves and has not handed over or
-ended): such calls are ``STATUS_REJECTED`` and change nothing.
+Who may touch an attempt (issue 16; docs/architecture.md §5): only its source (with mutual TLS,
+one of the calling peer's verified identities), and no call takes over a session that lives
+here; anything else is ``STATUS_REJECTED`` and changes nothing.
 """
 
 from __future__ import annotations
