@@ -102,6 +102,21 @@ def _sim_handovers_live(rows: list[HandoverRow]) -> list[SimHandover]:
     return out
 
 
+def model_on_own_rows(rows: list[HandoverRow], rates: Rates, schemes) -> dict[str, dict]:
+    """The timing model's summary (simulate.summarize_sim) of each scheme on that scheme's own
+    handover rows: its tokens at each handover, its sessions' paths and leads. A scheme's own
+    interruptions move where its sessions are at its later handovers (a Full-Copy session
+    stalled for seconds has decoded fewer tokens by the next one, or has not ended when another
+    scheme's had), so one scheme's rows are not another's handovers. Schemes without a row with
+    a session are left out."""
+    out: dict[str, dict] = {}
+    for sch in schemes:
+        hos = _sim_handovers_live([x for x in rows if x.scheme == sch])
+        if hos:
+            out.update(summarize_sim(simulate(hos, rates, (sch,))))
+    return out
+
+
 def _sim_handovers_offline(plan: dict, opts: rp.ReplayOptions, rates: Rates, sampler: LengthSampler,
                            lead_s: float, server_of: dict[int, int] | None = None) -> list[SimHandover]:
     """Sessions laid out in time with the model's rates (prefill then decode at r_d, back to
@@ -273,8 +288,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     pacing = rp.pacing_check(regime, [rp.load_pace(opts, s.index) for s in servers], runs) if regime.model else {}
     for r in runs:
         rp.save_sessions(ctx[id(r)][0].out_dir / r.scheme / "sessions.jsonl", r)
-    sim_hos = _sim_handovers_live([x for x in rows_all if x.scheme == runs[0].scheme])
-    sim = summarize_sim(simulate(sim_hos, rates, schemes)) if sim_hos else {}
+    sim = model_on_own_rows(rows_all, rates, schemes)
 
     con.print(handover_table(rows_all))
     for sch in (x for x in schemes if spec_for(x).proactive):

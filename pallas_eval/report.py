@@ -265,7 +265,8 @@ def cpu_table(cpu: dict[str, dict[str, float]], title: str = "CPU per scheme (% 
 def live_vs_model(summaries: Sequence[Any], simulated: dict[str, dict], rows: Sequence[HandoverRow],
                   r_d: float) -> list[dict[str, Any]]:
     """Each scheme's live mean SIT against the timing model's on the same handovers at the
-    run's rates (issue 13: within 30 %, or one decode step 1 / ``r_d`` when that is larger).
+    run's rates (issue 13: within 30 %, or one decode step 1 / ``r_d`` when that is larger);
+    ``simulated``: the model on each scheme's own rows (``pallas_eval.replay_run.model_on_own_rows``).
 
     Where a scheme is off, the difference is put on a phase: ``commit`` (the Commit call at the
     xApp: the warm-up still to wait for, the blocks still to stream and the Sync; the model's

@@ -44,3 +44,23 @@ def test_a_bridged_handover_is_one_relay_phase_though_its_commit_is_timed():
                          r_d=25.0)
     assert not out["ok"] and out["phase"] == "relay"
     assert out["phases"] == {"relay": (0.22, 0.09)}
+
+
+def test_each_scheme_is_modelled_on_its_own_handover_rows():
+    """A scheme's own stalls move where its sessions are at its later handovers, so the model
+    of each scheme runs on that scheme's rows (replay_run.model_on_own_rows), not the first
+    scheme's: Full-Copy's SIT is priced at Full-Copy's tokens at the handover."""
+    from pallas_common import timing
+    from pallas_eval.replay_run import model_on_own_rows
+    from pallas_eval.simulate import Rates
+
+    def row(scheme, sid, k, t=1.0):
+        return HandoverRow(scheme, "1", t, 1, 2, "edge-0", "edge-1", sid, k, sit_s=1.0)
+
+    rates = Rates("t", 1850.0, 25.0, 292_500.0, 2048.0, 32, 0.02, 0.012)
+    rows = [row("pallas", "p", 2000), row("full-copy", "f", 500), row("full-copy", "g", 700, 2.0),
+            HandoverRow("recomputation", "1", 1.0, 1, 2)]             # no session in flight
+    sim = model_on_own_rows(rows, rates, ("pallas", "full-copy", "recomputation"))
+    assert set(sim) == {"pallas", "full-copy"} and sim["full-copy"]["handovers"] == 2
+    fc = timing.sit_full_copy([500, 700], 2048.0, 292_500.0, 0.02) + 1 / 25.0
+    assert abs(sim["full-copy"]["sit_mean"] - float(fc.mean())) < 1e-9
