@@ -284,34 +284,16 @@ class PinnedPeerPool(PeerPool):
     certificate names the endpoint's agent id (``grpc.ssl_target_name_override``), not the
     dialled host: the address in a Trigger/Commit comes from the caller, so a directory agent's id
     with another address reaches nobody without that agent's certificate (issue 16).
-
-    One client per (address, agent id): an address named with another id gets a new channel
-    (the old one is closed with the pool).
     """
 
     def __init__(self, security: LinkSecurity, **kw: Any) -> None:
         super().__init__(**kw)
         self.security = security
-        self._pinned: dict[str, str] = {}
-        self._retired: list[PeerClient] = []
-
-    def get(self, endpoint: pallas_pb2.PeerEndpoint) -> PeerClient:
-        addr = endpoint.address
-        if addr in self._clients and self._pinned.get(addr) != endpoint.agent_id:
-            self._retired.append(self._clients.pop(addr))
-        self._pinned[addr] = endpoint.agent_id
-        return super().get(endpoint)
 
     def _factory(self, endpoint: pallas_pb2.PeerEndpoint) -> Any:
         watcher, name = self.security.watcher, endpoint.agent_id or None
         return lambda address, options: open_channel(address, watcher, aio=True, options=options,
                                                      server_name=name)
-
-    async def close(self) -> None:
-        await super().close()
-        for c in self._retired:
-            await c.close()
-        self._retired.clear()
 
 
 def check_load_failure_policy(hello: Any, vllm_url: str) -> None:

@@ -18,14 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
 import structlog
-from concurrent.futures import ThreadPoolExecutor
 
 from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
@@ -227,19 +225,14 @@ class PeerHandler(Protocol):
 class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
     """Target side of the peer data plane; every call is delegated to ``handler``.
 
-    Each block's CRC-32C is checked as it arrives, on the event loop (``crc_threads=0``, the
-    default: the hand-off to a pool cost more CPU than the checksum, receiver CPU per 786 KB
-    block on the 2-core dev host +230 us inline, +660 us through a pool) or in a thread pool
-    pipelined with the next blocks (``crc_threads > 0``). The handler gets each block in order
-    with the verdict; a handler exception becomes STATUS_ERROR (logged), the service runs on.
+    Each block's CRC-32C is checked as it arrives, on the event loop (a thread pool cost more
+    CPU than the checksum: receiver CPU per 786 KB block on the 2-core dev host +230 us inline,
+    +660 us through a pool). The handler gets each block in order with the verdict; a handler
+    exception becomes STATUS_ERROR (logged), the service runs on.
     """
 
-    MAX_IN_FLIGHT = 8  # blocks whose checksum is being computed (pool mode)
-
-    def __init__(self, handler: PeerHandler, crc_threads: int = 0) -> None:
+    def __init__(self, handler: PeerHandler) -> None:
         self.handler = handler
-        self._pool = (ThreadPoolExecutor(max_workers=crc_threads, thread_name_prefix="pallas-crc")
-                      if crc_threads > 0 else None)
 
     async def _unary(self, name: str, request: Any, context: Any, reply: Any) -> Any:
         """One unary call: caller identity (and for Sync the deadline) set, an :class:`Oversize`
@@ -260,50 +253,23 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
         return await self._unary("prepare", request, context, pallas_pb2.PrepareReply)
 
     async def StreamBlocks(self, request_iterator, context):  # noqa: N802
-        loop = asyncio.get_running_loop()
-        pending: deque = deque()
-        counts = {"ok": 0, "bad": 0, "bytes": 0}
+        ok = bad = nbytes = 0
         sid, epoch = "", 0
         _set_caller(context)
-
-        def settle(blk, crc: int | None) -> None:
-            try:
-                if crc is None:
-                    crc = block_crc(blk.data)
-                verdict = self.handler.on_block(blk, crc == blk.checksum)
-            except Exception:
-                log.exception("block_failed", session=blk.session_id, epoch=blk.epoch,
-                              block=blk.block_index)
-                verdict = "error"
-            if verdict == "ok":
-                counts["ok"] += 1
-                counts["bytes"] += len(blk.data)
-            else:
-                counts["bad"] += 1
-
-        async def settle_head() -> None:
-            blk, fut = pending.popleft()
-            try:
-                crc = await fut
-            except Exception:
-                log.exception("block_crc_failed", session=blk.session_id, block=blk.block_index)
-                crc = -1  # never equal to a checksum: the block is rejected
-            settle(blk, crc)
-
         async for blk in request_iterator:
             await _refuse_oversize(blk, context)
             sid, epoch = blk.session_id, blk.epoch
-            if self._pool is None:
-                settle(blk, None)
-                continue
-            pending.append((blk, loop.run_in_executor(self._pool, block_crc, blk.data)))
-            while pending and (pending[0][1].done() or len(pending) > self.MAX_IN_FLIGHT):
-                await settle_head()
-        while pending:
-            await settle_head()
-        return pallas_pb2.StreamAck(session_id=sid, epoch=epoch, blocks_received=counts["ok"],
-                                    bytes_received=counts["bytes"],
-                                    blocks_rejected=counts["bad"])
+            try:
+                verdict = self.handler.on_block(blk, block_crc(blk.data) == blk.checksum)
+            except Exception:
+                log.exception("block_failed", session=sid, epoch=epoch, block=blk.block_index)
+                verdict = "error"
+            if verdict == "ok":
+                ok, nbytes = ok + 1, nbytes + len(blk.data)
+            else:
+                bad += 1
+        return pallas_pb2.StreamAck(session_id=sid, epoch=epoch, blocks_received=ok,
+                                    bytes_received=nbytes, blocks_rejected=bad)
 
     async def Sync(self, request, context):  # noqa: N802
         return await self._unary("sync", request, context, pallas_pb2.SyncReply)
@@ -507,10 +473,10 @@ class PeerClient:
 
 
 class PeerPool:
-    """One :class:`PeerClient` per peer address (so the link-rate limit is per peer);
-    ``channel_factory`` as :class:`PeerClient`'s; ``limits()``: the message limits of a new
-    client's channel (the agent's, from its engine's KV geometry; default
-    :data:`DEFAULT_LIMITS`)."""
+    """One :class:`PeerClient` per peer (address and agent id, so the link-rate limit is per
+    peer, and an address named with another id gets its own channel); ``channel_factory`` as
+    :class:`PeerClient`'s; ``limits()``: the message limits of a new client's channel (the
+    agent's, from its engine's KV geometry; default :data:`DEFAULT_LIMITS`)."""
 
     def __init__(self, *, link_rate_mbps: float | None = None, timeout_s: float = 30.0,
                  channel_factory: Callable | None = None,
@@ -519,18 +485,16 @@ class PeerPool:
         self.limits = limits or (lambda: DEFAULT_LIMITS)
         self.link_rate_mbps = link_rate_mbps
         self.timeout_s = timeout_s
-        self._clients: dict[str, PeerClient] = {}
-        self._names: dict[str, str] = {}
+        self._clients: dict[tuple[str, str], PeerClient] = {}
 
     def get(self, endpoint: pallas_pb2.PeerEndpoint) -> PeerClient:
-        """The client for ``endpoint.address`` (created on first use)."""
-        c = self._clients.get(endpoint.address)
+        """The client for ``endpoint`` (created on first use)."""
+        key = (endpoint.address, endpoint.agent_id)
+        c = self._clients.get(key)
         if c is None:
-            c = self._clients[endpoint.address] = PeerClient(
+            c = self._clients[key] = PeerClient(
                 endpoint.address, link_rate_mbps=self.link_rate_mbps, timeout_s=self.timeout_s,
                 channel_factory=self._factory(endpoint), limits=self.limits())
-        if endpoint.agent_id:
-            self._names[endpoint.address] = endpoint.agent_id
         return c
 
     def _factory(self, endpoint: pallas_pb2.PeerEndpoint) -> Callable | None:
@@ -538,8 +502,8 @@ class PeerPool:
         return self.channel_factory
 
     def telemetry(self) -> list[pallas_pb2.PeerTelemetry]:
-        """PeerTelemetry of every peer contacted so far."""
-        return [c.telemetry(self._names.get(a, a)) for a, c in self._clients.items()]
+        """PeerTelemetry of every peer contacted so far (named by its id, else its address)."""
+        return [c.telemetry(aid or addr) for (addr, aid), c in self._clients.items()]
 
     async def close(self) -> None:
         """Close every channel."""
@@ -549,15 +513,13 @@ class PeerPool:
 
 
 async def serve_peer_transfer(handler: PeerHandler, address: str = "127.0.0.1:0",
-                              register: Callable[[grpc.aio.Server], Any] | None = None,
-                              crc_threads: int = 0,
                               credentials: grpc.ServerCredentials | None = None,
                               interceptors: tuple = (),
                               limits: Callable[[], RpcLimits] | None = None,
                               transport: RpcLimits | None = None) -> tuple[grpc.aio.Server, str]:
-    """Start a grpc.aio server with the PeerTransfer service (and anything ``register`` adds).
+    """Start a grpc.aio server with the PeerTransfer service.
 
-    ``crc_threads``: see :class:`PeerTransferService`. ``credentials``: TLS server credentials
+    ``credentials``: TLS server credentials
     (``pallas_common.tls.server_credentials``; None: plaintext); ``interceptors``: grpc.aio
     server interceptors (``pallas_common.tls.AuthorizationInterceptor``). ``limits()``: the
     per-RPC request limits in force (default :data:`DEFAULT_LIMITS`); ``transport``: the limits
@@ -568,9 +530,7 @@ async def serve_peer_transfer(handler: PeerHandler, address: str = "127.0.0.1:0"
     limits = limits or (lambda: DEFAULT_LIMITS)
     server = grpc.aio.server(options=(transport or limits()).server_options(),
                              interceptors=list(interceptors))
-    add_peer_transfer_to_server(PeerTransferService(handler, crc_threads), server, limits)
-    if register is not None:
-        register(server)
+    add_peer_transfer_to_server(PeerTransferService(handler), server, limits)
     host = address.rsplit(":", 1)[0]
     port = (server.add_secure_port(address, credentials) if credentials is not None
             else server.add_insecure_port(address))
