@@ -460,17 +460,15 @@ class Agent:
         self.vllm_client.on_failed = self.migration.session_failed
 
     def _launch_vllm(self) -> str:
+        """Launch vLLM with every :class:`agent.server.ServerConfig` field of the same name."""
         from agent.server import ServerConfig, VLLMServer
 
         cfg = self.cfg
+        same = {f.name for f in dataclasses.fields(ServerConfig)} & set(vars(cfg))
         self.vllm = VLLMServer(ServerConfig(
-            model=cfg.model, port=cfg.vllm_port, agent_address=self.hub.address,
-            kv_cache_gib=cfg.kv_cache_gib, omp_threads_bind=cfg.omp_bind,
-            block_size=cfg.block_size, max_model_len=cfg.max_model_len,
-            max_num_seqs=cfg.max_num_seqs, dtype=cfg.dtype,
-            kv_connector_module=cfg.kv_connector_module, kv_connector_class=cfg.kv_connector_class,
-            kv_connector_extra=dict(cfg.kv_connector_extra), extra_args=shlex.split(cfg.vllm_args),
-            log_path=cfg.vllm_log or None))
+            **{k: getattr(cfg, k) for k in same}, port=cfg.vllm_port,
+            agent_address=self.hub.address, omp_threads_bind=cfg.omp_bind,
+            extra_args=shlex.split(cfg.vllm_args), log_path=cfg.vllm_log or None))
         self.vllm.start()
         self.log.info("vllm_launched", vllm_url=self.vllm.base_url, pid=self.vllm.proc.pid,
                       log_path=self.vllm.log_path, hub=self.hub.address)
