@@ -153,21 +153,18 @@ class AgentConfig:
                                default_scheme=scheme_value(self.scheme))
 
 
+def _split(items: list[str]) -> list[str]:
+    """The parts of repeated, comma-separated flag values, stripped, empty ones left out."""
+    return [p.strip() for item in items for p in item.split(",") if p.strip()]
+
+
 def _parse_fronts(items: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
-    for item in items:
-        for part in filter(None, (p.strip() for p in item.split(","))):
-            if "=" not in part:
-                raise argparse.ArgumentTypeError(f"--peer-front wants AGENT_ID=URL, got {part!r}")
-            k, v = part.split("=", 1)
-            out[k.strip()] = v.strip().rstrip("/")
-    return out
-
-
-def _parse_ids(items: list[str]) -> list[str]:
-    out: list[str] = []
-    for item in items:
-        out += [p.strip() for p in item.split(",") if p.strip() and p.strip() not in out]
+    for part in _split(items):
+        if "=" not in part:
+            raise argparse.ArgumentTypeError(f"--peer-front wants AGENT_ID=URL, got {part!r}")
+        k, v = part.split("=", 1)
+        out[k.strip()] = v.strip().rstrip("/")
     return out
 
 
@@ -230,7 +227,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     try:
         scheme_value(a["scheme"])
         a["peer_front"] = _parse_fronts(a["peer_front"])
-        a["peer_identity"] = _parse_ids(a["peer_identity"])
+        a["peer_identity"] = list(dict.fromkeys(_split(a["peer_identity"])))  # once each
         a["kv_connector_extra"] = _json_object(a["kv_connector_extra"])
         vargs = shlex.split(a["vllm_args"])
     except (ValueError, argparse.ArgumentTypeError) as e:
