@@ -286,7 +286,7 @@ class BlockStream:
 
     :meth:`send` never blocks the caller (the queue is unbounded; KV blocks of one session are
     bounded by its length). :meth:`finish` ends the stream and returns the target's StreamAck;
-    :meth:`abort` cancels it. ``done`` resolves when the call ends; ``error`` holds a failure.
+    :meth:`abort` cancels it. ``task`` ends with the call; ``error`` holds a failure.
     """
 
     def __init__(self, client: "PeerClient", session_id: str, epoch: int) -> None:
@@ -294,8 +294,6 @@ class BlockStream:
         self.session_id = session_id
         self.epoch = epoch
         self._q: asyncio.Queue = asyncio.Queue()
-        self.blocks_sent = 0
-        self.bytes_sent = 0
         self.sent_indices: list[int] = []
         self.error: BaseException | None = None
         self.ack: pallas_pb2.StreamAck | None = None
@@ -314,8 +312,6 @@ class BlockStream:
             t0 = time.monotonic()
             await self.client.bucket.acquire(len(blk.data))
             yield blk
-            self.blocks_sent += 1
-            self.bytes_sent += len(blk.data)
             self.sent_indices.append(blk.block_index)
             self.client._account(len(blk.data), t0)
 
@@ -377,13 +373,6 @@ class BlockStream:
             self.task.cancel()
 
 
-@dataclass
-class _Goodput:
-    bytes: int = 0
-    ewma: float = 0.0
-    measured_at: float = 0.0  # time.time() of the last real measurement
-
-
 def _plaintext(address: str, options: list) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=options)
 
@@ -415,34 +404,27 @@ class PeerClient:
         self.stream_blocks = self.channel.stream_unary(
             STREAM_BLOCKS_METHOD, request_serializer=encode_block,
             response_deserializer=pallas_pb2.StreamAck.FromString)
-        self._gp = _Goodput()
+        self.bytes_sent = 0  # KV bytes handed to gRPC for this peer so far
+        # EWMA (weight 0.3 newest) of the block-stream goodput to this peer, bytes/s, and the
+        # time.time() of its last real measurement
+        self.goodput_bytes_per_s = 0.0
+        self.measured_at = 0.0
 
     def _account(self, nbytes: int, t0: float) -> None:
         """One block of ``nbytes`` handed to gRPC, its sending started at ``t0`` (monotonic):
         it was sent at nbytes / (now - t0); gRPC pulls the next block only when the transport
         took this one, so the interval covers sending and excludes waiting for blocks."""
         now = time.monotonic()
-        self._gp.bytes += nbytes
+        self.bytes_sent += nbytes
         if now > t0:
-            rate = nbytes / (now - t0)
-            self._gp.ewma = rate if self._gp.ewma == 0 else 0.7 * self._gp.ewma + 0.3 * rate
-            self._gp.measured_at = time.time()
-
-    @property
-    def goodput_bytes_per_s(self) -> float:
-        """EWMA (weight 0.3 newest) of the block-stream goodput to this peer, bytes/s."""
-        return self._gp.ewma
-
-    @property
-    def bytes_sent(self) -> int:
-        """KV bytes handed to gRPC for this peer so far."""
-        return self._gp.bytes
+            rate, ewma = nbytes / (now - t0), self.goodput_bytes_per_s
+            self.goodput_bytes_per_s = rate if ewma == 0 else 0.7 * ewma + 0.3 * rate
+            self.measured_at = time.time()
 
     def telemetry(self, agent_id: str = "") -> pallas_pb2.PeerTelemetry:
         """PeerTelemetry for the Telemetry stream."""
-        return pallas_pb2.PeerTelemetry(agent_id=agent_id, goodput_bytes_per_s=self._gp.ewma,
-                                        bytes_sent=self._gp.bytes,
-                                        measured_at=self._gp.measured_at)
+        return pallas_pb2.PeerTelemetry(agent_id=agent_id, goodput_bytes_per_s=self.goodput_bytes_per_s,
+                                        bytes_sent=self.bytes_sent, measured_at=self.measured_at)
 
     async def prepare(self, req: pallas_pb2.PrepareRequest) -> pallas_pb2.PrepareReply:
         """Prepare (admission + prefix warm-up start). Raises grpc.aio.AioRpcError."""
