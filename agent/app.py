@@ -153,21 +153,18 @@ class AgentConfig:
                                default_scheme=scheme_value(self.scheme))
 
 
+def _split(items: list[str]) -> list[str]:
+    """The parts of repeated, comma-separated flag values, stripped, empty ones left out."""
+    return [p.strip() for item in items for p in item.split(",") if p.strip()]
+
+
 def _parse_fronts(items: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
-    for item in items:
-        for part in filter(None, (p.strip() for p in item.split(","))):
-            if "=" not in part:
-                raise argparse.ArgumentTypeError(f"--peer-front wants AGENT_ID=URL, got {part!r}")
-            k, v = part.split("=", 1)
-            out[k.strip()] = v.strip().rstrip("/")
-    return out
-
-
-def _parse_ids(items: list[str]) -> list[str]:
-    out: list[str] = []
-    for item in items:
-        out += [p.strip() for p in item.split(",") if p.strip() and p.strip() not in out]
+    for part in _split(items):
+        if "=" not in part:
+            raise argparse.ArgumentTypeError(f"--peer-front wants AGENT_ID=URL, got {part!r}")
+        k, v = part.split("=", 1)
+        out[k.strip()] = v.strip().rstrip("/")
     return out
 
 
@@ -230,7 +227,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     try:
         scheme_value(a["scheme"])
         a["peer_front"] = _parse_fronts(a["peer_front"])
-        a["peer_identity"] = _parse_ids(a["peer_identity"])
+        a["peer_identity"] = list(dict.fromkeys(_split(a["peer_identity"])))  # once each
         a["kv_connector_extra"] = _json_object(a["kv_connector_extra"])
         vargs = shlex.split(a["vllm_args"])
     except (ValueError, argparse.ArgumentTypeError) as e:
@@ -284,34 +281,16 @@ class PinnedPeerPool(PeerPool):
     certificate names the endpoint's agent id (``grpc.ssl_target_name_override``), not the
     dialled host: the address in a Trigger/Commit comes from the caller, so a directory agent's id
     with another address reaches nobody without that agent's certificate (issue 16).
-
-    One client per (address, agent id): an address named with another id gets a new channel
-    (the old one is closed with the pool).
     """
 
     def __init__(self, security: LinkSecurity, **kw: Any) -> None:
         super().__init__(**kw)
         self.security = security
-        self._pinned: dict[str, str] = {}
-        self._retired: list[PeerClient] = []
-
-    def get(self, endpoint: pallas_pb2.PeerEndpoint) -> PeerClient:
-        addr = endpoint.address
-        if addr in self._clients and self._pinned.get(addr) != endpoint.agent_id:
-            self._retired.append(self._clients.pop(addr))
-        self._pinned[addr] = endpoint.agent_id
-        return super().get(endpoint)
 
     def _factory(self, endpoint: pallas_pb2.PeerEndpoint) -> Any:
         watcher, name = self.security.watcher, endpoint.agent_id or None
         return lambda address, options: open_channel(address, watcher, aio=True, options=options,
                                                      server_name=name)
-
-    async def close(self) -> None:
-        await super().close()
-        for c in self._retired:
-            await c.close()
-        self._retired.clear()
 
 
 def check_load_failure_policy(hello: Any, vllm_url: str) -> None:
@@ -478,17 +457,15 @@ class Agent:
         self.vllm_client.on_failed = self.migration.session_failed
 
     def _launch_vllm(self) -> str:
+        """Launch vLLM with every :class:`agent.server.ServerConfig` field of the same name."""
         from agent.server import ServerConfig, VLLMServer
 
         cfg = self.cfg
+        same = {f.name for f in dataclasses.fields(ServerConfig)} & set(vars(cfg))
         self.vllm = VLLMServer(ServerConfig(
-            model=cfg.model, port=cfg.vllm_port, agent_address=self.hub.address,
-            kv_cache_gib=cfg.kv_cache_gib, omp_threads_bind=cfg.omp_bind,
-            block_size=cfg.block_size, max_model_len=cfg.max_model_len,
-            max_num_seqs=cfg.max_num_seqs, dtype=cfg.dtype,
-            kv_connector_module=cfg.kv_connector_module, kv_connector_class=cfg.kv_connector_class,
-            kv_connector_extra=dict(cfg.kv_connector_extra), extra_args=shlex.split(cfg.vllm_args),
-            log_path=cfg.vllm_log or None))
+            **{k: getattr(cfg, k) for k in same}, port=cfg.vllm_port,
+            agent_address=self.hub.address, omp_threads_bind=cfg.omp_bind,
+            extra_args=shlex.split(cfg.vllm_args), log_path=cfg.vllm_log or None))
         self.vllm.start()
         self.log.info("vllm_launched", vllm_url=self.vllm.base_url, pid=self.vllm.proc.pid,
                       log_path=self.vllm.log_path, hub=self.hub.address)

@@ -583,9 +583,9 @@ class SessionFront:
             raise RequestError(f"body is not JSON: {str(e)[:200]}") from None
         if not isinstance(body, dict):
             raise RequestError("body must be a JSON object")
+        ctx = {"vocab_size": self.vocab_size, "max_model_len": self.max_model_len}
         try:
-            req = OpenRequest.model_validate(body, context={"vocab_size": self.vocab_size,
-                                                            "max_model_len": self.max_model_len})
+            req = OpenRequest.model_validate(body, context=ctx)
         except ValidationError as e:
             raise _request_error(e) from None
         if isinstance(req.prompt, str):
@@ -594,8 +594,7 @@ class SessionFront:
             ids = list(self.tokenizer.encode(req.prompt))
             try:  # the same rules on the tokenizer's ids (vocabulary, context length)
                 req = OpenRequest.model_validate(dict(body, prompt=None, prompt_token_ids=ids or None),
-                                                 context={"vocab_size": self.vocab_size,
-                                                          "max_model_len": self.max_model_len})
+                                                 context=ctx)
             except ValidationError as e:
                 err = _request_error(e)
                 if err.param == "prompt_token_ids":  # the tokenizer's ids of the text prompt

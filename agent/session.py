@@ -451,7 +451,7 @@ class VllmClient:
 
     def _body(self, prompt: list[int], sampling: SamplingSpec, *, max_tokens: int,
               min_tokens: int, stream: bool,
-              kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
+              kv_transfer_params: dict[str, Any] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": list(prompt),
@@ -567,8 +567,7 @@ class VllmClient:
         """Stop the session's running request here (closes its stream; vLLM aborts it)."""
         await cancel_and_wait(session._task)
 
-    async def prefill(self, token_ids: list[int], *,
-                      kv_transfer_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def prefill(self, token_ids: list[int]) -> dict[str, Any]:
         """Run one prefill of exactly ``token_ids`` (``max_tokens=1``) to warm the prefix cache.
 
         With a block-aligned prompt of P tokens, vLLM computes and caches all P/block_size
@@ -578,13 +577,13 @@ class VllmClient:
             VllmError: the server answered with an error status.
         """
         body = self._body(token_ids, SamplingSpec(max_tokens=1), max_tokens=1, min_tokens=0,
-                          stream=False, kv_transfer_params=kv_transfer_params)
+                          stream=False)
         return (await self._post(body)).get("usage") or {}
 
     async def complete(self, token_ids: list[int], sampling: SamplingSpec) -> list[int]:
         """Non-streaming generation of ``sampling.max_tokens`` tokens after ``token_ids`` (references in tests)."""
         body = self._body(token_ids, sampling, max_tokens=sampling.max_tokens,
-                          min_tokens=sampling.min_tokens, stream=False, kv_transfer_params=None)
+                          min_tokens=sampling.min_tokens, stream=False)
         return list((await self._post(body))["choices"][0]["token_ids"])
 
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:

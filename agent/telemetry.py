@@ -211,7 +211,7 @@ class TelemetryCollector:
         agent_id: this agent's id.
         sessions: ``sessions() -> iterable`` of session objects with the attributes of
             :class:`agent.session.Session` (session_id, ue_id, num_tokens, prompt_token_ids,
-            sampling.max_tokens, remaining_tokens, state, epoch, token_times).
+            sampling.max_tokens, remaining_tokens, state, epoch, token_times, decode_rate).
         scraper: the vLLM scraper (r_p, KV blocks, aggregate decode rate); optional.
         identity: ``identity() -> pallas_pb2.ModelIdentity | None``; optional.
         peers: ``peers() -> iterable`` of ``pallas_pb2.PeerTelemetry``
@@ -248,14 +248,12 @@ class TelemetryCollector:
         self._rd: dict[str, tuple[int, Ewma]] = {}
 
     def session_rate(self, s: Any) -> float:
-        """Smoothed r_d of one session (tokens/s), updated when new tokens arrived."""
-        times = list(getattr(s, "token_times", []))
-        n = len(times)
+        """Smoothed r_d of one session (tokens/s): an EWMA of its ``decode_rate(window)``
+        (:meth:`agent.session.Session.decode_rate`), updated when new tokens arrived."""
+        n = len(s.token_times)
         seen, ew = self._rd.get(s.session_id, (0, Ewma(self.alpha)))
-        if n > seen and n >= 2:
-            w = times[-self.window:]
-            if len(w) >= 2 and w[-1] > w[0]:
-                ew.update((len(w) - 1) / (w[-1] - w[0]))
+        if n > seen and (rate := s.decode_rate(self.window)) > 0:
+            ew.update(rate)
         self._rd[s.session_id] = (n, ew)
         return ew.value or 0.0
 

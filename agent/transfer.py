@@ -18,14 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
 import structlog
-from concurrent.futures import ThreadPoolExecutor
 
 from pallas_proto import pallas_pb2, pallas_pb2_grpc
 
@@ -227,19 +225,14 @@ class PeerHandler(Protocol):
 class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
     """Target side of the peer data plane; every call is delegated to ``handler``.
 
-    Each block's CRC-32C is checked as it arrives, on the event loop (``crc_threads=0``, the
-    default: the hand-off to a pool cost more CPU than the checksum, receiver CPU per 786 KB
-    block on the 2-core dev host +230 us inline, +660 us through a pool) or in a thread pool
-    pipelined with the next blocks (``crc_threads > 0``). The handler gets each block in order
-    with the verdict; a handler exception becomes STATUS_ERROR (logged), the service runs on.
+    Each block's CRC-32C is checked as it arrives, on the event loop (a thread pool cost more
+    CPU than the checksum: receiver CPU per 786 KB block on the 2-core dev host +230 us inline,
+    +660 us through a pool). The handler gets each block in order with the verdict; a handler
+    exception becomes STATUS_ERROR (logged), the service runs on.
     """
 
-    MAX_IN_FLIGHT = 8  # blocks whose checksum is being computed (pool mode)
-
-    def __init__(self, handler: PeerHandler, crc_threads: int = 0) -> None:
+    def __init__(self, handler: PeerHandler) -> None:
         self.handler = handler
-        self._pool = (ThreadPoolExecutor(max_workers=crc_threads, thread_name_prefix="pallas-crc")
-                      if crc_threads > 0 else None)
 
     async def _unary(self, name: str, request: Any, context: Any, reply: Any) -> Any:
         """One unary call: caller identity (and for Sync the deadline) set, an :class:`Oversize`
@@ -260,50 +253,23 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
         return await self._unary("prepare", request, context, pallas_pb2.PrepareReply)
 
     async def StreamBlocks(self, request_iterator, context):  # noqa: N802
-        loop = asyncio.get_running_loop()
-        pending: deque = deque()
-        counts = {"ok": 0, "bad": 0, "bytes": 0}
+        ok = bad = nbytes = 0
         sid, epoch = "", 0
         _set_caller(context)
-
-        def settle(blk, crc: int | None) -> None:
-            try:
-                if crc is None:
-                    crc = block_crc(blk.data)
-                verdict = self.handler.on_block(blk, crc == blk.checksum)
-            except Exception:
-                log.exception("block_failed", session=blk.session_id, epoch=blk.epoch,
-                              block=blk.block_index)
-                verdict = "error"
-            if verdict == "ok":
-                counts["ok"] += 1
-                counts["bytes"] += len(blk.data)
-            else:
-                counts["bad"] += 1
-
-        async def settle_head() -> None:
-            blk, fut = pending.popleft()
-            try:
-                crc = await fut
-            except Exception:
-                log.exception("block_crc_failed", session=blk.session_id, block=blk.block_index)
-                crc = -1  # never equal to a checksum: the block is rejected
-            settle(blk, crc)
-
         async for blk in request_iterator:
             await _refuse_oversize(blk, context)
             sid, epoch = blk.session_id, blk.epoch
-            if self._pool is None:
-                settle(blk, None)
-                continue
-            pending.append((blk, loop.run_in_executor(self._pool, block_crc, blk.data)))
-            while pending and (pending[0][1].done() or len(pending) > self.MAX_IN_FLIGHT):
-                await settle_head()
-        while pending:
-            await settle_head()
-        return pallas_pb2.StreamAck(session_id=sid, epoch=epoch, blocks_received=counts["ok"],
-                                    bytes_received=counts["bytes"],
-                                    blocks_rejected=counts["bad"])
+            try:
+                verdict = self.handler.on_block(blk, block_crc(blk.data) == blk.checksum)
+            except Exception:
+                log.exception("block_failed", session=sid, epoch=epoch, block=blk.block_index)
+                verdict = "error"
+            if verdict == "ok":
+                ok, nbytes = ok + 1, nbytes + len(blk.data)
+            else:
+                bad += 1
+        return pallas_pb2.StreamAck(session_id=sid, epoch=epoch, blocks_received=ok,
+                                    bytes_received=nbytes, blocks_rejected=bad)
 
     async def Sync(self, request, context):  # noqa: N802
         return await self._unary("sync", request, context, pallas_pb2.SyncReply)
@@ -320,7 +286,7 @@ class BlockStream:
 
     :meth:`send` never blocks the caller (the queue is unbounded; KV blocks of one session are
     bounded by its length). :meth:`finish` ends the stream and returns the target's StreamAck;
-    :meth:`abort` cancels it. ``done`` resolves when the call ends; ``error`` holds a failure.
+    :meth:`abort` cancels it. ``task`` ends with the call; ``error`` holds a failure.
     """
 
     def __init__(self, client: "PeerClient", session_id: str, epoch: int) -> None:
@@ -328,8 +294,6 @@ class BlockStream:
         self.session_id = session_id
         self.epoch = epoch
         self._q: asyncio.Queue = asyncio.Queue()
-        self.blocks_sent = 0
-        self.bytes_sent = 0
         self.sent_indices: list[int] = []
         self.error: BaseException | None = None
         self.ack: pallas_pb2.StreamAck | None = None
@@ -348,8 +312,6 @@ class BlockStream:
             t0 = time.monotonic()
             await self.client.bucket.acquire(len(blk.data))
             yield blk
-            self.blocks_sent += 1
-            self.bytes_sent += len(blk.data)
             self.sent_indices.append(blk.block_index)
             self.client._account(len(blk.data), t0)
 
@@ -411,13 +373,6 @@ class BlockStream:
             self.task.cancel()
 
 
-@dataclass
-class _Goodput:
-    bytes: int = 0
-    ewma: float = 0.0
-    measured_at: float = 0.0  # time.time() of the last real measurement
-
-
 def _plaintext(address: str, options: list) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=options)
 
@@ -449,34 +404,27 @@ class PeerClient:
         self.stream_blocks = self.channel.stream_unary(
             STREAM_BLOCKS_METHOD, request_serializer=encode_block,
             response_deserializer=pallas_pb2.StreamAck.FromString)
-        self._gp = _Goodput()
+        self.bytes_sent = 0  # KV bytes handed to gRPC for this peer so far
+        # EWMA (weight 0.3 newest) of the block-stream goodput to this peer, bytes/s, and the
+        # time.time() of its last real measurement
+        self.goodput_bytes_per_s = 0.0
+        self.measured_at = 0.0
 
     def _account(self, nbytes: int, t0: float) -> None:
         """One block of ``nbytes`` handed to gRPC, its sending started at ``t0`` (monotonic):
         it was sent at nbytes / (now - t0); gRPC pulls the next block only when the transport
         took this one, so the interval covers sending and excludes waiting for blocks."""
         now = time.monotonic()
-        self._gp.bytes += nbytes
+        self.bytes_sent += nbytes
         if now > t0:
-            rate = nbytes / (now - t0)
-            self._gp.ewma = rate if self._gp.ewma == 0 else 0.7 * self._gp.ewma + 0.3 * rate
-            self._gp.measured_at = time.time()
-
-    @property
-    def goodput_bytes_per_s(self) -> float:
-        """EWMA (weight 0.3 newest) of the block-stream goodput to this peer, bytes/s."""
-        return self._gp.ewma
-
-    @property
-    def bytes_sent(self) -> int:
-        """KV bytes handed to gRPC for this peer so far."""
-        return self._gp.bytes
+            rate, ewma = nbytes / (now - t0), self.goodput_bytes_per_s
+            self.goodput_bytes_per_s = rate if ewma == 0 else 0.7 * ewma + 0.3 * rate
+            self.measured_at = time.time()
 
     def telemetry(self, agent_id: str = "") -> pallas_pb2.PeerTelemetry:
         """PeerTelemetry for the Telemetry stream."""
-        return pallas_pb2.PeerTelemetry(agent_id=agent_id, goodput_bytes_per_s=self._gp.ewma,
-                                        bytes_sent=self._gp.bytes,
-                                        measured_at=self._gp.measured_at)
+        return pallas_pb2.PeerTelemetry(agent_id=agent_id, goodput_bytes_per_s=self.goodput_bytes_per_s,
+                                        bytes_sent=self.bytes_sent, measured_at=self.measured_at)
 
     async def prepare(self, req: pallas_pb2.PrepareRequest) -> pallas_pb2.PrepareReply:
         """Prepare (admission + prefix warm-up start). Raises grpc.aio.AioRpcError."""
@@ -507,10 +455,10 @@ class PeerClient:
 
 
 class PeerPool:
-    """One :class:`PeerClient` per peer address (so the link-rate limit is per peer);
-    ``channel_factory`` as :class:`PeerClient`'s; ``limits()``: the message limits of a new
-    client's channel (the agent's, from its engine's KV geometry; default
-    :data:`DEFAULT_LIMITS`)."""
+    """One :class:`PeerClient` per peer (address and agent id, so the link-rate limit is per
+    peer, and an address named with another id gets its own channel); ``channel_factory`` as
+    :class:`PeerClient`'s; ``limits()``: the message limits of a new client's channel (the
+    agent's, from its engine's KV geometry; default :data:`DEFAULT_LIMITS`)."""
 
     def __init__(self, *, link_rate_mbps: float | None = None, timeout_s: float = 30.0,
                  channel_factory: Callable | None = None,
@@ -519,18 +467,16 @@ class PeerPool:
         self.limits = limits or (lambda: DEFAULT_LIMITS)
         self.link_rate_mbps = link_rate_mbps
         self.timeout_s = timeout_s
-        self._clients: dict[str, PeerClient] = {}
-        self._names: dict[str, str] = {}
+        self._clients: dict[tuple[str, str], PeerClient] = {}
 
     def get(self, endpoint: pallas_pb2.PeerEndpoint) -> PeerClient:
-        """The client for ``endpoint.address`` (created on first use)."""
-        c = self._clients.get(endpoint.address)
+        """The client for ``endpoint`` (created on first use)."""
+        key = (endpoint.address, endpoint.agent_id)
+        c = self._clients.get(key)
         if c is None:
-            c = self._clients[endpoint.address] = PeerClient(
+            c = self._clients[key] = PeerClient(
                 endpoint.address, link_rate_mbps=self.link_rate_mbps, timeout_s=self.timeout_s,
                 channel_factory=self._factory(endpoint), limits=self.limits())
-        if endpoint.agent_id:
-            self._names[endpoint.address] = endpoint.agent_id
         return c
 
     def _factory(self, endpoint: pallas_pb2.PeerEndpoint) -> Callable | None:
@@ -538,8 +484,8 @@ class PeerPool:
         return self.channel_factory
 
     def telemetry(self) -> list[pallas_pb2.PeerTelemetry]:
-        """PeerTelemetry of every peer contacted so far."""
-        return [c.telemetry(self._names.get(a, a)) for a, c in self._clients.items()]
+        """PeerTelemetry of every peer contacted so far (named by its id, else its address)."""
+        return [c.telemetry(aid or addr) for (addr, aid), c in self._clients.items()]
 
     async def close(self) -> None:
         """Close every channel."""
@@ -549,15 +495,13 @@ class PeerPool:
 
 
 async def serve_peer_transfer(handler: PeerHandler, address: str = "127.0.0.1:0",
-                              register: Callable[[grpc.aio.Server], Any] | None = None,
-                              crc_threads: int = 0,
                               credentials: grpc.ServerCredentials | None = None,
                               interceptors: tuple = (),
                               limits: Callable[[], RpcLimits] | None = None,
                               transport: RpcLimits | None = None) -> tuple[grpc.aio.Server, str]:
-    """Start a grpc.aio server with the PeerTransfer service (and anything ``register`` adds).
+    """Start a grpc.aio server with the PeerTransfer service.
 
-    ``crc_threads``: see :class:`PeerTransferService`. ``credentials``: TLS server credentials
+    ``credentials``: TLS server credentials
     (``pallas_common.tls.server_credentials``; None: plaintext); ``interceptors``: grpc.aio
     server interceptors (``pallas_common.tls.AuthorizationInterceptor``). ``limits()``: the
     per-RPC request limits in force (default :data:`DEFAULT_LIMITS`); ``transport``: the limits
@@ -568,9 +512,7 @@ async def serve_peer_transfer(handler: PeerHandler, address: str = "127.0.0.1:0"
     limits = limits or (lambda: DEFAULT_LIMITS)
     server = grpc.aio.server(options=(transport or limits()).server_options(),
                              interceptors=list(interceptors))
-    add_peer_transfer_to_server(PeerTransferService(handler, crc_threads), server, limits)
-    if register is not None:
-        register(server)
+    add_peer_transfer_to_server(PeerTransferService(handler), server, limits)
     host = address.rsplit(":", 1)[0]
     port = (server.add_secure_port(address, credentials) if credentials is not None
             else server.add_insecure_port(address))

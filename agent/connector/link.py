@@ -28,6 +28,7 @@ from agent.connector.messages import (AgentCommand, Avail, Bad, BlockHeader, Dro
 
 HELLO_PERIOD_S = 0.25
 FETCH_TIMEOUT_S = 10.0
+_log = logging.getLogger("vllm.pallas")
 
 
 def block_crc(data: bytes | memoryview, gil_release_mode: int = -1) -> int:
@@ -47,6 +48,16 @@ def encode(msg: Message, *payload: bytes | memoryview) -> list[bytes | memoryvie
 
 
 _AGENT_COMMANDS = (Export, Stop, Avail, Bad, Drop, Reset)
+
+
+def _dealer(address: str, send_hwm: int | None = None) -> zmq.Socket:
+    """A DEALER socket connected to ``address`` that never lingers at close."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if send_hwm is not None:
+        sock.setsockopt(zmq.SNDHWM, send_hwm)
+    sock.connect(address)
+    return sock
 
 
 class SchedulerLink:
@@ -85,10 +96,7 @@ class SchedulerLink:
         tid = threading.get_ident()
         if self._report_thread is None:
             self._report_thread = tid
-            sock = zmq.Context.instance().socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self.address)
-            self._report_sock = sock
+            self._report_sock = _dealer(self.address)
         if tid != self._report_thread or self._report_sock is None:
             self._out.put(msg)
             return
@@ -106,11 +114,7 @@ class SchedulerLink:
             self._report_sock = None
 
     def _run(self) -> None:
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 10000)
-        sock.connect(self.address)
+        sock = _dealer(self.address, send_hwm=10000)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         next_hello = 0.0
@@ -130,7 +134,7 @@ class SchedulerLink:
             except zmq.Again:
                 pass  # no agent connected: drop; hellos resume when it is back
             except Exception:  # never take the engine down
-                logging.getLogger("vllm.pallas").exception("sched link send")
+                _log.exception("sched link send")
             events = dict(poller.poll(timeout=20))
             if sock in events:
                 while True:
@@ -144,9 +148,9 @@ class SchedulerLink:
                             raise MessageError(f"{cmd.TYPE} is not an agent command")
                         self._on_command(cmd)
                     except MessageError as exc:
-                        logging.getLogger("vllm.pallas").warning("dropped agent command: %s", exc)
+                        _log.warning("dropped agent command: %s", exc)
                     except Exception:
-                        logging.getLogger("vllm.pallas").exception("bad agent command")
+                        _log.exception("bad agent command")
         sock.close(linger=0)
 
 
@@ -164,7 +168,6 @@ class WorkerLink:
         self.address = address
         self._hello = hello
         self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._ctx = zmq.Context.instance()
         self._local = threading.local()  # .sock: this thread's fetch socket
         self._rids = itertools.count(1)
         self._thread = threading.Thread(target=self._run, name="pallas-worker-link", daemon=True)
@@ -185,10 +188,7 @@ class WorkerLink:
         self._thread.join(timeout=5.0)
 
     def _run(self) -> None:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 100000)
-        sock.connect(self.address)
+        sock = _dealer(self.address, send_hwm=100000)
         next_hello = 0.0
         while True:
             try:
@@ -215,7 +215,7 @@ class WorkerLink:
             except zmq.Again:
                 pass  # agent gone: the block is dropped (the target will recompute)
             except Exception:
-                logging.getLogger("vllm.pallas").exception("worker link send")
+                _log.exception("worker link send")
         sock.close(linger=0)
 
     def fetch(self, blocks: list[FetchItem],
@@ -228,9 +228,7 @@ class WorkerLink:
         """
         sock = getattr(self._local, "sock", None)
         if sock is None:
-            sock = self._local.sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self.address)
+            sock = self._local.sock = _dealer(self.address)
         rid = next(self._rids)
         sock.send_multipart(encode(Fetch(rid, tuple(blocks))))
         deadline = time.monotonic() + timeout_s
@@ -245,22 +243,14 @@ class WorkerLink:
             try:
                 rep = decode(frames[0])
             except MessageError as exc:
-                logging.getLogger("vllm.pallas").warning("dropped fetch reply: %s", exc)
+                _log.warning("dropped fetch reply: %s", exc)
                 continue
             if not isinstance(rep, Fetched) or rep.rid != rid:
                 continue
             got = sum(e is not None for e in rep.blocks)
             if len(rep.blocks) != len(blocks) or got != len(frames) - 1:
-                logging.getLogger("vllm.pallas").warning(
-                    "fetch reply with %d entries / %d frames for %d blocks", len(rep.blocks),
-                    len(frames) - 1, len(blocks))
+                _log.warning("fetch reply with %d entries / %d frames for %d blocks",
+                             len(rep.blocks), len(frames) - 1, len(blocks))
                 return [None] * len(blocks)
-            out: list[tuple[int, int, bytes] | None] = []
-            k = 1
-            for ent in rep.blocks:
-                if ent is None:
-                    out.append(None)
-                else:
-                    out.append((ent.fill, ent.crc, frames[k]))
-                    k += 1
-            return out
+            data = iter(frames[1:])  # one data frame per entry that is not None, in order
+            return [None if e is None else (e.fill, e.crc, next(data)) for e in rep.blocks]

@@ -28,13 +28,15 @@ class MessageError(ValueError):
 
 @dataclass(frozen=True)
 class Message:
-    """Base of every channel message; ``TYPE`` is its wire name (the ``"t"`` key)."""
+    """Base of every channel message; ``TYPE`` is its wire name (the ``"t"`` key), ``ROLE`` a
+    hello's sender (the ``"role"`` key; "" for other messages)."""
 
     TYPE: ClassVar[str] = ""
+    ROLE: ClassVar[str] = ""
 
     def to_header(self) -> dict[str, Any]:
         """The JSON object sent for this message (nested items as positional lists)."""
-        out: dict[str, Any] = {"t": self.TYPE}
+        out: dict[str, Any] = {"t": self.TYPE, **({"role": self.ROLE} if self.ROLE else {})}
         for f in dataclasses.fields(self):
             out[f.name] = _plain(getattr(self, f.name))
         return out
@@ -72,9 +74,6 @@ class SchedHello(Message):
     # vLLM's kv_transfer_config.kv_load_failure_policy ("recompute" | "fail"; "" = not said)
     load_failure_policy: str = ""
 
-    def to_header(self) -> dict[str, Any]:
-        return {**super().to_header(), "role": self.ROLE}
-
 
 @dataclass(frozen=True)
 class WorkerHello(Message):
@@ -95,9 +94,6 @@ class WorkerHello(Message):
     block_size: int = 0
     tp_size: int = 1
     pid: int = 0
-
-    def to_header(self) -> dict[str, Any]:
-        return {**super().to_header(), "role": self.ROLE}
 
 
 @dataclass(frozen=True)
@@ -244,9 +240,9 @@ class Reset(Message):
 
 AgentCommand = Union[Export, Stop, Avail, Bad, Drop, Reset]
 
-_BY_TYPE: dict[str, type[Message]] = {c.TYPE: c for c in (
-    BlockHeader, Claim, Loaded, Fetch, Fetched, Export, Stop, Avail, Bad, Drop, Reset)}
-_HELLOS: dict[str, type[Message]] = {SchedHello.ROLE: SchedHello, WorkerHello.ROLE: WorkerHello}
+_BY_TYPE: dict[tuple[str, str], type[Message]] = {(c.TYPE, c.ROLE): c for c in (
+    SchedHello, WorkerHello, BlockHeader, Claim, Loaded, Fetch, Fetched, Export, Stop, Avail, Bad,
+    Drop, Reset)}
 
 
 def encode_header(msg: Message) -> bytes:
@@ -271,14 +267,11 @@ def decode(frame: bytes | memoryview | dict[str, Any]) -> Message:
     if not isinstance(obj, dict):
         raise MessageError(f"header is a JSON {type(obj).__name__}, not an object")
     t = obj.get("t")
-    if t == "hello":
-        cls = _HELLOS.get(obj.get("role"))  # type: ignore[arg-type]
-        if cls is None:
-            raise MessageError(f"hello with unknown role {obj.get('role')!r}")
-    else:
-        cls = _BY_TYPE.get(t) if isinstance(t, str) else None
-        if cls is None:
-            raise MessageError(f"unknown message type {t!r}")
+    role = obj.get("role") if t == "hello" else ""
+    cls = _BY_TYPE.get((t, role)) if isinstance(t, str) and isinstance(role, str) else None
+    if cls is None:
+        raise MessageError(f"hello with unknown role {role!r}" if t == "hello"
+                           else f"unknown message type {t!r}")
     return _build(cls, obj, cls.TYPE)
 
 

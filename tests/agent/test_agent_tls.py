@@ -213,5 +213,6 @@ def test_agent_refuses_to_start_without_tls_or_insecure(monkeypatch, capsys, pki
     with pytest.raises(tls.TlsError, match="both"):
         link_security(parse_args(argv), environ=env)
     cfg = parse_args(argv + ["--peer-front", "b=http://h:1", "--peer-identity", "c,d",
-                             "--peer-identity", "e", "--xapp-identity", "spiffe://x/xapp"])
+                             "--peer-identity", "e, c,", "--xapp-identity", "spiffe://x/xapp"])
     assert cfg.directory == {"b", "c", "d", "e"} and cfg.xapp_identity == "spiffe://x/xapp"
+    assert cfg.peer_identity == ["c", "d", "e"]  # in order, once each

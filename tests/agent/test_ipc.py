@@ -123,6 +123,7 @@ def test_every_message_round_trips_through_its_header():
     (b"[1, 2]", "JSON list, not an object"),
     (b'{"sid": "s"}', "unknown message type None"),
     (b'{"t": "hello", "role": "gpu"}', "hello with unknown role 'gpu'"),
+    (b'{"t": "hello", "role": ["sched"]}', "hello with unknown role ['sched']"),
     (b'{"t": "stop"}', "stop: missing field 'sid'"),
     (b'{"t": "stop", "sid": 5}', "stop.sid: expected a string"),
     (b'{"t": "avail", "sid": "s", "epoch": 1, "idx": 2, "fill": true}', "avail.fill: expected an integer"),

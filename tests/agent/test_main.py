@@ -94,6 +94,24 @@ def test_connector_and_vllm_args_flags(monkeypatch, capsys):
     assert "--kv-connector-extra" in capsys.readouterr().err
 
 
+def test_the_launched_vllm_gets_the_agents_engine_flags(monkeypatch):
+    """_launch_vllm passes every engine flag on to the vLLM server it launches."""
+    from agent.server import VLLMServer
+    monkeypatch.setattr(VLLMServer, "start", lambda self: setattr(self, "proc", type("P", (), {"pid": 1})))
+    cfg = parse_args(["--model", "/m", "--insecure", "--vllm-port", "8123", "--kv-cache-gib", "0.5",
+                      "--omp-bind", "0-1", "--block-size", "64", "--max-model-len", "2048",
+                      "--max-num-seqs", "3", "--dtype", "bfloat16", "--kv-connector-module", "x.y",
+                      "--kv-connector-class", "C", "--kv-connector-extra", '{"pace": 2}',
+                      "--vllm-args", "--seed 1", "--vllm-log", "/r/v.log"])
+    a = Agent(cfg)
+    assert a._launch_vllm() == "http://127.0.0.1:8123"
+    c = a.vllm.cfg
+    assert (c.model, c.port, c.agent_address, c.kv_cache_gib, c.omp_threads_bind) == (
+        "/m", 8123, a.hub.address, 0.5, "0-1")
+    assert (c.block_size, c.max_model_len, c.max_num_seqs, c.dtype) == (64, 2048, 3, "bfloat16")
+    assert (c.kv_connector_module, c.kv_connector_class, c.kv_connector_extra) == ("x.y", "C", {"pace": 2})
+    assert (c.extra_args, c.log_path, c.kv_load_failure_policy) == (["--seed", "1"], "/r/v.log", "recompute")
+
 
 def test_attach_refuses_a_vllm_with_tensor_parallelism():
     async def go():

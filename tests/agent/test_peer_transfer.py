@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
 from pallas_proto import pallas_pb2 as pb
 
 from agent.ipc import BlockStore, block_crc
@@ -49,11 +48,10 @@ def _blk(i, epoch=1, size=4096, corrupt=False):
                       checksum=block_crc(data) ^ (1 if corrupt else 0), data=data)
 
 
-@pytest.mark.parametrize("crc_threads", [0, 2], ids=["crc-inline", "crc-pool"])
-def test_stream_checksums_epochs_errors_and_release(crc_threads):
+def test_stream_checksums_epochs_errors_and_release():
     async def run():
         h = Handler()
-        server, addr = await serve_peer_transfer(h, "127.0.0.1:0", crc_threads=crc_threads)
+        server, addr = await serve_peer_transfer(h, "127.0.0.1:0")
         client = PeerClient(addr)
         try:
             st = client.open_stream("s", 1)

@@ -1,16 +1,17 @@
-"""Token bucket, checksums, block store epochs, identity check, session tokens (no vLLM)."""
+"""Token bucket, checksums, block store epochs, identity check, peer pool, session tokens (no vLLM)."""
 
 from __future__ import annotations
 
 import asyncio
 import zlib
 
+import grpc
 import pytest
 from pallas_proto import pallas_pb2
 
 from agent.ipc import BlockStore, block_crc
 from agent.session import SamplingSpec, Session, SessionState
-from agent.transfer import TokenBucket, identity_mismatch, mbit_to_bytes_per_s
+from agent.transfer import PeerPool, TokenBucket, identity_mismatch, mbit_to_bytes_per_s
 
 
 class Clock:
@@ -88,6 +89,28 @@ def test_identity_mismatch_names_the_field():
     assert identity_mismatch(_ident(), _ident(weights_digest="cd")).startswith("weights_digest")
     assert identity_mismatch(_ident(), _ident(backend="cpu/CPU_ATTN/amx")).startswith("backend")
     assert identity_mismatch(_ident(), _ident(block_size=64)).startswith("block_size")
+
+
+def test_the_peer_pool_keeps_one_client_per_address_and_id():
+    """An address named with another agent id gets its own client and channel (so a pinned TLS
+    channel is never reused for another identity); telemetry names each by id, else address."""
+    async def run():
+        opened = []
+
+        def factory(address, options):
+            opened.append(address)
+            return grpc.aio.insecure_channel(address, options=options)
+
+        pool = PeerPool(channel_factory=factory)
+        ep = pallas_pb2.PeerEndpoint
+        a = pool.get(ep(agent_id="b", address="127.0.0.1:9"))
+        assert pool.get(ep(agent_id="b", address="127.0.0.1:9")) is a
+        other = pool.get(ep(agent_id="c", address="127.0.0.1:9"))
+        anon = pool.get(ep(address="127.0.0.1:9"))
+        assert len({id(a), id(other), id(anon)}) == 3 and len(opened) == 3
+        assert [t.agent_id for t in pool.telemetry()] == ["b", "c", "127.0.0.1:9"]
+        await pool.close()
+    asyncio.run(run())
 
 
 def test_session_wait_freeze_unfreeze():
