@@ -8,7 +8,8 @@ Clocks: the predictor and the tracks run on the trace clock, the Scheduler Engin
 clock (the agents' telemetry carries wall-clock times); t_HO is moved by ``offset``.
 
 Memory is bounded by the UEs and sessions alive: a UE silent for ``ue_silent_s`` (trace clock)
-is forgotten with its track and predictor state, at most ``max_ues`` are kept (the least
+is forgotten with its track and predictor state (checked once per ``FORGET_EVERY_S`` of the
+trace clock, so at most that much late), at most ``max_ues`` are kept (the least
 recently heard goes first), and a session's token count and pending replies go when the engine
 drops the session.
 """
@@ -68,6 +69,9 @@ class ControlLoop:
     """
 
     PENDING_HO_S = 3.0
+    #: how often (trace clock, s) the cycle looks for silent UEs and ended sessions
+    #: (:meth:`forget_silent`); a UE silent for ``ue_silent_s`` goes at most this much late
+    FORGET_EVERY_S = 1.0
 
     def __init__(self, config_of: Any, tracks: TrackStore, ingest: Any, predictor: Any, engine: Any,
                  dispatcher: ActionDispatcher, events: EventLog, lock: threading.RLock,
@@ -82,6 +86,7 @@ class ControlLoop:
         self._pending_ho: dict[str, tuple[int, int, float]] = {}
         self._tracks_lock = threading.Lock()     # the ingest thread writes the tracks, the cycle reads
         self.cycles = 0
+        self._forgot_at = -float("inf")          # trace time of the cycle's last forget_silent
 
     @property
     def config(self) -> XappConfig:
@@ -237,6 +242,9 @@ class ControlLoop:
         number of actions sent.
 
         Tracks silent beyond the store's ``silence_s`` are freed and their predictions withdrawn.
+        UEs silent for ``ue_silent_s`` and the token counts of ended sessions are forgotten
+        (:meth:`forget_silent`) once per ``FORGET_EVERY_S`` of the trace clock (and whenever the
+        clock went back), not every cycle: it walks every session's token count.
         A batch predictor (one with ``update(store)``, :class:`HandoverPredictor`) predicts only
         for the UEs with new reports since the last cycle, in one array pass; a per-UE predictor
         (``predict(track, now)``) is asked for every tracked UE. The proactive rules of the
@@ -244,7 +252,9 @@ class ControlLoop:
         (``UEState.snssai``; an unknown slice is judged by the cell rules and the default)."""
         now_trace, now_wall = self.now(), time.time()
         self.cycles += 1
-        self.forget_silent(now_trace)
+        if not 0.0 <= now_trace - self._forgot_at < self.FORGET_EVERY_S:
+            self._forgot_at = now_trace
+            self.forget_silent(now_trace)
         cfg = self.config
         with self._tracks_lock:
             gone = self.tracks.expire(now_trace)

@@ -187,3 +187,35 @@ def test_a_failed_session_ends_like_a_finished_one(others):
     with pytest.raises(KeyError):
         app.engine.session("s1")
     assert [s for s, _ in others] == [s for s in app.tokens]
+
+
+def test_silent_ues_are_looked_for_once_a_second_and_go_at_most_a_second_late():
+    # forget_silent walks every session's token count, so the cycle runs it once per
+    # FORGET_EVERY_S of the trace clock, not every cycle; a UE silent for ue_silent_s still
+    # goes, at most FORGET_EVERY_S (plus the cycle's period) after its silence began to count
+    app = _app()
+    ctl = app.control
+    ctl.ue_silent_s = 5.0
+    clock = [1000.0]
+    ctl.now = lambda: clock[0]
+    checks: list[float] = []
+    forget = ctl.forget_silent
+    ctl.forget_silent = lambda now: (checks.append(now), forget(now))[1]
+    r = MeasurementReport(1000.0, "ue1", CELL_A, -80.0)
+    app.tracks.add(r)
+    ctl.on_report(r)
+    gone_at = None
+    for k in range(200):                                   # a cycle every 50 ms for 10 s
+        clock[0] = 1000.0 + 0.05 * k
+        app.control_cycle()
+        if "ue1" not in app.ues and gone_at is None:
+            gone_at = clock[0]
+        if clock[0] - 1000.0 <= ctl.ue_silent_s:
+            assert "ue1" in app.ues                        # not silent long enough yet
+    assert gone_at is not None and 1005.0 < gone_at <= 1005.0 + ctl.FORGET_EVERY_S + 0.05 + 1e-9
+    assert app.predictor.forgotten == 1 and len(app.tracks) == 0
+    assert 9 <= len(checks) <= 11                          # about once a second, not 200 times
+    assert all(b - a >= ctl.FORGET_EVERY_S - 1e-9 for a, b in zip(checks, checks[1:]))
+    clock[0] -= 30.0                                       # the trace clock went back: look at once
+    app.control_cycle()
+    assert checks[-1] == clock[0]
