@@ -362,31 +362,70 @@ class TrackStore:
             cs[ui, jj[ui, pi]] = sq[ui]
             out[rows[ui], pi] = jj[ui, pi]
             rest = np.flatnonzero(~known)                 # the others neighbour by neighbour
-            if len(rest) < 4 * self.COLUMNS_BATCH:        # in Python when few (the array steps cost ~300 reports')
+            if len(rest) < self.COLUMNS_BATCH:            # in Python when few
                 cs_all[slots[known]] = cs[known]
                 self._columns_listed(slots[rest].tolist(), sq[rest].tolist(), kk[rest], cnt[rest].tolist(), out,
                                      rows[rest].tolist())
                 continue
-            U = np.arange(len(rest))
-            used = np.zeros((len(rest), m), dtype=bool)
-            ck_r, cs_r, sq, cnt, rows_r = ck[rest], cs[rest], sq[rest], cnt[rest], rows[rest]
-            for p in range(int(cnt.max()) if len(rest) else 0):
-                k = keys[rows_r, p]
-                h = ck_r == k[:, None]
-                found = h.any(axis=1)
-                j = np.where(found, h.argmax(axis=1), np.where(used, np.iinfo(np.int64).max, cs_r).argmin(axis=1))
-                ok = (p < cnt) & ~used[U, j]
-                new = ok & ~found
-                ck_r[U[new], j[new]] = k[new]
-                used[U[ok], j[ok]] = True
-                cs_r[U[ok], j[ok]] = sq[ok]
-                out[rows_r[ok], p] = j[ok]
+            ck_r, cs_r = ck[rest], cs[rest]
+            cols = self._columns_new(ck_r, cs_r, kk[rest], cnt[rest], sq[rest])
+            out[rows[rest]] = cols
             ck[rest], cs[rest] = ck_r, cs_r
             ck_all[slots], cs_all[slots] = ck, cs
         return out
 
     #: a rank of staged reports at least this large has its columns chosen by array steps
     COLUMNS_BATCH = 64
+
+    @staticmethod
+    def _columns_new(ck: np.ndarray, cs: np.ndarray, keys: np.ndarray, count: np.ndarray,
+                     seq: np.ndarray) -> np.ndarray:
+        """:meth:`_columns` for R reports of distinct slots, some of whose neighbours are new:
+        ``ck``, ``cs`` (R, m) their slots' column keys and last-heard numbers (updated in
+        place), ``keys`` (R, m) the neighbours' keys in report order, ``count`` (R,) how many
+        are live, ``seq`` (R,) the reports' numbers. Returns (R, m) the column of each
+        position (-1: padding or a repeat).
+
+        The rule, position by position, needs only a few array steps per position because of
+        what it implies: a key is held by at most one column; a repeat of a key earlier in the
+        report is skipped (its column is taken); a key found at the start of the report keeps
+        its column unless a new key earlier in the report took that column (then it is new
+        itself); a new key takes, among the columns not yet taken by the report, the one heard
+        least recently at the start of the report (lowest index on a tie), since a column's
+        last-heard number changes only when the report takes it."""
+        R, m = keys.shape
+        out = np.full((R, m), -1, dtype=np.int64)
+        P = int(count.max()) if R else 0
+        if P == 0:
+            return out
+        kp = keys[:, :P]
+        live = np.arange(P)[None, :] < count[:, None]
+        hit = ck[:, None, :] == kp[:, :, None]                      # (R, position, column)
+        found = hit.any(axis=2)
+        held = hit.argmax(axis=2)
+        earlier = np.tri(P, P, -1, dtype=bool)                      # [q, p]: p < q
+        repeat = ((kp[:, :, None] == kp[:, None, :]) & earlier[None]).any(axis=2)
+        take = live & ~repeat
+        free = cs.copy()                                            # last heard; taken: +inf
+        big = np.iinfo(np.int64).max
+        taken = np.zeros((R, m), dtype=bool)
+        U = np.arange(R)
+        new = np.zeros((R, P), dtype=bool)
+        for p in range(P):
+            jp = held[:, p]
+            keep = found[:, p] & ~taken[U, jp]
+            j = np.where(keep, jp, free.argmin(axis=1))
+            t = take[:, p]
+            u, jt = U[t], j[t]
+            taken[u, jt] = True
+            free[u, jt] = big
+            out[u, p] = jt
+            new[:, p] = t & ~keep
+        ri, pi = np.nonzero(out[:, :P] >= 0)
+        cs[ri, out[ri, pi]] = seq[ri]
+        ni, npi = np.nonzero(new)
+        ck[ni, out[ni, npi]] = kp[ni, npi]
+        return out
 
     def _columns_listed(self, slots: list[int], seqs: list[int], keys: np.ndarray, counts: list[int],
                         out: np.ndarray, out_rows: list[int] | None = None) -> None:
