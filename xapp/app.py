@@ -446,13 +446,16 @@ class PallasXapp:
             self._telemetry_started = True
 
     def start(self) -> None:
-        """Subscribe (live), start telemetry and the control cycle (threads), then the transport."""
+        """Subscribe (live), start telemetry and the control cycle (threads), then the transport
+        (one with a ``defer`` hook, ``RmrTransport``, is told when a cycle runs)."""
         if self.subscriptions is not None:
             self.subscriptions.sync(self.config)
             self.subscriptions.start()
         self.start_telemetry()
         self._cycle_thread = threading.Thread(target=self._cycle_loop, name="control-cycle", daemon=True)
         self._cycle_thread.start()
+        if hasattr(self.transport, "defer"):     # live: the receive loop lets a cycle run undisturbed
+            self.transport.defer = lambda: self.control.cycling
         self.transport.start(self.on_message)
 
     def stop(self) -> None:

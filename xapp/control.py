@@ -87,6 +87,7 @@ class ControlLoop:
         self._tracks_lock = threading.Lock()     # the ingest thread writes the tracks, the cycle reads
         self.cycles = 0
         self._forgot_at = -float("inf")          # trace time of the cycle's last forget_silent
+        self.cycling = False                     # a control cycle runs (the receive loop defers to it)
 
     @property
     def config(self) -> XappConfig:
@@ -250,6 +251,13 @@ class ControlLoop:
         (``predict(track, now)``) is asked for every tracked UE. The proactive rules of the
         configuration in force are consulted per UE, with its slice where known
         (``UEState.snssai``; an unknown slice is judged by the cell rules and the default)."""
+        self.cycling = True
+        try:
+            return self._cycle()
+        finally:
+            self.cycling = False
+
+    def _cycle(self) -> int:
         now_trace, now_wall = self.now(), time.time()
         self.cycles += 1
         if not 0.0 <= now_trace - self._forgot_at < self.FORGET_EVERY_S:

@@ -172,6 +172,39 @@ def test_a_full_control_queue_drops_and_counts(monkeypatch):
     assert fake.live() == 0
 
 
+def test_indications_wait_while_a_cycle_runs_and_health_checks_do_not(monkeypatch):
+    """While ``defer()`` says a decision cycle runs, the loop keeps receiving (a health check is
+    answered, the indications are queued) but hands no indication on; once the cycle is over
+    they all go, oldest first. With ``defer_max_s`` 0 a cycle that never ends holds nothing
+    back (the deferral is bounded)."""
+    from xapp.e2.transport import RmrTransport
+
+    pdu = _indications(1)[0]
+    for bound in (600.0, 0.0):
+        fake = FakeRmrLib().install(monkeypatch)
+        cycling = [True]
+        got: list[int] = []
+        tr = RmrTransport(rmr_port=4599, use_fake_sdl=True, wait_for_ready=False, shed_after_s=600.0,
+                          defer_max_s=bound)
+        tr.defer = lambda: cycling[0]
+        tr.start(lambda m: got.append(m.sub_id))
+        try:
+            for k in range(10):
+                fake.push(RIC_INDICATION, pdu, NODE, k)
+            fake.push(HEALTH_REQ, b"ping", b"", -1)
+            assert _wait(lambda: tr.receiver.stats["health_answered"] == 1, 10)
+            assert _wait(lambda: tr.receiver.stats["received:indication"] == 10, 10)
+            if bound:
+                assert _wait(lambda: tr.receiver.stats["deferred"] >= 3, 10)
+                assert got == [] and len(tr.receiver.indications) == 10    # held back, not lost
+                cycling[0] = False
+            assert _wait(lambda: len(got) == 10, 10), tr.receiver.stats
+        finally:
+            tr.stop()
+        assert got == list(range(10)) and tr.receiver.stats["shed"] == 0
+        assert (HEALTH_RESP, b"OK\n", "rts") in fake.sent and fake.live() == 0
+
+
 def test_receipt_time_is_the_report_time_in_the_xapp(monkeypatch):
     """Through the whole xApp: the report a RIC_INDICATION makes carries the time the loop
     received it (not the time it was handled), and the E2 and RMR counters are on the registry."""

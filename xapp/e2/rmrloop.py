@@ -35,6 +35,15 @@ through ricxappframe's ctypes wrappers) in rounds:
    ``handle_max``, so a full queue of stale indications cannot starve the fresh ones behind
    it), the others go to ``on_message``.
 
+3. **defer to the decision cycle**: while ``defer()`` says a control cycle runs, the handle
+   phase is skipped and the thread sleeps ``DEFER_SLEEP_S`` between receive phases, for at most
+   ``defer_max_s`` in a row (a longer cycle shares the interpreter as before). An indication
+   handed on during a cycle is used by the next cycle anyway, while every moment of the GIL the
+   receive thread takes from the cycle delays the end of the cycle, and with it every
+   decision of that cycle (the lag from receipt to the decision). Receiving goes on (health
+   checks are answered, RMR's ring is drained into the queue); the queue's and the shedding's
+   bounds hold as before.
+
 Counts (:attr:`RmrReceiver.stats`, and Prometheus metrics by :meth:`RmrReceiver.collect`):
 received per kind, dropped per reason, shed, handled, health checks answered, the queue depths,
 the age of the oldest queued indication and a histogram of the age (receipt to handling) of the
@@ -73,6 +82,8 @@ RIC_INDICATION = 12050
 RMR_OK, RMR_ERR_RETRY, RMR_ERR_TIMEOUT = 0, 10, 12
 #: the size a fresh receive buffer is allocated with (what ricxappframe's helpers use)
 RCV_BUF_SIZE = 4096
+#: how long the receive thread sleeps between receive phases while it defers to a cycle (s)
+DEFER_SLEEP_S = 0.0005
 #: upper bounds (s) of the message-age histogram buckets (+Inf added)
 AGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -137,7 +148,9 @@ class RmrReceiver:
     so that this module imports nothing of the transport that starts it). ``on_message(message)`` gets indications from the ``rmr-rx`` thread and every other
     message from the ``rmr-ctl`` thread (one message at a time per thread; it must not raise,
     what it raises is logged and swallowed). ``healthy()`` decides the health-check answer.
-    ``clock``: the receipt clock (Unix s). Call :meth:`start` once, :meth:`stop` to end
+    ``clock``: the receipt clock (Unix s). ``defer()`` (None: never) says whether to hold the
+    indications back for now (a decision cycle runs), for at most ``defer_max_s`` in a row
+    (module docstring, step 3). Call :meth:`start` once, :meth:`stop` to end
     (idempotent; frees every buffer it holds, does not close ``mrc``).
 
     Raises ValueError for a non-positive bound.
@@ -148,13 +161,16 @@ class RmrReceiver:
                  healthy: Callable[[], bool] = lambda: True, queue_size: int = 8192, batch: int = 512,
                  handle_max: int = 32, handle_budget_s: float = 0.005, shed_after_s: float = 1.0,
                  control_queue_size: int = 256, wait_ms: int = 100,
-                 clock: Callable[[], float] = _time.time) -> None:
+                 clock: Callable[[], float] = _time.time, defer: Callable[[], bool] | None = None,
+                 defer_max_s: float = 0.02) -> None:
         for name, v in (("queue_size", queue_size), ("batch", batch), ("handle_max", handle_max),
                         ("control_queue_size", control_queue_size), ("wait_ms", wait_ms)):
             if int(v) < 1:
                 raise ValueError(f"{name} must be >= 1, got {v!r}")
         if not handle_budget_s > 0 or not shed_after_s > 0:
             raise ValueError("handle_budget_s and shed_after_s must be > 0")
+        if not defer_max_s >= 0:
+            raise ValueError("defer_max_s must be >= 0")
         self._Msg = message
         self.mrc = mrc
         self.on_message = on_message
@@ -164,11 +180,13 @@ class RmrReceiver:
         self.handle_budget_s, self.shed_after_s = float(handle_budget_s), float(shed_after_s)
         self.control_queue_size, self.wait_ms = int(control_queue_size), int(wait_ms)
         self.clock = clock
+        self.defer, self.defer_max_s = defer, float(defer_max_s)
         self.indications: collections.deque = collections.deque()
         self.control: collections.deque = collections.deque()
         self._ctl_ready = threading.Condition(threading.Lock())
         #: counters: received:<indication|health|control>, dropped:<reason>, shed, handled,
-        #: health_answered, health_failed, rounds
+        #: health_answered, health_failed, rounds, deferred (receive phases whose handle phase
+        #: waited for a cycle)
         self.stats: collections.Counter[str] = collections.Counter()
         self.age_counts = [0] * (len(AGE_BUCKETS) + 1)
         self.age_sum = 0.0
@@ -217,12 +235,22 @@ class RmrReceiver:
     def _run_rx(self) -> None:
         calls, mrc = self.calls, self.mrc
         mbuf = None
+        defer, since = self.defer, None
         try:
             mbuf = calls.alloc(mrc)
             while not self._stop.is_set():
-                self.last_round = _time.monotonic()
+                self.last_round = now = _time.monotonic()
                 self.stats["rounds"] += 1
                 mbuf = self._receive(mbuf)
+                if defer is not None and self.indications and defer():
+                    if since is None:
+                        since = now
+                    if now - since < self.defer_max_s:
+                        self.stats["deferred"] += 1
+                        _time.sleep(DEFER_SLEEP_S)
+                        continue
+                else:
+                    since = None
                 self._handle()
                 self._maybe_log()
         except Exception as e:  # noqa: BLE001 - logged; alive() turns false, the probes see it

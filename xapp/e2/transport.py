@@ -104,11 +104,13 @@ class RmrTransport:
     ``wait_for_ready``: block start() until RMR has a route table. ``rmr_timeout_s``: the
     longest a receive waits when nothing arrives (the loop's stop latency). The receive loop's
     bounds (``queue_size``, ``batch``, ``handle_max``, ``handle_budget_s``, ``shed_after_s``,
-    ``control_queue_size``) and ``clock`` (receipt times, Unix s) are
+    ``control_queue_size``, ``defer_max_s``) and ``clock`` (receipt times, Unix s) are
     :class:`~xapp.e2.rmrloop.RmrReceiver`'s. ``registry``: a
     prometheus-client registry the loop's metrics are registered with (None: none).
     RIC_HEALTH_CHECK_REQ (100) is answered by the loop itself (``OK`` while the loop runs and
-    SDL answers). Raises OSError from start() when librmr_si.so is missing, and
+    SDL answers). ``defer`` (set before :meth:`start`; None: never): the receive loop holds
+    indications back while it says a decision cycle runs (``RmrReceiver``'s ``defer``; the
+    xApp sets it). Raises OSError from start() when librmr_si.so is missing, and
     ``ricxappframe.rmr.exceptions.InitFailed`` when RMR cannot start (port taken).
     """
 
@@ -116,18 +118,19 @@ class RmrTransport:
                  rmr_timeout_s: float = 0.1, *, queue_size: int = 8192, batch: int = 512,
                  handle_max: int = 32, handle_budget_s: float = 0.005, shed_after_s: float = 1.0,
                  control_queue_size: int = 256, registry: Any = None,
-                 clock: Callable[[], float] = _time.time) -> None:
+                 clock: Callable[[], float] = _time.time, defer_max_s: float = 0.02) -> None:
         self.rmr_port = rmr_port
         self.use_fake_sdl = use_fake_sdl
         self.wait_for_ready = wait_for_ready
         self.rmr_timeout_s = rmr_timeout_s
         self.bounds = dict(queue_size=queue_size, batch=batch, handle_max=handle_max,
                            handle_budget_s=handle_budget_s, shed_after_s=shed_after_s,
-                           control_queue_size=control_queue_size, clock=clock)
+                           control_queue_size=control_queue_size, clock=clock, defer_max_s=defer_max_s)
         self.registry = registry
         self.xapp: Any = None          # the framework: SDL, GetNodeb, rmr_send, rmr_rts
         self.receiver: Any = None      # xapp.e2.rmrloop.RmrReceiver
         self.mrc: Any = None
+        self.defer: Callable[[], bool] | None = None
         self._sdl_ok = (0.0, True)
 
     def healthy(self) -> bool:
@@ -156,7 +159,7 @@ class RmrTransport:
             while rmr.rmr_ready(self.mrc) == 0:
                 _time.sleep(0.1)
         self.receiver = RmrReceiver(self.mrc, lambda m: _safe(on_message, m), message=RmrMessage,
-                                    healthy=self.healthy,
+                                    healthy=self.healthy, defer=self.defer,
                                     wait_ms=max(1, int(self.rmr_timeout_s * 1000)), **self.bounds)
         self.xapp = _framework(self.receiver, self.mrc, self.use_fake_sdl)
         if self.registry is not None:
