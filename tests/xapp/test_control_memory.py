@@ -219,3 +219,35 @@ def test_silent_ues_are_looked_for_once_a_second_and_go_at_most_a_second_late():
     clock[0] -= 30.0                                       # the trace clock went back: look at once
     app.control_cycle()
     assert checks[-1] == clock[0]
+
+
+def test_a_transport_with_a_defer_hook_is_told_while_a_cycle_runs():
+    # live mode: the RMR receive loop holds indications back while a decision cycle runs
+    # (xapp.e2.rmrloop, step 3); the xApp wires the transport's hook to ControlLoop.cycling
+    app = _app()
+
+    class Transport:
+        defer = None
+        started = False
+
+        def start(self, on_message):
+            self.started = True
+
+        def stop(self):
+            pass
+
+    tr = app.transport = Transport()
+    seen: list[bool] = []
+    predict = app.predictor.predict
+    app.predictor.predict = lambda track, now: (seen.append(tr.defer()), predict(track, now))[1]
+    r = MeasurementReport(time.time(), "ue1", CELL_A, -80.0)
+    app.tracks.add(r)
+    app.control.on_report(r)
+    app._stop.set()                                        # no cycle thread: this test runs the cycles
+    app.start()
+    try:
+        assert tr.started and tr.defer is not None and tr.defer() is False
+        app.control_cycle()
+        assert seen == [True] and tr.defer() is False      # True inside the cycle only
+    finally:
+        app.stop()
