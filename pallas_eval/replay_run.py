@@ -15,6 +15,7 @@ import math
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from pallas_eval.metrics import ITL_SLO_S, gap_between_tokens, hop_itl_line, itl
 from pallas_eval.report import (HandoverRow, cpu_table, handover_table, live_vs_model, live_vs_model_lines,
                                 lead_summary, plot_cdfs, plot_timeline, ratio_table, summary_table,
                                 write_csv, write_json)
-from pallas_eval.simulate import (Rates, SimHandover, front_relay_hops, front_relay_paths, held_from_rows, measured_rates,
+from pallas_eval.simulate import (Rates, SimHandover, front_relay_paths, held_from_rows, measured_rates,
                                   simulate, summarize_sim)
 
 def _rates_from_file(spec: str) -> Rates:
@@ -122,8 +123,8 @@ def _sim_handovers_offline(plan: dict, opts: rp.ReplayOptions, rates: Rates, sam
     """Sessions laid out in time with the model's rates (prefill then decode at r_d, back to
     back per UE), so the handovers meet the same session lengths as a live run. ``server_of``
     (cell -> server, the replay's cell map): Detour's relay hops are the live fronts'
-    (simulate.front_relay_hops); without it, the chain."""
-    out = []
+    (simulate.front_relay_paths); without it, the chain."""
+    out, legs = [], []
     for u in plan["ues"]:
         stream = ue_session_stream(opts.seed, u["ue_id"], sampler, 2048)
         t = float(u["start"]) + first_session_delay(opts.seed, u["ue_id"], opts.first_session_spread_s)
@@ -135,24 +136,23 @@ def _sim_handovers_offline(plan: dict, opts: rp.ReplayOptions, rates: Rates, sam
             sessions.append((t, len(s.prompt_ids), s.max_tokens))
             t += dur + 0.2
         hops: dict[int, int] = {}
-        paths: dict[int, tuple[int, set, int]] = {}      # session -> (holder, relayed, hops now)
         for ue, tho, a, b in plan["handovers"]:
             if ue != u["ue_id"]:
                 continue
             for i, (t0, p, o) in enumerate(sessions):
                 gen = (tho - t0 - p / rates.r_p) * rates.r_d
                 if 0 < gen < o:
-                    rh, prev = None, 0
-                    if server_of is not None:
-                        fs, ts = server_of.get(a, -1), server_of.get(b, -1)
-                        holder, relayed, prev = paths.get(i, (fs, set(), 0))
-                        rh = front_relay_hops(holder, relayed, fs, ts)
-                        paths[i] = (holder, relayed | ({ts} - {holder}), rh)
                     out.append(SimHandover(ue, tho - float(plan["t_first"]), a, b, int(p + gen), lead_s,
-                                           hops.get(i, 0), relay_hops=rh, prev_relay_hops=prev))
+                                           hops.get(i, 0)))
+                    if server_of is not None:
+                        legs.append(SimpleNamespace(session_id=f"{ue}/{i}", from_server=server_of.get(a, -1),
+                                                    to_server=server_of.get(b, -1)))
                     hops[i] = hops.get(i, 0) + 1
                     break
-    return out
+    if server_of is None:
+        return out
+    return [dataclasses.replace(h, relay_hops=rh, prev_relay_hops=prev)
+            for h, (rh, prev) in zip(out, front_relay_paths(legs))]
 
 
 def run_replay(opts: rp.ReplayOptions, con) -> dict:
