@@ -293,6 +293,49 @@ def hop_itl_line(scheme: str, by_hops: dict[int, np.ndarray]) -> str | None:
     return f"{scheme}: ITL by relay hops (gaps by their later token's path): " + "; ".join(parts)
 
 
+def post_handover_itls(sessions: Sequence[SessionRecord], sits: Sequence[HandoverSIT]) -> np.ndarray:
+    """The inter-token gaps (s) a UE sees after its session's first handover, shape (m,).
+
+    A gap counts when its later token arrived after the first handover the session was in flight
+    across (``sits`` with its ``session_id`` and a finite SIT). Each handover's own interruption,
+    the gap that ends at its ``first_after`` (:func:`sit_for_handover`), is left out: it is that
+    handover's SIT, reported apart. What remains is the decoding the UE gets once it has moved:
+    at the target for the target-side schemes, over the relay path for Detour (paper §2, Figure
+    1: ITL grows with the forwarding hops). Sessions never handed over contribute nothing.
+    """
+    first: dict[str, float] = {}
+    cut: dict[str, set[float]] = {}
+    for h in sits:
+        if not h.session_id or not math.isfinite(h.sit):
+            continue
+        first[h.session_id] = min(first.get(h.session_id, math.inf), h.handover.time)
+        cut.setdefault(h.session_id, set()).add(h.first_after)
+    parts = []
+    for s in sessions:
+        t0 = first.get(s.session_id)
+        if t0 is None or len(s.times) < 2:
+            continue
+        t = np.asarray(s.times, dtype=np.float64)
+        keep = (t[1:] > t0) & ~np.isin(t[1:], list(cut[s.session_id]))
+        parts.append(np.diff(t)[keep])
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def itl_stats(gaps: np.ndarray) -> dict:
+    """n, mean, P90 and P99 (s) and the share over the ITL SLO of ``gaps`` (s), NaN when empty."""
+    g = np.asarray(gaps, dtype=np.float64)
+    return {"n": int(g.size), "mean_s": mean(g), "p90_s": percentile(g, 90), "p99_s": percentile(g, 99),
+            "over_slo": float((g > ITL_SLO_S).mean()) if g.size else float("nan")}
+
+
+def itl_line(label: str, gaps: np.ndarray) -> str:
+    """``label``: n, mean, P90, P99 (ms) and the share over the ITL SLO of ``gaps`` (s)."""
+    if not gaps.size:
+        return f"{label}: no gaps"
+    return (f"{label}: n {gaps.size}, mean {mean(gaps) * 1000:.0f} ms, P90 {percentile(gaps, 90) * 1000:.0f} ms, "
+            f"P99 {percentile(gaps, 99) * 1000:.0f} ms, >100 ms {float((gaps > ITL_SLO_S).mean()) * 100:.1f}%")
+
+
 def summarize(scheme: str, sits: Sequence[HandoverSIT], sessions: Sequence[SessionRecord],
               t_early: Sequence[float] = (), commits: int = 0, fallbacks: int = 0) -> SchemeSummary:
     """Summary of one scheme's run: SIT over handovers with a session in flight, ITL over all
