@@ -3,7 +3,7 @@
 :class:`LocalCA` makes a self-signed CA and issues leaf certificates that serve both as gRPC
 server and client certificates (extended key usage serverAuth + clientAuth), written as PEM files
 that :mod:`pallas_common.tls` reads. In a cluster the certificates come from cert-manager instead
-(README, Security).
+(docs/security.md).
 
 Needs the ``cryptography`` package (the ``dev`` extra), imported when this module is.
 Keys are ECDSA P-256; validity is given in seconds from now (tests make short-lived ones).

@@ -16,7 +16,7 @@ coming M earlier than predicted: with q = 0.8 the trigger comes before the hando
 errors are known, and whenever the predictions have been on time or early (e <= 0). The
 margin costs a longer window when the prediction was right (more suffix streaming, the
 target's KV memory held longer); it never delays a trigger. The cap M_max (default 30 s) only
-bounds that hold: on the UCC drive of README "Replay a real drive" the recent errors' 0.8
+bounds that hold: on the UCC drive of docs/real-drives.md "Replay a real drive" the recent errors' 0.8
 quantile reached 25 s on a ping-pong stretch, and a cap of 10 s put the trigger of a handover
 whose target was named 1.9 s ahead (its prediction 11.75 s late) after the handover.
 

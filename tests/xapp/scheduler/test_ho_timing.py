@@ -123,7 +123,7 @@ def test_the_cap_knob_takes_effect_on_reconfigure(cfg):
 
 
 def test_the_default_cap_admits_a_ping_pong_stretchs_errors():
-    """The UCC drive's ping-pong stretch (README "Replay a real drive") had recent errors whose
+    """The UCC drive's ping-pong stretch (docs/real-drives.md "Replay a real drive") had recent errors whose
     0.8 quantile was about 25 s; the default cap must not cut that margin (it was 10 s, which put
     a trigger after its handover)."""
     h = HandoverTimingError(**{k: getattr(SchedulerConfig(), f"ho_timing_{k}")
