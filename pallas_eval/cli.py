@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--simulate without a live run: the prediction lead assumed for every handover")
     r.add_argument("--xapp-python", default="", help="the xApp environment's python (default .venv/xapp)")
     _add_experiment_parser(sub)
+    rep = sub.add_parser("report", help="render replay runs' summary.json as a Markdown results page")
+    rep.add_argument("runs", nargs="+", help="pallas replay output folders (each holds summary.json)")
+    rep.add_argument("--markdown", action="store_true", help="Markdown (the only format; the default)")
+    rep.add_argument("-o", "--out", help="write the page here (default: standard output)")
+    rep.add_argument("--title", action="append", default=[],
+                     help="a section's title, one per run in order (default: the folder's name)")
     return p
 
 
@@ -234,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_replay(a)
     if a.cmd == "experiment":
         return cmd_experiment(a)
+    if a.cmd == "report":
+        from pallas_eval.results_page import main_report
+        return main_report(a.runs, a.out, a.title)
     return 2
 
 

@@ -24,6 +24,7 @@ from pallas_eval import replay as rp
 from pallas_eval.experiments import presets as PR
 from pallas_eval.lengths import LengthSampler, ue_session_stream
 from pallas_eval.ues import first_session_delay
+from pallas_eval.results_page import provenance
 from pallas_eval.metrics import (gap_between_tokens, hop_itl_line, itl_by_hops, itl_line, itl_stats,
                                  post_handover_itls, summarize)
 from pallas_eval.report import (HandoverRow, cpu_table, handover_table, live_vs_model, live_vs_model_lines,
@@ -185,7 +186,8 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     sampler = LengthSampler(opts.azure, max_model_len=opts.max_model_len, max_output=opts.max_output)
     result: dict = {"input": {k: plan[k] for k in ("source", "trace", "cells", "handovers")},
                     "seeds": [so.seed for so, _, _ in inputs],
-                    "options": {k: str(v) for k, v in vars(opts).items()}, "cell_map": mapping}
+                    "options": {k: str(v) for k, v in vars(opts).items()}, "cell_map": mapping,
+                    "provenance": provenance()}
 
     if opts.simulate_only:
         rates = _pick_rates(opts.rates if opts.rates not in ("measured", "auto", "emulated") else "paper", None)
@@ -344,7 +346,8 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                                       "itl_by_relay_hops": {sch: {str(k): itl_stats(g) for k, g in v.items()} for sch, v in hop_itls.items()},
                                       "itl_after_handover": {sch: itl_stats(g) for sch, g in post_by.items()},
                                       "agent_counters": counters, "errors": errors,
-                                      "leftover_pids": sorted(leftover), "wall_s": time.time() - t_start})
+                                      "leftover_pids": sorted(leftover), "wall_s": time.time() - t_start,
+                                      "load_avg_end": round(os.getloadavg()[0], 2)})
     plot_cdfs(out / "sit_cdf.png", sit_by, "SIT (ms)", log_x=True)
     plot_cdfs(out / "itl_cdf.png", itl_by, "ITL (ms)", slo_ms=100.0, log_x=True)
     ue0 = max(plan["ues"], key=lambda u: len(u["cells"]))["ue_id"]
