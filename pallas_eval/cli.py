@@ -25,10 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("replay", help="replay a drive end to end and compare the schemes",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    r.add_argument("--trace", help="a converted real drive (python -m pallas_tools.convert CSV -o DIR); "
-                                   "default: a short generated drive")
-    r.add_argument("--segment", default="auto", help="with --trace: 'auto' (shortest stretch with "
-                   "--min-handovers handovers), START:END seconds, or '' for the whole trace")
+    r.add_argument("--trace", action="append",
+                   help="a converted real drive (python -m pallas_tools.convert CSV... -o DIR) or a folder of them; "
+                        "repeat for several: all replayed together on the same engines, one UE per drive "
+                        "(default: a short generated drive)")
+    r.add_argument("--segment", default="auto", help="with --trace, per drive: 'auto' (shortest stretch with "
+                   "--min-handovers handovers), START:END seconds from the drive's start, or '' for whole drives")
     r.add_argument("--min-handovers", type=int, default=5)
     r.add_argument("--servers", type=int, default=3, help="vLLM servers (each with an agent)")
     r.add_argument("--schemes", default=",".join(REPLAYED), help="comma-separated")
@@ -188,7 +190,7 @@ def print_live(con, r) -> None:
 def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
     """ReplayOptions from ``pallas replay``'s arguments."""
     schemes = tuple(s.strip() for s in a.schemes.split(",") if s.strip()) + (ABLATIONS if a.ablations else ())
-    return rp.ReplayOptions(out_dir=Path(a.out), trace=a.trace, segment=a.segment, min_handovers=a.min_handovers,
+    return rp.ReplayOptions(out_dir=Path(a.out), trace=tuple(a.trace or ()), segment=a.segment, min_handovers=a.min_handovers,
                             servers=a.servers, schemes=schemes, seed=a.seed, ues=a.ues, duration_s=a.duration_s,
                             history_drives=a.history_drives, history=a.history,
                             azure=a.azure, model_preset=a.model_preset, max_model_len=a.max_model_len,

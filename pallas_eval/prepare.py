@@ -9,9 +9,12 @@
   E2AP RICindication with an E2SM-RC message copy of the NR RRC MeasurementReport), written as
   an E2 trace (``xapp.e2.trace``). The network's neighbour relation table (PCI -> NR cell
   identity) is written beside it, as an E2 node would announce it.
-- ``--trace FILE``: a converted drive (``python -m pallas_tools.convert``). ``--segment auto`` cuts
-  the shortest stretch holding ``--min-handovers`` handovers (plus ``--lead-s`` before the
-  first and ``--tail-s`` after the last); ``--segment A:B`` cuts seconds A to B from its start.
+- ``--trace FILE_OR_DIR`` (repeatable): converted drives (``python -m pallas_tools.convert``),
+  each one UE. Per drive, ``--segment auto`` cuts the shortest stretch holding
+  ``--min-handovers`` handovers (plus ``--lead-s`` before the first and ``--tail-s`` after the
+  last); ``--segment A:B`` cuts seconds A to B from the drive's start; ``''`` keeps it whole.
+  Several drives are replayed together (:func:`merge_drives`): each segment shifted to start
+  with the first's, so one run holds every drive's handovers.
 
 Either way the trace is then *decoded with the xApp's own ingest* (``xapp.e2.ingest``), so the
 plan holds exactly what the xApp will see: per UE its serving cell over time and the handovers
@@ -116,44 +119,113 @@ def _handovers(reports) -> list[tuple[str, float, int, int]]:
     return hos
 
 
-def history_folder(history: Path, trace: Path, out: Path) -> tuple[Path, list[str]]:
-    """What a deployed xApp knows of the area of a real drive: ``out`` (made anew) holding a
-    link to every drive-test CSV under ``history`` but the one ``trace`` was converted from
-    (``pallas_tools.convert`` names a trace ``<folder>_<stem>.e2trace``: a CSV whose stem the
+def history_folder(history: Path, traces: Path | Sequence[Path], out: Path) -> tuple[Path, list[str]]:
+    """What a deployed xApp knows of the area of real drives: ``out`` (made anew) holding a
+    link to every drive-test CSV under ``history`` but the ones ``traces`` were converted from
+    (``pallas_tools.convert`` names a trace ``<folder>_<stem>.e2trace``: a CSV whose stem a
     trace's name ends with, whatever folder it was converted from); the xApp learns its
     association map, handover places and successors from that folder
     (``xapp.predict.maps.knowledge_from_drives_at``), as ``pallas_tools.evaluate --map-from``
     scores it. Returns (folder, names of the CSVs left out).
 
     Raises:
-        ValueError: ``history`` is not a folder, or holds no CSV besides the replayed drive.
+        ValueError: ``history`` is not a folder, or holds no CSV besides the replayed drives.
     """
     if not history.is_dir():
         raise ValueError(f"--history {history}: not a folder")
+    stems = [t.stem for t in ([traces] if isinstance(traces, Path) else traces)]
     import shutil
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     kept, left_out = 0, []
     for i, f in enumerate(sorted(history.rglob("*.csv"))):
-        if trace.stem == f.stem or trace.stem.endswith("_" + f.stem):
+        if any(st == f.stem or st.endswith("_" + f.stem) for st in stems):
             left_out.append(str(f))
             continue
         (out / f"{i:04d}_{f.parent.name}_{f.name}").symlink_to(f.resolve())
         kept += 1
     if kept == 0:
-        raise ValueError(f"--history {history}: no drive-test CSV besides the replayed drive {trace.name}")
+        raise ValueError(f"--history {history}: no drive-test CSV besides the replayed drive(s) "
+                         f"{', '.join(stems)}")
     return out, left_out
 
 
-def cut(trace: Path, out: Path, t_start: float, t_end: float) -> int:
-    """Copy the records with t_start <= time <= t_end to ``out``; returns how many."""
-    from xapp.e2.trace import TraceWriter, read_trace
+def trace_files(specs: Sequence[str]) -> list[Path]:
+    """The converted drives named by ``--trace`` (files, or folders whose ``*.e2trace`` files are
+    taken in name order), each once. Raises ValueError naming a path that is missing or a folder
+    without traces."""
+    out: list[Path] = []
+    for spec in specs:
+        p = Path(spec)
+        if p.is_dir():
+            found = sorted(p.glob("*.e2trace"))
+            if not found:
+                raise ValueError(f"--trace {p}: a folder with no .e2trace file (python -m pallas_tools.convert "
+                                 f"CSV_OR_DIR -o DIR writes them)")
+            out += found
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ValueError(f"--trace {p}: no such file or folder")
+    seen: set[Path] = set()
+    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+def segment_bounds(reports, segment: str, *, min_handovers: int, lead_s: float,
+                   tail_s: float) -> tuple[float, float]:
+    """[t0, t1] (record times, s) of one drive's segment: ``auto`` (:func:`auto_segment`),
+    ``A:B`` (seconds A to B from the drive's first record) or ``''`` (the whole drive).
+    ``reports``: the drive's decoded [(record time, report)]. Raises ValueError on a bad spec."""
+    times = [t for t, _ in reports]
+    t_first, t_last = min(times), max(times)
+    if not segment:
+        return t_first, t_last
+    if segment == "auto":
+        return auto_segment(_handovers(reports), min_handovers, lead_s, tail_s)
+    try:
+        s0, s1 = (float(x) for x in segment.split(":"))
+    except ValueError:
+        raise ValueError(f"--segment {segment!r}: 'auto', START:END seconds or ''") from None
+    if not 0 <= s0 < s1:
+        raise ValueError(f"--segment {segment!r}: needs 0 <= START < END")
+    return t_first + s0, t_first + s1
+
+
+def merge_drives(parts: Sequence[tuple[Path, float, float]], out: Path) -> list[dict]:
+    """Replay several drives together: each part (trace, t0, t1) is cut to [t0, t1] and shifted
+    so that every part starts at the first part's t0; the records are merged in time order into
+    ``out``. Each drive is one UE, so the drives must carry distinct UE identities
+    (``python -m pallas_tools.convert DIR -o OUT`` numbers the UEs of one call; ``--first-ue``
+    across calls). Returns per part {trace, ue, shift_s, records, start_s, end_s}.
+
+    Raises:
+        ValueError: two drives carry the same UE, or a part has no record in its window.
+    """
+    from xapp.e2.trace import TraceRecord, TraceWriter, read_trace
+    base = parts[0][1]
+    streams, info, owner = [], [], {}
+    for trace, t0, t1 in parts:
+        reports, _ = _decode(trace)
+        ues = sorted({r.ue_id for t, r in reports if t0 <= t <= t1})
+        for u in ues:
+            if u in owner:
+                raise ValueError(f"{trace.name} and {owner[u]} carry the same UE {u}: convert the drives in one "
+                                 f"call (python -m pallas_tools.convert CSV... -o DIR) so each gets its own UE")
+            owner[u] = trace.name
+        shift = base - t0
+        recs = [TraceRecord(r.time + shift, r.e2_node, r.mtype, r.payload, r.sub_id)
+                for r in read_trace(str(trace)) if t0 <= r.time <= t1]
+        if not recs:
+            raise ValueError(f"{trace}: no record between {t0:.0f} and {t1:.0f}")
+        streams.append(recs)
+        first = min(t for t, _ in reports)
+        info.append({"trace": str(trace), "ue": ",".join(ues), "shift_s": shift, "records": len(recs),
+                     "start_s": round(t0 - first, 1), "end_s": round(t1 - first, 1)})
     with TraceWriter(str(out)) as w:
-        for rec in read_trace(str(trace)):
-            if t_start <= rec.time <= t_end:
-                w.write(rec)
-        return w.count
+        for rec in heapq.merge(*streams, key=lambda r: r.time):
+            w.write(rec)
+    return info
 
 
 def auto_segment(hos: Sequence[tuple[str, float, int, int]], min_handovers: int, lead_s: float,
@@ -222,7 +294,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("out_dir")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--generate", action="store_true", help="generate the default drive")
-    src.add_argument("--trace", help="a converted E2 trace (python -m pallas_tools.convert)")
+    src.add_argument("--trace", action="append",
+                     help="a converted E2 trace (python -m pallas_tools.convert) or a folder of them; repeat it "
+                          "for several drives, replayed together, one UE each")
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--ues", type=int, default=2)
     ap.add_argument("--duration-s", type=float, default=50.0)
@@ -237,7 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--history", default="",
                     help="--trace: a folder of drive-test CSVs of the same area; the xApp learns from every one "
                          "of them but the replayed drive")
-    ap.add_argument("--segment", default="", help="'auto' or START:END seconds from the trace's start")
+    ap.add_argument("--segment", default="", help="per drive: 'auto', START:END seconds from the drive's start, "
+                                                  "or '' (whole drives)")
     ap.add_argument("--min-handovers", type=int, default=5)
     ap.add_argument("--lead-s", type=float, default=10.0)
     ap.add_argument("--tail-s", type=float, default=5.0)
@@ -256,23 +331,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         if hist is not None:
             source += f"; the xApp learned from {a.history_drives} earlier drives of {HISTORY_DRIVE_S:g} s"
     else:
-        trace = Path(a.trace)
-        source = f"trace {trace}"
+        traces = trace_files(a.trace)
+        source = (f"trace {traces[0]}" if len(traces) == 1
+                  else f"{len(traces)} drives replayed together as {len(traces)} UEs ({', '.join(t.name for t in traces)})")
         if a.history:
-            hist, left = history_folder(Path(a.history), trace, out / "history")
+            hist, left = history_folder(Path(a.history), traces, out / "history")
             source += (f"; the xApp learned from {sum(1 for _ in hist.iterdir())} drive(s) of {a.history}"
-                       + (f" (the replayed {Path(left[0]).name} left out)" if left else ""))
-        if a.segment:
-            reports, _ = _decode(trace)
-            t_first = min(t for t, _ in reports)
-            if a.segment == "auto":
-                t0, t1 = auto_segment(_handovers(reports), a.min_handovers, a.lead_s, a.tail_s)
+                       + (f" (the replayed {', '.join(Path(x).name for x in left)} left out)" if left else ""))
+        if len(traces) == 1 and not a.segment:
+            trace = traces[0]
+        else:
+            parts = []
+            for tr in traces:
+                reports, _ = _decode(tr)
+                parts.append((tr, *segment_bounds(reports, a.segment, min_handovers=a.min_handovers,
+                                                  lead_s=a.lead_s, tail_s=a.tail_s)))
+            seg = out / ("segment.e2trace" if len(traces) == 1 else "drives.e2trace")
+            info = merge_drives(parts, seg)
+            (out / "drives.json").write_text(json.dumps(info, indent=1))
+            if len(traces) == 1:
+                source += f", segment {info[0]['start_s']:.0f}-{info[0]['end_s']:.0f} s ({info[0]['records']} records)"
             else:
-                s0, s1 = (float(x) for x in a.segment.split(":"))
-                t0, t1 = t_first + s0, t_first + s1
-            seg = out / "segment.e2trace"
-            n = cut(trace, seg, t0, t1)
-            source += f", segment {t0 - t_first:.0f}-{t1 - t_first:.0f} s ({n} records)"
+                source += "; segments " + ", ".join(f"{i['start_s']:.0f}-{i['end_s']:.0f} s" for i in info)
             trace = seg
     plan = build_plan(trace, nrt, source)
     plan["history"] = str(hist) if hist is not None else ""

@@ -54,7 +54,7 @@ class ReplayOptions:
     """Everything ``pallas replay`` takes (see ``pallas replay --help`` for the meaning)."""
 
     out_dir: Path
-    trace: str | None = None
+    trace: str | tuple[str, ...] | None = None   # one converted drive, or several replayed together
     segment: str = "auto"
     min_handovers: int = 5
     servers: int = 3
@@ -200,7 +200,8 @@ def prepare(opts: ReplayOptions) -> dict:
         raise ValueError("--history is for a real drive (--trace); a generated drive has --history-drives")
     cmd = [xapp_python(opts), "-m", "pallas_eval.prepare", str(out)]
     if opts.trace:
-        cmd += ["--trace", opts.trace]
+        for t in ([opts.trace] if isinstance(opts.trace, str) else opts.trace):
+            cmd += ["--trace", str(t)]
         if opts.segment:
             cmd += ["--segment", opts.segment, "--min-handovers", str(opts.min_handovers)]
         if opts.history:

@@ -25,6 +25,8 @@ from pallas_eval.experiments import presets as PR
 from pallas_eval.lengths import LengthSampler, ue_session_stream
 from pallas_eval.ues import first_session_delay
 from pallas_eval.results_page import provenance
+from pallas_eval.preparation import (WastedPreparation, prediction_lines, sit_by_prediction, ue_hours,
+                                     wasted_preparation)
 from pallas_eval.metrics import (gap_between_tokens, hop_itl_line, itl_by_hops, itl_line, itl_stats,
                                  post_handover_itls, summarize)
 from pallas_eval.report import (HandoverRow, cpu_table, handover_table, live_vs_model, live_vs_model_lines,
@@ -317,6 +319,17 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                       f"= {p99 / sm.itl_mean:.1f} x its mean ITL ({sm.itl_mean * 1000:.0f} ms), over the "
                       f"{gaps.size} handovers between two tokens ({sm.handovers_with_session - gaps.size} in a session's prefill "
                       f"left out: no token gap across them)")
+    prep = {}
+    for sch in (x for x in schemes if spec_for(x).proactive):
+        mine = [r for r in runs if r.scheme == sch]
+        wasted = [wasted_preparation(r.events, ue_hours(ctx[id(r)][1]), float(ctx[id(r)][1]["t_last"])) for r in mine]
+        total = WastedPreparation(*(sum(getattr(w, f) for w in wasted) for f in
+                                    ("count", "triggers", "ue_hours", "held_s", "prefill_gpu_s", "bytes_streamed",
+                                     "vram_gib_s"))) if wasted else None
+        split = sit_by_prediction(rows_all, sch)
+        prep[sch] = {"sit_by_prediction": split, "wasted": total.as_dict() if total else None}
+        for line in prediction_lines(split, total, sch):
+            con.print(line)
     hop_itls = {sch: itl_by_hops([s for r in runs if r.scheme == sch for s in r.sessions]) for sch in schemes}
     for sch in schemes:
         line = hop_itl_line(sch, hop_itls[sch])
@@ -345,6 +358,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                                       "simulated": sim, "live_vs_model": vs_model,
                                       "itl_by_relay_hops": {sch: {str(k): itl_stats(g) for k, g in v.items()} for sch, v in hop_itls.items()},
                                       "itl_after_handover": {sch: itl_stats(g) for sch, g in post_by.items()},
+                                      "preparation": prep,
                                       "agent_counters": counters, "errors": errors,
                                       "leftover_pids": sorted(leftover), "wall_s": time.time() - t_start,
                                       "load_avg_end": round(os.getloadavg()[0], 2)})

@@ -201,6 +201,30 @@ def render_run(data: Mapping[str, Any], title: str) -> str:
         lines += _table(["scheme", "gaps", "mean (ms)", "P90 (ms)", "P99 (ms)", "> 100 ms"],
                         [[s, str(v.get("n", 0)), _ms(v.get("mean_s")), _ms(v.get("p90_s")), _ms(v.get("p99_s")),
                           _pct(v.get("over_slo"))] for s, v in post.items()]) + [""]
+    prep = data.get("preparation") or {}
+    if prep:
+        lines += ["SIT by whether the right target was named before the handover, and the warm-ups no commit "
+                  "used (per UE-hour of replayed drive; prefill, stream and KV held are model estimates at "
+                  "the triggers' rates):", ""]
+        prow = []
+        for s, v in prep.items():
+            sp = v.get("sit_by_prediction") or {}
+            w = v.get("wasted") or {}
+            ph = w.get("per_hour") or {}
+
+            def part(k: str) -> str:
+                x = sp.get(k) or {}
+                return "-" if not x.get("n") else f"{x['n']} ({x.get('prepared', 0)} prepared): " + \
+                    _ms_ci(x.get("mean_s"), [x.get("ci_lo_s"), x.get("ci_hi_s")])
+            prow.append([s, part("predicted"), part("unpredicted"),
+                         f"{w.get('count', 0)} of {w.get('triggers', 0)}" if w else "-",
+                         "-" if not w else f"{_num(ph.get('count')):.1f}",
+                         "-" if not w else f"{_num(ph.get('prefill_gpu_s')):.1f}",
+                         "-" if not w else f"{_num(ph.get('bytes_streamed')) / 2 ** 20:.1f}",
+                         "-" if not w else f"{_num(ph.get('vram_gib_s')):.2f}"])
+        lines += _table(["scheme", "predicted: HOs, SIT mean [95% CI] (ms)", "unpredicted", "warm-ups unused",
+                         "unused / UE-h", "prefill GPU-s / UE-h", "MiB streamed / UE-h", "KV GiB-s / UE-h"],
+                        prow) + [""]
     cpu = data.get("cpu") or {}
     if cpu:
         roles, crow = cpu_rows(cpu)

@@ -44,6 +44,9 @@ def test_the_page_carries_the_runs_values_and_provenance():
     cpu = [ln for ln in page.splitlines() if ln.startswith("| scheme | agent")]
     assert cpu == ["| scheme | agent | vllm-engine | harness | total |"]
     assert "| pallas | 15.0 | 20.0 | 3.0 | 38.0 |" in page
+    assert _row(page, "pallas")[0] == "pallas"
+    prep = [ln for ln in page.splitlines() if ln.startswith("| pallas | 2 (2 prepared)")]
+    assert prep == ["| pallas | 2 (2 prepared): 150 [100-200] | 1 (0 prepared): 300 | 3 of 5 | 6.0 | 1.0 | 4.0 | 0.50 |"]
     assert "Pacing: pacing held: 3 of 1,000 paced steps overran" in page
 
 
