@@ -23,6 +23,7 @@ import httpx
 import structlog
 
 from agent.obs import SESSION_FAILURES
+from agent.states import check_session
 from pallas_common.aio import cancel_and_wait
 from pallas_common.schemes import SessionState
 
@@ -274,11 +275,9 @@ class Session:
         """Change the state and wake readers.
 
         Raises:
-            agent.migration.states.IllegalTransition: the move is not in
-                :data:`agent.migration.states.SESSION_TRANSITIONS` (e.g. out of ``FAILED``).
+            agent.states.IllegalTransition: the move is not in
+                :data:`agent.states.SESSION_TRANSITIONS` (e.g. out of ``FAILED``).
         """
-        from agent.migration.states import check_session  # agent.migration imports this module
-
         self.state = check_session(self.state, state)
         if finish_reason is not None:
             self.finish_reason = finish_reason

@@ -3,7 +3,7 @@
 from agent.migration.context import Context, Ledger, MigrationConfig
 from agent.migration.engine import MigrationEngine
 from agent.migration.source import Outbound
-from agent.migration.states import SourceState, TargetState
+from agent.states import SourceState, TargetState
 from agent.migration.target import Inbound
 
 __all__ = ["Context", "Inbound", "Ledger", "MigrationConfig", "MigrationEngine", "Outbound",

@@ -24,7 +24,7 @@ from agent.ipc import BlockHub
 from agent.migration.context import Context, Ledger, MigrationConfig
 from agent.migration.plan import commit_scheme
 from agent.migration.source import Source
-from agent.migration.states import SourceState
+from agent.states import SourceState
 from agent.migration.target import Target
 from agent.obs import MIGRATIONS
 from agent.session import Session, SessionState, SessionStore, VllmClient
@@ -232,8 +232,7 @@ class MigrationEngine:
                 freeze_at = None  # hand over at the token boundary the bridge chose
             out = self.ctx.outbound.get(session_id)
             use, why = commit_scheme(
-                spec, prepared=(out is not None and out.live and out.epoch == epoch
-                                and out.target.address == actual_target.address),
+                spec, prepared=out is not None and out.prepared_for(epoch, actual_target.address),
                 pinned=SCHEMES.get(self.scheme_for(session_id)),
                 in_prefill=not s.output_token_ids and not s.request_done)
             if why:

@@ -20,7 +20,7 @@ from pallas_proto import pallas_pb2
 from agent.ipc import LocalBlock
 from agent.migration.context import Context
 from agent.migration.plan import CommitInputs, CommitPlan, plan_commit
-from agent.migration.states import SourceState, check
+from agent.states import SourceState, check
 from agent.session import Handover, Session, SessionState
 from agent.transfer import BlockStream, PeerClient
 from agent.wire import Block
@@ -75,8 +75,16 @@ class Outbound:
     t_prepared: float = 0.0
     ready: bool = False  # a bridge saw the target hold the state (no commit-time choice left)
 
+    def prepared_for(self, epoch: int, target_address: str) -> bool:
+        """Whether this attempt is the one prepared for a commit of ``epoch`` at the agent at
+        ``target_address``: proactive (a Trigger's, not a commit's own reactive attempt), still
+        live, of that epoch, at that target. The one home of this rule: the engine's choice of
+        scheme (``plan.commit_scheme``'s ``prepared``), the bridge and the commit's attempt
+        all ask it."""
+        return self.proactive and self.live and self.epoch == epoch and self.target.address == target_address
+
     def to(self, new: SourceState) -> None:
-        """Move to ``new`` (raises :class:`agent.migration.states.IllegalTransition`)."""
+        """Move to ``new`` (raises :class:`agent.states.IllegalTransition`)."""
         self.state = check(self.state, new)
 
     @property
@@ -258,8 +266,7 @@ class Source:
         """
         sid, bs = s.session_id, self.ctx.block_size
         out = self.ctx.outbound.get(sid)
-        if not (out is not None and out.live and out.epoch == epoch
-                and out.target.address == target.address):
+        if out is None or not out.prepared_for(epoch, target.address):
             if out is not None:
                 await self.abandon(out, "mispredicted target" if out.target.address
                                    != target.address else "superseded")
@@ -392,8 +399,7 @@ class Source:
         a non-OK reply when the target could not be prepared before ``deadline``."""
         sid = s.session_id
         out = self.ctx.outbound.get(sid)
-        prepared = (out is not None and out.epoch == epoch and out.proactive and out.live
-                    and out.target.address == target.address)
+        prepared = out is not None and out.prepared_for(epoch, target.address)
         if prepared:
             return out, True
         if out is not None:

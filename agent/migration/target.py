@@ -23,7 +23,7 @@ from pallas_proto import pallas_pb2
 
 from agent.connector.messages import Claim, Loaded
 from agent.migration.context import Context
-from agent.migration.states import TargetState, check
+from agent.states import TargetState, check
 from agent.obs import MIGRATIONS
 from agent.session import Handover, SamplingSpec, Session, SessionState
 from agent.telemetry import Ewma
@@ -77,7 +77,7 @@ class Inbound:
     state: TargetState = TargetState.PREPARING
 
     def to(self, new: TargetState) -> None:
-        """Move to ``new`` (raises :class:`agent.migration.states.IllegalTransition`)."""
+        """Move to ``new`` (raises :class:`agent.states.IllegalTransition`)."""
         self.state = check(self.state, new)
 
 

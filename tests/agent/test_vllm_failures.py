@@ -22,7 +22,7 @@ from pallas_proto import pallas_pb2 as pb
 
 from agent.connector.messages import Loaded
 from agent.frontend import SessionFront
-from agent.migration.states import (SESSION_TERMINAL, SESSION_TRANSITIONS, IllegalTransition,
+from agent.states import (SESSION_TERMINAL, SESSION_TRANSITIONS, IllegalTransition,
                                     check_session)
 from agent.obs import SESSION_FAILURES
 from agent.session import SamplingSpec, Session, SessionState, SessionStore, VllmClient

@@ -9,6 +9,10 @@ dependency. Rules:
    of the offline tools (``pallas_tools``);
 2. no import circle, neither between modules of ``agent``, ``xapp``, ``pallas_common``,
    ``pallas_eval`` and ``pallas_tools`` nor between those five packages;
+4. no circle through a package's ``__init__``: importing ``a.b.c`` runs ``a`` and ``a.b`` first,
+   so an import of ``a.b.c`` also depends on what ``a.b/__init__.py`` imports (a module's own
+   enclosing packages aside: they are already loading). An import put inside a function to
+   dodge such a circle is still an edge here, so it fails;
 3. the code vLLM loads (``--kv-connector-module``: ``agent.connector`` and the harness's
    ``pallas_eval.emulated_connector``), with everything it imports transitively, imports nothing
    of ``agent`` outside ``agent/connector/`` (``agent/__init__.py``, which a package import
@@ -168,6 +172,27 @@ def import_circles(graph: dict[str, list[Edge]]) -> list[str]:
     return out
 
 
+def package_circles(graph: dict[str, list[Edge]]) -> list[str]:
+    """Rule 4's offenders: module circles once every import edge also reaches the package
+    ``__init__`` modules that importing its target runs (:func:`_loaded`), the importer's own
+    enclosing packages left out."""
+    full: dict[str, set[str]] = {}
+    via: dict[tuple[str, str], Edge] = {}
+    for m, es in graph.items():
+        for e in es:
+            for p in _loaded(e.dst):
+                if p in graph and p != m and not m.startswith(p + "."):
+                    full.setdefault(m, set()).add(p)
+                    via.setdefault((m, p), e)
+    out = []
+    for comp in circles(full):
+        inside = set(comp)
+        out.append("through packages: " + "; ".join(
+            f"{via[(m, p)]}" + ("" if via[(m, p)].dst == p else f" (runs {p})")
+            for m in comp for p in sorted(full.get(m, ())) if p in inside))
+    return out
+
+
 def _loaded(module: str) -> list[str]:
     """``module`` and the package ``__init__`` modules importing it runs (``a.b.c``: a, a.b)."""
     parts = module.split(".")
@@ -260,6 +285,27 @@ def test_deployables_import_nothing_of_the_harness_or_the_tools():
 
 def test_no_import_circle():
     assert import_circles(edges(ROOT)) == []
+
+
+def test_no_circle_through_a_package_init():
+    assert package_circles(edges(ROOT)) == []
+
+
+def test_checker_finds_a_lazy_import_that_dodges_a_package_circle(tmp_path):
+    root = _tree(tmp_path, {
+        "agent/session.py": "def f():\n    from agent.migration.states import check\n",
+        "agent/migration/__init__.py": "from agent.migration.engine import E\n",
+        "agent/migration/engine.py": "from agent.session import S\nfrom agent.migration.states import X\n",
+        "agent/migration/states.py": "X = 1\n",
+    })
+    g = edges(root)
+    assert import_circles(g) == []          # no module circle: states imports nothing back
+    found = package_circles(g)
+    assert len(found) == 1 and "agent.session:2 -> agent.migration.states (runs agent.migration)" in found[0]
+    # The same tree with states outside the package that imports the session: clean.
+    (root / "agent/states.py").write_text("X = 1\n")
+    (root / "agent/session.py").write_text("from agent.states import check\n")
+    assert package_circles(edges(root)) == []
 
 
 def test_code_loaded_in_vllm_imports_no_agent_module_outside_the_connector():

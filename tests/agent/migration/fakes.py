@@ -12,7 +12,7 @@ from pallas_proto import pallas_pb2 as pb
 from agent.connector.messages import SchedHello
 from agent.ipc import BlockHub, block_crc
 from agent.migration import MigrationConfig, MigrationEngine
-from agent.migration.states import IllegalTransition
+from agent.states import IllegalTransition
 from agent.session import SamplingSpec, Session, SessionState, SessionStore
 from agent.transfer import serve_peer_transfer
 

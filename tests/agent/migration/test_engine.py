@@ -14,7 +14,7 @@ from agent.control import ControlService
 from agent.ipc import LocalBlock, block_crc
 from agent.migration import Outbound
 from agent.migration.plan import tail_pays
-from agent.migration.states import TERMINAL, TRANSITIONS, SourceState, TargetState, check
+from agent.states import TERMINAL, TRANSITIONS, SourceState, TargetState, check
 from agent.session import SamplingSpec, Session, SessionState
 from pallas_common.schemes import SCHEMES, scheme_name, scheme_value
 from pallas_common.timing import HandoverState, commit_choice, ctho_split
