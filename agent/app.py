@@ -508,8 +508,8 @@ class Agent:
 
     async def start(self) -> None:
         """Start the core, vLLM (unless ``--vllm-url``), the gRPC services, front, telemetry."""
-        from agent.control import ControlService, add_control_service
-        from agent.telemetry import TelemetryCollector, VllmScraper
+        from agent.control_service import ControlService, add_control_service
+        from agent.meter import TelemetryCollector, VllmScraper
 
         cfg = self.cfg
         await self.start_core()

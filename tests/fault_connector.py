@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from agent.connector.mover import WorkerSide
-from agent.connector.policy import LoadOp
+from agent.connector.block_policy import LoadOp
 from agent.connector.vllm_connector import PallasConnector
 
 log = logging.getLogger("vllm.pallas.faults")

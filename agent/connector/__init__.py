@@ -3,7 +3,7 @@
 vLLM loads ``PallasConnector`` from this package through ``--kv-transfer-config``
 (docs/vllm.md §3):
 
-- :mod:`agent.connector.policy`: scheduler-side block bookkeeping, free of vLLM types;
+- :mod:`agent.connector.block_policy`: scheduler-side block bookkeeping, free of vLLM types;
 - :mod:`agent.connector.mover`: worker-side whole-block slab copies;
 - :mod:`agent.connector.vllm_connector`: the KVConnectorBase_V1 class adapting vLLM's hooks.
 

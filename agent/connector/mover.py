@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from agent.connector.messages import BlockHeader, FetchItem, Loaded, WorkerHello
-from agent.connector.policy import LoadOp, SaveOp
+from agent.connector.block_policy import LoadOp, SaveOp
 from agent.connector.link import WorkerLink, block_crc
 
 log = logging.getLogger("vllm.pallas.mover")

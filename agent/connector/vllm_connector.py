@@ -1,7 +1,7 @@
 """The Pallas KV connector class: vLLM's KV connector API (KVConnectorBase_V1), loaded by an
 unmodified vLLM server through ``--kv-transfer-config`` (docs/vllm.md §3).
 
-The scheduler side (EngineCore process) runs :class:`agent.connector.policy.SchedulerPolicy`;
+The scheduler side (EngineCore process) runs :class:`agent.connector.block_policy.SchedulerPolicy`;
 the worker side (Worker process) runs :class:`agent.connector.mover.WorkerSide`. Both talk to
 the agent over :mod:`agent.connector.link`. ``agent_address`` may also come from the
 environment variable ``PALLAS_AGENT_ADDRESS``. ``agent`` and ``proto`` must be on ``PYTHONPATH`` of every vLLM
@@ -27,7 +27,7 @@ from vllm.logger import init_logger
 
 from agent.connector.messages import Message, SchedHello
 from agent.connector.mover import WorkerSide
-from agent.connector.policy import (SYNC_LOAD_MAX_BLOCKS, LoadOp, SaveOp, ScheduledReq,
+from agent.connector.block_policy import (SYNC_LOAD_MAX_BLOCKS, LoadOp, SaveOp, ScheduledReq,
                                     SchedulerPolicy, pallas_params)
 from agent.connector.link import SchedulerLink
 

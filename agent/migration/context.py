@@ -1,6 +1,6 @@
 """What the migration engine owns and its two roles share: one :class:`Context` per agent.
 
-:class:`agent.migration.engine.MigrationEngine` builds it and composes the source role
+:class:`agent.migration.migration_engine.MigrationEngine` builds it and composes the source role
 (:class:`agent.migration.source.Source`) and the target role
 (:class:`agent.migration.target.Target`) over it; neither role imports the engine or the other.
 Tests replace a part of it (the peers, the vLLM client) with a fake (tests/faults.py,

@@ -1,6 +1,6 @@
 """Source side of a migration (paper section 4.3; docs/architecture.md §2, steps 1 and 3).
 
-:class:`Source` (composed by :class:`agent.migration.engine.MigrationEngine` over its
+:class:`Source` (composed by :class:`agent.migration.migration_engine.MigrationEngine` over its
 :class:`agent.migration.context.Context`) prepares a target, streams each newly completed KV
 block of the session while it decodes on, and at the commit freezes the session at the commit
 point, ships what is left and sends Sync. A failed or cancelled attempt never stops the

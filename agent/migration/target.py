@@ -1,6 +1,6 @@
 """Target side of a migration (paper section 4.3; docs/architecture.md §2, steps 2-3).
 
-:class:`Target` (composed by :class:`agent.migration.engine.MigrationEngine` over its
+:class:`Target` (composed by :class:`agent.migration.migration_engine.MigrationEngine` over its
 :class:`agent.migration.context.Context`) admits an attempt at Prepare and reserves its KV
 memory from this agent's own accounting until the Sync or Release; warms the prefix cache;
 buffers streamed blocks within per-attempt and per-agent byte bounds (an oversized block is
@@ -26,7 +26,7 @@ from agent.migration.context import Context
 from agent.states import TargetState, check
 from agent.obs import MIGRATIONS
 from agent.session import Handover, SamplingSpec, Session, SessionState
-from agent.telemetry import Ewma
+from agent.meter import Ewma
 from agent.transfer import CALL_DEADLINE, CALLER, identity_mismatch
 from agent.wire import Block
 from pallas_common.aio import cancel_and_wait

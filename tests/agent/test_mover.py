@@ -9,7 +9,7 @@ import torch
 
 from agent.connector.mover import (LOAD_DEADLINE_S, SYNC_LOAD_DEADLINE_S, BlockMover,
                                    WorkerSide, find_block_dim)
-from agent.connector.policy import LoadOp
+from agent.connector.block_policy import LoadOp
 from agent.connector.messages import Loaded
 from agent.ipc import block_crc
 

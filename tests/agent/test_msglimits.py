@@ -146,7 +146,7 @@ def test_each_rpc_takes_its_limit_and_refuses_one_byte_more(monkeypatch):
 def test_a_telemetry_report_at_its_limit_streams_and_one_byte_more_is_refused():
     """The Telemetry stream's reports are bounded by TELEMETRY_REPORT_MAX on the agent's Control
     server and on the xApp's channel options."""
-    from agent.control import ControlService, add_control_service
+    from agent.control_service import ControlService, add_control_service
     from pallas_common.msglimits import TELEMETRY_REPORT_MAX
     from pallas_proto import pallas_pb2_grpc
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.connector.messages import decode
-from agent.connector.policy import ScheduledReq, SchedulerPolicy
+from agent.connector.block_policy import ScheduledReq, SchedulerPolicy
 
 BS = 32
 

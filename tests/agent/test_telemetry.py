@@ -6,7 +6,7 @@ import pytest
 from pallas_proto import pallas_pb2 as pb
 
 from agent.session import Session
-from agent.telemetry import Ewma, TelemetryCollector, VllmScraper, parse_vllm_metrics
+from agent.meter import Ewma, TelemetryCollector, VllmScraper, parse_vllm_metrics
 
 EXPO = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:kv_cache_usage_perc gauge

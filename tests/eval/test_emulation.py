@@ -151,7 +151,7 @@ def test_scheduler_side_puts_the_step_duration_in_the_metadata():
     ec, c = _worker(_Clock())
     from types import SimpleNamespace
 
-    from agent.connector.policy import SchedulerPolicy
+    from agent.connector.block_policy import SchedulerPolicy
     c.policy, c._requests, c._kv_cache_manager = SchedulerPolicy(32), {}, None
     meta = c.build_connector_meta(SimpleNamespace(num_scheduled_tokens={"a": 370, "b": 1}))
     assert isinstance(meta, ec.EmulatedMetadata)

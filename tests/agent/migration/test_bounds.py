@@ -71,7 +71,7 @@ def test_a_prepared_attempt_lives_its_idle_time_and_expires_past_it():
 def test_a_telemetry_period_below_the_floor_is_raised_to_it():
     """Control.Telemetry: a requested period at the agent's floor (20 ms) is kept; one below it
     (19 ms, or 1 ms) streams at the floor."""
-    from agent.control import ControlService
+    from agent.control_service import ControlService
 
     async def period_of(period_ms: int) -> float:
         m, hub, eng = _engine()

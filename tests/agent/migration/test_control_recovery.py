@@ -15,7 +15,7 @@ import grpc
 from pallas_proto import pallas_pb2 as pb
 from pallas_proto import pallas_pb2_grpc
 
-from agent.control import ControlService, add_control_service
+from agent.control_service import ControlService, add_control_service
 from agent.session import SessionState
 
 from migration.fakes import Target, _blk, _engine, _prep, _served, _serving

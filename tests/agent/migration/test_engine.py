@@ -10,7 +10,7 @@ import time
 import pytest
 from pallas_proto import pallas_pb2 as pb
 
-from agent.control import ControlService
+from agent.control_service import ControlService
 from agent.ipc import LocalBlock, block_crc
 from agent.migration import Outbound
 from agent.migration.plan import tail_pays

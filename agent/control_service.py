@@ -35,7 +35,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
     Args:
         migration: the agent's migration engine.
         agent_id: this agent's id (logs).
-        telemetry: ``telemetry() -> pallas_pb2.TelemetryReport`` (agent.telemetry).
+        telemetry: ``telemetry() -> pallas_pb2.TelemetryReport`` (agent.meter).
         default_period_s: Telemetry period when the request gives 0.
         min_period_s: lower bound on a requested period (protects the agent).
         directory: the agent ids a Trigger or Commit may name as target (issue 16: the source
