@@ -33,6 +33,10 @@ Links and state (issue 16), both chosen at start:
   and how to mount them (the chart OSC's onboarder generates mounts no Secret: docs/osc.md).
   Test mode has no RIC peers; it runs plaintext to the agents (logged) unless ``--tls`` asks
   for ``controls.tls``'s certificates (the replay harness with its local CA does).
+
+Record mode (live): ``--record FILE`` writes every RIC_INDICATION the xApp handles to FILE as
+an E2 trace (``xapp.e2.record``: unbuffered whole records, capped at ``--record-max-mb``), for
+test mode and ``--history`` on the operator's own network (docs/test-mode.md).
 - The durable state (``xapp.store``): ``--store`` (``sdl`` or ``memory``) wins; otherwise live
   mode takes ``controls.sdl.store`` (default ``sdl``: OSC SDL through ``DBAAS_SERVICE_HOST`` /
   ``DBAAS_SERVICE_PORT``; the xApp does not start without it) and test mode uses memory.
@@ -54,6 +58,7 @@ from typing import Sequence
 import structlog
 
 from xapp.config import ConfigError, load_config_file, load_controls
+from xapp.e2.record import DEFAULT_MAX_MB
 
 log = structlog.get_logger("pallas.xapp.main")
 
@@ -93,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls", action="store_true",
                    help="test mode: mutual TLS to the agents with controls.tls's certificates (test mode is "
                         "plaintext without it; live mode always uses controls.tls unless --insecure)")
+    p.add_argument("--record", metavar="FILE",
+                   help="live mode: write every E2 indication handled to FILE as an E2 trace (replay it with "
+                        "--mode test --trace FILE)")
+    p.add_argument("--record-max-mb", type=float, default=DEFAULT_MAX_MB,
+                   help="live mode, --record: stop recording (the xApp runs on) before FILE passes this size, MB")
     p.add_argument("--store", choices=["sdl", "memory"],
                    help="durable state: sdl (DBAAS_SERVICE_HOST/PORT) or memory (default: live "
                         "controls.sdl.store, else sdl; test: memory)")
@@ -198,6 +208,20 @@ def load_nrt(path: str) -> dict[int, int]:
         raise ValueError(f"--nrt {path}: not a JSON object of PCI -> NR cell identity ({e})") from None
 
 
+def _recorder(a):
+    """``--record``'s :class:`xapp.e2.record.TraceRecorder` (None without it). Raises ValueError
+    (one line) for a cap under 1 KB or when the file cannot be created."""
+    if not a.record:
+        return None
+    if not a.record_max_mb * (1 << 20) >= 1024:
+        raise ValueError(f"--record-max-mb {a.record_max_mb}: at least 0.001 (1 KB)")
+    from xapp.e2.record import TraceRecorder
+    try:
+        return TraceRecorder(a.record, int(a.record_max_mb * (1 << 20)))
+    except OSError as e:
+        raise ValueError(f"--record {a.record}: {e.strerror or e}") from None
+
+
 def open_xapp_store(controls, mode: str, kind: str | None):
     """The durable state of this run (module docstring): ``xapp.store.open_store`` of the chosen
     kind and namespace. Raises ``xapp.store.StoreUnavailable`` when SDL cannot be reached."""
@@ -223,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.mode == "test" and not a.trace:
         print("--mode test needs --trace", file=sys.stderr)
         return 2
+    if a.record and a.mode != "live":
+        print("--record is a live-mode flag (test mode replays a trace)", file=sys.stderr)
+        return 2
     if a.hold_correct_s is not None and (a.mode != "test" or not a.handovers):
         print("--hold-correct-s is a test-mode knob and needs --handovers", file=sys.stderr)
         return 2
@@ -230,10 +257,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         security = link_security(cfg.controls, a.mode, a.insecure, a.tls)
         first = first_trace_record(a.trace) if a.mode == "test" else None
         nrt = load_nrt(a.nrt) if a.nrt else None
+        recorder = _recorder(a)
     except TlsError as e:
         print(f"TLS: {e}", file=sys.stderr)
         return 2
-    except ValueError as e:    # --trace, --nrt: one line each
+    except ValueError as e:    # --trace, --nrt, --record: one line each
         print(str(e), file=sys.stderr)
         return 2
     try:
@@ -313,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from prometheus_client import REGISTRY
     transport = RmrTransport(rmr_port=a.rmr_port, use_fake_sdl=bool(os.environ.get("USE_FAKE_SDL")),
                              registry=REGISTRY, **dict(cfg.e2.rmr))
+    if recorder is not None:
+        transport.tap = recorder.on_message
     a1 = A1PolicyHandler(cfg, load_policy_type(default_policy_type_path(cfg.a1.policy_type_id)))
     from xapp.e2.subscription import SubmgrClient, SubscriptionManager
     subscriptions = SubscriptionManager(SubmgrClient(cfg.e2.submgr_url))
@@ -332,9 +362,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         app.declare_nodebs(get_nodeb)
     started.set()
     transport.send(A1_POLICY_QUERY, a1.query_message())   # A1 resends every live instance
-    events.write("start", mode="live", scheme=cfg.scheme)
+    events.write("start", mode="live", scheme=cfg.scheme, record=a.record)
     watcher = _watch_config(a.config, app, a.scheme, done, a1)
     done.wait()
+    if recorder is not None:
+        recorder.close()
+        events.write("recorded", path=a.record, records=recorder.count, bytes=recorder.bytes,
+                     stopped=recorder.stopped)
     app.stop()           # SIGTERM/SIGINT: the E2 subscriptions are deleted at submgr first
     if watcher is not None:
         watcher.join(1.0)

@@ -5,8 +5,9 @@ the container's command runs, for tests that start the xApp as a separate proces
 
 The environment is the container's (``CONFIG_FILE``, ``DBAAS_SERVICE_HOST``/``PORT``, ...).
 ``PALLAS_TEST_RMR_INFLOW=TRACE``: the E2 trace's records arrive at RMR one by one, at their
-recorded pace, starting ``PALLAS_TEST_RMR_INFLOW_DELAY_S`` (default 1) seconds after start, as an
-E2 termination would deliver them. The exit status is pallas-xapp's.
+recorded pace (``PALLAS_TEST_RMR_INFLOW_SPEED`` times faster, default 1), starting
+``PALLAS_TEST_RMR_INFLOW_DELAY_S`` (default 1) seconds after start, as an E2 termination would
+deliver them. The exit status is pallas-xapp's.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ import pytest  # noqa: E402 - after the path
 from fake_rmr import FakeRmrLib  # noqa: E402
 
 
-def _inflow(lib: FakeRmrLib, trace: str, delay_s: float) -> None:
+def _inflow(lib: FakeRmrLib, trace: str, delay_s: float, speed: float) -> None:
     from xapp.e2.trace import read_trace
     time.sleep(delay_s)
     t0 = w0 = None
     for r in read_trace(trace):
         if t0 is None:
             t0, w0 = r.time, time.monotonic()
-        wait = w0 + (r.time - t0) - time.monotonic()
+        wait = w0 + (r.time - t0) / speed - time.monotonic()
         if wait > 0:
             time.sleep(wait)
         lib.push(r.mtype, r.payload, r.e2_node.encode(), r.sub_id)
@@ -45,7 +46,8 @@ def main() -> int:
     trace = os.environ.get("PALLAS_TEST_RMR_INFLOW")
     if trace:
         delay = float(os.environ.get("PALLAS_TEST_RMR_INFLOW_DELAY_S", "1"))
-        threading.Thread(target=_inflow, args=(lib, trace, delay), daemon=True).start()
+        speed = float(os.environ.get("PALLAS_TEST_RMR_INFLOW_SPEED", "1"))
+        threading.Thread(target=_inflow, args=(lib, trace, delay, speed), daemon=True).start()
     from xapp.main import main as xapp_main
     return xapp_main(sys.argv[1:])
 
