@@ -146,6 +146,38 @@ def history_folder(history: Path, trace: Path, out: Path) -> tuple[Path, list[st
     return out, left_out
 
 
+def history_trace(history: Path, trace: Path) -> Path:
+    """``--history FILE.e2trace``: an E2 trace of the same area (``pallas-xapp --record``, or
+    ``python -m pallas_tools.convert``) the xApp learns from as it is
+    (``xapp.predict.maps.knowledge_from_drives_at``). Returns its absolute path.
+
+    Raises:
+        ValueError: the file is the replayed trace itself, or is not a readable E2 trace with
+        at least one record (one line naming the file).
+    """
+    from xapp.e2.trace import TraceFormatError, read_trace
+    if history.resolve() == trace.resolve():
+        raise ValueError(f"--history {history}: the replayed trace itself (the xApp would know the drive ahead)")
+    try:
+        if next(iter(read_trace(history)), None) is None:
+            raise ValueError(f"--history {history}: empty trace (no record)")
+    except (OSError, TraceFormatError) as e:
+        raise ValueError(f"--history {history}: {getattr(e, 'strerror', None) or e}") from None
+    return history.resolve()
+
+
+def history_source(history: Path, trace: Path, out: Path) -> tuple[Path, str]:
+    """What the xApp learns from for ``--history``: an E2 trace file (:func:`history_trace`) or a
+    folder of drive-test CSVs (:func:`history_folder`). Returns (path for
+    ``controls.association_map.path``, a phrase for the plan's source). Raises ValueError as
+    those do."""
+    if history.is_file() and history.suffix == ".e2trace":
+        return history_trace(history, trace), f"; the xApp learned from the E2 trace {history}"
+    hist, left = history_folder(history, trace, out)
+    return hist, (f"; the xApp learned from {sum(1 for _ in hist.iterdir())} drive(s) of {history}"
+                  + (f" (the replayed {Path(left[0]).name} left out)" if left else ""))
+
+
 def cut(trace: Path, out: Path, t_start: float, t_end: float) -> int:
     """Copy the records with t_start <= time <= t_end to ``out``; returns how many."""
     from xapp.e2.trace import TraceWriter, read_trace
@@ -235,8 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--convoy", type=int, default=0, metavar="N",
                     help="the first N UEs on the first UE's route and radio draws: their handovers to one target at once")
     ap.add_argument("--history", default="",
-                    help="--trace: a folder of drive-test CSVs of the same area; the xApp learns from every one "
-                         "of them but the replayed drive")
+                    help="--trace: what the xApp learns the area from: an E2 trace of it (*.e2trace, e.g. "
+                         "pallas-xapp --record) or a folder of drive-test CSVs (every one but the replayed drive)")
     ap.add_argument("--segment", default="", help="'auto' or START:END seconds from the trace's start")
     ap.add_argument("--min-handovers", type=int, default=5)
     ap.add_argument("--lead-s", type=float, default=10.0)
@@ -259,9 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         trace = Path(a.trace)
         source = f"trace {trace}"
         if a.history:
-            hist, left = history_folder(Path(a.history), trace, out / "history")
-            source += (f"; the xApp learned from {sum(1 for _ in hist.iterdir())} drive(s) of {a.history}"
-                       + (f" (the replayed {Path(left[0]).name} left out)" if left else ""))
+            hist, what = history_source(Path(a.history), trace, out / "history")
+            source += what
         if a.segment:
             reports, _ = _decode(trace)
             t_first = min(t for t, _ in reports)

@@ -122,3 +122,25 @@ def test_a_live_recording_replays_in_test_mode_to_the_same_decisions(tmp_path):
     live_hos, test_hos = _handovers(_events(live_ev)), _handovers(_events(test_ev))
     assert live_hos and live_hos == test_hos
     assert [e["ingest"]["reports"] for e in _events(test_ev) if e["kind"] == "end"] == [n_src]
+
+
+def test_history_takes_an_e2_trace_such_as_a_recording(tmp_path):
+    """``pallas replay``/``pallas_eval.prepare --trace T --history H``: H may be an E2 trace (what
+    --record writes) as well as a folder of drive-test CSVs; the plan hands it to the xApp's
+    ``association_map.path`` as is."""
+    from pallas_eval.prepare import generate, history_source, main as prepare
+    from xapp.predict.maps import knowledge_from_drives_at
+    (tmp_path / "g").mkdir()
+    trace, _, hist = generate(tmp_path / "g", seed=4, ues=1, duration_s=20.0, speed_mps=16.0, rows=2, cols=2,
+                              history_drives=1)
+    path, what = history_source(hist, trace, tmp_path / "h")
+    assert path == hist.resolve() and "E2 trace" in what
+    assert knowledge_from_drives_at(path) is not None
+    assert prepare([str(tmp_path / "p"), "--trace", str(trace), "--history", str(hist)]) == 0
+    assert json.loads((tmp_path / "p" / "plan.json").read_text())["history"] == str(hist.resolve())
+    with pytest.raises(ValueError, match="the replayed trace itself"):
+        history_source(trace, trace, tmp_path / "h")
+    bad = tmp_path / "drive.e2trace"
+    bad.write_text("Date,Time,Longitude\n")
+    with pytest.raises(ValueError, match=r"^--history .*drive.e2trace: not a Pallas E2 trace"):
+        history_source(bad, trace, tmp_path / "h")
