@@ -51,15 +51,45 @@ def test_the_cap_stops_recording_at_a_record_boundary(tmp_path):
     assert len(list(read_trace(tmp_path / "r.e2trace"))) == 3
 
 
-def test_record_is_refused_in_test_mode_and_for_an_unwritable_file(tmp_path, capsys):
-    from xapp.main import main
+def test_record_is_refused_in_test_mode_and_for_an_unwritable_file(tmp_path):
     cfg = str(REPO / "descriptors" / "config-file.json")
-    assert main(["--mode", "test", "--config", cfg, "--trace", "x.e2trace", "--record", "r.e2trace"]) == 2
-    assert main(["--mode", "live", "--config", cfg, "--insecure", "--store", "memory",
-                 "--record", str(tmp_path / "no" / "such" / "dir.e2trace")]) == 2
-    err = capsys.readouterr().err
-    assert "--record is a live-mode flag" in err and "No such file or directory" in err
-    assert "Traceback" not in err
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'proto'}"}
+    for args, line in ((["--mode", "test", "--trace", "x.e2trace", "--record", "r.e2trace"],
+                        "--record is a live-mode flag (test mode replays a trace)"),
+                       (["--mode", "live", "--insecure", "--store", "memory", "--record",
+                         str(tmp_path / "no" / "dir.e2trace")],
+                        f"--record {tmp_path}/no/dir.e2trace: No such file or directory")):
+        out = subprocess.run([sys.executable, "-m", "xapp.main", "--config", cfg, "--log-level", "ERROR", *args],
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert (out.returncode, out.stderr.strip().splitlines()) == (2, [line])
+
+
+def test_a_bad_trace_or_nrt_is_one_line_and_exit_2_in_test_mode(tmp_path):
+    """The README's test-mode command with a wrong --trace or --nrt: no traceback."""
+    cfg = str(REPO / "descriptors" / "config-file.json")
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'proto'}"}
+    csv = tmp_path / "drive.csv"
+    csv.write_text("Timestamp,Longitude,Latitude,Speed,Operatorname,CellID,NetworkMode,RSRP\n" * 3)
+    empty = tmp_path / "empty.e2trace"
+    TraceRecorder(empty, 1 << 20).close()
+    good = tmp_path / "one.e2trace"
+    rec = TraceRecorder(good, 1 << 20)
+    rec.on_message(_msg(1.0))
+    rec.close()
+    (tmp_path / "nrt.json").write_text("[1, 2]")
+    for args, line in ((["--trace", str(tmp_path / "none.e2trace")],
+                        f"--trace {tmp_path}/none.e2trace: No such file or directory"),
+                       (["--trace", str(csv)],
+                        f"--trace {csv}: not a Pallas E2 trace (magic b'Timestam'); a drive-test CSV becomes a "
+                        f"trace with: python -m pallas_tools.convert {csv} -o DIR (in the xApp's environment)"),
+                       (["--trace", str(empty)], f"--trace {empty}: empty trace (no record)"),
+                       (["--trace", str(good), "--nrt", str(tmp_path / "nrt.json")],
+                        f"--nrt {tmp_path}/nrt.json: not a JSON object of PCI -> NR cell identity "
+                        "('list' object has no attribute 'items')")):
+        out = subprocess.run([sys.executable, "-m", "xapp.main", "--mode", "test", "--config", cfg,
+                              "--log-level", "ERROR", *args],
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert (out.returncode, out.stderr.strip().splitlines()) == (2, [line])
 
 
 def _events(path: Path) -> list[dict]:
