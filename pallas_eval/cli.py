@@ -42,9 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "xApp learns its association map, handover places and successors from at start, as "
                         "a deployed xApp would have learned them online (0: it starts empty)")
     r.add_argument("--history", default="",
-                   help="with --trace: a folder of drive-test CSVs of the same area (e.g. ../shared/data/ucc-5g); "
-                        "the xApp learns its association map, handover places and successors from every one "
-                        "of them but the replayed drive, as a deployed xApp would have")
+                   help="with --trace: what the xApp learns its association map, handover places and successors "
+                        "from, as a deployed xApp would have: an E2 trace of the same area (*.e2trace, e.g. "
+                        "recorded with pallas-xapp --record) or a folder of drive-test CSVs (e.g. "
+                        "../shared/data/ucc-5g; every one of them but the replayed drive)")
     r.add_argument("--seed", type=int, default=2, help="drive and session-length seed")
     r.add_argument("--seeds", default="",
                    help="comma-separated seeds (e.g. 1,2,3): one generated drive per seed, all replayed on the same "

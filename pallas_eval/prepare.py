@@ -151,6 +151,38 @@ def history_folder(history: Path, traces: Path | Sequence[Path], out: Path) -> t
     return out, left_out
 
 
+def history_trace(history: Path, traces: Path | Sequence[Path]) -> Path:
+    """``--history FILE.e2trace``: an E2 trace of the same area (``pallas-xapp --record``, or
+    ``python -m pallas_tools.convert``) the xApp learns from as it is
+    (``xapp.predict.maps.knowledge_from_drives_at``). Returns its absolute path.
+
+    Raises:
+        ValueError: the file is the replayed trace itself, or is not a readable E2 trace with
+        at least one record (one line naming the file).
+    """
+    from xapp.e2.trace import TraceFormatError, read_trace
+    if any(history.resolve() == t.resolve() for t in ([traces] if isinstance(traces, Path) else traces)):
+        raise ValueError(f"--history {history}: the replayed trace itself (the xApp would know the drive ahead)")
+    try:
+        if next(iter(read_trace(history)), None) is None:
+            raise ValueError(f"--history {history}: empty trace (no record)")
+    except (OSError, TraceFormatError) as e:
+        raise ValueError(f"--history {history}: {getattr(e, 'strerror', None) or e}") from None
+    return history.resolve()
+
+
+def history_source(history: Path, traces: Path | Sequence[Path], out: Path) -> tuple[Path, str]:
+    """What the xApp learns from for ``--history``: an E2 trace file (:func:`history_trace`) or a
+    folder of drive-test CSVs (:func:`history_folder`). Returns (path for
+    ``controls.association_map.path``, a phrase for the plan's source). Raises ValueError as
+    those do."""
+    if history.is_file() and history.suffix == ".e2trace":
+        return history_trace(history, traces), f"; the xApp learned from the E2 trace {history}"
+    hist, left = history_folder(history, traces, out)
+    return hist, (f"; the xApp learned from {sum(1 for _ in hist.iterdir())} drive(s) of {history}"
+                  + (f" (the replayed {', '.join(Path(x).name for x in left)} left out)" if left else ""))
+
+
 def trace_files(specs: Sequence[str]) -> list[Path]:
     """The converted drives named by ``--trace`` (files, or folders whose ``*.e2trace`` files are
     taken in name order), each once. Raises ValueError naming a path that is missing or a folder
@@ -309,8 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--convoy", type=int, default=0, metavar="N",
                     help="the first N UEs on the first UE's route and radio draws: their handovers to one target at once")
     ap.add_argument("--history", default="",
-                    help="--trace: a folder of drive-test CSVs of the same area; the xApp learns from every one "
-                         "of them but the replayed drive")
+                    help="--trace: what the xApp learns the area from: an E2 trace of it (*.e2trace, e.g. "
+                         "pallas-xapp --record) or a folder of drive-test CSVs (every one but the replayed drives)")
     ap.add_argument("--segment", default="", help="per drive: 'auto', START:END seconds from the drive's start, "
                                                   "or '' (whole drives)")
     ap.add_argument("--min-handovers", type=int, default=5)
@@ -335,9 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         source = (f"trace {traces[0]}" if len(traces) == 1
                   else f"{len(traces)} drives replayed together as {len(traces)} UEs ({', '.join(t.name for t in traces)})")
         if a.history:
-            hist, left = history_folder(Path(a.history), traces, out / "history")
-            source += (f"; the xApp learned from {sum(1 for _ in hist.iterdir())} drive(s) of {a.history}"
-                       + (f" (the replayed {', '.join(Path(x).name for x in left)} left out)" if left else ""))
+            hist, what = history_source(Path(a.history), traces, out / "history")
+            source += what
         if len(traces) == 1 and not a.segment:
             trace = traces[0]
         else:

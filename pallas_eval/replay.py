@@ -398,7 +398,7 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     offset = start_at - t_first
     cmd = [xapp_python(opts), "-m", "xapp.main", "--mode", "test", "--config", str(cfg), "--trace", plan["trace"],
            "--start-at", f"{start_at:.6f}", "--events", str(events), "--nrt", str(opts.out_dir / "input" / "nrt.json"),
-           "--linger-s", "5"] + ([] if opts.tls else ["--insecure"]) + list(opts.xapp_args)
+           "--linger-s", "5"] + (["--tls"] if opts.tls else ["--insecure"]) + list(opts.xapp_args)
     child = sup.start(f"xapp-{scheme}", cmd, env=_env_with_repo(), cwd=REPO)
     if cpu is not None:
         cpu.add("xapp", child.popen.pid)

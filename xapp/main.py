@@ -28,9 +28,15 @@ Links and state (issue 16), both chosen at start:
 - gRPC to the agents: mutual TLS from the descriptor's ``controls.tls`` (certificate, key, CA
   files, re-read when they change). ``--insecure`` is the explicit choice of plaintext (a
   ``tls`` object is then ignored, with a warning). Live mode without ``--insecure`` refuses to
-  start unless ``controls.tls`` is present (``enabled: false`` in it is plaintext by choice).
-  Test mode without a ``tls`` object runs plaintext, as before (the local replay); with one,
-  it uses TLS.
+  start unless ``controls.tls`` is present (``enabled: false`` in it is plaintext by choice);
+  certificate files it names but that are absent stop the start with a line naming each one
+  and how to mount them (the chart OSC's onboarder generates mounts no Secret: docs/osc.md).
+  Test mode has no RIC peers; it runs plaintext to the agents (logged) unless ``--tls`` asks
+  for ``controls.tls``'s certificates (the replay harness with its local CA does).
+
+Record mode (live): ``--record FILE`` writes every RIC_INDICATION the xApp handles to FILE as
+an E2 trace (``xapp.e2.record``: unbuffered whole records, capped at ``--record-max-mb``), for
+test mode and ``--history`` on the operator's own network (docs/test-mode.md).
 - The durable state (``xapp.store``): ``--store`` (``sdl`` or ``memory``) wins; otherwise live
   mode takes ``controls.sdl.store`` (default ``sdl``: OSC SDL through ``DBAAS_SERVICE_HOST`` /
   ``DBAAS_SERVICE_PORT``; the xApp does not start without it) and test mode uses memory.
@@ -52,6 +58,7 @@ from typing import Sequence
 import structlog
 
 from xapp.config import ConfigError, load_config_file, load_controls
+from xapp.e2.record import DEFAULT_MAX_MB
 
 log = structlog.get_logger("pallas.xapp.main")
 
@@ -88,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rmr-port", type=int, default=4560)
     p.add_argument("--insecure", action="store_true",
                    help="plaintext gRPC to the agents (tests, the local replay); ignores controls.tls")
+    p.add_argument("--tls", action="store_true",
+                   help="test mode: mutual TLS to the agents with controls.tls's certificates (test mode is "
+                        "plaintext without it; live mode always uses controls.tls unless --insecure)")
+    p.add_argument("--record", metavar="FILE",
+                   help="live mode: write every E2 indication handled to FILE as an E2 trace (replay it with "
+                        "--mode test --trace FILE)")
+    p.add_argument("--record-max-mb", type=float, default=DEFAULT_MAX_MB,
+                   help="live mode, --record: stop recording (the xApp runs on) before FILE passes this size, MB")
     p.add_argument("--store", choices=["sdl", "memory"],
                    help="durable state: sdl (DBAAS_SERVICE_HOST/PORT) or memory (default: live "
                         "controls.sdl.store, else sdl; test: memory)")
@@ -121,23 +136,90 @@ def _reloaded(doc, app, scheme: str | None, a1=None):
     return a1.rebase(new) if a1 is not None else new
 
 
-def link_security(controls, mode: str, insecure: bool):
+def link_security(controls, mode: str, insecure: bool, use_tls: bool = False):
     """The xApp's choice for its gRPC links (module docstring): a
-    ``pallas_common.tls.LinkSecurity``. Raises ``pallas_common.tls.TlsError`` when live mode has
-    neither ``controls.tls`` nor ``insecure``, or the TLS files are unusable."""
+    ``pallas_common.tls.LinkSecurity``. ``use_tls``: test mode's ``--tls``. Raises
+    ``pallas_common.tls.TlsError`` (one line: what is missing and how to provide it) when live
+    mode (or ``--tls``) has no ``controls.tls``, its certificate files are absent or unusable, or
+    both ``--tls`` and ``--insecure`` are given."""
     from pallas_common.tls import LinkSecurity, TlsError
     tls = controls.get("tls")
+    if insecure and use_tls:
+        raise TlsError("--tls and --insecure: choose one")
     if insecure:
         if tls and tls.get("enabled", True):
             log.warning("tls_ignored", note="--insecure: plaintext gRPC to the agents; controls.tls not used")
         return LinkSecurity(None, insecure=True)
-    if tls is None:
-        if mode != "test":
-            raise TlsError("controls.tls missing: the xApp's certificate, key and CA files (mutual "
-                           "TLS to the agents), or --insecure for plaintext")
-        log.warning("plaintext", note="test mode without controls.tls: plaintext gRPC to the agents")
+    if mode == "test" and not use_tls:
+        log.warning("plaintext", note="test mode: plaintext gRPC to the agents; --tls uses controls.tls's "
+                                      "certificates")
         return LinkSecurity(None, insecure=True)
+    if tls is None:
+        raise TlsError("controls.tls missing: the xApp's certificate, key and CA files (mutual "
+                       "TLS to the agents), or --insecure for plaintext")
+    if tls.get("enabled", True):
+        absent = [f"controls.tls.{k} {tls[k]}" for k in ("cert_file", "key_file", "ca_file")
+                  if tls.get(k) and not os.path.exists(tls[k])]
+        if absent:
+            raise TlsError(f"{', '.join(absent)}: not found; " + _tls_hint(tls, mode))
     return LinkSecurity.from_mapping(tls)
+
+
+def _tls_hint(tls, mode: str) -> str:
+    """How to provide the certificate files ``controls.tls`` names (live: the onboarded chart)."""
+    if mode == "test":
+        return "give the certificate files controls.tls names, or drop --tls for plaintext"
+    where = sorted({os.path.dirname(str(tls.get(k, ""))) for k in ("cert_file", "key_file", "ca_file")})
+    return ("the chart OSC's onboarder generates mounts no Secret: create the Secret (tls.crt, tls.key, "
+            f"ca.crt) and mount it at {', '.join(where)} with descriptors/xapp-tls-patch.json "
+            "(docs/osc.md, 'TLS for the onboarded xApp'), or set controls.tls.enabled to false for "
+            "plaintext gRPC to the agents")
+
+
+def first_trace_record(path: str):
+    """The first record of the E2 trace at ``path``, checked before test mode starts. Raises
+    ValueError with one line naming the file and the fault: absent or unreadable, not an E2
+    trace (a drive-test CSV is named with the command that converts it), or empty."""
+    from xapp.e2.trace import TraceFormatError, read_trace
+    try:
+        first = next(iter(read_trace(path)), None)
+    except OSError as e:
+        raise ValueError(f"--trace {path}: {e.strerror or e}") from None
+    except TraceFormatError as e:
+        hint = ""
+        if str(path).lower().endswith(".csv"):
+            hint = ("; a drive-test CSV becomes a trace with: python -m pallas_tools.convert "
+                    f"{path} -o DIR (in the xApp's environment)")
+        raise ValueError(f"--trace {path}: {e}{hint}") from None
+    if first is None:
+        raise ValueError(f"--trace {path}: empty trace (no record)")
+    return first
+
+
+def load_nrt(path: str) -> dict[int, int]:
+    """``--nrt``: the neighbour relation table JSON ``{PCI: NR cell identity}``. Raises
+    ValueError (one line) for an unreadable file or another shape."""
+    try:
+        with open(path) as f:
+            return {int(k): int(v) for k, v in json.load(f).items()}
+    except OSError as e:
+        raise ValueError(f"--nrt {path}: {e.strerror or e}") from None
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"--nrt {path}: not a JSON object of PCI -> NR cell identity ({e})") from None
+
+
+def _recorder(a):
+    """``--record``'s :class:`xapp.e2.record.TraceRecorder` (None without it). Raises ValueError
+    (one line) for a cap under 1 KB or when the file cannot be created."""
+    if not a.record:
+        return None
+    if not a.record_max_mb * (1 << 20) >= 1024:
+        raise ValueError(f"--record-max-mb {a.record_max_mb}: at least 0.001 (1 KB)")
+    from xapp.e2.record import TraceRecorder
+    try:
+        return TraceRecorder(a.record, int(a.record_max_mb * (1 << 20)))
+    except OSError as e:
+        raise ValueError(f"--record {a.record}: {e.strerror or e}") from None
 
 
 def open_xapp_store(controls, mode: str, kind: str | None):
@@ -165,20 +247,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.mode == "test" and not a.trace:
         print("--mode test needs --trace", file=sys.stderr)
         return 2
+    if a.record and a.mode != "live":
+        print("--record is a live-mode flag (test mode replays a trace)", file=sys.stderr)
+        return 2
     if a.hold_correct_s is not None and (a.mode != "test" or not a.handovers):
         print("--hold-correct-s is a test-mode knob and needs --handovers", file=sys.stderr)
         return 2
     try:
-        security = link_security(cfg.controls, a.mode, a.insecure)
+        security = link_security(cfg.controls, a.mode, a.insecure, a.tls)
+        first = first_trace_record(a.trace) if a.mode == "test" else None
+        nrt = load_nrt(a.nrt) if a.nrt else None
+        recorder = _recorder(a)
     except TlsError as e:
         print(f"TLS: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:    # --trace, --nrt, --record: one line each
+        print(str(e), file=sys.stderr)
         return 2
     try:
         store = open_xapp_store(cfg.controls, a.mode, a.store)
     except StoreError as e:
         print(f"store: {e}", file=sys.stderr)
         return 2
-    nrt = {int(k): int(v) for k, v in json.load(open(a.nrt)).items()} if a.nrt else None
     events = EventLog(a.events)
     done = threading.Event()
 
@@ -189,12 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     if a.mode == "test":
-        from xapp.e2.trace import read_trace
         from xapp.e2.transport import TraceTransport
-        first = next(iter(read_trace(a.trace)), None)
-        if first is None:
-            print(f"{a.trace}: empty trace", file=sys.stderr)
-            return 2
         start_at = a.start_at or time.time()
         offset = start_at - first.time
         # Deliver record k at start_at + (t_k - t_first) / speed on the wall clock, whatever the
@@ -256,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from prometheus_client import REGISTRY
     transport = RmrTransport(rmr_port=a.rmr_port, use_fake_sdl=bool(os.environ.get("USE_FAKE_SDL")),
                              registry=REGISTRY, **dict(cfg.e2.rmr))
+    if recorder is not None:
+        transport.tap = recorder.on_message
     a1 = A1PolicyHandler(cfg, load_policy_type(default_policy_type_path(cfg.a1.policy_type_id)))
     from xapp.e2.subscription import SubmgrClient, SubscriptionManager
     subscriptions = SubscriptionManager(SubmgrClient(cfg.e2.submgr_url))
@@ -275,9 +362,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         app.declare_nodebs(get_nodeb)
     started.set()
     transport.send(A1_POLICY_QUERY, a1.query_message())   # A1 resends every live instance
-    events.write("start", mode="live", scheme=cfg.scheme)
+    events.write("start", mode="live", scheme=cfg.scheme, record=a.record)
     watcher = _watch_config(a.config, app, a.scheme, done, a1)
     done.wait()
+    if recorder is not None:
+        recorder.close()
+        events.write("recorded", path=a.record, records=recorder.count, bytes=recorder.bytes,
+                     stopped=recorder.stopped)
     app.stop()           # SIGTERM/SIGINT: the E2 subscriptions are deleted at submgr first
     if watcher is not None:
         watcher.join(1.0)

@@ -127,11 +127,16 @@ def test_plaintext_only_by_choice_live_mode_needs_tls_or_insecure(pki):
     from xapp.main import link_security, main
     with pytest.raises(TlsError, match="controls.tls missing"):
         link_security({}, "live", False)
-    assert link_security({}, "test", False).insecure is True          # test mode: as before
+    assert link_security({}, "test", False).insecure is True          # test mode: plaintext
+    assert link_security({"tls": _tls(pki["xapp"], pki["ca"])}, "test", False).insecure is True
     assert link_security({"tls": _tls(pki["xapp"], pki["ca"])}, "live", True).insecure is True
     assert link_security({"tls": {"enabled": False}}, "live", False).insecure is True
-    sec = link_security({"tls": _tls(pki["xapp"], pki["ca"])}, "test", False)
+    sec = link_security({"tls": _tls(pki["xapp"], pki["ca"])}, "test", False, use_tls=True)   # --tls
     assert sec.insecure is False and sec.watcher.files.cert == pki["xapp"].cert
+    with pytest.raises(TlsError, match="controls.tls missing"):
+        link_security({}, "test", False, use_tls=True)
+    with pytest.raises(TlsError, match="choose one"):
+        link_security({"tls": _tls(pki["xapp"], pki["ca"])}, "test", True, use_tls=True)
     # The shipped descriptor asks for TLS; its files are absent here: a clear refusal to start.
     assert main(["--mode", "live", "--config", str(REPO / "descriptors" / "config-file.json"),
                  "--store", "memory", "--log-level", "ERROR"]) == 2

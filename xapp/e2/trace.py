@@ -36,6 +36,18 @@ MAGIC = b"PLLSE2TR"
 VERSION = 1
 _HEADER = struct.Struct("<8sHH")
 _RECORD = struct.Struct("<diiHI")
+HEADER_SIZE = _HEADER.size
+
+
+def encode_record(r: "TraceRecord") -> bytes:
+    """One record's octets (module docstring's ``record``)."""
+    node = r.e2_node.encode("utf-8")
+    return _RECORD.pack(r.time, r.mtype, r.sub_id, len(node), len(r.payload)) + node + bytes(r.payload)
+
+
+def record_size(r: "TraceRecord") -> int:
+    """The octets :func:`encode_record` makes of ``r``."""
+    return _RECORD.size + len(r.e2_node.encode("utf-8")) + len(r.payload)
 
 
 class TraceFormatError(ValueError):
@@ -55,7 +67,8 @@ class TraceRecord:
 
 class TraceWriter:
     """Writes records to a binary file object or a path (str or os.PathLike), in
-    non-decreasing time."""
+    non-decreasing time. Each record goes to the file object in one ``write`` call, so on an
+    unbuffered file a killed writer leaves whole records (``xapp.e2.record``)."""
 
     def __init__(self, dest: str | os.PathLike | BinaryIO) -> None:
         self._own = isinstance(dest, (str, os.PathLike))
@@ -68,10 +81,7 @@ class TraceWriter:
         """Append one record. ValueError if older than the previous one."""
         if not r.time >= self._last:
             raise ValueError(f"trace record at t={r.time} is older than the previous (t={self._last})")
-        node = r.e2_node.encode("utf-8")
-        self._f.write(_RECORD.pack(r.time, r.mtype, r.sub_id, len(node), len(r.payload)))
-        self._f.write(node)
-        self._f.write(r.payload)
+        self._f.write(encode_record(r))
         self._last = r.time
         self.count += 1
 

@@ -110,7 +110,9 @@ class RmrTransport:
     RIC_HEALTH_CHECK_REQ (100) is answered by the loop itself (``OK`` while the loop runs and
     SDL answers). ``defer`` (set before :meth:`start`; None: never): the receive loop holds
     indications back while it says a decision cycle runs (``RmrReceiver``'s ``defer``; the
-    xApp sets it). Raises OSError from start() when librmr_si.so is missing, and
+    xApp sets it). ``tap`` (set before :meth:`start`; None: none): called with each message the
+    loop hands to the xApp, just before the xApp's handler (``pallas-xapp --record``,
+    ``xapp.e2.record``). Raises OSError from start() when librmr_si.so is missing, and
     ``ricxappframe.rmr.exceptions.InitFailed`` when RMR cannot start (port taken).
     """
 
@@ -131,6 +133,7 @@ class RmrTransport:
         self.receiver: Any = None      # xapp.e2.rmrloop.RmrReceiver
         self.mrc: Any = None
         self.defer: Callable[[], bool] | None = None
+        self.tap: Callable[[RmrMessage], None] | None = None
         self._sdl_ok = (0.0, True)
 
     def healthy(self) -> bool:
@@ -158,7 +161,9 @@ class RmrTransport:
         if self.wait_for_ready:
             while rmr.rmr_ready(self.mrc) == 0:
                 _time.sleep(0.1)
-        self.receiver = RmrReceiver(self.mrc, lambda m: _safe(on_message, m), message=RmrMessage,
+        tap = self.tap
+        handle = (lambda m: _safe(on_message, m)) if tap is None else (lambda m: (_safe(tap, m), _safe(on_message, m)))
+        self.receiver = RmrReceiver(self.mrc, handle, message=RmrMessage,
                                     healthy=self.healthy, defer=self.defer,
                                     wait_ms=max(1, int(self.rmr_timeout_s * 1000)), **self.bounds)
         self.xapp = _framework(self.receiver, self.mrc, self.use_fake_sdl)

@@ -71,9 +71,10 @@ def test_descriptor_parts_agree_with_each_other(descriptor):
     # where submgr reaches us is where we listen
     assert c["e2"]["client_endpoint"]["http_port"] == http["port"]
     assert c["e2"]["client_endpoint"]["rmr_port"] == rmr["port"]
-    # RMRXapp answers RIC_HEALTH_CHECK_REQ itself; rmr_probe (in the rmr deb) asks it
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert descriptor[probe]["exec"]["command"][-1].endswith(f":{rmr['port']}")
+    # liveness: the receive loop answers RIC_HEALTH_CHECK_REQ; rmr_probe (in the rmr deb) asks it.
+    # readiness: over HTTP on the xApp's http port, where the onboarder's chart probes it
+    assert descriptor["livenessProbe"]["exec"]["command"][-1].endswith(f":{rmr['port']}")
+    assert descriptor["readinessProbe"]["httpGet"] == {"path": "/ric/v1/health/ready", "port": http["port"]}
     assert descriptor["annotations"]["prometheus.io/port"] == str(http["port"])
     assert descriptor["annotations"]["prometheus.io/path"] == descriptor["metrics"]["url"]
     # the xApp reads this file: the chart does not set CONFIG_FILE, appenv must
