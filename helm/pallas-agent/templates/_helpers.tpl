@@ -36,8 +36,11 @@ app.kubernetes.io/component: edge-agent
 {{- printf "tcp://127.0.0.1:%d" (int .Values.vllm.kvConnector.agentPort) -}}
 {{- end -}}
 
-{{/* vLLM's --kv-transfer-config JSON. */}}
+{{/* vLLM's --kv-transfer-config JSON. kv_load_failure_policy is always "recompute": the agent
+     refuses to run beside a vLLM whose connector reports anything else (agent/app.py
+     check_load_failure_policy; under vLLM's default "fail" a KV block that fails to load at a
+     resume fails the UE's request). */}}
 {{- define "pallas-agent.kvTransferConfig" -}}
 {{- $c := .Values.vllm.kvConnector -}}
-{{- dict "kv_connector" $c.className "kv_connector_module_path" $c.modulePath "kv_role" $c.role "kv_connector_extra_config" (dict "agent_address" (include "pallas-agent.connectorAddress" .)) | toJson -}}
+{{- dict "kv_connector" $c.className "kv_connector_module_path" $c.modulePath "kv_role" $c.role "kv_load_failure_policy" "recompute" "kv_connector_extra_config" (dict "agent_address" (include "pallas-agent.connectorAddress" .)) | toJson -}}
 {{- end -}}
