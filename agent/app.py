@@ -101,8 +101,8 @@ class AgentConfig:
                         "vLLM")
     peer_rate_mbps: float = _f(0.0, "token-bucket limit on the outgoing block stream, Mbit/s "
                                "(0 = unlimited)")
-    scheme: str = _f("pallas", "default recovery scheme: pallas, full-copy, recomputation, ctho, "
-                     "detour, no-rc, no-sm")
+    scheme: str = _f("pallas", "default recovery scheme: pallas, pallas-bridge, full-copy, "
+                     "recomputation, ctho, detour, no-rc, no-sm (full_copy etc. accepted too)")
     front_operator_token_file: str = _f("", "file holding the operator credential that lists "
                                         "sessions at the front (also PALLAS_FRONT_OPERATOR_TOKEN); "
                                         "unset: listing refused", "endpoints")
