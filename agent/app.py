@@ -38,7 +38,7 @@ from pallas_common.msglimits import (DEFAULT_MAX_BLOCK_BYTES, DEFAULT_MAX_TOKENS
 from pallas_common.schemes import scheme_name, scheme_value
 from pallas_common.tls import ANY_IDENTITY, LinkSecurity, TlsError, open_channel
 
-__all__ = ["AgentConfig", "build_parser", "parse_args", "Agent", "link_security", "main"]
+__all__ = ["AgentConfig", "build_parser", "parse_args", "Agent", "link_security", "model_path_error", "main"]
 
 CONTROL_SERVICE = "pallas.v1.Control"
 PEER_SERVICE = pallas_pb2.DESCRIPTOR.services_by_name["PeerTransfer"].full_name
@@ -75,7 +75,10 @@ class AgentConfig:
                        "instead of launching one", "vLLM")
     hub_address: str = _f("tcp://127.0.0.1:0", "ZeroMQ endpoint of the agent's block hub (the "
                           "connector connects to it)", "vLLM")
-    model: str = _f("", "model folder or served model name", "vLLM")
+    model: str = _f("", "model folder (or a hub-style name vLLM resolves); also the served model "
+                    "name unless --served-model-name", "vLLM")
+    served_model_name: str = _f("", "the name vLLM serves the model under (its "
+                                "--served-model-name; default: --model)", "vLLM")
     vllm_port: int = _f(0, "port of the launched vLLM (0 = any free port)", "vLLM")
     kv_cache_gib: float = _f(1.0, "KV cache of the launched vLLM, GiB (fractions allowed)", "vLLM")
     omp_bind: str = _f("auto", "VLLM_CPU_OMP_THREADS_BIND of the launched vLLM", "vLLM")
@@ -98,8 +101,8 @@ class AgentConfig:
                         "vLLM")
     peer_rate_mbps: float = _f(0.0, "token-bucket limit on the outgoing block stream, Mbit/s "
                                "(0 = unlimited)")
-    scheme: str = _f("pallas", "default recovery scheme: pallas, full-copy, recomputation, ctho, "
-                     "detour, no-rc, no-sm")
+    scheme: str = _f("pallas", "default recovery scheme: pallas, pallas-bridge, full-copy, "
+                     "recomputation, ctho, detour, no-rc, no-sm (full_copy etc. accepted too)")
     front_operator_token_file: str = _f("", "file holding the operator credential that lists "
                                         "sessions at the front (also PALLAS_FRONT_OPERATOR_TOKEN); "
                                         "unset: listing refused", "endpoints")
@@ -313,6 +316,29 @@ def check_load_failure_policy(hello: Any, vllm_url: str) -> None:
         "when it launches vLLM itself)")
 
 
+def model_path_error(model: str) -> str | None:
+    """Why ``--model`` cannot be what vLLM loads, or None; checked at start so that a typo is
+    named at once instead of after ``--vllm-ready-timeout-s`` of waiting for vLLM.
+
+    An existing folder must hold ``config.json`` (a Hugging Face model folder); an existing file
+    (e.g. GGUF) passes. A name that does not exist passes only when it reads as a hub id
+    (``name`` or ``org/name``, which vLLM resolves itself); anything path-like (absolute,
+    ``./``, ``../``, ``~``, or more than one ``/``) that does not exist is refused.
+    """
+    if not model:
+        return None
+    p = os.path.expanduser(model)
+    if os.path.isdir(p):
+        if os.path.exists(os.path.join(p, "config.json")):
+            return None
+        return f"model folder {model!r} has no config.json (not a Hugging Face model folder)"
+    if os.path.exists(p):
+        return None
+    if model.startswith(("/", "./", "../", "~", ".")) or model.count("/") > 1:
+        return f"model path {model!r} does not exist"
+    return None
+
+
 def load_tokenizer(path: str | None):
     """A transformers tokenizer from ``path`` if it has one, else None (token ids only)."""
     if not path or not os.path.isdir(path):
@@ -441,7 +467,8 @@ class Agent:
         deadline = loop.time() + (timeout_s or self.cfg.vllm_ready_timeout_s)
         self.vllm_url = vllm_url.rstrip("/")
         await self.vllm_client.close()
-        self.vllm_client = self.migration.ctx.vllm_client = VllmClient(self.vllm_url, self.cfg.model)
+        self.vllm_client = self.migration.ctx.vllm_client = VllmClient(
+            self.vllm_url, self.cfg.served_model_name or self.cfg.model)
         while not (await self.vllm_client.health() and self.hub.ready):
             proc = getattr(self.vllm, "proc", None)
             if proc is not None and proc.poll() is not None:
@@ -465,7 +492,9 @@ class Agent:
         self.vllm = VLLMServer(ServerConfig(
             **{k: getattr(cfg, k) for k in same}, port=cfg.vllm_port,
             agent_address=self.hub.address, omp_threads_bind=cfg.omp_bind,
-            extra_args=shlex.split(cfg.vllm_args), log_path=cfg.vllm_log or None))
+            extra_args=shlex.split(cfg.vllm_args) + (
+                ["--served-model-name", cfg.served_model_name] if cfg.served_model_name else []),
+            log_path=cfg.vllm_log or None))
         self.vllm.start()
         self.log.info("vllm_launched", vllm_url=self.vllm.base_url, pid=self.vllm.proc.pid,
                       log_path=self.vllm.log_path, hub=self.hub.address)
@@ -666,6 +695,10 @@ def main(argv: list[str] | None = None) -> int:
         security = link_security(cfg)
     except TlsError as e:
         print(f"pallas-agent: error: {e}", file=sys.stderr)
+        return 2
+    bad_model = model_path_error(cfg.model)
+    if bad_model:
+        print(f"pallas-agent: error: --model: {bad_model}", file=sys.stderr)
         return 2
     agent = Agent(cfg, security)
     try:

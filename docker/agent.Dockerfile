@@ -23,7 +23,7 @@ RUN python3 -m pip install --no-cache-dir --no-deps . \
  && rm /tmp/requirements.txt
 WORKDIR /opt/pallas
 ENV PYTHONUNBUFFERED=1
-EXPOSE 8000 8100 50051 50052
+EXPOSE 8000 8080 50051 50052
 # The chart sets each container's command (vLLM server or pallas-agent).
 ENTRYPOINT []
 CMD ["pallas-agent"]

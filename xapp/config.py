@@ -185,9 +185,9 @@ class A1Config:
 class XappConfig:
     """The xApp's whole configuration, built from a validated ``controls`` object.
 
-    - ``scheme``: the default recovery scheme (the .proto's ``Scheme`` in lower case without the
-      prefix: ``pallas``, ``full_copy``, ``recomputation``, ``ctho``, ``detour``, ``no_rc``,
-      ``no_sm``, ``pallas_bridge``); ``fallback``: the recovery of an unprepared or mispredicted target that can
+    - ``scheme``: the default recovery scheme (a name of ``pallas_common.schemes.NAMES``, as the
+      agent's ``--scheme`` spells it: ``pallas``, ``full-copy``, ``recomputation``, ``ctho``,
+      ``detour``, ``no-rc``, ``no-sm``, ``pallas-bridge``); ``fallback``: the recovery of an unprepared or mispredicted target that can
       serve the model (docs/model.md §6).
     - ``proactive``: :class:`ProactiveRules`.
     - ``scheduler``: :class:`xapp.scheduler.config.SchedulerConfig` (the Scheduler Engine's

@@ -113,6 +113,35 @@ def test_the_launched_vllm_gets_the_agents_engine_flags(monkeypatch):
     assert (c.extra_args, c.log_path, c.kv_load_failure_policy) == (["--seed", "1"], "/r/v.log", "recompute")
 
 
+def test_the_served_model_name_reaches_vllm_and_the_client(monkeypatch):
+    """--served-model-name: the launched vLLM serves under it and the agent asks for it."""
+    from agent.server import VLLMServer
+    monkeypatch.setattr(VLLMServer, "start", lambda self: setattr(self, "proc", type("P", (), {"pid": 1})))
+    a = Agent(parse_args(["--model", "/m", "--insecure", "--served-model-name", "qwen"]))
+    a._launch_vllm()
+    assert a.vllm.cfg.extra_args[-2:] == ["--served-model-name", "qwen"]
+    assert Agent(parse_args(["--model", "/m", "--insecure"])).cfg.served_model_name == ""
+
+
+def test_a_wrong_model_path_is_named_at_start(tmp_path, monkeypatch, capsys):
+    """A path-like --model that does not exist, or a folder without config.json, exits 2 with
+    one line naming it (before, the agent waited --vllm-ready-timeout-s for vLLM); a hub-style
+    name and a real model folder pass."""
+    from agent.app import model_path_error
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "config.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    assert model_path_error(str(tmp_path / "good")) is None
+    assert model_path_error("Qwen/Qwen3-14B") is None and model_path_error("gpt2") is None
+    assert "has no config.json" in model_path_error(str(tmp_path / "empty"))
+    for bad in ("/models/Qwen3-14b", "./models/x", "../x", "models/org/name", "~/nowhere-pallas"):
+        assert model_path_error(bad) == f"model path {bad!r} does not exist", bad
+    monkeypatch.setenv("PALLAS_INSECURE", "1")
+    assert agent.app.main(["--model", "/models/typo", "--vllm-url", "http://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "pallas-agent: error: --model: model path '/models/typo' does not exist"
+
+
 def test_attach_refuses_a_vllm_with_tensor_parallelism():
     async def go():
         a = Agent(parse_args(["--model", "m", "--vllm-url", "http://127.0.0.1:1", "--insecure"]))

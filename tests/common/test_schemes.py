@@ -60,12 +60,8 @@ def test_control_reply_state_is_the_session_state_enum():
     assert schemes.SessionState.from_proto(99) is None and schemes.SessionState.name_of(99) is None
 
 
-@pytest.mark.parametrize("path", ["descriptors/schema.json", "descriptors/policytype-26001.json"])
-def test_descriptor_scheme_enums_are_the_vocabulary(path):
-    """The xApp's descriptors must list JSON-schema enums statically; each list of scheme names
-    in them is exactly the vocabulary's names (``_`` for ``-``): every scheme for ``scheme``,
-    the reactive ones for ``fallback``."""
-    doc = json.loads((REPO / path).read_text())
+def _scheme_enums(doc) -> list[list[str]]:
+    """Every JSON-schema enum in ``doc`` that lists scheme names (those naming ``ctho``)."""
     found = []
 
     def walk(x):
@@ -80,8 +76,51 @@ def test_descriptor_scheme_enums_are_the_vocabulary(path):
                 walk(v)
 
     walk(doc)
+    return found
+
+
+def _agent_config_field(name: str) -> tuple[object, str]:
+    """(default, help) of an AgentConfig field, read from agent/app.py's source (this test runs
+    in the xApp's environment too, which cannot import the agent)."""
+    import ast
+
+    tree = ast.parse((REPO / "agent" / "app.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "AgentConfig")
+    node = next(n for n in cls.body if isinstance(n, ast.AnnAssign) and n.target.id == name)
+    default, help_ = node.value.args[:2]
+    return ast.literal_eval(default), ast.literal_eval(help_)
+
+
+@pytest.mark.parametrize("path", ["descriptors/schema.json", "descriptors/policytype-26001.json",
+                                  "helm/pallas-agent/values.schema.json"])
+def test_every_scheme_enum_is_the_vocabulary_spelt_as_the_agent_spells_it(path):
+    """One spelling per scheme (issue 42): the xApp descriptor's schema, the A1 policy type and
+    the chart's values schema list exactly the vocabulary's names (``full-copy``, not
+    ``full_copy``, which A1 refused while the agent and chart used it): every scheme for
+    ``scheme``, the reactive ones for ``fallback``."""
+    found = _scheme_enums(json.loads((REPO / path).read_text()))
     assert found, path
-    every = sorted(n.replace("-", "_") for n in schemes.NAMES)
-    reactive = sorted(n.replace("-", "_") for n in schemes.REACTIVE_NAMES)
     for e in found:
-        assert sorted(e) == (every if "pallas" in e else reactive), (path, e)
+        assert len(e) == len(set(e)), (path, e)
+        assert sorted(e) == sorted(schemes.NAMES if "pallas" in e else schemes.REACTIVE_NAMES), (path, e)
+
+
+def test_the_agent_the_chart_and_the_descriptor_agree_on_the_default_scheme_and_ports():
+    import re
+
+    default, help_ = _agent_config_field("scheme")
+    listed = re.findall(r"[a-z][a-z-]*[a-z]", help_.split(":", 1)[1].split("(")[0])
+    assert sorted(listed) == sorted(schemes.NAMES) and default in schemes.NAMES
+    values = (REPO / "helm" / "pallas-agent" / "values.yaml").read_text()
+    assert re.search(r"^  defaultScheme: (\S+)$", values, re.M).group(1) in schemes.NAMES
+    controls = json.loads((REPO / "descriptors" / "config-file.json").read_text())["controls"]
+    assert controls["scheme"] in schemes.NAMES and controls["fallback"] in schemes.REACTIVE_NAMES
+    # The ports: the chart opens the agent's defaults (the front was 8100 in the chart, 8080 in
+    # the agent and the README).
+    for field, value in (("control_port", "controlPort"), ("peer_port", "peerPort"),
+                         ("front_port", "frontPort")):
+        port = int(re.search(rf"^  {value}: (\d+)$", values, re.M).group(1))
+        assert port == _agent_config_field(field)[0], value
+    # Old spellings stay accepted where a name is parsed (the agent's --scheme, the xApp's config).
+    for alias, name in (("full_copy", "full-copy"), ("no_rc", "no-rc"), ("pallas_bridge", "pallas-bridge")):
+        assert schemes.scheme_value(alias) == schemes.scheme_value(name)

@@ -36,8 +36,42 @@ app.kubernetes.io/component: edge-agent
 {{- printf "tcp://127.0.0.1:%d" (int .Values.vllm.kvConnector.agentPort) -}}
 {{- end -}}
 
-{{/* vLLM's --kv-transfer-config JSON. */}}
+{{/* vLLM's --kv-transfer-config JSON. kv_load_failure_policy is always "recompute": the agent
+     refuses to run beside a vLLM whose connector reports anything else (agent/app.py
+     check_load_failure_policy; under vLLM's default "fail" a KV block that fails to load at a
+     resume fails the UE's request). */}}
 {{- define "pallas-agent.kvTransferConfig" -}}
 {{- $c := .Values.vllm.kvConnector -}}
-{{- dict "kv_connector" $c.className "kv_connector_module_path" $c.modulePath "kv_role" $c.role "kv_connector_extra_config" (dict "agent_address" (include "pallas-agent.connectorAddress" .)) | toJson -}}
+{{- dict "kv_connector" $c.className "kv_connector_module_path" $c.modulePath "kv_role" $c.role "kv_load_failure_policy" "recompute" "kv_connector_extra_config" (dict "agent_address" (include "pallas-agent.connectorAddress" .)) | toJson -}}
+{{- end -}}
+
+{{/* The TLS Secret: tls.secretName, else one per agent, <fullname>-tls. */}}
+{{- define "pallas-agent.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "pallas-agent.fullname" .)) .Values.tls.secretName -}}
+{{- end -}}
+
+{{/* The pod's ServiceAccount. */}}
+{{- define "pallas-agent.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "pallas-agent.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The directory: the agent ids this agent admits as PeerTransfer callers and migration
+     targets (keys of agent.peerFronts and agent.peerIdentities), sorted, once each. */}}
+{{- define "pallas-agent.directory" -}}
+{{- concat (keys .Values.agent.peerFronts) .Values.agent.peerIdentities | uniq | sortAlpha | join "," -}}
+{{- end -}}
+
+{{/* Refuse values that render a pod which would never migrate. */}}
+{{- define "pallas-agent.validate" -}}
+{{- $dir := include "pallas-agent.directory" . -}}
+{{- if and .Values.tls.enabled (not $dir) -}}
+{{- fail (printf "agent.peerFronts or agent.peerIdentities must name the other agents: with tls.enabled the agent admits as migration targets and PeerTransfer callers only the agents listed there, so with none every migration is refused. Set e.g. --set agent.peerFronts.edge-b=http://pallas-agent-edge-b.%s.svc.cluster.local:%v (or tls.enabled=false, plaintext)" .Release.Namespace .Values.agent.frontPort) -}}
+{{- end -}}
+{{- if has .Values.agentId (splitList "," $dir) -}}
+{{- fail (printf "agent.peerFronts/agent.peerIdentities list this agent's own id %q: the directory names the other agents" .Values.agentId) -}}
+{{- end -}}
 {{- end -}}

@@ -160,7 +160,7 @@ _requests = st.fixed_dictionaries(
 # so that the fuzzing also walks the accepted path (overlays, configuration build, reverts).
 _knobs = st.fixed_dictionaries({}, optional={
     "alpha": st.floats(0, 1), "t_max_s": st.floats(1e-3, 60) | st.just(60.0),
-    "dt_s": st.floats(0.01, 1) | st.just(0.01), "fallback": st.sampled_from(["ctho", "detour", "full_copy"]),
+    "dt_s": st.floats(0.01, 1) | st.just(0.01), "fallback": st.sampled_from(["ctho", "detour", "full-copy"]),
     "proactive": st.fixed_dictionaries({}, optional={"enabled": st.booleans(), "slices": st.dictionaries(
         st.sampled_from(["1", "1-000001", "255-ABCDEF"]), st.booleans(), max_size=2)})})
 _valid = st.fixed_dictionaries({

@@ -237,7 +237,7 @@ def test_every_scheme_the_schema_allows_maps_to_the_wire_enum():
 
     for key in ("scheme", "fallback"):
         for name in SCHEMA["definitions"][key]["enum"]:
-            assert scheme_value(name) == pallas_pb2.Scheme.Value(f"SCHEME_{name.upper()}"), name
+            assert scheme_value(name) == pallas_pb2.Scheme.Value(f"SCHEME_{name.upper().replace('-', '_')}"), name
 
 
 @settings(max_examples=120, deadline=None, derandomize=True)
