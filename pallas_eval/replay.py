@@ -350,7 +350,7 @@ def xapp_descriptor(plan: dict, mapping: dict[int, int], servers: Sequence[Serve
     """The repository's descriptor with the replay's agents, cell map and scheme in ``controls``."""
     desc = json.loads((REPO / "descriptors" / "config-file.json").read_text())
     c = desc["controls"]
-    c["scheme"] = scheme.replace("-", "_")
+    c["scheme"] = scheme            # the one spelling (pallas_common.schemes.NAMES), as the schema's enum
     nodes = plan.get("e2_nodes", {})
     agents = {}
     for s in servers:
