@@ -22,3 +22,11 @@ def test_every_replayed_scheme_is_one_the_descriptor_accepts(scheme, tmp_path):
     desc = xapp_descriptor({"cells": []}, {}, [Server(0, agent, None, 1)], scheme)
     assert desc["controls"]["scheme"] in enum
     assert desc["controls"]["scheme"] == scheme
+
+
+def test_a_scheme_run_without_its_xapp_fails_the_replay():
+    from pallas_eval.cli import replay_status
+    assert replay_status({"errors": {}, "leftover_pids": []}) == 0
+    assert replay_status({"errors": {"ctho": ["a UE's session failed: x"]}, "leftover_pids": []}) == 0
+    assert replay_status({"errors": {"full-copy": ["the xApp wrote no events\n--- last lines"]}}) == 1
+    assert replay_status({"errors": {}, "leftover_pids": [12]}) == 1
