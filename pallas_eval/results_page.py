@@ -41,7 +41,10 @@ def provenance(argv: Sequence[str] | None = None, repo: Path = REPO) -> dict[str
     tracked files differ from the commit), ``date_utc`` (ISO 8601), ``cpus`` and ``load_avg``
     (the 1-minute load average at the call; every live figure here is a CPU figure)."""
     argv = list(sys.argv if argv is None else argv)
-    cmd = [Path(argv[0]).name if argv else "pallas"] + argv[1:]
+    prog = Path(argv[0]).name if argv else "pallas"
+    if argv and Path(argv[0]).parts[-2:] == ("pallas_eval", "cli.py"):
+        prog = "pallas"          # python -m pallas_eval.cli is the pallas entry point
+    cmd = [prog] + argv[1:]
 
     def git(*args: str) -> str:
         try:

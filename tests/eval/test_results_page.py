@@ -82,6 +82,7 @@ def test_the_command_writes_the_page(tmp_path):
 def test_provenance_names_the_checkout_commit():
     p = rpg.provenance(["pallas", "replay", "--seeds", "1,2"])
     assert p["command"] == "pallas replay --seeds 1,2"
+    assert rpg.provenance(["/r/pallas_eval/cli.py", "replay"])["command"] == "pallas replay"
     head = subprocess.run(["git", "-C", str(rpg.REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
     if head.returncode != 0:
         pytest.skip("not a git checkout")
