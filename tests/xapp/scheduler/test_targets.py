@@ -152,3 +152,45 @@ def test_the_enumeration_is_exact_against_brute_force():
             best = min(best, e)
         rest = got.expected_sit_none - sum(t.p * t.sit_none for t in plans)
         assert got.expected_sit - rest == pytest.approx(best, abs=1e-9)
+
+
+# ---- the knobs (descriptor controls.scheduler and the A1 policy type) take effect where read
+
+def test_the_descriptor_knobs_reach_the_choice():
+    from xapp.scheduler import SchedulerConfig
+    assert levels(choose_targets(split_pair(), **SchedulerConfig().target_choice(), **SESSION)) \
+        == {"a": Level.FULL, "b": Level.NONE}                 # defaults: today's single target
+    two = SchedulerConfig.from_dict({"targets_k": 2})
+    assert levels(choose_targets(split_pair(), **two.target_choice(), **SESSION)) == \
+        {"a": Level.FULL, "b": Level.FULL}
+    tight = SchedulerConfig.from_dict({"targets_k": 2, "targets_backhaul_share": 1.5 * SHARE})
+    assert levels(choose_targets(split_pair(), **tight.target_choice(), **SESSION)) == \
+        {"a": Level.FULL, "b": Level.PREFIX}
+    no_pre = SchedulerConfig.from_dict({"targets_k": 2, "targets_prefill_s": 0.0})
+    assert not choose_targets(split_pair(), **no_pre.target_choice(), **SESSION).prepared
+    confident = SchedulerConfig.from_dict({"targets_k": 2, "targets_split": 0.5})
+    assert levels(choose_targets(split_pair(), **confident.target_choice(), **SESSION))["b"] == Level.NONE
+    floor = SchedulerConfig.from_dict({"targets_k": 2, "targets_p_floor": 0.45})
+    assert levels(choose_targets(split_pair(), **floor.target_choice(), **SESSION))["b"] == Level.NONE
+    from xapp.scheduler import SchedulerConfigError
+    with pytest.raises(SchedulerConfigError, match="targets_k"):
+        SchedulerConfig.from_dict({"targets_k": 1.5})
+
+
+def test_an_a1_instance_sets_k_split_and_budget():
+    import json
+    from pathlib import Path
+    from jsonschema import Draft7Validator
+    from xapp.a1 import apply_instance
+    from xapp.scheduler import SchedulerConfig
+    root = Path(__file__).resolve().parents[3] / "descriptors"
+    controls = json.loads((root / "config-file.json").read_text())["controls"]
+    ptype = json.loads((root / "policytype-26001.json").read_text())["create_schema"]
+    payload = {"targets_k": 2, "targets_split": 0.9, "targets_backhaul_share": 1.5 * SHARE}
+    Draft7Validator(ptype).validate(payload)
+    cfg = SchedulerConfig.from_dict(apply_instance(controls, payload)["scheduler"])
+    assert (cfg.targets_k, cfg.targets_split) == (2, 0.9)
+    assert levels(choose_targets(split_pair(), **cfg.target_choice(), **SESSION)) == \
+        {"a": Level.FULL, "b": Level.PREFIX}
+    assert SchedulerConfig.from_dict(controls["scheduler"]).targets_k == 1
+    assert not Draft7Validator(ptype).is_valid({"targets_k": 9})
