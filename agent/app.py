@@ -122,8 +122,8 @@ class AgentConfig:
                                  "(the source's commit-time choice usually bounds it first)")
     resume_deadline_s: float = _f(5.0, "target: how long a resumed request waits for blocks "
                                   "still in flight before vLLM recomputes what is missing")
-    inbound_idle_s: float = _f(30.0, "target: drop a prepared migration whose source sent "
-                               "nothing for this long")
+    lease_s: float = _f(10.0, "target: the KV lease of a prepared migration; released when its "
+                        "source renews nothing for this long (the source renews every third)")
     max_inbound_session_bytes: int = _f(1 << 30, "target: KV bytes one incoming migration may "
                                         "buffer")
     max_inbound_bytes: int = _f(4 << 30, "target: KV bytes all incoming migrations may buffer")
@@ -241,7 +241,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         if a[k] < 0:
             p.error(f"--{k.replace('_', '-')} must be >= 0")
     for k in ("rpc_timeout_s", "commit_deadline_s", "warmup_timeout_s", "resume_deadline_s",
-              "inbound_idle_s", "bridge_max_s"):
+              "lease_s", "bridge_max_s"):
         if a[k] <= 0:
             p.error(f"--{k.replace('_', '-')} must be > 0")
     tp = tp_size_of(vargs)
@@ -517,12 +517,13 @@ class Agent:
         self.log.info("prefill_probe", tokens=n, seconds=round(dt, 4), prefill_rate=round(n / dt, 1))
 
     async def _housekeeping(self) -> None:
-        """Every 0.1 s: record resumed sessions' SIT; every few s: forget old sessions and
-        expire inbound migrations whose source went silent."""
+        """Every 0.1 s: record resumed sessions' SIT and expire inbound migrations whose lease
+        ran out; every few s: forget old sessions."""
         ttl, last = self.cfg.session_ttl_s, 0.0
         while True:
             await asyncio.sleep(0.1)
             observe_resumed(list(self.sessions))
+            await self.migration.target.expire()
             now = time.time()
             if now - last < min(5.0, max(0.5, ttl / 4)):
                 continue
@@ -533,7 +534,6 @@ class Agent:
                     if now - max(s.token_times[-1] if s.token_times else 0.0, s.ended_at) > ttl:
                         self.sessions.pop(s.session_id)
                         self.migration.forget(s.session_id)
-            await self.migration.target.expire()
 
     async def start(self) -> None:
         """Start the core, vLLM (unless ``--vllm-url``), the gRPC services, front, telemetry."""

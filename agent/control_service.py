@@ -99,7 +99,7 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         sid, epoch = request.session_id, int(request.epoch)
         rep = self._no_endpoint(request.target, "target", sid, epoch) or await self._detached(
             self.migration.trigger(sid, epoch, request.target, int(request.split_tokens),
-                                   request.scheme or None))
+                                   request.scheme or None, rank=int(request.rank)))
         return self._done("trigger", rep)
 
     async def Cancel(self, request: pallas_pb2.CancelRequest, context) -> pallas_pb2.ControlReply:

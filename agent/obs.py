@@ -19,7 +19,8 @@ from prometheus_client.registry import Collector
 
 __all__ = ["configure_logging", "get_logger", "MIGRATIONS", "SIT_SECONDS", "COMMIT_SECONDS",
            "observe_resumed", "CONTROL_CALLS", "SESSIONS", "RELAYED_TOKENS",
-           "SESSION_FAILURES", "BYTES_MOVED", "KV_BLOCKS_HELD", "CallbackCollector",
+           "SESSION_FAILURES", "BYTES_MOVED", "KV_BLOCKS_HELD", "LEASES_HELD", "LEASE_EVENTS",
+           "WASTED_PREFILL_TOKENS", "CallbackCollector",
            "register_collector"]
 
 
@@ -104,6 +105,22 @@ SESSION_FAILURES = Counter(
     "pallas_session_failures",
     "Sessions that ended failed at this agent because their vLLM request failed.",
     ["role", "cause"],
+)
+
+LEASES_HELD = Gauge(
+    "pallas_leases_held",
+    "Target side: prepared migrations holding a KV lease here (admitted, not yet resumed or "
+    "released).",
+)
+LEASE_EVENTS = Counter(
+    "pallas_lease_events",
+    "Target side: lease events (granted, renewed, committed, released, expired, evicted).",
+    ["event"],
+)
+WASTED_PREFILL_TOKENS = Counter(
+    "pallas_wasted_prefill_tokens",
+    "Target side: prefix tokens prefilled for leases that ended without a commit (released, "
+    "expired or evicted).",
 )
 
 

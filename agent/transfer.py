@@ -135,7 +135,8 @@ def add_peer_transfer_to_server(servicer: pallas_pb2_grpc.PeerTransferServicer,
     for name, req, rep in (("Prepare", m.PrepareRequest, m.PrepareReply),
                            ("Sync", m.SyncRequest, m.SyncReply),
                            ("Release", m.ReleaseRequest, m.ReleaseReply),
-                           ("Progress", m.ProgressRequest, m.ProgressReply)):
+                           ("Progress", m.ProgressRequest, m.ProgressReply),
+                           ("Renew", m.RenewRequest, m.RenewReply)):
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name), request_deserializer=_bounded(name, req.FromString, limits),
             response_serializer=rep.SerializeToString)
@@ -220,6 +221,7 @@ class PeerHandler(Protocol):
     async def on_sync(self, req: pallas_pb2.SyncRequest) -> pallas_pb2.SyncReply: ...
     async def on_release(self, req: pallas_pb2.ReleaseRequest) -> pallas_pb2.ReleaseReply: ...
     async def on_progress(self, req: pallas_pb2.ProgressRequest) -> pallas_pb2.ProgressReply: ...
+    async def on_renew(self, req: pallas_pb2.RenewRequest) -> pallas_pb2.RenewReply: ...
 
 
 class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
@@ -279,6 +281,9 @@ class PeerTransferService(pallas_pb2_grpc.PeerTransferServicer):
 
     async def Progress(self, request, context):  # noqa: N802
         return await self._unary("progress", request, context, pallas_pb2.ProgressReply)
+
+    async def Renew(self, request, context):  # noqa: N802
+        return await self._unary("renew", request, context, pallas_pb2.RenewReply)
 
 
 class BlockStream:
@@ -439,6 +444,11 @@ class PeerClient:
                        timeout_s: float | None = None) -> pallas_pb2.ProgressReply:
         """Progress of a prepared attempt at the peer. Raises grpc.aio.AioRpcError."""
         return await self.stub.Progress(req, timeout=timeout_s or self.timeout_s)
+
+    async def renew(self, req: pallas_pb2.RenewRequest,
+                    timeout_s: float | None = None) -> pallas_pb2.RenewReply:
+        """Renew the lease of a prepared attempt at the peer. Raises grpc.aio.AioRpcError."""
+        return await self.stub.Renew(req, timeout=timeout_s or self.timeout_s)
 
     async def release(self, req: pallas_pb2.ReleaseRequest,
                       timeout_s: float | None = None) -> pallas_pb2.ReleaseReply:

@@ -195,7 +195,7 @@ class Soak:
                               hub_address=f"tcp://127.0.0.1:{free_port()}", vllm_url="-",
                               resume_deadline_s=a.resume_deadline_s,
                               commit_deadline_s=a.commit_deadline_s,
-                              inbound_idle_s=a.inbound_idle_s, session_ttl_s=a.session_ttl_s,
+                              lease_s=a.lease_s, session_ttl_s=a.session_ttl_s,
                               peer_identity=[n for n in names if n != name])
             agent = Agent(cfg, LinkSecurity(ca.write(pki, name)))
             await agent.start_core()
@@ -650,7 +650,7 @@ class Soak:
             if sampler is not None:
                 sampler.cancel()
             # Settle: every session ended; the housekeeping's expiry has had its period.
-            await asyncio.sleep(max(2.0, a.inbound_idle_s / 2))
+            await asyncio.sleep(max(2.0, a.lease_s / 2))
             for agent in self.agents:
                 await agent.migration.target.expire()
             free = await self._free_blocks()
@@ -729,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-gib", type=float, default=0.5)
     p.add_argument("--commit-deadline-s", type=float, default=10.0)
     p.add_argument("--resume-deadline-s", type=float, default=5.0)
-    p.add_argument("--inbound-idle-s", type=float, default=10.0)
+    p.add_argument("--lease-s", type=float, default=10.0)
     p.add_argument("--session-ttl-s", type=float, default=5.0,
                    help="the agents forget ended sessions after this long (housekeeping)")
     p.add_argument("--seed", type=int, default=12)

@@ -8,7 +8,7 @@ each RPC of its two services instead:
   token the engine reports, all layers: ``ModelIdentity.block_bytes``) plus
   :data:`HEADER_SLACK` for its other fields; ``Prepare`` carries at most a context of token ids
   (``max_tokens`` x :data:`TOKEN_ID_BYTES`, a uint32 varint); ``Sync`` the token ids and one
-  tail block; ``Release``, ``Progress`` and every reply are small.
+  tail block; ``Release``, ``Progress``, ``Renew`` and every reply are small.
 - ``pallas.v1.Control`` (xApp -> agent): every request is small (:data:`CONTROL_REQUEST_MAX`),
   so is every reply but the Telemetry stream's reports (:data:`TELEMETRY_REPORT_MAX`).
 
@@ -120,5 +120,5 @@ def peer_limits(block_bytes: int, max_tokens: int) -> RpcLimits:
     block = int(block_bytes) + HEADER_SLACK
     ids = int(max_tokens) * TOKEN_ID_BYTES + HEADER_SLACK
     request = {"Prepare": ids, "StreamBlocks": block, "Sync": ids + block,
-               "Release": HEADER_SLACK, "Progress": HEADER_SLACK}
+               "Release": HEADER_SLACK, "Progress": HEADER_SLACK, "Renew": HEADER_SLACK}
     return RpcLimits(PEER_SERVICE, request, dict.fromkeys(request, CONTROL_REPLY_MAX))

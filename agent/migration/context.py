@@ -41,7 +41,8 @@ class MigrationConfig:
         warmup_timeout_s: target: upper bound of Sync's wait for the prefix warm-up.
         resume_deadline_s: target: how long a resumed request waits for blocks in flight.
         claim_wait_s: target: extra wait for the connector's claim report.
-        inbound_idle_s: target: an attempt whose source is silent this long expires.
+        lease_s: target: the lease of an admitted attempt; it expires when no message of the
+            attempt came from its source for this long (the source renews every third of it).
         max_inbound_session_bytes / max_inbound_bytes: target: buffered KV bounds, bytes.
         link_rate_mbps: per-peer token-bucket limit on block streams (None = unlimited).
         c_sync_s: c, the expected Sync cost in the commit-time choice.
@@ -59,7 +60,7 @@ class MigrationConfig:
     warmup_timeout_s: float = 60.0
     resume_deadline_s: float = 5.0
     claim_wait_s: float = 5.0
-    inbound_idle_s: float = 30.0
+    lease_s: float = 10.0
     max_inbound_session_bytes: int = 1 << 30
     max_inbound_bytes: int = 4 << 30
     link_rate_mbps: float | None = None

@@ -159,16 +159,22 @@ class MigrationEngine:
         return rep
 
     async def trigger(self, session_id: str, epoch: int, target: pallas_pb2.PeerEndpoint,
-                      split_tokens: int = 0, scheme: int | str | None = None
+                      split_tokens: int = 0, scheme: int | str | None = None, *, rank: int = 0
                       ) -> pallas_pb2.ControlReply:
         """Start preparing ``target`` for the handover (paper section 4.3, step 1).
 
         Proactive schemes: Prepare (the block-aligned split P = ``split_tokens`` rounded down,
         0 = every whole block so far; w/o RC: 0) then the suffix stream. Reactive schemes:
-        recorded only. A newer epoch abandons the older attempt (docs/model.md §5).
+        recorded only. A newer epoch abandons the older attempt (docs/model.md §5). ``rank``:
+        the target's rank among the UE's candidates (0 = the most likely), sent in the Prepare.
+        A repeated Trigger of the epoch whose attempt is live means the prediction holds: it
+        renews the target's lease at once (besides the first call's reply).
         """
         value = self.scheme_for(session_id, scheme)
         spec = SCHEMES[value]
+        out = self.ctx.outbound.get(session_id)
+        if out is not None and out.epoch == epoch and out.proactive and out.live:
+            out.renew_now.set()
 
         async def work(s: Session) -> pallas_pb2.ControlReply:
             if s.state == SessionState.FAILED:
@@ -183,7 +189,8 @@ class MigrationEngine:
                                SessionState.RESUMED):
                 return self.ctx.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
             split = 0 if spec.full_transfer else self.source.block_split(s, int(split_tokens))
-            rep = await self.source.start_attempt(s, epoch, target, split, value, spec.stream_suffix)
+            rep = await self.source.start_attempt(s, epoch, target, split, value, spec.stream_suffix,
+                                                  rank=rank)
             MIGRATIONS.labels("source", spec.name, "triggered" if rep.status == S.STATUS_OK
                               else "rejected").inc()
             return rep

@@ -35,6 +35,11 @@ BLOCK_FLUSH_GRACE_S = 0.05
 #: What a warm-up the target reports still running needs at least, s (one engine step): the
 #: commit-time choice then finishes the prepared state (timing.commit_choice).
 WARMUP_STEP_S = 0.01
+#: The source renews a target's lease every this fraction of the lease (so two renewals may
+#: be lost before it runs out).
+RENEW_FRACTION = 1.0 / 3.0
+#: The attempt states in which the source holds the target's lease.
+_HELD = (SourceState.PREPARED, SourceState.STREAMING, SourceState.COMMITTING)
 
 
 def _finished_here(s: Session) -> bool:
@@ -74,6 +79,9 @@ class Outbound:
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     t_prepared: float = 0.0
     ready: bool = False  # a bridge saw the target hold the state (no commit-time choice left)
+    rank: int = 0        # the target's rank among the UE's candidates (0 = the most likely)
+    lease_s: float = 0.0  # the target's lease (0: none, nothing to renew)
+    renew_now: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def prepared_for(self, epoch: int, target_address: str) -> bool:
         """Whether this attempt is the one prepared for a commit of ``epoch`` at the agent at
@@ -184,23 +192,73 @@ class Source:
             session_id=s.session_id, epoch=out.epoch, source=self.ctx.endpoint, model=ident,
             prefix_token_ids=s.all_token_ids[:out.split],
             expected_kv_bytes=int((s.num_tokens + s.remaining_tokens) * ident.kv_bytes_per_token),
-            scheme=out.scheme, ue_id=s.ue_id)
+            scheme=out.scheme, ue_id=s.ue_id, rank=out.rank)
         rep = await out.client.prepare(req)
         if rep.status == S.STATUS_OK:
             out.to(SourceState.PREPARED)
             out.t_prepared = time.monotonic()
+            out.lease_s = float(rep.lease_s)
+            if out.lease_s > 0:
+                self.ctx.spawn(self._renew(out), f"renew-{s.session_id}-{out.epoch}")
         else:
             out.to(SourceState.FAILED)
         return rep
 
+    async def _renew(self, out: Outbound) -> None:
+        """Renew the target's lease every :data:`RENEW_FRACTION` of it (at once when a
+        repeated Trigger sets ``renew_now``) while the attempt is held here (prepared,
+        streaming or committing). A target that holds no lease any more (expired, evicted,
+        released) ends the attempt as a failed stream does: the session serves on here. A
+        renewal that gets no answer is retried at the next interval."""
+        sid = out.session.session_id
+        every = max(0.01, out.lease_s * RENEW_FRACTION)
+        while out.state in _HELD:
+            try:
+                await asyncio.wait_for(out.renew_now.wait(), every)
+            except asyncio.TimeoutError:
+                pass
+            out.renew_now.clear()
+            if out.state not in _HELD:
+                return
+            try:
+                rep = await out.client.renew(pallas_pb2.RenewRequest(session_id=sid, epoch=out.epoch),
+                                             timeout_s=every)
+            except Exception as exc:  # noqa: BLE001 - transient: the next interval retries
+                log.info("renew_failed", session=sid, epoch=out.epoch, peer=out.target.address,
+                         error=repr(exc))
+                continue
+            if rep.status == S.STATUS_OK:
+                continue
+            if out.live:
+                self._lost(out, f"lease lost at the target ({S.Status.Name(rep.status)}: "
+                                f"{rep.message})")
+            return
+
+    def _lost(self, out: Outbound, error: str) -> None:
+        """A live attempt ended by the target or the link: failed, export and stream stopped,
+        the session serves on here."""
+        out.to(SourceState.FAILED)
+        out.error = error
+        self.ctx.hub.stop_export(out.session.session_id)
+        if out.stream is not None:
+            out.stream.abort()
+        if self.ctx.outbound.get(out.session.session_id) is out:
+            self.ctx.outbound.pop(out.session.session_id, None)
+        if out.session.state == SessionState.MIGRATING:
+            out.session.set_state(SessionState.SERVING)
+        log.warning("migration_failed", session=out.session.session_id, epoch=out.epoch,
+                    peer=out.target.address, error=error)
+        out.note()
+
     # ------------------------------------------------------------------ trigger
     async def start_attempt(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint, split: int,
-                            scheme: int, stream_suffix: bool) -> pallas_pb2.ControlReply:
-        """Prepare ``target`` and start the suffix stream (paper section 4.3, step 1)."""
+                            scheme: int, stream_suffix: bool, *, rank: int = 0) -> pallas_pb2.ControlReply:
+        """Prepare ``target`` and start the suffix stream (paper section 4.3, step 1); ``rank``:
+        the target's rank among the UE's candidates (0 = the most likely)."""
         sid = s.session_id
         out = Outbound(session=s, epoch=epoch, target=target, client=self.ctx.peers.get(target),
                        split=split, first_block=split // self.ctx.block_size, scheme=scheme,
-                       proactive=True, stream_suffix=stream_suffix)
+                       proactive=True, stream_suffix=stream_suffix, rank=rank)
         self.ctx.outbound[sid] = out
         try:
             rep = await self._prepare(out)

@@ -5,7 +5,14 @@
 memory from this agent's own accounting until the Sync or Release; warms the prefix cache;
 buffers streamed blocks within per-attempt and per-agent byte bounds (an oversized block is
 refused on arrival); and at Sync resumes the request here.
-An attempt whose source goes silent for ``inbound_idle_s`` expires (:meth:`expire`).
+
+Every admitted attempt holds a lease of ``lease_s`` (issue 45; docs/architecture.md §5): its KV
+reservation lasts while its source renews it. Every message of the attempt from its source
+(a block, a Progress, a repeated Prepare, an explicit Renew) renews it; the lease ends at the
+commit (the Sync resumes the request: vLLM holds the KV from then), on a Release, or when no
+renewal came within ``lease_s`` (:meth:`Target.expire`). A target without the KV memory for a
+new attempt evicts attempts of a higher rank (a less likely target of their UE) before it
+refuses one; an attempt of rank r is never admitted by evicting one of rank <= r.
 
 Who may touch an attempt (issue 16; docs/architecture.md §5): only its source (with mutual TLS,
 one of the calling peer's verified identities), and no call takes over a session that lives
@@ -24,7 +31,7 @@ from pallas_proto import pallas_pb2
 from agent.connector.messages import Claim, Loaded
 from agent.migration.context import Context
 from agent.states import TargetState, check
-from agent.obs import MIGRATIONS
+from agent.obs import LEASE_EVENTS, LEASES_HELD, MIGRATIONS, WASTED_PREFILL_TOKENS
 from agent.session import Handover, SamplingSpec, Session, SessionState
 from agent.meter import Ewma
 from agent.transfer import CALL_DEADLINE, CALLER, identity_mismatch
@@ -67,7 +74,10 @@ class Inbound:
     scheme: int
     ue_id: str
     reserved_bytes: int
+    rank: int = 0
     warmup: asyncio.Task | None = None
+    computed: int = -1    # tokens the warm-up computed (-1: not finished)
+    leased: bool = False  # the lease is held (granted, not yet ended)
     t_warmup: float = 0.0
     blocks_in: int = 0
     bytes_in: int = 0
@@ -110,6 +120,27 @@ class Target:
             return ""
         return f"session {sid} lives at this agent ({s.state.value})"
 
+    def _grant(self, inb: Inbound) -> None:
+        inb.leased = True
+        LEASES_HELD.inc()
+        LEASE_EVENTS.labels("granted").inc()
+
+    def _end_lease(self, inb: Inbound, event: str) -> None:
+        """End ``inb``'s lease once: ``event`` is committed, released, expired or evicted; any
+        but a commit counts the warm-up's prefill as wasted (the tokens it computed, or the
+        whole prefix while it still ran: the engine's step is not cut short)."""
+        if not inb.leased:
+            return
+        inb.leased = False
+        LEASES_HELD.dec()
+        LEASE_EVENTS.labels(event).inc()
+        if event != "committed" and inb.warmup is not None:
+            WASTED_PREFILL_TOKENS.inc(inb.computed if inb.computed >= 0 else inb.prefix_len)
+
+    def renew(self, inb: Inbound, now: float | None = None) -> None:
+        """A message of the attempt from its source: its lease runs ``lease_s`` from now."""
+        inb.touched = time.monotonic() if now is None else now
+
     def reserved_bytes(self) -> int:
         """KV bytes promised to admitted attempts not yet resumed or released."""
         return sum(i.reserved_bytes for i in self.ctx.inbound.values()
@@ -138,8 +169,9 @@ class Target:
                         why=why)
             return pallas_pb2.PrepareReply(status=S.STATUS_REJECTED, model=mine, message=why)
         if inb is not None and inb.epoch == epoch:
+            self.renew(inb)
             return pallas_pb2.PrepareReply(status=S.STATUS_OK, model=mine,
-                                           message="already prepared")
+                                           message="already prepared", lease_s=self.ctx.cfg.lease_s)
         if inb is not None:
             await self.drop_inbound(inb, "superseded")
         mismatch = identity_mismatch(req.model, mine)
@@ -157,21 +189,48 @@ class Target:
         need = max(int(req.expected_kv_bytes), len(prefix) // bs * int(mine.block_bytes))
         free = int(self.ctx.hub.kv_stats().get("free_blocks", 0)) * int(mine.block_bytes)
         free = max(0, free - self.reserved_bytes())  # what earlier admissions were promised
+        rank = int(req.rank)
         if need > free:
+            free = await self._evict_for(need, free, rank, sid)
+        if need > free:
+            log.info("prepare_refused", session=sid, epoch=epoch, source=req.source.agent_id,
+                     rank=rank, why="KV memory", need=need, free=free)
             return pallas_pb2.PrepareReply(status=S.STATUS_REJECTED, model=mine,
                                            free_kv_bytes=free,
                                            message=f"needs {need} B of KV, "
                                                    f"{free} B free after reservations")
         self.ctx.ledger.see_in(sid, epoch)
         inb = Inbound(session_id=sid, epoch=epoch, source=req.source, prefix_len=len(prefix),
-                      scheme=req.scheme, ue_id=req.ue_id, reserved_bytes=need)
+                      scheme=req.scheme, ue_id=req.ue_id, reserved_bytes=need, rank=rank)
+        self._grant(inb)
         if prefix:
             inb.t_warmup = time.monotonic()
             inb.warmup = self.ctx.spawn(self._warm(inb, prefix), f"warmup-{sid}-{epoch}")
         self.ctx.inbound[sid] = inb
         log.info("prepared", session=sid, epoch=epoch, peer=req.source.address,
-                 prefix=len(prefix), reserved=need)
-        return pallas_pb2.PrepareReply(status=S.STATUS_OK, model=mine, free_kv_bytes=free)
+                 prefix=len(prefix), reserved=need, rank=rank, lease_s=self.ctx.cfg.lease_s)
+        return pallas_pb2.PrepareReply(status=S.STATUS_OK, model=mine, free_kv_bytes=free,
+                                       lease_s=self.ctx.cfg.lease_s)
+
+    async def _evict_for(self, need: int, free: int, rank: int, sid: str) -> int:
+        """Make room for an attempt of ``rank`` that needs ``need`` B with ``free`` B free:
+        evict prepared attempts of a higher rank (highest first, then the most recently
+        renewed last), only if together they make room; returns the free bytes after."""
+        victims = sorted((i for i in self.ctx.inbound.values()
+                          if i.state == TargetState.PREPARING and i.rank > rank
+                          and i.session_id != sid),
+                         key=lambda i: (-i.rank, i.touched))
+        if free + sum(i.reserved_bytes for i in victims) < need:
+            return free
+        for inb in victims:
+            if free >= need:
+                break
+            free += inb.reserved_bytes
+            log.info("lease_evicted", session=inb.session_id, epoch=inb.epoch, rank=inb.rank,
+                     for_rank=rank, for_session=sid)
+            await self.drop_inbound(inb, f"evicted for a rank-{rank} preparation",
+                                    event="evicted")
+        return free
 
     async def _warm(self, inb: Inbound, prefix: list[int]) -> None:
         """Prefill exactly the prefix; its duration measures r_p here, under the present load.
@@ -185,7 +244,7 @@ class Target:
         1,850)."""
         usage = await self.ctx.vllm_client.prefill(prefix)
         took = time.monotonic() - inb.t_warmup
-        computed = computed_tokens(len(prefix), usage)
+        computed = inb.computed = computed_tokens(len(prefix), usage)
         if took > 0 and computed >= MIN_WARMUP_SAMPLE_TOKENS:
             self.warmup_rate.update(computed / took)
             self.ctx.observe_prefill(computed, took)
@@ -201,7 +260,7 @@ class Target:
             log.warning("block_refused", session=blk.session_id, epoch=blk.epoch,
                         block=blk.block_index, why=_not_source(inb.source))
             return "refused"
-        inb.touched = time.monotonic()
+        self.renew(inb)
         n = len(blk.data)
         why = ""
         if n > int(self.ctx.identity().block_bytes):
@@ -241,7 +300,7 @@ class Target:
         inb = self.ctx.inbound.get(req.session_id)
         if inb is None or inb.epoch != req.epoch:  # still says this agent's r_p (ctHO's split)
             return pallas_pb2.ProgressReply(status=S.STATUS_UNKNOWN_SESSION, prefill_rate=r_p)
-        inb.touched = time.monotonic()
+        self.renew(inb)
         done = inb.warmup is None or (inb.warmup.done() and not inb.warmup.cancelled()
                                       and inb.warmup.exception() is None)
         # The engine prefills the prefix in one step (a prefix within its batch budget) and
@@ -293,6 +352,7 @@ class Target:
             await self.ctx.vllm_client.abort(old)
         self.ctx.sessions.add(session)
         inb.to(TargetState.RESUMED)
+        self._end_lease(inb, "committed")  # vLLM holds the KV from here
         if session.remaining_tokens <= 0:
             session.set_state(SessionState.FINISHED, finish_reason="length")
             await self.drop_inbound(inb, "finished at the source")
@@ -493,7 +553,10 @@ class Target:
             self.ctx.spawn(self.drop_inbound(inb, "blocks failed to load"),
                            f"drop-failed-{loaded.sid}-{loaded.epoch}")
 
-    async def drop_inbound(self, inb: Inbound, reason: str) -> int:
+    async def drop_inbound(self, inb: Inbound, reason: str, event: str = "released") -> int:
+        """Drop an attempt (its blocks, reservation, warm-up); its lease ends as ``event``
+        (released, expired, evicted) unless the commit ended it. Returns the blocks dropped."""
+        self._end_lease(inb, event)
         if self.ctx.inbound.get(inb.session_id) is inb:
             self.ctx.inbound.pop(inb.session_id, None)
         await cancel_and_wait(inb.warmup)
@@ -543,12 +606,35 @@ class Target:
         n = await self.drop_inbound(inb, req.reason or "released")
         return pallas_pb2.ReleaseReply(status=S.STATUS_OK, blocks_released=n)
 
+    async def on_renew(self, req: pallas_pb2.RenewRequest) -> pallas_pb2.RenewReply:
+        """The source holds the attempt and its prediction holds: the lease runs ``lease_s``
+        from now. STALE for an older epoch, UNKNOWN_SESSION when no lease of that epoch is held
+        here (it expired, was evicted or released: the source's attempt is lost), REJECTED for
+        a caller that is not the attempt's source."""
+        sid, epoch = req.session_id, req.epoch
+        newest = self.ctx.ledger.newest_in(sid)
+        if epoch < newest:
+            return pallas_pb2.RenewReply(status=S.STATUS_STALE_EPOCH,
+                                         message=f"newest epoch is {newest}")
+        inb = self.ctx.inbound.get(sid)
+        if inb is None or inb.epoch != epoch or inb.state != TargetState.PREPARING:
+            return pallas_pb2.RenewReply(status=S.STATUS_UNKNOWN_SESSION, message="no lease held")
+        why = _not_source(inb.source)
+        if why:
+            return pallas_pb2.RenewReply(status=S.STATUS_REJECTED, message=why)
+        self.renew(inb)
+        LEASE_EVENTS.labels("renewed").inc()
+        return pallas_pb2.RenewReply(status=S.STATUS_OK, lease_s=self.ctx.cfg.lease_s)
+
     async def expire(self, now: float | None = None) -> int:
-        """Drop prepared attempts whose source sent nothing for ``inbound_idle_s``; returns
-        how many were dropped (a lost Release or a dead source frees the target this way)."""
+        """Drop prepared attempts whose lease ran out (no message from their source for
+        ``lease_s``); returns how many were dropped (a lost Release or a dead source frees the
+        target this way)."""
         now = time.monotonic() if now is None else now
         stale = [i for i in self.ctx.inbound.values() if i.state == TargetState.PREPARING
-                 and now - i.touched > self.ctx.cfg.inbound_idle_s]
+                 and now - i.touched > self.ctx.cfg.lease_s]
         for inb in stale:
-            await self.drop_inbound(inb, "source silent")
+            log.info("lease_expired", session=inb.session_id, epoch=inb.epoch,
+                     silent_s=round(now - inb.touched, 3))
+            await self.drop_inbound(inb, "lease expired: source silent", event="expired")
         return len(stale)

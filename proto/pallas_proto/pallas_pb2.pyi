@@ -98,7 +98,7 @@ class PeerEndpoint(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class TriggerRequest(_message.Message):
-    __slots__ = ("session_id", "epoch", "target", "split_tokens", "predicted_handover_time", "scheme", "window_s")
+    __slots__ = ("session_id", "epoch", "target", "split_tokens", "predicted_handover_time", "scheme", "window_s", "rank")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,7 @@ class TriggerRequest(_message.Message):
     PREDICTED_HANDOVER_TIME_FIELD_NUMBER: _ClassVar[int]
     SCHEME_FIELD_NUMBER: _ClassVar[int]
     WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     epoch: int
     target: PeerEndpoint
@@ -113,7 +114,8 @@ class TriggerRequest(_message.Message):
     predicted_handover_time: float
     scheme: Scheme
     window_s: float
-    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., target: _Optional[_Union[PeerEndpoint, _Mapping]] = ..., split_tokens: _Optional[int] = ..., predicted_handover_time: _Optional[float] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., window_s: _Optional[float] = ...) -> None: ...
+    rank: int
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., target: _Optional[_Union[PeerEndpoint, _Mapping]] = ..., split_tokens: _Optional[int] = ..., predicted_handover_time: _Optional[float] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., window_s: _Optional[float] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("session_id", "epoch", "reason")
@@ -294,7 +296,7 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: bool = ..., seed: _Optional[int] = ..., has_seed: bool = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
-    __slots__ = ("session_id", "epoch", "source", "model", "prefix_token_ids", "expected_kv_bytes", "scheme", "ue_id")
+    __slots__ = ("session_id", "epoch", "source", "model", "prefix_token_ids", "expected_kv_bytes", "scheme", "ue_id", "rank")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +305,7 @@ class PrepareRequest(_message.Message):
     EXPECTED_KV_BYTES_FIELD_NUMBER: _ClassVar[int]
     SCHEME_FIELD_NUMBER: _ClassVar[int]
     UE_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     epoch: int
     source: PeerEndpoint
@@ -311,19 +314,22 @@ class PrepareRequest(_message.Message):
     expected_kv_bytes: int
     scheme: Scheme
     ue_id: str
-    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., source: _Optional[_Union[PeerEndpoint, _Mapping]] = ..., model: _Optional[_Union[ModelIdentity, _Mapping]] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ..., expected_kv_bytes: _Optional[int] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., ue_id: _Optional[str] = ...) -> None: ...
+    rank: int
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., source: _Optional[_Union[PeerEndpoint, _Mapping]] = ..., model: _Optional[_Union[ModelIdentity, _Mapping]] = ..., prefix_token_ids: _Optional[_Iterable[int]] = ..., expected_kv_bytes: _Optional[int] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., ue_id: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class PrepareReply(_message.Message):
-    __slots__ = ("status", "message", "model", "free_kv_bytes")
+    __slots__ = ("status", "message", "model", "free_kv_bytes", "lease_s")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FREE_KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
     status: Status
     message: str
     model: ModelIdentity
     free_kv_bytes: int
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., model: _Optional[_Union[ModelIdentity, _Mapping]] = ..., free_kv_bytes: _Optional[int] = ...) -> None: ...
+    lease_s: float
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., model: _Optional[_Union[ModelIdentity, _Mapping]] = ..., free_kv_bytes: _Optional[int] = ..., lease_s: _Optional[float] = ...) -> None: ...
 
 class KVBlock(_message.Message):
     __slots__ = ("session_id", "epoch", "block_index", "fill", "checksum", "data")
@@ -446,3 +452,21 @@ class ReleaseReply(_message.Message):
     message: str
     blocks_released: int
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., blocks_released: _Optional[int] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("session_id", "epoch")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    epoch: int
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class RenewReply(_message.Message):
+    __slots__ = ("status", "message", "lease_s")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    status: Status
+    message: str
+    lease_s: float
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., message: _Optional[str] = ..., lease_s: _Optional[float] = ...) -> None: ...

@@ -202,6 +202,11 @@ class PeerTransferStub(object):
                 request_serializer=pallas__proto_dot_pallas__pb2.ProgressRequest.SerializeToString,
                 response_deserializer=pallas__proto_dot_pallas__pb2.ProgressReply.FromString,
                 )
+        self.Renew = channel.unary_unary(
+                '/pallas.v1.PeerTransfer/Renew',
+                request_serializer=pallas__proto_dot_pallas__pb2.RenewRequest.SerializeToString,
+                response_deserializer=pallas__proto_dot_pallas__pb2.RenewReply.FromString,
+                )
 
 
 class PeerTransferServicer(object):
@@ -237,6 +242,12 @@ class PeerTransferServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Renew(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerTransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -264,6 +275,11 @@ def add_PeerTransferServicer_to_server(servicer, server):
                     servicer.Progress,
                     request_deserializer=pallas__proto_dot_pallas__pb2.ProgressRequest.FromString,
                     response_serializer=pallas__proto_dot_pallas__pb2.ProgressReply.SerializeToString,
+            ),
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=pallas__proto_dot_pallas__pb2.RenewRequest.FromString,
+                    response_serializer=pallas__proto_dot_pallas__pb2.RenewReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -357,5 +373,22 @@ class PeerTransfer(object):
         return grpc.experimental.unary_unary(request, target, '/pallas.v1.PeerTransfer/Progress',
             pallas__proto_dot_pallas__pb2.ProgressRequest.SerializeToString,
             pallas__proto_dot_pallas__pb2.ProgressReply.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/pallas.v1.PeerTransfer/Renew',
+            pallas__proto_dot_pallas__pb2.RenewRequest.SerializeToString,
+            pallas__proto_dot_pallas__pb2.RenewReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

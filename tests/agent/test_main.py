@@ -276,3 +276,32 @@ def test_an_http_port_that_cannot_be_bound_is_an_error_the_agent_cleans_up_after
 
     with pytest.raises(RuntimeError, match="port 8080 did not start"):
         asyncio.run(_serve_http(Srv(), 8080))
+
+
+def test_the_lease_flag_and_its_variable_reach_the_targets_prepare_reply(monkeypatch, capsys):
+    """--lease-s / PALLAS_LEASE_S (issue 45) is the lease a target grants (PrepareReply.lease_s)
+    and expires by; it must be > 0."""
+    from migration.fakes import IDENT, _prep
+    from agent.ipc import BlockHub
+    from agent.migration import MigrationEngine
+
+    monkeypatch.setenv("PALLAS_LEASE_S", "4.5")
+    assert parse_args(["--model", "/m"]).migration().lease_s == 4.5
+    cfg = parse_args(["--model", "/m", "--lease-s", "2.5"])       # the flag wins
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "/m", "--lease-s", "0"])
+    assert "--lease-s must be > 0" in capsys.readouterr().err
+
+    async def run():
+        hub = BlockHub()
+        hub.sched_info = SchedHello(block_size=32, free_blocks=100)
+        m = MigrationEngine(agent_id="t", peer_address="", sessions=SessionStore(),
+                            vllm_client=None,        # no prefix: no warm-up
+                            hub=hub, identity=lambda: IDENT, config=cfg.migration())
+        rep = await m.target.on_prepare(_prep(prefix=0, expected=65536))
+        t = m.ctx.inbound["s"].touched
+        kept, gone = await m.target.expire(now=t + 2.5), await m.target.expire(now=t + 2.501)
+        await m.close()
+        return rep.lease_s, kept, gone
+
+    assert asyncio.run(run()) == (2.5, 0, 1)

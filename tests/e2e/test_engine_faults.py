@@ -55,7 +55,7 @@ def agents(tmp_path_factory):
             cfg = AgentConfig(agent_id=name, model=model, host="127.0.0.1", peer_port=free_port(),
                               hub_address=f"tcp://127.0.0.1:{free_port()}", vllm_url="-",
                               resume_deadline_s=20.0, commit_deadline_s=30.0,
-                              inbound_idle_s=IDLE_S, peer_identity=[n for n in names if n != name])
+                              lease_s=IDLE_S, peer_identity=[n for n in names if n != name])
             a = Agent(cfg, LinkSecurity(ca.write(pki, name)))  # mutual TLS on the peer links
             lt.run(a.start_core())
             srv = VLLMServer(ServerConfig(model=model, agent_address=a.hub.address,

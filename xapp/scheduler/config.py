@@ -55,14 +55,20 @@ _RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "ho_timing_quantile": (0.0, True, 1.0, True),
     "ho_timing_max_margin_s": (0.0, True, 60.0, True),
     "ho_timing_window": (1.0, True, 4096.0, True),
+    "targets_k": (1.0, True, 8.0, True),
+    "targets_split": (0.0, True, 1.0, True),
+    "targets_p_floor": (0.0, True, 1.0, True),
+    "targets_backhaul_share": (0.0, True, 8.0, True),
+    "targets_prefill_s": (0.0, True, 60.0, True),
 }
 
 #: Fields that may be None (then absent from the descriptor): None means "not in force".
-_OPTIONAL = frozenset({"fixed_window_s"})
+_OPTIONAL = frozenset({"fixed_window_s", "targets_backhaul_share", "targets_prefill_s"})
 #: Fields the descriptor may leave out (they have defaults; added after descriptors existed).
-_DEFAULTED = frozenset({"ho_timing_quantile", "ho_timing_max_margin_s", "ho_timing_window"})
+_DEFAULTED = frozenset({"ho_timing_quantile", "ho_timing_max_margin_s", "ho_timing_window",
+                        "targets_k", "targets_split", "targets_p_floor"})
 #: Fields that must hold whole numbers.
-_INTEGRAL = frozenset({"ho_timing_window"})
+_INTEGRAL = frozenset({"ho_timing_window", "targets_k"})
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,10 @@ class SchedulerConfig:
       its predicted time, e the error t_HO_hat - t_HO of the last ``ho_timing_window``
       handovers (:mod:`xapp.scheduler.ho_timing`; issue 26 item 4). M_max = 0 is Eq. 9's
       literal rule.
+    - ``targets_k`` K, ``targets_split``, ``targets_p_floor``, ``targets_backhaul_share`` and
+      ``targets_prefill_s`` (None: unbounded): the choice of up to K targets per UE
+      (docs/model.md §4.1; :meth:`target_choice`, read by
+      :func:`xapp.scheduler.targets.choose_targets`). K = 1 is the single target.
 
     Every other field is in ``descriptors/schema.json`` with the same bounds as here, required
     there except the optional ``fixed_window_s`` and the defaulted ``ho_timing_*``. Raises :class:`SchedulerConfigError` naming every field that is not a finite number
@@ -112,6 +122,11 @@ class SchedulerConfig:
     ho_timing_quantile: float = 0.8
     ho_timing_max_margin_s: float = 30.0
     ho_timing_window: int = 32
+    targets_k: int = 1
+    targets_split: float = 1.0
+    targets_p_floor: float = 0.0
+    targets_backhaul_share: float | None = None
+    targets_prefill_s: float | None = None
 
     def __post_init__(self) -> None:
         errors = []
@@ -171,6 +186,18 @@ class SchedulerConfig:
     def trigger_lookahead_s(self) -> float:
         """How far ahead the trigger rule looks: one control period plus the one-way delay."""
         return self.control_period_s + 0.5 * self.rtt_s
+
+    def target_choice(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`xapp.scheduler.targets.choose_targets` that this
+        configuration sets: ``params``, ``k_max``, ``split``, ``p_floor`` and ``budget``."""
+        from xapp.scheduler.targets import PrepBudget
+        inf = math.inf
+        return dict(params=self.decision_params(), k_max=self.targets_k, split=self.targets_split,
+                    p_floor=self.targets_p_floor,
+                    budget=PrepBudget(prefill_s=inf if self.targets_prefill_s is None
+                                      else self.targets_prefill_s,
+                                      backhaul_share=inf if self.targets_backhaul_share is None
+                                      else self.targets_backhaul_share))
 
     def decision_params(self) -> DecisionParams:
         """The parameters of :func:`pallas_common.timing.decide` (Eq. 9 and the trigger rule)."""

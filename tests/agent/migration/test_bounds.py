@@ -57,7 +57,7 @@ def test_the_ledger_keeps_its_limit_and_forgets_the_oldest_past_it():
 
 def test_a_prepared_attempt_lives_its_idle_time_and_expires_past_it():
     async def run():
-        m, hub, eng = _engine(inbound_idle_s=10.0)
+        m, hub, eng = _engine(lease_s=10.0)
         assert (await m.target.on_prepare(_prep(expected=65536))).status == pb.STATUS_OK
         t = m.ctx.inbound["s"].touched
         at = await m.target.expire(now=t + 10.0)

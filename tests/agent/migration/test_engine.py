@@ -124,7 +124,7 @@ def test_oversized_and_over_budget_blocks_are_refused_on_arrival():
 
 def test_inbound_state_expires_when_the_source_goes_silent():
     async def run():
-        m, hub, eng = _engine(inbound_idle_s=0.05)
+        m, hub, eng = _engine(lease_s=0.05)
         assert (await m.target.on_prepare(_prep(expected=65536))).status == pb.STATUS_OK
         assert m.target.on_block(_blk(2)) == "ok"
         assert await m.target.expire() == 0
