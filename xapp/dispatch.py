@@ -21,7 +21,7 @@ import structlog
 from pallas_common.contract import COMMIT_MOVED_FIELDS, commit_choice_of
 from pallas_common.schemes import SessionState, scheme_name
 from pallas_proto import pallas_pb2 as pb
-from xapp.events import EventLog
+from xapp.ports import DecisionEngine, EventSink, Journal, PolicyPort
 from xapp.policy import CallOutcome
 from xapp.scheduler import CancelAction, CommitAction, TriggerAction
 from xapp.scheduler.gate import CommitGate
@@ -47,9 +47,9 @@ class ActionDispatcher:
     logged and never stops an order.
     """
 
-    def __init__(self, engine: Any, policy: Any, events: EventLog, lock: threading.RLock,
+    def __init__(self, engine: DecisionEngine, policy: PolicyPort, events: EventSink, lock: threading.RLock,
                  offset: Callable[[], float], tokens: dict[str, tuple[int, float]],
-                 journal: Any = None) -> None:
+                 journal: Journal | None = None) -> None:
         self.engine, self.policy, self.events, self._lock = engine, policy, events, lock
         self.journal = journal
         self._offset, self._tokens = offset, tokens
