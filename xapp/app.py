@@ -6,8 +6,8 @@
     agents' Telemetry streams --> TelemetryHandler --> ControlLoop (rates, sessions)
     submgr's notification (HTTP) --> SubscriptionNotificationHandler --> SubscriptionLedger
 
-One handler per message kind (:attr:`PallasXapp.handlers` for the RMR ones, keyed by message
-type), one action dispatcher (:mod:`xapp.dispatch`), one control loop (:mod:`xapp.control`).
+One handler per message kind, each in its module of :mod:`xapp.handlers` (:attr:`PallasXapp.handlers`
+for the RMR ones, keyed by message type, routed by :class:`xapp.handlers.MessageRouter`), one action dispatcher (:mod:`xapp.dispatch`), one control loop (:mod:`xapp.control`).
 RMR message types are those of :mod:`xapp.e2.transport`.
 
 Only the transport differs between the modes:
@@ -41,8 +41,10 @@ import structlog
 from xapp.config import XappConfig
 from xapp.control import ControlLoop, UEState
 from xapp.dispatch import ActionDispatcher
-from xapp.e2.transport import A1_POLICY_RESP, A1_POLICY_REQ, RIC_INDICATION, RmrMessage
+from xapp.e2.transport import A1_POLICY_REQ, RIC_INDICATION, RmrMessage
 from xapp.events import EventLog
+from xapp.handlers import (A1Handler, IndicationHandler, MessageRouter, SubscriptionNotificationHandler,
+                            TelemetryHandler)
 from pallas_common.schemes import scheme_name
 from xapp.policy import AgentEndpoint, PolicyClient, TelemetryConsumer, scheme_value
 from xapp.store import MemoryStore, MigrationJournal, XappStore, recovery_plan
@@ -61,69 +63,6 @@ if TYPE_CHECKING:
 __all__ = ["EventLog", "PallasXapp", "UEState", "subscribe_all"]
 
 log = structlog.get_logger("pallas.xapp.app")
-
-
-class IndicationHandler:
-    """RIC_INDICATION (12050): one E2 indication into the control loop."""
-
-    def __init__(self, control: ControlLoop) -> None:
-        self.control = control
-
-    def __call__(self, msg: RmrMessage) -> None:
-        self.control.on_indication(msg.payload, msg.e2_node, msg.time if msg.time else None, msg.sub_id)
-
-
-class A1Handler:
-    """A1_POLICY_REQ (20010): the A1 policy handler's answer goes back as A1_POLICY_RESP
-    (20011, return to sender); a change of the configuration is applied by ``apply``."""
-
-    def __init__(self, a1: A1Port, transport: Transport, apply: Callable[[XappConfig], None]) -> None:
-        self.a1, self.transport, self.apply = a1, transport, apply
-
-    def __call__(self, msg: RmrMessage) -> None:
-        out = self.a1.process(msg.payload)
-        if out.changed:     # applied before the answer, whatever happens to the answer
-            try:
-                self.apply(self.a1.config)
-            except Exception:
-                log.exception("a1_change_not_applied", policy_instance_id=out.policy_instance_id)
-        self.transport.rts(msg, A1_POLICY_RESP, out.response)
-
-
-class TelemetryHandler:
-    """An agent's TelemetryReport (gRPC stream) into the control loop."""
-
-    def __init__(self, control: ControlLoop) -> None:
-        self.control = control
-
-    def __call__(self, agent_id: str, report: pb.TelemetryReport) -> None:
-        self.control.on_telemetry(agent_id, report)
-
-
-class SubscriptionNotificationHandler:
-    """submgr's POST /ric/v1/subscriptions/response into the subscription ledger (a ValueError
-    for a malformed body, which the HTTP server answers 400)."""
-
-    def __init__(self, ledger: SubscriptionLedger) -> None:
-        self.ledger = ledger
-
-    def __call__(self, body: object) -> int:
-        return self.ledger.notify(body)
-
-
-class _UnknownTypes:
-    """The unknown-message-type counts as a prometheus-client collector (read at scrape time)."""
-
-    def __init__(self, counts: dict[str, int]) -> None:
-        self.counts = counts
-
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily
-        c = CounterMetricFamily("pallas_xapp_unknown_messages", "RMR messages of a type the xApp has no "
-                                "handler for, by type", labels=["mtype"])
-        for k, v in list(self.counts.items()):
-            c.add_metric([k], v)
-        yield c
 
 
 class PallasXapp:
@@ -152,8 +91,6 @@ class PallasXapp:
             the xApp has no handler for; at most 64 distinct types, the rest as ``other``).
     """
 
-    MAX_UNKNOWN_TYPES = 64
-
     def __init__(self, config: XappConfig, transport: Transport, *, policy: PolicyPort | None = None,
                  telemetry: TelemetrySource | None | bool = None, predictor: TrackPredictor | None = None,
                  engine: DecisionEngine | None = None, nrt: Mapping[int, int] | None = None,
@@ -179,9 +116,8 @@ class PallasXapp:
         self.tracks = TrackStore(capacity=getattr(pcfg, "window_reports", 32),
                                  silence_s=getattr(pcfg, "ue_silence_s", 30.0))
         self.ingest: E2Ingest = ingest or Ingestor(self.tracks, self._ingest_config(config), registry=registry)
-        self.unknown_types: dict[str, int] = {}       # RMR message type (or "other") -> count
-        if registry is not None:
-            registry.register(_UnknownTypes(self.unknown_types))
+        self.router = MessageRouter(registry=registry)
+        self.unknown_types = self.router.unknown_types     # RMR message type (or "other") -> count
         self.engine: DecisionEngine = engine if engine is not None else self._build_engine(config, self.store)
         endpoints = self._endpoints(config)
         channel = {} if security is None else {"channel_factory": security.channel}
@@ -198,7 +134,8 @@ class PallasXapp:
             telemetry = TelemetryConsumer(endpoints, self.on_telemetry,
                                           period_ms=int(self.engine.cfg.control_period_s * 1000), **channel)
         self.telemetry: TelemetrySource | None = telemetry or None
-        self.handlers: dict[int, Callable[[RmrMessage], None]] = {RIC_INDICATION: IndicationHandler(self.control)}
+        self.handlers = self.router.handlers
+        self.handlers[RIC_INDICATION] = IndicationHandler(self.control)
         if a1 is not None:
             self.handlers[A1_POLICY_REQ] = A1Handler(a1, transport, self.reconfigure)
         self.on_subscription_response = (SubscriptionNotificationHandler(subscriptions.ledger)
@@ -298,20 +235,9 @@ class PallasXapp:
         return self.control.now()
 
     def on_message(self, msg: RmrMessage) -> None:
-        """The transport callback (one thread): the handler of the message's type. Never raises."""
-        handler = self.handlers.get(msg.mtype)
-        if handler is None:
-            key = str(msg.mtype)
-            if key not in self.unknown_types and len(self.unknown_types) >= self.MAX_UNKNOWN_TYPES:
-                key = "other"
-            n = self.unknown_types[key] = self.unknown_types.get(key, 0) + 1
-            if n == 1 or n % 1000 == 0:
-                log.warning("rmr_message_type_unknown", mtype=msg.mtype, count=n, bytes=len(msg.payload))
-            return
-        try:
-            handler(msg)
-        except Exception as e:  # a bad message never stops the xApp
-            log.error("message handling failed", mtype=msg.mtype, error=repr(e))
+        """The transport callback (one thread): the handler of the message's type
+        (:class:`xapp.handlers.MessageRouter`). Never raises."""
+        self.router(msg)
 
     def on_indication(self, payload: bytes, e2_node: str = "", t: float | None = None, sub_id: int = -1) -> None:
         self.control.on_indication(payload, e2_node, t, sub_id)
