@@ -6,8 +6,8 @@
     agents' Telemetry streams --> TelemetryHandler --> ControlLoop (rates, sessions)
     submgr's notification (HTTP) --> SubscriptionNotificationHandler --> SubscriptionLedger
 
-One handler per message kind (:attr:`PallasXapp.handlers` for the RMR ones, keyed by message
-type), one action dispatcher (:mod:`xapp.dispatch`), one control loop (:mod:`xapp.control`).
+One handler per message kind, each in its module of :mod:`xapp.handlers` (:attr:`PallasXapp.handlers`
+for the RMR ones, keyed by message type, routed by :class:`xapp.handlers.MessageRouter`), one action dispatcher (:mod:`xapp.dispatch`), one control loop (:mod:`xapp.control`).
 RMR message types are those of :mod:`xapp.e2.transport`.
 
 Only the transport differs between the modes:
@@ -34,86 +34,35 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import structlog
 
 from xapp.config import XappConfig
 from xapp.control import ControlLoop, UEState
 from xapp.dispatch import ActionDispatcher
-from xapp.e2.transport import A1_POLICY_RESP, A1_POLICY_REQ, RIC_INDICATION, RmrMessage
+from xapp.e2.transport import A1_POLICY_REQ, RIC_INDICATION, RmrMessage
 from xapp.events import EventLog
+from xapp.handlers import (A1Handler, IndicationHandler, MessageRouter, SubscriptionNotificationHandler,
+                            TelemetryHandler)
 from pallas_common.schemes import scheme_name
 from xapp.policy import AgentEndpoint, PolicyClient, TelemetryConsumer, scheme_value
 from xapp.store import MemoryStore, MigrationJournal, XappStore, recovery_plan
+from xapp.ports import (A1Port, DecisionEngine, E2Ingest, EventSink, PolicyPort, SubscriptionPort,
+                         TelemetrySource, TrackPredictor, Transport)
 from xapp.tracks import TrackStore
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from pallas_common.tls import LinkSecurity
+    from pallas_proto import pallas_pb2 as pb
+    from xapp.e2.ingest import IngestConfig
+    from xapp.e2.subscription import SubmgrClient, SubscriptionLedger
 
 __all__ = ["EventLog", "PallasXapp", "UEState", "subscribe_all"]
 
 log = structlog.get_logger("pallas.xapp.app")
-
-
-class IndicationHandler:
-    """RIC_INDICATION (12050): one E2 indication into the control loop."""
-
-    def __init__(self, control: ControlLoop) -> None:
-        self.control = control
-
-    def __call__(self, msg: RmrMessage) -> None:
-        self.control.on_indication(msg.payload, msg.e2_node, msg.time if msg.time else None, msg.sub_id)
-
-
-class A1Handler:
-    """A1_POLICY_REQ (20010): the A1 policy handler's answer goes back as A1_POLICY_RESP
-    (20011, return to sender); a change of the configuration is applied by ``apply``."""
-
-    def __init__(self, a1: Any, transport: Any, apply: Callable[[XappConfig], None]) -> None:
-        self.a1, self.transport, self.apply = a1, transport, apply
-
-    def __call__(self, msg: RmrMessage) -> None:
-        out = self.a1.process(msg.payload)
-        if out.changed:     # applied before the answer, whatever happens to the answer
-            try:
-                self.apply(self.a1.config)
-            except Exception:
-                log.exception("a1_change_not_applied", policy_instance_id=out.policy_instance_id)
-        self.transport.rts(msg, A1_POLICY_RESP, out.response)
-
-
-class TelemetryHandler:
-    """An agent's TelemetryReport (gRPC stream) into the control loop."""
-
-    def __init__(self, control: ControlLoop) -> None:
-        self.control = control
-
-    def __call__(self, agent_id: str, report: Any) -> None:
-        self.control.on_telemetry(agent_id, report)
-
-
-class SubscriptionNotificationHandler:
-    """submgr's POST /ric/v1/subscriptions/response into the subscription ledger (a ValueError
-    for a malformed body, which the HTTP server answers 400)."""
-
-    def __init__(self, ledger: Any) -> None:
-        self.ledger = ledger
-
-    def __call__(self, body: Any) -> int:
-        return self.ledger.notify(body)
-
-
-class _UnknownTypes:
-    """The unknown-message-type counts as a prometheus-client collector (read at scrape time)."""
-
-    def __init__(self, counts: dict[str, int]) -> None:
-        self.counts = counts
-
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily
-        c = CounterMetricFamily("pallas_xapp_unknown_messages", "RMR messages of a type the xApp has no "
-                                "handler for, by type", labels=["mtype"])
-        for k, v in list(self.counts.items()):
-            c.add_metric([k], v)
-        yield c
 
 
 class PallasXapp:
@@ -142,18 +91,18 @@ class PallasXapp:
             the xApp has no handler for; at most 64 distinct types, the rest as ``other``).
     """
 
-    MAX_UNKNOWN_TYPES = 64
-
-    def __init__(self, config: XappConfig, transport: Any, *, policy: PolicyClient | None = None,
-                 telemetry: TelemetryConsumer | None | bool = None, predictor: Any = None, engine: Any = None,
-                 nrt: Mapping[int, int] | None = None, events: EventLog | None = None, offset: float = 0.0,
-                 a1: Any = None, ingest: Any = None, subscriptions: Any = None,
-                 store: XappStore | None = None, security: Any = None, registry: Any = None) -> None:
+    def __init__(self, config: XappConfig, transport: Transport, *, policy: PolicyPort | None = None,
+                 telemetry: TelemetrySource | None | bool = None, predictor: TrackPredictor | None = None,
+                 engine: DecisionEngine | None = None, nrt: Mapping[int, int] | None = None,
+                 events: EventSink | None = None, offset: float = 0.0, a1: A1Port | None = None,
+                 ingest: E2Ingest | None = None, subscriptions: SubscriptionPort | None = None,
+                 store: XappStore | None = None, security: LinkSecurity | None = None,
+                 registry: CollectorRegistry | None = None) -> None:
         from xapp.e2.ingest import Ingestor
 
         self.config = config
         self.transport = transport
-        self.events = events or EventLog(None)
+        self.events: EventSink = events or EventLog(None)
         self._offset = offset
         self.a1 = a1
         self.subscriptions = subscriptions
@@ -161,19 +110,18 @@ class PallasXapp:
         self.journal = MigrationJournal(self.store)
         self.security = security
         self._lock = threading.RLock()
-        self.predictor = predictor if predictor is not None else self._build_predictor(config, nrt)
+        self.predictor: TrackPredictor = predictor if predictor is not None else self._build_predictor(config, nrt)
         pcfg = getattr(self.predictor, "cfg", None)
         # the tracks hold what the predictor reads; a UE silent for ue_silence_s is freed
         self.tracks = TrackStore(capacity=getattr(pcfg, "window_reports", 32),
                                  silence_s=getattr(pcfg, "ue_silence_s", 30.0))
-        self.ingest = ingest or Ingestor(self.tracks, self._ingest_config(config), registry=registry)
-        self.unknown_types: dict[str, int] = {}       # RMR message type (or "other") -> count
-        if registry is not None:
-            registry.register(_UnknownTypes(self.unknown_types))
-        self.engine = engine if engine is not None else self._build_engine(config, self.store)
+        self.ingest: E2Ingest = ingest or Ingestor(self.tracks, self._ingest_config(config), registry=registry)
+        self.router = MessageRouter(registry=registry)
+        self.unknown_types = self.router.unknown_types     # RMR message type (or "other") -> count
+        self.engine: DecisionEngine = engine if engine is not None else self._build_engine(config, self.store)
         endpoints = self._endpoints(config)
         channel = {} if security is None else {"channel_factory": security.channel}
-        self.policy = policy or PolicyClient(endpoints, **channel)
+        self.policy: PolicyPort = policy or PolicyClient(endpoints, **channel)
         tokens: dict[str, tuple[int, float]] = {}      # session -> (K, wall time) from telemetry
         self.dispatcher = ActionDispatcher(self.engine, self.policy, self.events, self._lock,
                                            lambda: self.offset, tokens, journal=self.journal)
@@ -185,8 +133,9 @@ class PallasXapp:
         if telemetry is None:
             telemetry = TelemetryConsumer(endpoints, self.on_telemetry,
                                           period_ms=int(self.engine.cfg.control_period_s * 1000), **channel)
-        self.telemetry = telemetry or None
-        self.handlers: dict[int, Callable[[RmrMessage], None]] = {RIC_INDICATION: IndicationHandler(self.control)}
+        self.telemetry: TelemetrySource | None = telemetry or None
+        self.handlers = self.router.handlers
+        self.handlers[RIC_INDICATION] = IndicationHandler(self.control)
         if a1 is not None:
             self.handlers[A1_POLICY_REQ] = A1Handler(a1, transport, self.reconfigure)
         self.on_subscription_response = (SubscriptionNotificationHandler(subscriptions.ledger)
@@ -195,7 +144,7 @@ class PallasXapp:
         self._cycle_thread: threading.Thread | None = None
         self._telemetry_started = False
         self._recovered: list | None = None
-        self._get_nodeb: Callable[[str], Any] | None = None
+        self._get_nodeb: Callable[[str], object] | None = None
 
     # ------------------------------------------------------------------ construction helpers
     @staticmethod
@@ -203,12 +152,12 @@ class PallasXapp:
         return {aid: AgentEndpoint(aid, a.control_address, a.peer_address) for aid, a in config.agents.items()}
 
     @staticmethod
-    def _ingest_config(config: XappConfig) -> Any:
+    def _ingest_config(config: XappConfig) -> IngestConfig:
         """E2 ingestion settings from ``controls.e2`` (RAN function -> service model, KPM names),
         the ingest's defaults where the configuration does not give them."""
         from xapp.e2.ingest import IngestConfig
         e2 = config.e2
-        kw: dict[str, Any] = {}
+        kw: dict[str, object] = {}
         rf = getattr(e2, "ran_functions", None)
         if rf:
             kw["ran_functions"] = {int(k): v for k, v in dict(rf).items()}
@@ -221,7 +170,7 @@ class PallasXapp:
         return IngestConfig(**kw)
 
     @staticmethod
-    def _build_predictor(config: XappConfig, nrt: Mapping[int, int] | None) -> Any:
+    def _build_predictor(config: XappConfig, nrt: Mapping[int, int] | None) -> TrackPredictor:
         """The handover predictor of the configuration; with ``association_map.path`` it
         starts from what it learns from those drive-test CSVs (ValueError if unusable)."""
         from xapp.predict import HandoverPredictor, PredictorConfig, knowledge_from_drives_at
@@ -245,7 +194,7 @@ class PallasXapp:
         return p
 
     @staticmethod
-    def _build_engine(config: XappConfig, store: XappStore | None = None) -> Any:
+    def _build_engine(config: XappConfig, store: XappStore | None = None) -> DecisionEngine:
         from xapp.scheduler import SchedulerConfig, SchedulerEngine
 
         sc = config.scheduler
@@ -286,25 +235,14 @@ class PallasXapp:
         return self.control.now()
 
     def on_message(self, msg: RmrMessage) -> None:
-        """The transport callback (one thread): the handler of the message's type. Never raises."""
-        handler = self.handlers.get(msg.mtype)
-        if handler is None:
-            key = str(msg.mtype)
-            if key not in self.unknown_types and len(self.unknown_types) >= self.MAX_UNKNOWN_TYPES:
-                key = "other"
-            n = self.unknown_types[key] = self.unknown_types.get(key, 0) + 1
-            if n == 1 or n % 1000 == 0:
-                log.warning("rmr_message_type_unknown", mtype=msg.mtype, count=n, bytes=len(msg.payload))
-            return
-        try:
-            handler(msg)
-        except Exception as e:  # a bad message never stops the xApp
-            log.error("message handling failed", mtype=msg.mtype, error=repr(e))
+        """The transport callback (one thread): the handler of the message's type
+        (:class:`xapp.handlers.MessageRouter`). Never raises."""
+        self.router(msg)
 
     def on_indication(self, payload: bytes, e2_node: str = "", t: float | None = None, sub_id: int = -1) -> None:
         self.control.on_indication(payload, e2_node, t, sub_id)
 
-    def _on_telemetry(self, agent_id: str, rep: Any) -> None:
+    def _on_telemetry(self, agent_id: str, rep: pb.TelemetryReport) -> None:
         self.on_telemetry(agent_id, rep)
 
     def control_cycle(self) -> int:
@@ -405,7 +343,7 @@ class PallasXapp:
                      committed=sum(s.action == "commit" for s in steps))
         return steps
 
-    def declare_nodebs(self, get_nodeb: Callable[[str], Any]) -> dict[str, dict[int, tuple[str, str]]]:
+    def declare_nodebs(self, get_nodeb: Callable[[str], object]) -> dict[str, dict[int, tuple[str, str]]]:
         """Read each configured agent's E2 node from the R-NIB (``get_nodeb(meid)``: ricxappframe's
         ``RMRXapp.GetNodeb``) and record the RAN function versions it declares in the ingest
         (``Ingestor.declare_nodeb``; the descriptor's ``controls.e2.sm_versions`` pins still win).
@@ -480,7 +418,8 @@ class PallasXapp:
         self.store.close()
 
 
-def subscribe_all(config: XappConfig, client: Any = None, ledger: Any = None) -> list[dict]:
+def subscribe_all(config: XappConfig, client: SubmgrClient | None = None,
+                  ledger: SubscriptionLedger | None = None) -> list[dict]:
     """Create the E2 subscriptions of ``config`` once (E2SM-RC REPORT Style 1 message copy at
     every E2 node of the configured agents) through submgr's REST API; returns submgr's
     answers (recorded in ``ledger`` too). A failed node is logged and skipped. For the whole

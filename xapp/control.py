@@ -20,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Callable
 
 import numpy as np
 import structlog
@@ -29,7 +29,7 @@ from pallas_common.schemes import SessionState
 from pallas_proto import pallas_pb2 as pb
 from xapp.config import XappConfig
 from xapp.dispatch import ActionDispatcher
-from xapp.events import EventLog
+from xapp.ports import DecisionEngine, E2Ingest, EventSink, TrackPredictor
 from xapp.tracks import MeasurementReport, TrackStore
 
 __all__ = ["ControlLoop", "UEState"]
@@ -73,8 +73,9 @@ class ControlLoop:
     #: (:meth:`forget_silent`); a UE silent for ``ue_silent_s`` goes at most this much late
     FORGET_EVERY_S = 1.0
 
-    def __init__(self, config_of: Any, tracks: TrackStore, ingest: Any, predictor: Any, engine: Any,
-                 dispatcher: ActionDispatcher, events: EventLog, lock: threading.RLock,
+    def __init__(self, config_of: Callable[[], XappConfig], tracks: TrackStore, ingest: E2Ingest,
+                 predictor: TrackPredictor, engine: DecisionEngine, dispatcher: ActionDispatcher,
+                 events: EventSink, lock: threading.RLock,
                  offset: float = 0.0, *, tokens: dict[str, tuple[int, float]] | None = None,
                  ue_silent_s: float = 60.0, max_ues: int = 100_000) -> None:
         self._config_of = config_of

@@ -1,9 +1,11 @@
 """Actions of the Scheduler Engine -> Control calls to the agents, and their replies back.
 
-:class:`ActionDispatcher` is the one place an action becomes a policy call: each action type
-has its sender (a table, not a chain of type tests), each writes its event (with the model
-estimates the evaluation reads) and remembers the action until its reply, which goes back to
-the engine (:meth:`SchedulerEngine.on_reply`). A session's actions decided while one of its
+:class:`ActionDispatcher` is the one place an action becomes a policy call: each action kind
+(its ``rpc``, the one name of the kind: :mod:`xapp.scheduler.state`) has its event writer (a
+table, not a chain of type tests); the event carries the model estimates the engine decided
+with (the action's ``rates``, not read again at send time), and the action is sent as built
+(:meth:`xapp.policy.PolicyClient.send`) and remembered until its reply, which goes back to the
+engine (:meth:`SchedulerEngine.on_reply`). A session's actions decided while one of its
 commits is in flight wait in the :class:`~xapp.scheduler.gate.CommitGate` until that reply.
 Every order sent and every reply also go to the :class:`~xapp.store.MigrationJournal` (when
 one is given), which keeps the in-flight migrations in the xApp's store (SDL in a RIC) for a
@@ -21,9 +23,9 @@ import structlog
 from pallas_common.contract import COMMIT_MOVED_FIELDS, commit_choice_of
 from pallas_common.schemes import SessionState, scheme_name
 from pallas_proto import pallas_pb2 as pb
-from xapp.events import EventLog
+from xapp.ports import DecisionEngine, EventSink, Journal, PolicyPort
 from xapp.policy import CallOutcome
-from xapp.scheduler import CancelAction, CommitAction, TriggerAction
+from xapp.scheduler import Action, CancelAction, CommitAction, TriggerAction
 from xapp.scheduler.gate import CommitGate
 
 __all__ = ["ActionDispatcher"]
@@ -47,17 +49,18 @@ class ActionDispatcher:
     logged and never stops an order.
     """
 
-    def __init__(self, engine: Any, policy: Any, events: EventLog, lock: threading.RLock,
+    def __init__(self, engine: DecisionEngine, policy: PolicyPort, events: EventSink, lock: threading.RLock,
                  offset: Callable[[], float], tokens: dict[str, tuple[int, float]],
-                 journal: Any = None) -> None:
+                 journal: Journal | None = None) -> None:
         self.engine, self.policy, self.events, self._lock = engine, policy, events, lock
         self.journal = journal
         self._offset, self._tokens = offset, tokens
         self.gate: CommitGate = CommitGate()
-        # session -> {(kind, epoch): (action, T_early of a trigger)}
-        self.pending: dict[str, dict[tuple[str, int], tuple[Any, float | None]]] = {}
-        self._senders: dict[type, Callable[[Any, float, Handover | None], None]] = {
-            TriggerAction: self._trigger, CancelAction: self._cancel, CommitAction: self._commit}
+        # session -> {(rpc, epoch): (action, T_early of a trigger)}
+        self.pending: dict[str, dict[tuple[str, int], tuple[Action, float | None]]] = {}
+        # the event each kind writes before it is sent, by the action's rpc
+        self._events: dict[str, Callable[[Any, float, Handover | None], None]] = {
+            "Trigger": self._trigger, "Cancel": self._cancel, "Commit": self._commit}
 
     # -- out ----------------------------------------------------------------------------------
     def send(self, actions: list, ho: Handover | None = None) -> None:
@@ -68,16 +71,18 @@ class ActionDispatcher:
             with self._lock:
                 go = self.gate.admit(a, ho)
             if not go:
-                self.events.write("held", call=type(a).__name__.replace("Action", "").lower(),
+                self.events.write("held", call=a.rpc.lower(),
                                   session=a.session_id, epoch=a.epoch,
                                   behind_commit=self.gate.in_flight(a.session_id))
                 continue
             self._journal("sent", a)
             try:
-                self._senders[type(a)](a, now, ho)
+                self._events[a.rpc](a, now, ho)
+                self._remember(a, a.predicted_early_s if a.rpc == "Trigger" else None)
+                self.policy.send(a)
             except KeyError as e:
                 log.error("action for an unknown agent dropped", action=repr(a), error=repr(e))
-                if self.journal is not None and not isinstance(a, CancelAction):
+                if self.journal is not None and a.rpc != "Cancel":
                     self._journal_call(self.journal.store.finish_migration, a.session_id, a.epoch)
 
     def _journal(self, event: str, *args: Any, **kw: Any) -> None:
@@ -97,17 +102,9 @@ class ActionDispatcher:
         self._journal("opened", session_id, agent_id, ue_id=ue_id, scheme=int(self.engine.scheme),
                       fallback=int(self.engine.fallback))
 
-    def _remember(self, kind: str, a: Any, extra: float | None = None) -> None:
+    def _remember(self, a: Action, extra: float | None = None) -> None:
         with self._lock:
-            self.pending.setdefault(a.session_id, {})[(kind, a.epoch)] = (a, extra)
-
-    def _rates(self, source: str, target: str, session: str, now: float) -> dict:
-        tel = self.engine.telemetry
-        ident = tel.model_of(source)
-        return dict(r_p=tel.prefill_rate(target, now), r_d=tel.decode_rate(session, now),
-                    bandwidth=tel.goodput_bytes_per_s(source, target, now),
-                    s_kv=ident.kv_bytes_per_token if ident else None,
-                    block_size=ident.block_size if ident else None)
+            self.pending.setdefault(a.session_id, {})[(a.rpc, a.epoch)] = (a, extra)
 
     def _trigger(self, a: TriggerAction, now: float, ho: Handover | None) -> None:
         off = self._offset()
@@ -120,15 +117,11 @@ class ActionDispatcher:
                           target_agent=a.target, t_ho_pred=a.predicted_handover_time - off,
                           t_remain=a.predicted_handover_time - now, window_s=a.window_s,
                           l_hist=a.predicted_split_tokens, t_sit_s=t_sit, t_early_s=t_early, scheme=sch,
-                          **self._rates(a.source, a.target, a.session_id, now))
-        self._remember("Trigger", a, t_early)
-        self.policy.send(a)
+                          **a.rates.fields())
 
     def _cancel(self, a: CancelAction, now: float, ho: Handover | None) -> None:
         self.events.write("cancel", session=a.session_id, epoch=a.epoch, trace_t=now - self._offset(),
                           source_agent=a.source, target_agent=a.target, reason=a.reason)
-        self._remember("Cancel", a)
-        self.policy.send(a)
 
     def _commit(self, a: CommitAction, now: float, ho: Handover | None) -> None:
         with self._lock:
@@ -141,9 +134,7 @@ class ActionDispatcher:
                           prepared=prepared, scheme=scheme_name(a.scheme),
                           window_s=trig[0].window_s if trig and prepared else None,
                           t_early_s=trig[1] if trig and prepared else None, k_curr=k,
-                          **self._rates(a.source, a.actual_target, a.session_id, now))
-        self._remember("Commit", a)
-        self.policy.send(a)
+                          **a.rates.fields())
 
     # -- back ---------------------------------------------------------------------------------
     def on_reply(self, out: CallOutcome) -> None:

@@ -41,6 +41,10 @@ test mode and ``--history`` on the operator's own network (docs/test-mode.md).
   mode takes ``controls.sdl.store`` (default ``sdl``: OSC SDL through ``DBAAS_SERVICE_HOST`` /
   ``DBAAS_SERVICE_PORT``; the xApp does not start without it) and test mode uses memory.
   Namespace: ``controls.sdl.namespace`` (default ``pallas``).
+
+Shape: :func:`main` parses the flags, :func:`build_xapp` composes the parts of the mode (a
+:class:`Built`; :class:`StartRefused` carries the one-line reason a run cannot start, exit
+status 2), and :data:`RUNS` runs them (:func:`run_test`, :func:`run_live`).
 """
 
 from __future__ import annotations
@@ -53,12 +57,22 @@ import signal
 import sys
 import threading
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import structlog
 
-from xapp.config import ConfigError, load_config_file, load_controls
+from xapp.config import ConfigError, XappConfig, load_config_file, load_controls
 from xapp.e2.record import DEFAULT_MAX_MB
+
+if TYPE_CHECKING:
+    from xapp.a1 import A1PolicyHandler
+    from xapp.app import PallasXapp
+    from xapp.e2.record import TraceRecorder
+    from xapp.e2.trace import TraceRecord
+    from xapp.e2.transport import RmrTransport, TraceTransport
+    from xapp.events import EventLog
+    from xapp.hold import HoldCorrect
 
 log = structlog.get_logger("pallas.xapp.main")
 
@@ -232,147 +246,239 @@ def open_xapp_store(controls, mode: str, kind: str | None):
     return open_store(kind, sdl.get("namespace", DEFAULT_NAMESPACE))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the xApp; returns the exit status (2: bad configuration or arguments)."""
-    a = build_parser().parse_args(argv)
-    _configure_logging(a.log_level)
-    try:
-        cfg = _config(a.config, a.scheme)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
-        return 2
+class StartRefused(Exception):
+    """A run that cannot start: its one-line reason (bad arguments, TLS files, trace, store),
+    printed to stderr; the exit status is 2."""
+
+
+class ReplayStart:
+    """Test mode's start on the wall clock: ``start_at`` (Unix s) is when the trace's first
+    record (trace time ``first_t``) is delivered; ``offset`` = wall clock minus trace clock.
+    :meth:`move` shifts the start (``--start-delay-s``): the clocks below follow."""
+
+    def __init__(self, start_at: float, first_t: float) -> None:
+        self.start_at, self.first_t = start_at, first_t
+        self._first_read = True
+
+    @property
+    def offset(self) -> float:
+        return self.start_at - self.first_t
+
+    def move(self, start_at: float) -> None:
+        self.start_at = start_at
+
+    def clock(self) -> float:
+        """The replay's clock: its first reading is ``start_at``, then the wall clock. The
+        replay takes its reference time from its first reading, so record k is delivered at
+        start_at + (t_k - t_first) / speed whenever the replay thread starts (a late start
+        catches up at once)."""
+        if self._first_read:
+            self._first_read = False
+            return self.start_at
+        return time.time()
+
+    def trace_now(self) -> float:
+        """The trace clock now."""
+        return time.time() - self.offset
+
+
+@dataclass
+class Built:
+    """The composed parts of one run (:func:`build_xapp`). ``app``, ``transport``, ``events``
+    in both modes; test mode: ``first`` (the trace's first record), ``start``
+    (:class:`ReplayStart`), ``hold`` (the ``--hold-correct-s`` predictor, or None); live mode:
+    ``a1`` (the A1 policy handler), ``recorder`` (``--record``'s, or None)."""
+
+    mode: str
+    config: XappConfig
+    app: PallasXapp
+    transport: TraceTransport | RmrTransport
+    events: EventLog
+    first: TraceRecord | None = None
+    start: ReplayStart | None = None
+    hold: HoldCorrect | None = None
+    a1: A1PolicyHandler | None = None
+    recorder: TraceRecorder | None = None
+
+
+def _check_flags(mode: str, a: argparse.Namespace) -> None:
+    """Flags that belong to the other mode, or that need a companion (StartRefused)."""
+    if mode == "test" and not a.trace:
+        raise StartRefused("--mode test needs --trace")
+    if a.record and mode != "live":
+        raise StartRefused("--record is a live-mode flag (test mode replays a trace)")
+    if a.hold_correct_s is not None and (mode != "test" or not a.handovers):
+        raise StartRefused("--hold-correct-s is a test-mode knob and needs --handovers")
+
+
+def build_xapp(config: XappConfig, mode: str, a: argparse.Namespace) -> Built:
+    """Compose the xApp of ``mode`` (``live`` or ``test``) for ``config`` and the flags ``a``
+    (:func:`build_parser`): the link security, the durable store, the event log, the transport
+    of the mode and :class:`xapp.app.PallasXapp` over them. Starts nothing but the event log's
+    file. Raises :class:`StartRefused` (one line) for flags of the wrong mode, TLS files absent
+    or unusable, an unreadable trace, ``--nrt``, ``--record`` or ``--handovers``, or a store
+    that cannot be reached."""
     from pallas_common.tls import TlsError
-    from xapp.app import EventLog, PallasXapp
+    from xapp.events import EventLog
     from xapp.store import StoreError
-    if a.mode == "test" and not a.trace:
-        print("--mode test needs --trace", file=sys.stderr)
-        return 2
-    if a.record and a.mode != "live":
-        print("--record is a live-mode flag (test mode replays a trace)", file=sys.stderr)
-        return 2
-    if a.hold_correct_s is not None and (a.mode != "test" or not a.handovers):
-        print("--hold-correct-s is a test-mode knob and needs --handovers", file=sys.stderr)
-        return 2
+    _check_flags(mode, a)
     try:
-        security = link_security(cfg.controls, a.mode, a.insecure, a.tls)
-        first = first_trace_record(a.trace) if a.mode == "test" else None
+        security = link_security(config.controls, mode, a.insecure, a.tls)
+        first = first_trace_record(a.trace) if mode == "test" else None
         nrt = load_nrt(a.nrt) if a.nrt else None
         recorder = _recorder(a)
     except TlsError as e:
-        print(f"TLS: {e}", file=sys.stderr)
-        return 2
+        raise StartRefused(f"TLS: {e}") from None
     except ValueError as e:    # --trace, --nrt, --record: one line each
-        print(str(e), file=sys.stderr)
-        return 2
+        raise StartRefused(str(e)) from None
     try:
-        store = open_xapp_store(cfg.controls, a.mode, a.store)
+        store = open_xapp_store(config.controls, mode, a.store)
     except StoreError as e:
-        print(f"store: {e}", file=sys.stderr)
-        return 2
+        raise StartRefused(f"store: {e}") from None
     events = EventLog(a.events)
-    done = threading.Event()
+    common = dict(nrt=nrt, events=events, store=store, security=security)
+    if mode == "test":
+        assert first is not None
+        return _build_test(config, a, first, common)
+    return _build_live(config, a, recorder, common)
 
-    def on_signal(signum, frame):
-        done.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+def _build_test(cfg: XappConfig, a: argparse.Namespace, first: TraceRecord, common: dict) -> Built:
+    """Test mode's parts: the trace replayed by TraceTransport from ``--start-at`` (module
+    docstring), the ``--hold-correct-s`` predictor (xapp.hold) when asked."""
+    from xapp.app import PallasXapp
+    from xapp.e2.transport import TraceTransport
+    start = ReplayStart(a.start_at or time.time(), first.time)
+    transport = TraceTransport(a.trace, speed=a.speed or None, threaded=True,
+                               clock=start.clock if a.speed else time.monotonic)
+    hold = None
+    if a.hold_correct_s is not None:
+        from xapp.hold import HoldCorrect, load_handovers
+        try:
+            hold = HoldCorrect(PallasXapp._build_predictor(cfg, common["nrt"]), load_handovers(a.handovers),
+                               a.hold_correct_s, clock=start.trace_now)
+        except (OSError, ValueError) as e:
+            raise StartRefused(f"--hold-correct-s: {e}") from None
+    app = PallasXapp(cfg, transport, offset=start.offset, predictor=hold, **common)
+    return Built("test", cfg, app, transport, common["events"], first=first, start=start, hold=hold)
 
-    if a.mode == "test":
-        from xapp.e2.transport import TraceTransport
-        start_at = a.start_at or time.time()
-        offset = start_at - first.time
-        # Deliver record k at start_at + (t_k - t_first) / speed on the wall clock, whatever the
-        # moment the replay thread starts: the replay takes its reference time from the first
-        # clock reading, so that reading is the start time (a late start catches up at once).
-        first_read = [True]
 
-        def anchored_clock() -> float:
-            if first_read[0]:
-                first_read[0] = False
-                return start_at
-            return time.time()
-
-        transport = TraceTransport(a.trace, speed=a.speed or None, threaded=True,
-                                   clock=anchored_clock if a.speed else time.monotonic)
-        predictor = None
-        if a.hold_correct_s is not None:
-            from xapp.hold import HoldCorrect, load_handovers
-            try:
-                predictor = HoldCorrect(PallasXapp._build_predictor(cfg, nrt), load_handovers(a.handovers),
-                                        a.hold_correct_s, clock=lambda: time.time() - offset)
-            except (OSError, ValueError) as e:
-                print(f"--hold-correct-s: {e}", file=sys.stderr)
-                return 2
-        app = PallasXapp(cfg, transport, nrt=nrt, events=events, offset=offset, store=store,
-                         security=security, predictor=predictor)
-        events.write("start", mode="test", scheme=cfg.scheme, trace=a.trace, start_at=start_at, offset=offset,
-                     hold_correct_s=a.hold_correct_s)
-        # Codecs loaded and telemetry flowing while waiting for the start time; then the replay.
-        app.warm_up(first.payload, first.e2_node)
-        app.start_telemetry()
-        if a.start_delay_s is not None:
-            # The start is anchored to the warm xApp, not to the launch: a slow start (a loaded
-            # machine) shifts the whole replay instead of making it catch up at once.
-            start_at = time.time() + max(0.0, a.start_delay_s)
-            offset = start_at - first.time      # the closures above read the new values
-            app.offset = offset
-            events.write("start_moved", start_at=start_at, offset=offset)
-        late = time.time() - start_at
-        if late > 0:
-            events.write("late_start", late_s=late)
-            log.warning("started after the replay's start time; catching up", late_s=round(late, 3))
-        while not done.is_set() and time.time() < start_at:
-            done.wait(min(0.05, max(0.0, start_at - time.time())))
-        app.start()
-        while not done.is_set() and not transport.wait(0.2):
-            pass
-        end = time.time() + a.linger_s
-        while not done.is_set() and time.time() < end:
-            done.wait(0.1)
-        events.write("end", delivered=transport.delivered, ingest=dict(app.ingest.stats), cycles=app.cycles,
-                     predictions_held=getattr(predictor, "held", 0))
-        app.stop()
-        return 0
-
-    # live
-    from xapp.a1 import A1PolicyHandler, default_policy_type_path, load_policy_type
-    from xapp.e2.transport import A1_POLICY_QUERY, RmrTransport
+def _build_live(cfg: XappConfig, a: argparse.Namespace, recorder: TraceRecorder | None, common: dict) -> Built:
+    """Live mode's parts: RMR (with ``--record``'s tap), the A1 policy handler, the E2
+    subscriptions through submgr, the metrics on prometheus-client's default registry."""
     from prometheus_client import REGISTRY
+
+    from xapp.a1 import A1PolicyHandler, default_policy_type_path, load_policy_type
+    from xapp.app import PallasXapp
+    from xapp.e2.subscription import SubmgrClient, SubscriptionManager
+    from xapp.e2.transport import RmrTransport
     transport = RmrTransport(rmr_port=a.rmr_port, use_fake_sdl=bool(os.environ.get("USE_FAKE_SDL")),
                              registry=REGISTRY, **dict(cfg.e2.rmr))
     if recorder is not None:
         transport.tap = recorder.on_message
     a1 = A1PolicyHandler(cfg, load_policy_type(default_policy_type_path(cfg.a1.policy_type_id)))
-    from xapp.e2.subscription import SubmgrClient, SubscriptionManager
     subscriptions = SubscriptionManager(SubmgrClient(cfg.e2.submgr_url))
-    app = PallasXapp(cfg, transport, nrt=nrt, events=events, a1=a1, subscriptions=subscriptions,
-                     store=store, security=security, registry=REGISTRY)
+    app = PallasXapp(cfg, transport, a1=a1, subscriptions=subscriptions, registry=REGISTRY, **common)
+    return Built("live", cfg, app, transport, common["events"], a1=a1, recorder=recorder)
+
+
+def run_test(b: Built, a: argparse.Namespace, done: threading.Event) -> int:
+    """Replay the trace through the composed xApp (module docstring) until its end plus
+    ``--linger-s``, or ``done``; returns 0."""
+    from xapp.e2.transport import TraceTransport
+    app, events, start, transport = b.app, b.events, b.start, b.transport
+    assert start is not None and b.first is not None and isinstance(transport, TraceTransport)
+    events.write("start", mode="test", scheme=b.config.scheme, trace=a.trace, start_at=start.start_at,
+                 offset=start.offset, hold_correct_s=a.hold_correct_s)
+    # Codecs loaded and telemetry flowing while waiting for the start time; then the replay.
+    app.warm_up(b.first.payload, b.first.e2_node)
+    app.start_telemetry()
+    if a.start_delay_s is not None:
+        # The start is anchored to the warm xApp, not to the launch: a slow start (a loaded
+        # machine) shifts the whole replay instead of making it catch up at once.
+        start.move(time.time() + max(0.0, a.start_delay_s))
+        app.offset = start.offset      # the replay's and the hold's clocks follow start
+        events.write("start_moved", start_at=start.start_at, offset=start.offset)
+    late = time.time() - start.start_at
+    if late > 0:
+        events.write("late_start", late_s=late)
+        log.warning("started after the replay's start time; catching up", late_s=round(late, 3))
+    while not done.is_set() and time.time() < start.start_at:
+        done.wait(min(0.05, max(0.0, start.start_at - time.time())))
+    app.start()
+    while not done.is_set() and not transport.wait(0.2):
+        pass
+    end = time.time() + a.linger_s
+    while not done.is_set() and time.time() < end:
+        done.wait(0.1)
+    events.write("end", delivered=transport.delivered, ingest=dict(app.ingest.stats), cycles=app.cycles,
+                 predictions_held=getattr(b.hold, "held", 0))
+    app.stop()
+    return 0
+
+
+def run_live(b: Built, a: argparse.Namespace, done: threading.Event) -> int:
+    """Run on the RIC until SIGTERM/SIGINT (``done``): the HTTP endpoints, the xApp, the
+    R-NIB's RAN function versions, A1's resend of every live instance, the descriptor watch;
+    at the end the recording is closed and the E2 subscriptions deleted. Returns 0."""
+    from xapp.e2.transport import A1_POLICY_QUERY, RmrTransport
+    app, transport, a1, recorder = b.app, b.transport, b.a1, b.recorder
+    assert a1 is not None and isinstance(transport, RmrTransport)
     started = threading.Event()
     try:
         from xapp.httpd import serve_http
         # ready: started, and the RMR receive loop runs (a round began within 5 s) with SDL up
-        serve_http("0.0.0.0", cfg.e2.client_http_port, lambda: started.is_set() and transport.healthy(),
+        serve_http("0.0.0.0", b.config.e2.client_http_port, lambda: started.is_set() and transport.healthy(),
                    on_subscription_response=app.on_subscription_response)
     except OSError as e:
-        log.error("http endpoints not served", port=cfg.e2.client_http_port, error=str(e))
+        log.error("http endpoints not served", port=b.config.e2.client_http_port, error=str(e))
     app.start()          # recovers, subscribes (retried with backoff), telemetry, cycle, RMR
     get_nodeb = getattr(getattr(transport, "xapp", None), "GetNodeb", None)
     if get_nodeb is not None:   # the RAN function versions each E2 node declared (R-NIB)
         app.declare_nodebs(get_nodeb)
     started.set()
     transport.send(A1_POLICY_QUERY, a1.query_message())   # A1 resends every live instance
-    events.write("start", mode="live", scheme=cfg.scheme, record=a.record)
+    b.events.write("start", mode="live", scheme=b.config.scheme, record=a.record)
     watcher = _watch_config(a.config, app, a.scheme, done, a1)
     done.wait()
     if recorder is not None:
         recorder.close()
-        events.write("recorded", path=a.record, records=recorder.count, bytes=recorder.bytes,
-                     stopped=recorder.stopped)
+        b.events.write("recorded", path=a.record, records=recorder.count, bytes=recorder.bytes,
+                       stopped=recorder.stopped)
     app.stop()           # SIGTERM/SIGINT: the E2 subscriptions are deleted at submgr first
     if watcher is not None:
         watcher.join(1.0)
     return 0
+
+
+RUNS = {"test": run_test, "live": run_live}
+"""How each mode runs once built."""
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT."""
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return done
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the xApp: parse, build the mode's parts, run them; returns the exit status (2: bad
+    configuration or arguments, one line on stderr)."""
+    a = build_parser().parse_args(argv)
+    _configure_logging(a.log_level)
+    done = _stop_on_signals()
+    try:
+        built = build_xapp(_config(a.config, a.scheme), a.mode, a)
+    except (ConfigError, StartRefused) as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    return RUNS[a.mode](built, a, done)
 
 
 class DescriptorWatch:

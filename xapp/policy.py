@@ -225,19 +225,20 @@ class PolicyClient:
     # --- the three orders (all return a Future of CallOutcome) -----------------------------
     def send(self, action: Action) -> "Future[CallOutcome]":
         """Send one Scheduler Engine action to its source agent's Control service as it was
-        built (``to_proto``; the target's PeerTransfer address from this client's agent map).
+        built: the RPC its kind names (``action.rpc``), the request its ``to_proto`` makes (with
+        the PeerTransfer address, from this client's agent map, of the agent its
+        ``peer_field`` names).
 
         Raises:
-            KeyError: the source or the target is not a configured agent.
+            KeyError: the source or the peer is not a configured agent.
+            TypeError: not a Scheduler Engine action.
         """
-        if isinstance(action, TriggerAction):
-            return self._submit("Trigger", action.source, action.to_proto(self.agents[action.target].peer_address))
-        if isinstance(action, CommitAction):
-            return self._submit("Commit", action.source,
-                                action.to_proto(self.agents[action.actual_target].peer_address))
-        if isinstance(action, CancelAction):
-            return self._submit("Cancel", action.source, action.to_proto())
-        raise TypeError(f"not a Scheduler Engine action: {action!r}")
+        rpc = getattr(action, "rpc", None)
+        if rpc not in ("Trigger", "Cancel", "Commit"):
+            raise TypeError(f"not a Scheduler Engine action: {action!r}")
+        peer = action.peer_field
+        request = action.to_proto(self.agents[getattr(action, peer)].peer_address) if peer else action.to_proto()
+        return self._submit(rpc, action.source, request)
 
     def trigger(self, source_agent: str, session_id: str, epoch: int, target_agent: str, *,
                 split_tokens: int = 0, predicted_handover_time: float = 0.0, scheme: str = schemes.PALLAS,

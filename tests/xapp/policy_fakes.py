@@ -3,18 +3,18 @@
 orders in the terms the tests read."""
 
 from pallas_common.schemes import scheme_name
-from xapp.scheduler import CancelAction, CommitAction, TriggerAction
 
 
 class OrdersByKind:
     def send(self, a):
-        if isinstance(a, TriggerAction):
+        kind = getattr(a, "rpc", None)      # the action's kind: its Control RPC
+        if kind == "Trigger":
             return self.trigger(a.source, a.session_id, a.epoch, a.target, split_tokens=a.split_tokens,
                                 predicted_handover_time=a.predicted_handover_time,
                                 scheme=scheme_name(a.scheme), window_s=a.window_s)
-        if isinstance(a, CommitAction):
+        if kind == "Commit":
             return self.commit(a.source, a.session_id, a.epoch, a.actual_target, scheme=scheme_name(a.scheme),
                                handover_time=a.handover_time)
-        if isinstance(a, CancelAction):
+        if kind == "Cancel":
             return self.cancel(a.source, a.session_id, a.epoch, a.reason)
         raise TypeError(a)

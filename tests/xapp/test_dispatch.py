@@ -92,3 +92,43 @@ def test_a_trigger_without_estimates_logs_none_for_them():
     ev = next(e for e in events.events if e["kind"] == "trigger")
     assert ev["t_sit_s"] is None and ev["t_early_s"] is None
     assert len(policy.calls) == 1 and not math.isnan(ev["window_s"])
+
+
+def test_the_events_carry_the_rates_the_action_was_decided_with():
+    """The dispatcher writes the action's rates, not the telemetry read again at send time
+    (_Telemetry would say r_p 10, r_d 1, bandwidth 1, s_kv 2048, block 32)."""
+    from pallas_proto import pallas_pb2 as pb
+    from xapp.scheduler import CommitAction, DecidedRates
+
+    events, policy = EventLog(), _Policy()
+    policy.commit = lambda *args, **kw: policy.calls.append((args, kw))
+    d = _dispatcher(policy, events)
+    decided = DecidedRates(r_p=2700.0, r_d=30.0, bandwidth=3.75e7, s_kv=163840, block_size=16)
+    d.send([_trigger(rates=decided)])
+    d.send([CommitAction("s1", 2, "a", "b", "b", pb.SCHEME_PALLAS, 1010.5,
+                         rates=DecidedRates(2600.0, 29.0, 3.5e7, 163840, 16))])
+    trig, commit = (next(e for e in events.events if e["kind"] == k) for k in ("trigger", "commit"))
+    assert {k: trig[k] for k in decided.fields()} == decided.fields()
+    assert {k: commit[k] for k in decided.fields()} == dict(r_p=2600.0, r_d=29.0, bandwidth=3.5e7,
+                                                          s_kv=163840, block_size=16)
+    assert len(policy.calls) == 2
+    # built by hand, no estimates: the fields are there, null (another session: s1's commit is
+    # in flight, which holds its next order)
+    d.send([TriggerAction("s2", 1, "a", "b", 1010.0, 3.0, 256)])
+    last = [e for e in events.events if e["kind"] == "trigger"][-1]
+    assert last["session"] == "s2"
+    assert all(last[k] is None for k in decided.fields())
+
+
+def test_the_policy_client_refuses_what_is_not_an_action():
+    from xapp.policy import PolicyClient
+
+    client = PolicyClient({})
+    try:
+        client.send(object())
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a non-action must raise TypeError")
+    finally:
+        client.close()

@@ -68,7 +68,10 @@ import collections
 import ctypes
 import threading
 import time as _time
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 import structlog
 
@@ -87,6 +90,50 @@ DEFER_SLEEP_S = 0.0005
 #: upper bounds (s) of the message-age histogram buckets (+Inf added)
 AGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
+RmrContext = object
+"""RMR's context (``rmr_init``'s ``void *``): opaque here, only passed back to RMR."""
+
+
+class MbufFields(Protocol):
+    """The fields of RMR's ``rmr_mbuf_t`` the loop reads (ric-plt-lib-rmr ``rmr.h``)."""
+
+    state: int
+    mtype: int
+    len: int
+    sub_id: int
+    payload: object     # char *: read with ctypes.string_at(payload, len)
+
+
+class Mbuf(Protocol):
+    """An RMR message buffer: a ctypes pointer to ``rmr_mbuf_t`` (false when NULL)."""
+
+    @property
+    def contents(self) -> MbufFields: ...
+
+    def __bool__(self) -> bool: ...
+
+
+class Received(Protocol):
+    """A message handed on (:class:`xapp.e2.transport.RmrMessage`): type, payload bytes,
+    subscription id, E2 node (MEID) and receipt time (Unix s)."""
+
+    @property
+    def mtype(self) -> int: ...
+
+    @property
+    def payload(self) -> bytes: ...
+
+    @property
+    def time(self) -> float: ...
+
+
+class MessageFactory(Protocol):
+    """The delivered message's constructor (:class:`xapp.e2.transport.RmrMessage`); ``handle``
+    is the RMR buffer of a control-queue message, valid during its ``on_message`` call."""
+
+    def __call__(self, mtype: int, payload: bytes, sub_id: int, e2_node: str, time: float, *,
+                 handle: Mbuf | None = None) -> Received: ...
+
 
 class RmrCalls:
     """The RMR primitives the receive loop uses, from ricxappframe's ctypes wrappers
@@ -104,8 +151,9 @@ class RmrCalls:
 
         self.rmr = rmr
         self._meid_buf = ctypes.create_string_buffer(32)   # RMR_MAX_MEID; one receive thread
-        self._fast_poll: Any = None
-        self._fast_meid: Any = None
+        # ctypes function pointers (PYFUNCTYPE) of the same C calls, or None
+        self._fast_poll: Callable[[RmrContext, Mbuf, int], Mbuf] | None = None
+        self._fast_meid: Callable[[Mbuf, ctypes.Array[ctypes.c_char]], bytes] | None = None
         lib = getattr(rmrclib, "rmr_c_lib", None)
         real = ctypes._CFuncPtr  # type: ignore[attr-defined]
         # only over the real library, and only where nothing (a test's stub) replaced its calls
@@ -115,28 +163,28 @@ class RmrCalls:
             self._fast_poll = ctypes.PYFUNCTYPE(P, ctypes.c_void_p, P, ctypes.c_int)(("rmr_torcv_msg", lib))
             self._fast_meid = ctypes.PYFUNCTYPE(ctypes.c_char_p, P, ctypes.c_char_p)(("rmr_get_meid", lib))
 
-    def wait(self, mrc: Any, mbuf: Any, ms: int) -> Any:
+    def wait(self, mrc: RmrContext, mbuf: Mbuf, ms: int) -> Mbuf:
         return self.rmr.rmr_torcv_msg(mrc, mbuf, ms)
 
-    def poll(self, mrc: Any, mbuf: Any) -> Any:
+    def poll(self, mrc: RmrContext, mbuf: Mbuf) -> Mbuf:
         if self._fast_poll is not None:
             return self._fast_poll(mrc, mbuf, 0)
         return self.rmr.rmr_torcv_msg(mrc, mbuf, 0)
 
-    def meid(self, mbuf: Any) -> bytes:
+    def meid(self, mbuf: Mbuf) -> bytes:
         if self._fast_meid is not None:
             self._meid_buf[0] = b"\0"
             self._fast_meid(mbuf, self._meid_buf)
             return self._meid_buf.value
         return self.rmr.rmr_get_meid(mbuf) or b""
 
-    def alloc(self, mrc: Any) -> Any:
+    def alloc(self, mrc: RmrContext) -> Mbuf:
         return self.rmr.rmr_alloc_msg(mrc, RCV_BUF_SIZE)
 
-    def free(self, mbuf: Any) -> None:
+    def free(self, mbuf: Mbuf) -> None:
         self.rmr.rmr_free_msg(mbuf)
 
-    def rts(self, mrc: Any, mbuf: Any, payload: bytes, mtype: int) -> Any:
+    def rts(self, mrc: RmrContext, mbuf: Mbuf, payload: bytes, mtype: int) -> Mbuf:
         return self.rmr.rmr_rts_msg(mrc, mbuf, payload=payload, mtype=mtype)
 
 
@@ -156,7 +204,7 @@ class RmrReceiver:
     Raises ValueError for a non-positive bound.
     """
 
-    def __init__(self, mrc: Any, on_message: Callable[[Any], None], *, message: Callable[..., Any],
+    def __init__(self, mrc: RmrContext, on_message: Callable[[Received], None], *, message: MessageFactory,
                  calls: RmrCalls | None = None,
                  healthy: Callable[[], bool] = lambda: True, queue_size: int = 8192, batch: int = 512,
                  handle_max: int = 32, handle_budget_s: float = 0.005, shed_after_s: float = 1.0,
@@ -181,8 +229,8 @@ class RmrReceiver:
         self.control_queue_size, self.wait_ms = int(control_queue_size), int(wait_ms)
         self.clock = clock
         self.defer, self.defer_max_s = defer, float(defer_max_s)
-        self.indications: collections.deque = collections.deque()
-        self.control: collections.deque = collections.deque()
+        self.indications: collections.deque[Received] = collections.deque()
+        self.control: collections.deque[tuple[float, Mbuf]] = collections.deque()   # (receipt t, buffer)
         self._ctl_ready = threading.Condition(threading.Lock())
         #: counters: received:<indication|health|control>, dropped:<reason>, shed, handled,
         #: health_answered, health_failed, rounds, deferred (receive phases whose handle phase
@@ -234,7 +282,7 @@ class RmrReceiver:
     # ------------------------------------------------------------------ the receive thread
     def _run_rx(self) -> None:
         calls, mrc = self.calls, self.mrc
-        mbuf = None
+        mbuf: Mbuf | None = None
         defer, since = self.defer, None
         try:
             mbuf = calls.alloc(mrc)
@@ -262,7 +310,7 @@ class RmrReceiver:
                 except Exception:  # noqa: BLE001
                     pass
 
-    def _receive(self, mbuf: Any) -> Any:
+    def _receive(self, mbuf: Mbuf) -> Mbuf:
         """One receive phase: at most ``batch`` messages; returns the buffer to receive into next."""
         calls, mrc, clock = self.calls, self.mrc, self.clock
         ind, stats = self.indications, self.stats
@@ -309,7 +357,7 @@ class RmrReceiver:
         node = self._meids[raw] = raw.decode("utf-8", "replace") if raw else ""
         return node
 
-    def _answer_health(self, mbuf: Any) -> Any:
+    def _answer_health(self, mbuf: Mbuf) -> Mbuf:
         try:
             ok = bool(self.healthy())
         except Exception:  # noqa: BLE001 - a failing check is an unhealthy answer
@@ -328,7 +376,7 @@ class RmrReceiver:
         self.stats["health_failed"] += 1
         return mbuf
 
-    def _to_control(self, mbuf: Any, t: float) -> None:
+    def _to_control(self, mbuf: Mbuf, t: float) -> None:
         with self._ctl_ready:
             if len(self.control) >= self.control_queue_size:
                 self.stats["dropped:control queue full"] += 1
@@ -413,7 +461,7 @@ class RmrReceiver:
         except IndexError:
             return 0.0
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         """Prometheus metrics (a custom collector: read from the counts at scrape time, so a
         message costs no metric update): ``pallas_rmr_received_total{kind}``,
         ``pallas_rmr_dropped_total{reason}``, ``pallas_rmr_shed_total``,

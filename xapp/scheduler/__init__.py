@@ -8,13 +8,13 @@ machine and the vectorised control cycle). The composition root sends the action
 from .admission import AdmissionResult, ModelKey, ServerState, admit, incompatibility
 from .config import SchedulerConfig, SchedulerConfigError
 from .engine import SchedulerEngine
-from .state import (Action, CancelAction, CommitAction, InvalidTransition, MigrationState,
-                    SessionMigration, TriggerAction)
+from .state import (Action, CancelAction, CommitAction, DecidedRates, InvalidTransition,
+                    MigrationState, SessionMigration, TriggerAction)
 from .telemetry import EwmaTable, SessionSample, TelemetryStore
 
 __all__ = [
-    "Action", "AdmissionResult", "CancelAction", "CommitAction", "EwmaTable", "InvalidTransition",
-    "MigrationState", "ModelKey", "SchedulerConfig", "SchedulerConfigError", "SchedulerEngine",
+    "Action", "AdmissionResult", "CancelAction", "CommitAction", "DecidedRates", "EwmaTable",
+    "InvalidTransition", "MigrationState", "ModelKey", "SchedulerConfig", "SchedulerConfigError", "SchedulerEngine",
     "ServerState", "SessionMigration", "SessionSample", "TelemetryStore", "TriggerAction",
     "admit", "incompatibility",
 ]

@@ -40,7 +40,7 @@ from pallas_proto import pallas_pb2
 from .admission import ModelKey, admit
 from .config import SchedulerConfig
 from .ho_timing import HandoverTimingError
-from .state import (Action, CancelAction, CommitAction, MigrationState,
+from .state import (Action, CancelAction, CommitAction, DecidedRates, MigrationState,
                     SessionMigration, TriggerAction)
 from .telemetry import TelemetryStore
 
@@ -479,7 +479,10 @@ class SchedulerEngine:
                                                  sm.t_ho + self.cfg.stale_age_s)
             actions.append(sm.trigger(now, float(d.window[i]), int(d.l_hist[i]),
                                       predicted_sit_s=float(d.t_sit[i]),
-                                      predicted_early_s=float(d.t_early[i])))
+                                      predicted_early_s=float(d.t_early[i]),
+                                      rates=DecidedRates(float(inputs.r_p[i]), float(inputs.r_d[i]),
+                                                         float(inputs.bandwidth[i]), int(self._s_kv[slot]),
+                                                         int(self._block[slot]))))
         return actions
 
     # -- handovers and replies ----------------------------------------------------------------
@@ -500,14 +503,17 @@ class SchedulerEngine:
             sm = self._sm[slot]
             if sm is None:
                 continue
-            k_now = self._tokens[slot] + min(
-                self.telemetry.decode.read(self._decode_slot[slot:slot + 1], now)[0]
-                * max(now - self._tokens_time[slot], 0.0), self._remaining[slot])
+            r_d = float(self.telemetry.decode.read(self._decode_slot[slot:slot + 1], now)[0])
+            k_now = self._tokens[slot] + min(r_d * max(now - self._tokens_time[slot], 0.0),
+                                             self._remaining[slot])
             can_serve = admit(self._model[slot], self.telemetry.server(actual_target, now), k_now,
                               int(self._s_kv[slot]), self.cfg.kv_headroom_fraction,
                               self.reserved_at(actual_target, now)
                               - self._reserved_by(sm.session_id, actual_target)).admitted
-            actions += sm.handover(actual_target, now, can_serve)
+            rates = DecidedRates(self.telemetry.prefill_rate(actual_target, now), r_d,
+                                 self.telemetry.goodput_bytes_per_s(sm.source, actual_target, now),
+                                 int(self._s_kv[slot]), int(self._block[slot]))
+            actions += sm.handover(actual_target, now, can_serve, rates)
         self._count(actions)
         return actions
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import enum
 import itertools
-from dataclasses import dataclass
-from typing import Callable, Union
+from dataclasses import asdict, dataclass, field
+from typing import Callable, ClassVar, Union
 
 import structlog
 
@@ -41,6 +41,7 @@ from pallas_proto import pallas_pb2
 
 __all__ = [
     "MigrationState",
+    "DecidedRates",
     "TriggerAction",
     "CancelAction",
     "CommitAction",
@@ -63,6 +64,25 @@ class MigrationState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class DecidedRates:
+    """The estimates a decision was made with (docs/model.md §2), carried by its action so that
+    what is logged is what the Scheduler Engine used: ``r_p`` the target's prefill rate and
+    ``r_d`` the session's decode rate (tokens/s), ``bandwidth`` the source-to-target block
+    goodput (bytes/s), ``s_kv`` KV bytes per token, ``block_size`` tokens per KV block. None:
+    not known (an action built by hand)."""
+
+    r_p: float | None = None
+    r_d: float | None = None
+    bandwidth: float | None = None
+    s_kv: int | None = None
+    block_size: int | None = None
+
+    def fields(self) -> dict[str, float | int | None]:
+        """{name: value}, the names the event log writes them under."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class TriggerAction:
     """Start preparing ``session_id`` at ``target`` (send to the source agent's Control.Trigger).
 
@@ -70,8 +90,14 @@ class TriggerAction:
     (paper §4.2); ``predicted_split_tokens`` is the L_hist the decision expected (Eq. 4), for
     logs. ``window_s`` is T_w*; ``predicted_handover_time`` t_HO_hat (s, Unix time).
     ``predicted_sit_s`` / ``predicted_early_s``: the model's T_SIT and T_early at T_w*
-    (Eqs. 6-7) when the engine decided, for metrics; None if not given.
+    (Eqs. 6-7) when the engine decided, for metrics; None if not given. ``rates``: the
+    estimates of that decision (:class:`DecidedRates`).
     """
+
+    #: the agents' Control RPC an action of this kind is sent as (to ``source``), and the
+    #: field naming the agent whose PeerTransfer address the request carries (None: none)
+    rpc: ClassVar[str] = "Trigger"
+    peer_field: ClassVar[str | None] = "target"
 
     session_id: str
     epoch: int
@@ -84,6 +110,7 @@ class TriggerAction:
     split_tokens: int = 0
     predicted_sit_s: float | None = None
     predicted_early_s: float | None = None
+    rates: DecidedRates = field(default=DecidedRates(), compare=False)   # what was decided, not which order
 
     def to_proto(self, target_peer_address: str) -> pallas_pb2.TriggerRequest:
         """The TriggerRequest; ``target_peer_address`` is the target's PeerTransfer host:port."""
@@ -102,6 +129,9 @@ class CancelAction:
     what it holds); sending it to the target's Control.Cancel as well is harmless (idempotent)
     and releases the target even if the source is unreachable. The source never stops serving.
     """
+
+    rpc: ClassVar[str] = "Cancel"
+    peer_field: ClassVar[str | None] = None
 
     session_id: str
     epoch: int
@@ -122,7 +152,11 @@ class CommitAction:
     Send to ``source``'s Control.Commit. ``prepared_target`` is the agent prepared under
     ``epoch`` (None for a fallback without preparation); ``scheme`` how ``actual_target``
     recovers (the proactive scheme when it was prepared, else the fallback or Detour).
+    ``rates``: the estimates when the engine decided the commit (:class:`DecidedRates`).
     """
+
+    rpc: ClassVar[str] = "Commit"
+    peer_field: ClassVar[str | None] = "actual_target"
 
     session_id: str
     epoch: int
@@ -131,6 +165,7 @@ class CommitAction:
     prepared_target: str | None
     scheme: int
     handover_time: float
+    rates: DecidedRates = field(default=DecidedRates(), compare=False)   # what was decided, not which order
 
     def to_proto(self, actual_target_peer_address: str) -> pallas_pb2.CommitRequest:
         """The CommitRequest; the address is the actual target's PeerTransfer host:port."""
@@ -243,14 +278,16 @@ class SessionMigration:
 
     def trigger(self, now: float, window_s: float, predicted_split_tokens: int, *,
                 predicted_sit_s: float | None = None,
-                predicted_early_s: float | None = None) -> TriggerAction:
-        """The trigger rule fired and admission passed: start preparing (PLANNED -> PREPARING)."""
+                predicted_early_s: float | None = None, rates: DecidedRates = DecidedRates()) -> TriggerAction:
+        """The trigger rule fired and admission passed: start preparing (PLANNED -> PREPARING).
+        ``rates``: the estimates the rule fired with, carried by the action."""
         if self.state is not MigrationState.PLANNED or self.target is None or self.t_ho is None:
             raise InvalidTransition(f"trigger in state {self.state.value}")
         self.window_s, self.trigger_time = window_s, now
         act = TriggerAction(self.session_id, self.epoch, self.source, self.target, self.t_ho,
                             window_s, int(predicted_split_tokens), self.scheme,
-                            predicted_sit_s=predicted_sit_s, predicted_early_s=predicted_early_s)
+                            predicted_sit_s=predicted_sit_s, predicted_early_s=predicted_early_s,
+                            rates=rates)
         self._to(MigrationState.PREPARING, "trigger")
         return act
 
@@ -267,7 +304,8 @@ class SessionMigration:
         self._to(MigrationState.CANCELLED, act.reason)
         return [act]
 
-    def handover(self, actual_target: str, now: float, target_can_serve: bool) -> list[Action]:
+    def handover(self, actual_target: str, now: float, target_can_serve: bool,
+                 rates: DecidedRates = DecidedRates()) -> list[Action]:
         """E2 shows the UE served by ``actual_target``'s cell: commit or fall back.
 
         Prepared at ``actual_target``: commit with the proactive scheme (COMMITTED). Prepared
@@ -278,7 +316,7 @@ class SessionMigration:
         new agent's front while that agent is prepared from scratch (docs/model.md §8). After a
         migration the actual target is the new source; after Detour the source stays and one
         relay hop is added. A handover to the source agent itself needs nothing (and ends a
-        Detour relay).
+        Detour relay). ``rates``: the estimates at the decision, carried by the commit.
         """
         if actual_target == self.source:
             self.relay_hops = 0                  # back at the agent that decodes: no relay
@@ -286,7 +324,7 @@ class SessionMigration:
         actions: list[Action] = []
         if self.state is MigrationState.PREPARING and actual_target == self.target:
             actions.append(CommitAction(self.session_id, self.epoch, self.source, actual_target,
-                                        actual_target, self.scheme, now))
+                                        actual_target, self.scheme, now, rates))
             self._next_epoch()
             self._rebind(actual_target, detour=False)
             self._to(MigrationState.COMMITTED, "handover to the prepared target")
@@ -300,7 +338,7 @@ class SessionMigration:
         if target_can_serve and SCHEMES[self.scheme].bridge:
             scheme = self.scheme
         actions.append(CommitAction(self.session_id, self.epoch, self.source, actual_target,
-                                    None, scheme, now))
+                                    None, scheme, now, rates))
         self._next_epoch()
         self._rebind(actual_target, detour=scheme == pallas_pb2.SCHEME_DETOUR)
         self._to(MigrationState.FALLBACK, reason)

@@ -462,3 +462,23 @@ def test_fixed_window_config_is_optional_and_bounded():
     assert SchedulerConfig.from_dict({"fixed_window_s": 1.6}).fixed_window_s == 1.6
     with pytest.raises(SchedulerConfigError, match="fixed_window_s"):
         SchedulerConfig.from_dict({"fixed_window_s": -0.1})
+
+
+def test_actions_carry_the_rates_they_were_decided_with(cfg):
+    """The trigger carries the r_p, r_d, B, s_kv and block size its window was chosen with; the
+    commit those at the handover; later telemetry changes neither."""
+    from xapp.scheduler import DecidedRates
+    eng = make_engine(cfg)
+    add(eng)
+    t_ho = T0 + 8.0
+    eng.set_prediction("ue1", "b", t_ho)
+    t, acts = run_until_trigger(eng, T0, t_ho)
+    assert acts[0].rates == DecidedRates(2700.0, 30.0, cfg.default_goodput_bytes_per_s, S_KV, BLOCK)
+    eng.ingest_telemetry(server_report("b", t, prefill_rate=900.0))
+    eng.telemetry.observe_decode_rate("s1", 10.0, t)
+    assert acts[0].rates.r_p == 2700.0
+    commit, = eng.on_handover("ue1", "b", t + 0.05)
+    r = commit.rates
+    assert (r.s_kv, r.block_size, r.bandwidth) == (S_KV, BLOCK, cfg.default_goodput_bytes_per_s)
+    assert r.r_p == pytest.approx(eng.telemetry.prefill_rate("b", t + 0.05)) and r.r_p < 2700.0
+    assert r.r_d == pytest.approx(eng.telemetry.decode_rate("s1", t + 0.05)) and r.r_d < 30.0
