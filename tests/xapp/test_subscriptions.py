@@ -102,6 +102,22 @@ def test_a_reload_adds_and_removes_subscriptions():
     assert sm.calls == []
 
 
+def test_a_replica_subscribes_only_to_the_e2_nodes_it_owns():
+    """Scale-out (docs/scale-out.md): sync with the nodes whose lease the replica holds; a
+    node given up or lost is unsubscribed, a node claimed is subscribed."""
+    sm = FakeSubmgr()
+    mgr = SubscriptionManager(sm)
+    cfg = _config({"a": "gnb_a", "b": "gnb_b", "c": "gnb_c"})
+    mgr.sync(cfg, owned={"gnb_a", "gnb_b", "gnb_x"})  # gnb_x: not configured, not subscribed
+    assert sorted(sm.live.values()) == ["gnb_a", "gnb_b"]
+    sm.calls.clear()
+    mgr.sync(cfg, owned={"gnb_b", "gnb_c"})           # gave up gnb_a, claimed gnb_c
+    assert sm.calls == [("DELETE", "gnb_a"), ("POST", "gnb_c")]
+    sm.calls.clear()
+    mgr.sync(cfg, owned=())                           # every lease lost
+    assert sm.live == {} and sorted(sm.calls) == [("DELETE", "gnb_b"), ("DELETE", "gnb_c")]
+
+
 def test_a_removed_node_stops_being_retried():
     sm, clock = FakeSubmgr(), Clock()
     sm.down = {"gnb_b"}

@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import structlog
 from prometheus_client import Counter
@@ -337,11 +337,17 @@ class SubscriptionManager:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def sync(self, config: Any) -> list[dict]:
+    def sync(self, config: Any, owned: Collection[str] | None = None) -> list[dict]:
         """Make the subscriptions those of ``config``: delete the ones no longer wanted (or whose
         parameters changed), subscribe the new ones now (a failure goes to the retry list).
-        Returns submgr's answers to the subscriptions made by this call."""
+        ``owned``: with several replicas (docs/scale-out.md), the E2 nodes this replica holds
+        the lease of; the subscriptions of every other node are deleted or not made (None:
+        every configured node). Returns submgr's answers to the subscriptions made by this
+        call."""
         wanted = wanted_subscriptions(config)
+        if owned is not None:
+            keep = set(owned)
+            wanted = {k: p for k, p in wanted.items() if k[0] in keep}
         with self._lock:
             for key in [k for k, (_, p) in self.active.items() if wanted.get(k) != p]:
                 self._delete(key)
