@@ -165,6 +165,11 @@ class PredictorConfig:
     places_time_min_score: float = 0.0
     time_from_dwell: bool = True
     dwell_min_lead_s: float = 0.5
+    dwell_residual: bool = False
+    dwell_edge: bool = False
+    dwell_edge_margin_db: float = 3.0
+    dwell_edge_slope_db_s: float = 0.5
+    places_edge: bool = False
     ue_silence_s: float = 30.0
     a3: A3Config = field(default_factory=A3Config)
     cvh: CVHConfig = field(default_factory=CVHConfig)

@@ -55,12 +55,13 @@ _RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "ho_timing_quantile": (0.0, True, 1.0, True),
     "ho_timing_max_margin_s": (0.0, True, 60.0, True),
     "ho_timing_window": (1.0, True, 4096.0, True),
+    "warmup_cost_weight": (0.0, True, 100.0, True),
 }
 
 #: Fields that may be None (then absent from the descriptor): None means "not in force".
 _OPTIONAL = frozenset({"fixed_window_s"})
 #: Fields the descriptor may leave out (they have defaults; added after descriptors existed).
-_DEFAULTED = frozenset({"ho_timing_quantile", "ho_timing_max_margin_s", "ho_timing_window"})
+_DEFAULTED = frozenset({"ho_timing_quantile", "ho_timing_max_margin_s", "ho_timing_window", "warmup_cost_weight"})
 #: Fields that must hold whole numbers.
 _INTEGRAL = frozenset({"ho_timing_window"})
 
@@ -89,6 +90,10 @@ class SchedulerConfig:
       its predicted time, e the error t_HO_hat - t_HO of the last ``ho_timing_window``
       handovers (:mod:`xapp.scheduler.ho_timing`; issue 26 item 4). M_max = 0 is Eq. 9's
       literal rule.
+    - ``warmup_cost_weight`` lambda, s of SIT per s of wasted warm-up prefill, [0, 100]: the
+      expected-benefit rule (:mod:`xapp.scheduler.benefit`, docs/model.md §4.1) lets a trigger
+      fire only where p (SIT_fallback - SIT) >= (1 - p) lambda L_hist / r_p, p the
+      prediction's calibrated probability; 0 (default) leaves Eq. 9's rule alone.
 
     Every other field is in ``descriptors/schema.json`` with the same bounds as here, required
     there except the optional ``fixed_window_s`` and the defaulted ``ho_timing_*``. Raises :class:`SchedulerConfigError` naming every field that is not a finite number
@@ -112,6 +117,7 @@ class SchedulerConfig:
     ho_timing_quantile: float = 0.8
     ho_timing_max_margin_s: float = 30.0
     ho_timing_window: int = 32
+    warmup_cost_weight: float = 0.0
 
     def __post_init__(self) -> None:
         errors = []
