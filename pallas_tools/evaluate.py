@@ -87,10 +87,13 @@ def drive_log_config() -> PredictorConfig:
     """The profile for G-NetTrack-like logs (1 s rows, sparse GPS, one anonymous neighbour),
     chosen on the UCC drives (leave-one-drive-out): the location votes weigh more, and the
     combination gives a time only from a confident handover place, since A3 on the anonymous
-    neighbour and CVH timing raised ~70 and ~20 false alarms/h for 1-2 points of timed@3."""
+    neighbour and CVH timing raised ~70 and ~20 false alarms/h for 1-2 points of timed@3.
+    Issue 43: the handover place and the learned dwell give a time only with edge evidence
+    (``combined.edge_evidence``), the place only from a score of 0.6 (62.1 -> 14.2 false
+    alarms/h, the same right@2; docs/drive-data.md §5)."""
     return PredictorConfig(a3=A3Config(window_s=6.0, min_points=3, ttt_s=0.0, ho_delay_s=0.0, trend="all_pairs"),
                            w_cvh=1.5, w_places=6.0, time_from_anonymous_a3=False, time_from_cvh=False,
-                           places_time_min_score=0.4)
+                           places_time_min_score=0.6, places_edge=True, dwell_residual=True, dwell_edge=True)
 
 
 def replay(drive: Drive, knowledge: Knowledge, cfg: PredictorConfig, modes: Sequence[str]) -> dict[str, Trace]:
