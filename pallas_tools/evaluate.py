@@ -51,7 +51,7 @@ import numpy as np
 
 from xapp.drivetest import Drive, read_drives
 from xapp.predict.base import Calibrator, reliability
-from xapp.predict.combined import HandoverPredictor
+from xapp.predict.combined import TOP_K, HandoverPredictor
 from xapp.predict.config import A3Config, PredictorConfig
 from xapp.predict.maps import Knowledge
 from xapp.tracks import UETrack, batch_of_one
@@ -70,6 +70,8 @@ class Trace:
     t_ho: np.ndarray         # NaN: no time
     score: np.ndarray        # raw confidence
     source: list[str] = field(default_factory=list)
+    cand: np.ndarray | None = None       # (K, TOP_K) ranked candidate cells, -1 none (combined only)
+    cand_p: np.ndarray | None = None     # (K, TOP_K) their uncalibrated probabilities
 
 
 def profile_config(drives: Sequence[Drive]) -> PredictorConfig:
@@ -85,10 +87,13 @@ def drive_log_config() -> PredictorConfig:
     """The profile for G-NetTrack-like logs (1 s rows, sparse GPS, one anonymous neighbour),
     chosen on the UCC drives (leave-one-drive-out): the location votes weigh more, and the
     combination gives a time only from a confident handover place, since A3 on the anonymous
-    neighbour and CVH timing raised ~70 and ~20 false alarms/h for 1-2 points of timed@3."""
+    neighbour and CVH timing raised ~70 and ~20 false alarms/h for 1-2 points of timed@3.
+    Issue 43: the handover place and the learned dwell give a time only with edge evidence
+    (``combined.edge_evidence``), the place only from a score of 0.6 (62.1 -> 14.2 false
+    alarms/h, the same right@2; docs/drive-data.md §5)."""
     return PredictorConfig(a3=A3Config(window_s=6.0, min_points=3, ttt_s=0.0, ho_delay_s=0.0, trend="all_pairs"),
                            w_cvh=1.5, w_places=6.0, time_from_anonymous_a3=False, time_from_cvh=False,
-                           places_time_min_score=0.4)
+                           places_time_min_score=0.6, places_edge=True, dwell_residual=True, dwell_edge=True)
 
 
 def replay(drive: Drive, knowledge: Knowledge, cfg: PredictorConfig, modes: Sequence[str]) -> dict[str, Trace]:
@@ -119,6 +124,11 @@ def replay(drive: Drive, knowledge: Knowledge, cfg: PredictorConfig, modes: Sequ
                 tr.t_ho[i] = p.t_ho
                 tr.score[i] = p.confidence
                 tr.source.append(p.source)
+                if p.candidates:
+                    if tr.cand is None:
+                        tr.cand, tr.cand_p = np.full((k, TOP_K), -1, np.int64), np.zeros((k, TOP_K))
+                    for j, (c, q) in enumerate(p.candidates[:TOP_K]):
+                        tr.cand[i, j], tr.cand_p[i, j] = c, q
             else:
                 tr.source.append("")
     return out
@@ -143,6 +153,8 @@ def score_drive(drive: Drive, tr: Trace, tol_s: float, alarm_horizon_s: float) -
                 rec[f"right@{L:g}"] = False
                 rec[f"timed@{L:g}"] = False
                 rec[f"err@{L:g}"] = math.nan
+                for n in range(1, TOP_K + 1):
+                    rec[f"top{n}@{L:g}"] = False
                 continue
             k = int(kk[-1])
             right = bool(tr.target[k] == h.target_cell)
@@ -150,6 +162,8 @@ def score_drive(drive: Drive, tr: Trace, tol_s: float, alarm_horizon_s: float) -
             rec[f"right@{L:g}"] = right
             rec[f"timed@{L:g}"] = bool(right and abs(err) <= tol_s)
             rec[f"err@{L:g}"] = err
+            for n in range(1, TOP_K + 1):
+                rec[f"top{n}@{L:g}"] = bool(tr.cand is not None and (tr.cand[k, :n] == h.target_cell).any())
         tav, e_early = 0.0, 0.0
         if ks.size and tr.target[ks[-1]] == h.target_cell:
             j = ks.size - 1
@@ -178,6 +192,8 @@ def score_drive(drive: Drive, tr: Trace, tol_s: float, alarm_horizon_s: float) -
     episodes = int(np.sum(alarm[1:] & ~(alarm[:-1] & (tr.serving[1:] == tr.serving[:-1])))) + int(alarm[:1].sum())
     false_eps = int(np.sum(false_inst[1:] & ~(false_inst[:-1] & (tr.serving[1:] == tr.serving[:-1]))))
     false_eps += int(false_inst[:1].sum())
+    starts = np.flatnonzero(false_inst & ~np.concatenate([[False], false_inst[:-1] & (tr.serving[1:] == tr.serving[:-1])]))
+    false_src = _count_sources([tr.source[k] or "?" for k in starts.tolist()])
     same = (tr.serving[1:] == tr.serving[:-1]) & (tr.target[1:] >= 0) & (tr.target[:-1] >= 0)
     flips = int(np.sum(same & (tr.target[1:] != tr.target[:-1])))
     # reliability pairs: each instant with a prediction vs the next handover's target
@@ -189,9 +205,19 @@ def score_drive(drive: Drive, tr: Trace, tol_s: float, alarm_horizon_s: float) -
             if h.source_cell == tr.serving[k]:
                 pairs_s.append(float(tr.score[k]))
                 pairs_y.append(bool(h.target_cell == tr.target[k]))
-    return {"handovers": hos, "episodes": episodes, "false_alarms": false_eps, "flips": flips,
+    # candidate pairs: (rank, uncalibrated probability, right) for every ranked candidate
+    cand_pairs: list[tuple[int, float, bool]] = []
+    if tr.cand is not None:
+        for k in np.nonzero(tr.cand[:, 0] >= 0)[0]:
+            if nxt[k] < len(drive.handovers):
+                h = drive.handovers[nxt[k]]
+                if h.source_cell == tr.serving[k]:
+                    for j in range(TOP_K):
+                        if tr.cand[k, j] >= 0:
+                            cand_pairs.append((j, float(tr.cand_p[k, j]), bool(tr.cand[k, j] == h.target_cell)))
+    return {"cand_pairs": cand_pairs, "handovers": hos, "episodes": episodes, "false_alarms": false_eps, "flips": flips,
             "hours": drive.duration_s / 3600.0, "pairs": (pairs_s, pairs_y),
-            "sources": _count_sources(tr.source)}
+            "sources": _count_sources(tr.source), "false_by_source": false_src}
 
 
 def _count_sources(src: list[str]) -> dict[str, int]:
@@ -200,6 +226,37 @@ def _count_sources(src: list[str]) -> dict[str, int]:
         if s:
             out[s] = out.get(s, 0) + 1
     return out
+
+
+def _rank_pairs(pairs: list[list[tuple[int, float, bool]]], rank: int) -> tuple[list[float], list[bool]]:
+    """The (probabilities, rights) of candidates at ``rank`` (0-based) over drives' pairs."""
+    ps = [(q, y) for d in pairs for (j, q, y) in d if j == rank]
+    return [q for q, _ in ps], [y for _, y in ps]
+
+
+def candidate_reliability(per: list[dict]) -> dict:
+    """Leave-one-drive-out calibration of the ranked candidates: for each drive, each rank's
+    ``Calibrator`` is fitted on the other drives' candidates of that rank and applied to this
+    drive's. Returns {"table": reliability rows over every candidate (bins of 0.2: mean
+    calibrated probability, observed frequency, count), "by_rank": the same per rank,
+    "max_gap": the largest |mean probability - frequency| over the pooled bins}."""
+    all_pairs = [p["cand_pairs"] for p in per]
+    conf: list[float] = []
+    right: list[bool] = []
+    rank: list[int] = []
+    for i, mine in enumerate(all_pairs):
+        others = all_pairs[:i] + all_pairs[i + 1:]
+        cals = [Calibrator().fit(*_rank_pairs(others, j)) for j in range(TOP_K)]
+        for j, q, y in mine:
+            conf.append(float(cals[j](q)))
+            right.append(y)
+            rank.append(j)
+    tab = reliability(conf, right)
+    r = np.asarray(rank)
+    c, y = np.asarray(conf), np.asarray(right)
+    by = {f"rank{j + 1}": reliability(c[r == j].tolist(), y[r == j].tolist()) for j in range(TOP_K)}
+    gap = max((abs(b["mean_conf"] - b["accuracy"]) for b in tab), default=float("nan"))
+    return {"table": tab, "by_rank": by, "max_gap": round(float(gap), 3)}
 
 
 def summarise(per_drive: list[dict], cls: str) -> dict:
@@ -213,6 +270,8 @@ def summarise(per_drive: list[dict], cls: str) -> dict:
     for L in LEADS:
         out[f"right@{L:g}"] = round(sum(r[f"right@{L:g}"] for r in recs) / n, 4)
         out[f"timed@{L:g}"] = round(sum(r[f"timed@{L:g}"] for r in recs) / n, 4)
+        for q in range(1, TOP_K + 1):
+            out[f"top{q}@{L:g}"] = round(sum(r.get(f"top{q}@{L:g}", False) for r in recs) / n, 4)
         errs = np.array([r[f"err@{L:g}"] for r in recs if r[f"err@{L:g}"] == r[f"err@{L:g}"]])
         out[f"err_med@{L:g}"] = round(float(np.median(errs)), 3) if errs.size else None
         out[f"err_p90abs@{L:g}"] = round(float(np.percentile(np.abs(errs), 90)), 3) if errs.size else None
@@ -272,6 +331,11 @@ def evaluate(drives: Sequence[Drive], cfg: PredictorConfig, modes: Sequence[str]
             for a, b in p["sources"].items():
                 srcs[a] = srcs.get(a, 0) + b
         s["sources"] = srcs
+        fsrc: dict[str, int] = {}
+        for p in per:
+            for a, b in p["false_by_source"].items():
+                fsrc[a] = fsrc.get(a, 0) + b
+        s["false_alarms_per_h_by_source"] = {a: round(b / max(hours, 1e-9), 2) for a, b in sorted(fsrc.items())}
         # leave-one-drive-out calibration of the raw scores, then reliability
         conf, corr = [], []
         for j, p in enumerate(per):
@@ -284,6 +348,11 @@ def evaluate(drives: Sequence[Drive], cfg: PredictorConfig, modes: Sequence[str]
         all_s = [x for p in per for x in p["pairs"][0]]
         all_y = [x for p in per for x in p["pairs"][1]]
         res.setdefault("_calibration", {})[m] = Calibrator().fit(all_s, all_y).to_dict()
+        if any(p["cand_pairs"] for p in per):
+            s["candidates"] = candidate_reliability(per)
+            res.setdefault("_calibration", {}).update(
+                {f"{m}@{j + 1}": Calibrator().fit(*_rank_pairs([p["cand_pairs"] for p in per], j)).to_dict()
+                 for j in range(1, TOP_K)})
         s["brier"] = round(float(np.mean((np.array(conf) - np.array(corr, dtype=float)) ** 2)), 4) if conf else None
         res[m] = s
         res["_tavail"][m] = [r["t_avail"] for p in per for r in p["handovers"] if not r["idle"]]
@@ -325,7 +394,19 @@ def print_tables(res: dict, console=None) -> None:
         con.print(tb)
         rel = ", ".join(f"{r['bin']}: {r['accuracy']:.2f} (n={r['n']})" for r in s["reliability"])
         con.print(f"  reliability (calibrated confidence bin: observed accuracy): {rel}; Brier {s['brier']}")
-        con.print(f"  sources: {s['sources']}")
+        if "candidates" in s:
+            x = s["connected"]
+            cov = ", ".join(f"top-{q} {100 * x[f'top{q}@2']:.1f}%" for q in range(1, TOP_K + 1))
+            con.print(f"  ranked candidates, connected-mode handovers, target among them 2 s ahead: {cov}")
+            con.print("  candidate reliability (leave-one-drive-out calibration; bin: mean probability -> "
+                      f"observed frequency, count; largest gap {s['candidates']['max_gap']}):")
+            for b in s["candidates"]["table"]:
+                con.print(f"    {b['bin']}: {b['mean_conf']:.3f} -> {b['accuracy']:.3f}  (n={b['n']})")
+            for rk, tb in s["candidates"]["by_rank"].items():
+                con.print(f"    {rk}: " + ", ".join(f"{b['bin']}: {b['mean_conf']:.2f}->{b['accuracy']:.2f} (n={b['n']})"
+                                                    for b in tb))
+        con.print(f"  sources: {s['sources']}; false alarms/h by the source that raised them: "
+                  f"{s['false_alarms_per_h_by_source']}")
 
 
 def plot_tavail(res: dict, path: str | Path) -> None:

@@ -30,7 +30,10 @@ class Prediction:
     predictor names a target without a time. ``confidence``: calibrated probability that the
     target is right (0..1). ``source``: the predictor that spoke (``a3``, ``cvh``, ``history``,
     or ``combined:<which>``). ``flips``: how many times this UE's reported target changed
-    within one serving cell so far (set by the Stabiliser).
+    within one serving cell so far (set by the Stabiliser). ``candidates``: the ranked
+    candidate targets ((cell, calibrated probability), ...), best first, the first being
+    ``target_cell`` with ``confidence``; empty when the predictor ranks none (only the
+    combination does).
     """
 
     target_cell: int
@@ -40,6 +43,7 @@ class Prediction:
     target_pci: int = -1
     serving_cell: int = -1
     flips: int = 0
+    candidates: tuple[tuple[int, float], ...] = ()
 
     def remaining_s(self, now: float) -> float:
         """T_remain_hat = t_ho - now (docs/model.md §4), inf when no time is predicted."""

@@ -19,7 +19,7 @@ the rest is array work.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -35,6 +35,8 @@ from xapp.tracks import MeasurementReport, TrackStore, TrackView, UETrack, batch
 SOURCES = ("a3", "cvh", "places", "history", "combined:a3", "combined:places", "combined:cvh", "combined:history",
            "combined:dwell")
 _SRC = {s: i for i, s in enumerate(SOURCES)}
+#: how many ranked candidate targets the combination hands on per UE
+TOP_K = 3
 
 
 @dataclass
@@ -50,6 +52,12 @@ class Raw:
     conf: np.ndarray
     src: np.ndarray
     serving: np.ndarray
+    #: ranked candidate targets (U, TOP_K), -1 padding, the first the target above; their
+    #: probabilities (U, TOP_K), 0 padding. None: the predictor ranks no candidates.
+    cand_cell: np.ndarray | None = field(default=None, kw_only=True)
+    cand_p: np.ndarray | None = field(default=None, kw_only=True)
+    #: the candidates' raw shares (U, TOP_K) before calibration (what a calibration is fitted on)
+    cand_raw: np.ndarray | None = field(default=None, kw_only=True)
 
     @classmethod
     def of(cls, has, cell, t_ho, conf, src: int | np.ndarray, serving, pci=None) -> "Raw":
@@ -62,7 +70,7 @@ class Raw:
         if not self.has[i]:
             return None
         return Prediction(int(self.cell[i]), float(self.t_ho[i]), float(self.conf[i]), SOURCES[int(self.src[i])],
-                          int(self.pci[i]), int(self.serving[i]))
+                          int(self.pci[i]), int(self.serving[i]), candidates=_cands(self, i))
 
 
 @dataclass
@@ -81,11 +89,62 @@ class Predictions(Raw):
         if not self.has[i]:
             return None
         return Prediction(int(self.cell[i]), float(self.t_ho[i]), float(self.conf[i]), SOURCES[int(self.src[i])],
-                          int(self.pci[i]), int(self.serving[i]), int(self.flips[i]))
+                          int(self.pci[i]), int(self.serving[i]), int(self.flips[i]), candidates=_cands(self, i))
 
     def to_dict(self) -> dict[str, Prediction]:
         """{UE id: Prediction} of the UEs with one."""
         return {self.ue_ids[i]: self.get(i) for i in np.flatnonzero(self.has).tolist()}  # type: ignore[misc]
+
+
+def _cands(r: Raw, i: int) -> tuple[tuple[int, float], ...]:
+    """UE ``i``'s ranked (cell, probability) candidates of ``r`` (empty if none ranked)."""
+    if r.cand_cell is None:
+        return ()
+    return tuple((int(c), float(p)) for c, p in zip(r.cand_cell[i].tolist(), r.cand_p[i].tolist()) if c >= 0)
+
+
+def rank_candidates(cells: np.ndarray, ok: np.ndarray, score: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best distinct cells per row. ``cells`` (U, n) int, ``ok`` (U, n) bool (the
+    column holds a candidate), ``score`` (U, n) float (a cell repeated across columns carries
+    the same score in each). Returns (cells (U, k), -1 padding; scores (U, k), 0 padding), best
+    first, equal scores in column order."""
+    U, n = cells.shape
+    dup = np.zeros((U, n), bool)
+    for j in range(1, n):
+        dup[:, j] = (ok[:, :j] & (cells[:, :j] == cells[:, j:j + 1])).any(axis=1)
+    use = ok & ~dup & (cells >= 0)
+    key = np.where(use, score, -np.inf)
+    order = np.argsort(-key, axis=1, kind="stable")[:, :k]
+    rows = np.arange(U)[:, None]
+    got = use[rows, order]
+    out_c = np.where(got, cells[rows, order], -1)
+    out_s = np.where(got, score[rows, order], 0.0)
+    if out_c.shape[1] < k:
+        pad = k - out_c.shape[1]
+        out_c = np.concatenate([out_c, np.full((U, pad), -1, np.int64)], 1)
+        out_s = np.concatenate([out_s, np.zeros((U, pad))], 1)
+    return out_c, out_s
+
+
+def put_first(cells: np.ndarray, probs: np.ndarray, first: np.ndarray, first_p: np.ndarray,
+              has: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranked lists (U, k) with ``first`` (U,) made rank 1 where ``has`` (U,): moved up if it
+    is in the list (its probability becomes ``first_p``), else put in front (the last one
+    drops). Rows without ``has`` are returned empty (-1, 0). The reported target (hysteresis
+    may hold one that is not the best this instant) leads the candidates the scheduler gets."""
+    U, k = cells.shape
+    at = cells == first[:, None]
+    inlist = at.any(axis=1)
+    # rank of every other entry: shift right by one up to where ``first`` was (or to the end)
+    pos = np.where(inlist, np.argmax(at, axis=1), k - 1)
+    j = np.arange(k)[None, :]
+    src = np.where(j == 0, 0, np.where(j <= pos[:, None], j - 1, j))
+    rows = np.arange(U)[:, None]
+    oc = np.where(j == 0, first[:, None], cells[rows, src])
+    op = np.where(j == 0, first_p[:, None], probs[rows, src])
+    oc = np.where(has[:, None], oc, -1)
+    op = np.where(has[:, None] & (oc >= 0), op, 0.0)
+    return oc, op
 
 
 def unique_pairs(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -199,6 +258,8 @@ class _Summary:
     codes: np.ndarray
     probs: np.ndarray
     pos: np.ndarray
+    top_cell: np.ndarray = None       # (U, TOP_K) the table's most likely cells, -1 padding
+    top_p: np.ndarray = None          # (U, TOP_K) their probabilities, 0 padding
 
     @classmethod
     def of(cls, tabs: list[dict[int, float]], inv: np.ndarray | None = None) -> "_Summary":
@@ -206,17 +267,20 @@ class _Summary:
         if inv is not None:
             base = cls.of(tabs)
             return cls(base.cell[inv], base.p[inv], base.total[inv], base.n[inv], base.tid[inv], base.codes,
-                       base.probs, base.pos)
+                       base.probs, base.pos, base.top_cell[inv], base.top_p[inv])
         ids: dict[int, int] = {}
         rows: list[tuple[int, float, float, int]] = []
         codes: list[int] = []
         probs: list[float] = []
         pos: list[int] = []
         tid = np.empty(len(tabs), np.int64)
+        tops: list[list[tuple[int, float]]] = []
         for u, t in enumerate(tabs):
             k = ids.get(id(t))
             if k is None:
                 k = ids[id(t)] = len(rows)
+                # the TOP_K most likely, ties in the table's order (sorted is stable)
+                tops.append(sorted(t.items(), key=lambda kv: -kv[1])[:TOP_K] if t else [])
                 if t:
                     b, pb = max(t.items(), key=lambda kv: kv[1])
                     rows.append((b, pb, sum(t.values()), len(t)))
@@ -229,8 +293,14 @@ class _Summary:
             tid[u] = k
         r = np.array(rows, dtype=np.float64).reshape(-1, 4)
         order = np.argsort(np.array(codes, np.int64), kind="stable")
+        tc = np.full((len(tops), TOP_K), -1, np.int64)
+        tp = np.zeros((len(tops), TOP_K))
+        for k, top in enumerate(tops):
+            for j, (c, p) in enumerate(top):
+                tc[k, j], tp[k, j] = c, p
         return cls(r[tid, 0].astype(np.int64), r[tid, 1], r[tid, 2], r[tid, 3].astype(np.int64), tid,
-                   np.array(codes, np.int64)[order], np.array(probs)[order], np.array(pos, np.int64)[order])
+                   np.array(codes, np.int64)[order], np.array(probs)[order], np.array(pos, np.int64)[order],
+                   tc[tid], tp[tid])
 
     def lookup(self, cell: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(in the UE's table, probability, position) of ``cell`` (U,) in each UE's table."""
@@ -268,14 +338,21 @@ class CombinedPredictor:
                  w_cvh: float = 0.5, w_places: float = 3.0, w_a3: float = 2.0, a3_trust_s: float = 0.4,
                  calibrator: Calibrator | None = None, time_from_anonymous_a3: bool = True,
                  time_from_cvh: bool = False, places_time_min_score: float = 0.0,
-                 time_from_dwell: bool = False, dwell_min_lead_s: float = 0.5) -> None:
+                 time_from_dwell: bool = False, dwell_min_lead_s: float = 0.5, dwell_residual: bool = False,
+                 dwell_edge: bool = False, dwell_edge_margin_db: float = 3.0,
+                 dwell_edge_slope_db_s: float = 0.5, places_edge: bool = False) -> None:
+        self.places_edge = places_edge
         self.a3, self.cvh, self.places, self.hist = a3, cvh, places, hist
         self.time_from_dwell, self.dwell_min_lead_s = time_from_dwell, dwell_min_lead_s
+        self.dwell_residual, self.dwell_edge = dwell_residual, dwell_edge
+        self.dwell_edge_margin_db, self.dwell_edge_slope_db_s = dwell_edge_margin_db, dwell_edge_slope_db_s
         self.w_cvh, self.w_places, self.w_a3, self.a3_trust_s = w_cvh, w_places, w_a3, a3_trust_s
         self.time_from_anonymous_a3 = time_from_anonymous_a3
         self.time_from_cvh = time_from_cvh
         self.places_time_min_score = places_time_min_score
         self.calibrator = calibrator or Calibrator()
+        #: calibrators of the candidates' shares at ranks 2..TOP_K (rank 1 takes ``calibrator``)
+        self.rank_calibrators = [self.calibrator] + [Calibrator() for _ in range(TOP_K - 1)]
 
     def sources(self, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> "_Sources":
         """Every source over the batch, computed once: the A3 forecast (with its resolved
@@ -287,7 +364,9 @@ class CombinedPredictor:
         mo = motion_batch(v, self.cvh.assoc, self.cvh.cfg)
         pl = places_batch(v, now, self.places.assoc, self.places.places, self.places.cfg, mo)
         cv = cvh_batch(v, now, self.cvh.assoc, self.cvh.cfg, mo)
-        return _Sources(sc, f, a3_cell, pl, cv, self.hist.summary(v, ues), self._entered(v, ues))
+        edge = f.has | edge_evidence(v, now, self.a3.cfg.window_s, self.a3.cfg.offset_db + self.a3.cfg.hysteresis_db
+                                     - self.dwell_edge_margin_db, self.dwell_edge_slope_db_s)
+        return _Sources(sc, f, a3_cell, pl, cv, self.hist.summary(v, ues), self._entered(v, ues), edge)
 
     def _entered(self, v: TrackView, ues: Sequence[str]) -> np.ndarray:
         """Per UE (U,): when its serving cell began serving it, s (trace clock): the last change
@@ -371,16 +450,39 @@ class CombinedPredictor:
         a3_is = f.has & (a3_cell == target)
         t1 = a3_is & (f.t_ho - now <= self.a3_trust_s)
         t2 = ~t1 & pl.has & (pl.cell == target) & (pl.score >= self.places_time_min_score)
+        if self.places_edge:
+            t2 &= src.edge
         anon = self.time_from_anonymous_a3 & f.has & (a3_cell < 0) & (f.pci < 0)
         t3 = ~t1 & ~t2 & (a3_is | anon)
         t4 = ~t1 & ~t2 & ~t3 & self.time_from_cvh & cv.has & (cv.cell == target)
         t5 = ~t1 & ~t2 & ~t3 & ~t4 & has & self.time_from_dwell
+        if self.dwell_edge:
+            t5 &= src.edge
         t_dw = self._dwell_t_ho(src, target, now, t5)
         t5 &= np.isfinite(t_dw)
         t_ho = np.select([t1, t2, t3, t4, t5], [f.t_ho, pl.t_ho, f.t_ho, cv.t_ho, t_dw], np.nan)
         src = np.select([t1 | t3, t2, t4, t5], [_SRC["combined:a3"], _SRC["combined:places"], _SRC["combined:cvh"],
                                                 _SRC["combined:dwell"]], _SRC["combined:history"])
-        return Raw.of(has, target, t_ho, conf, src, sc, np.where(a3_is, f.pci, -1))
+        out = Raw.of(has, target, t_ho, conf, src, sc, np.where(a3_is, f.pci, -1))
+        # ranked candidates: the table's TOP_K cells and the voted cells, each scored as the
+        # target is (successor probability + the votes it gets), as a share of the total
+        tc, tp = h.top_cell, h.top_p
+        cols_c = [tc[:, j] for j in range(TOP_K)] + vcell
+        cols_ok = [tc[:, j] >= 0 for j in range(TOP_K)] + vok
+        cols_b = [tp[:, j] for j in range(TOP_K)] + base[1:]
+        Cc = np.stack(cols_c, 1)
+        Sc = np.stack(cols_b, 1)
+        for j in range(3):
+            Sc = Sc + np.where(vok[j][:, None] & (Cc == vcell[j][:, None]), vval[j][:, None], 0.0)
+        rc, rs = rank_candidates(Cc, np.stack(cols_ok, 1), Sc, TOP_K)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(total[:, None] > 0, rs / np.where(total > 0, total, 1.0)[:, None], 0.0)
+        cp = np.stack([self.rank_calibrators[j](share[:, j]) for j in range(TOP_K)], 1)
+        out.cand_cell, out.cand_p = put_first(rc, np.where(rc >= 0, cp, 0.0), target, conf, has)
+        out.cand_raw = np.where(out.cand_cell >= 0, put_first(rc, share, target,
+                                                              np.where(total > 0, mx / np.where(total > 0, total, 1.0), 0.0),
+                                                              has)[1], 0.0)
+        return out
 
     def _dwell_t_ho(self, src: "_Sources", target: np.ndarray, now: np.ndarray,
                     want: np.ndarray) -> np.ndarray:
@@ -395,8 +497,15 @@ class CombinedPredictor:
         if kn is None or not len(rows):
             return out
         pairs, inv = unique_pairs(np.stack([src.sc[rows], target[rows]], 1))
-        med = np.array([kn.dwell.median(int(a), int(b)) for a, b in pairs.tolist()], dtype=np.float64)
-        out[rows] = np.maximum(src.entered[rows] + med[inv], now[rows] + self.dwell_min_lead_s)
+        if self.dwell_residual:
+            med = np.full(len(rows), np.nan)
+            elapsed = now[rows] - src.entered[rows]
+            for q, (a, b) in enumerate(pairs.tolist()):
+                sel = inv == q
+                med[sel] = kn.dwell.residual_median(int(a), int(b), elapsed[sel])
+        else:
+            med = np.array([kn.dwell.median(int(a), int(b)) for a, b in pairs.tolist()], dtype=np.float64)[inv]
+        out[rows] = np.maximum(src.entered[rows] + med, now[rows] + self.dwell_min_lead_s)
         return out
 
     def predict(self, view: TrackView, now: float, ue_id: str = "") -> Prediction | None:
@@ -417,6 +526,44 @@ class _Sources:
     cv: object
     h: _Summary
     entered: np.ndarray
+    edge: np.ndarray
+
+
+def edge_evidence(v: TrackView, now: np.ndarray, window_s: float, min_gap_db: float,
+                  min_fall_db_s: float) -> np.ndarray:
+    """Per UE of a batched view (U, w[, m]) at ``now`` (U,): whether its radio says it is near
+    the serving cell's edge (bool (U,)): a neighbour of the newest report within reach of the
+    A3 entry (Mn - Mp >= ``min_gap_db``, dB: the entry threshold Off + Hys less a margin), or
+    the serving RSRP falling at least ``min_fall_db_s`` dB/s (least-squares slope over the
+    reports of the last ``window_s`` s on the current serving cell, at least 3 of them). NaN
+    RSRPs count as no evidence. The dwell-time source gives a time only with it (a learned
+    dwell alone does not say the UE is about to leave)."""
+    U = len(now)
+    if U == 0:
+        return np.zeros(0, bool)
+    srv = v.rsrp_dbm.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        near = np.zeros(U, bool)
+        if v.nb_rsrp_dbm.ndim == 3 and v.nb_rsrp_dbm.shape[2]:
+            gap = v.nb_rsrp_dbm[:, -1, :].astype(np.float64) - srv[:, -1, None]
+            near = (gap >= min_gap_db).any(axis=1)
+        sc = v.serving_cell[:, -1]
+        t = v.time
+        ok = (t >= (now - window_s)[:, None]) & (v.serving_cell == sc[:, None]) & np.isfinite(srv) & np.isfinite(t)
+        # rows after the last other serving cell only
+        ar = np.arange(t.shape[1])
+        last_other = np.where(v.serving_cell != sc[:, None], ar, -1).max(axis=1)
+        ok &= ar[None, :] > last_other[:, None]
+        n = ok.sum(axis=1)
+        tt = np.where(ok, t - now[:, None], 0.0)
+        yy = np.where(ok, srv, 0.0)
+        nn = np.maximum(n, 1)
+        mt, my = tt.sum(axis=1) / nn, yy.sum(axis=1) / nn
+        dt = np.where(ok, tt - mt[:, None], 0.0)
+        sxx = (dt * dt).sum(axis=1)
+        slope = np.where(sxx > 1e-9, (dt * (yy - my[:, None])).sum(axis=1) / np.where(sxx > 1e-9, sxx, 1.0), 0.0)
+        falling = (n >= 3) & (slope <= -min_fall_db_s)
+    return near | falling
 
 
 def _a3_batch(a3: A3Forecaster, v: TrackView, now: np.ndarray, ues: Sequence[str]) -> Raw:
@@ -445,7 +592,8 @@ class HandoverPredictor:
     ``forget(ue)`` frees a UE's state (it left). Predictions below ``cfg.min_confidence`` are
     dropped. ``calibrators`` maps a mode name to a ``Calibrator`` (or its ``to_dict`` form, as
     saved by ``python -m pallas_tools.evaluate --save-calibration``) so that confidences are
-    calibrated.
+    calibrated; ``combined@2`` and ``combined@3`` calibrate the combination's second and third
+    candidates (``Prediction.candidates``; ``combined`` the first).
     """
 
     def __init__(self, cfg: PredictorConfig | None = None, knowledge: Knowledge | None = None,
@@ -466,7 +614,12 @@ class HandoverPredictor:
                                           time_from_cvh=cfg.time_from_cvh,
                                           places_time_min_score=cfg.places_time_min_score,
                                           time_from_dwell=cfg.time_from_dwell,
-                                          dwell_min_lead_s=cfg.dwell_min_lead_s)
+                                          dwell_min_lead_s=cfg.dwell_min_lead_s,
+                                          dwell_residual=cfg.dwell_residual, dwell_edge=cfg.dwell_edge,
+                                          dwell_edge_margin_db=cfg.dwell_edge_margin_db,
+                                          dwell_edge_slope_db_s=cfg.dwell_edge_slope_db_s,
+                                          places_edge=cfg.places_edge)
+        self.combined.rank_calibrators[1:] = [cal.get(f"combined@{j + 1}", Calibrator()) for j in range(1, TOP_K)]
         self.active = {"a3": self.a3, "cvh": self.cvh, "places": self.places, "history": self.history,
                        "combined": self.combined}[cfg.mode]
         self._rows: dict[str, int] = {}          # UE id -> row of the stabiliser bank
@@ -537,8 +690,15 @@ class HandoverPredictor:
         idx = self._row_of(ues)
         rep = self._bank.update(idx, has, raw.cell, raw.pci, raw.t_ho, raw.conf, raw.src, now, raw.serving)
         a = self._bank.a
-        return Predictions(rep, a["rep_cell"][idx], a["rep_pci"][idx], a["rep_tho"][idx], a["rep_conf"][idx],
-                           a["rep_src"][idx], a["rep_sc"][idx], ue_ids=list(ues), flips=a["flips"][idx])
+        out = Predictions(rep, a["rep_cell"][idx], a["rep_pci"][idx], a["rep_tho"][idx], a["rep_conf"][idx],
+                          a["rep_src"][idx], a["rep_sc"][idx], ue_ids=list(ues), flips=a["flips"][idx])
+        if raw.cand_cell is not None:
+            # the reported (held) target leads the candidates, with its reported probability
+            ok = rep & (out.cell >= 0)
+            out.cand_cell, out.cand_p = put_first(raw.cand_cell, raw.cand_p, out.cell, out.conf, ok)
+            if raw.cand_raw is not None:
+                out.cand_raw = put_first(raw.cand_cell, raw.cand_raw, out.cell, np.full(len(ok), np.nan), ok)[1]
+        return out
 
     _SCALARS = ("time", "serving_cell", "rsrp_dbm", "lat", "lon", "speed_mps", "heading_deg")
     _NEIGHBOURS = ("nb_pci", "nb_cell", "nb_rsrp_dbm")

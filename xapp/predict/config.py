@@ -150,7 +150,18 @@ class PredictorConfig:
     gets the time its serving cell's learned dwell before that target ends (``maps.DwellModel``),
     never sooner than ``dwell_min_lead_s`` from now: a deployed xApp on a real drive, where GPS
     fixes come every 100 m and neighbours carry no identity, otherwise names the target and no
-    time, and nothing is prepared (issue 26). ``min_confidence``: predictions below it are not reported.
+    time, and nothing is prepared (issue 26). ``dwell_residual``: that dwell is the median of
+    the learned dwells longer than the time already spent on the cell
+    (``DwellModel.residual_median``; without it a UE past the median got "now + dwell_min_lead_s"
+    on every report, one stuck alarm per long dwell: 52 of 62 false alarms/h on the UCC drives).
+    ``dwell_edge``: the dwell gives a time only with evidence that the UE is near the serving
+    cell's edge (``combined.edge_evidence``: an A3 forecast on any neighbour, a neighbour within
+    ``dwell_edge_margin_db`` of the A3 entry, or the serving RSRP falling at least
+    ``dwell_edge_slope_db_s`` dB/s); ``places_edge``: the same for the handover-place time.
+    All three are on in the drive-log profile (``pallas_tools.evaluate.drive_log_config``) and
+    off by default: on the replay's generated drives they cost the timed share at T - 1 s
+    (``benchmarks/replay_predictions.py``: 29% -> 23% without history, 82% -> 81% with 16 drives).
+    ``min_confidence``: predictions below it are not reported.
     ``ue_silence_s``: a UE with no report for this long (trace clock) has gone: its track and
     predictor state are freed (issue 14, bounded memory under churn)."""
 
@@ -165,6 +176,11 @@ class PredictorConfig:
     places_time_min_score: float = 0.0
     time_from_dwell: bool = True
     dwell_min_lead_s: float = 0.5
+    dwell_residual: bool = False
+    dwell_edge: bool = False
+    dwell_edge_margin_db: float = 3.0
+    dwell_edge_slope_db_s: float = 0.5
+    places_edge: bool = False
     ue_silence_s: float = 30.0
     a3: A3Config = field(default_factory=A3Config)
     cvh: CVHConfig = field(default_factory=CVHConfig)

@@ -60,13 +60,14 @@ _RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "targets_p_floor": (0.0, True, 1.0, True),
     "targets_backhaul_share": (0.0, True, 8.0, True),
     "targets_prefill_s": (0.0, True, 60.0, True),
+    "warmup_cost_weight": (0.0, True, 100.0, True),
 }
 
 #: Fields that may be None (then absent from the descriptor): None means "not in force".
 _OPTIONAL = frozenset({"fixed_window_s", "targets_backhaul_share", "targets_prefill_s"})
 #: Fields the descriptor may leave out (they have defaults; added after descriptors existed).
 _DEFAULTED = frozenset({"ho_timing_quantile", "ho_timing_max_margin_s", "ho_timing_window",
-                        "targets_k", "targets_split", "targets_p_floor"})
+                        "targets_k", "targets_split", "targets_p_floor", "warmup_cost_weight"})
 #: Fields that must hold whole numbers.
 _INTEGRAL = frozenset({"ho_timing_window", "targets_k"})
 
@@ -99,6 +100,10 @@ class SchedulerConfig:
       ``targets_prefill_s`` (None: unbounded): the choice of up to K targets per UE
       (docs/model.md §4.1; :meth:`target_choice`, read by
       :func:`xapp.scheduler.targets.choose_targets`). K = 1 is the single target.
+    - ``warmup_cost_weight`` lambda, s of SIT per s of wasted warm-up prefill, [0, 100]: the
+      expected-benefit rule (:mod:`xapp.scheduler.benefit`, docs/model.md §4.2) lets a trigger
+      fire only where p (SIT_fallback - SIT) >= (1 - p) lambda L_hist / r_p, p the
+      prediction's calibrated probability; 0 (default) leaves Eq. 9's rule alone.
 
     Every other field is in ``descriptors/schema.json`` with the same bounds as here, required
     there except the optional ``fixed_window_s`` and the defaulted ``ho_timing_*``. Raises :class:`SchedulerConfigError` naming every field that is not a finite number
@@ -127,6 +132,7 @@ class SchedulerConfig:
     targets_p_floor: float = 0.0
     targets_backhaul_share: float | None = None
     targets_prefill_s: float | None = None
+    warmup_cost_weight: float = 0.0
 
     def __post_init__(self) -> None:
         errors = []

@@ -38,6 +38,7 @@ from pallas_common.timing import Decision, DecisionParams, WindowInputs, decide,
 from pallas_proto import pallas_pb2
 
 from .admission import ModelKey, admit
+from .benefit import fallback_sit, worth_preparing
 from .config import SchedulerConfig
 from .ho_timing import HandoverTimingError
 from .state import (Action, CancelAction, CommitAction, DecidedRates, MigrationState,
@@ -107,6 +108,7 @@ class SchedulerEngine:
         self._source = np.full(cap, -1, np.int64)     # agent index
         self._target = np.full(cap, -1, np.int64)     # the state machine's target, -1 none
         self._t_ho = np.full(cap, np.nan)
+        self._conf = np.ones(cap)                     # the prediction's calibrated probability
         self.last_window = np.full(cap, np.nan)       # T_w* of the last decision, s
         # Agents: an index each; r_p slot per agent, B slot per (source, target) pair.
         self._agent_idx: dict[str, int] = {}
@@ -198,7 +200,7 @@ class SchedulerEngine:
     def _grow(self) -> None:
         cap = self._alive.size
         for name in ("_alive", "_planned", "_preparing", "_allowed", "_tokens", "_tokens_time", "_remaining",
-                     "_s_kv", "_block", "_decode_slot", "_source", "_target", "_t_ho",
+                     "_s_kv", "_block", "_decode_slot", "_source", "_target", "_t_ho", "_conf",
                      "last_window"):
             a = getattr(self, name)
             setattr(self, name, np.concatenate([a, np.empty(cap, a.dtype)]))
@@ -390,8 +392,11 @@ class SchedulerEngine:
                 t_ho = np.concatenate([t_ho, t_ho[rows]])
                 allow = np.concatenate([allow, allow[rows]])
         known = slots >= 0
-        slots, tidx, t_ho, allow = slots[known], tidx[known], t_ho[known], allow[known]
+        if self._ue_multi and len(slots) > n:
+            conf = np.concatenate([conf, conf[rows]])
+        slots, tidx, t_ho, allow, conf = slots[known], tidx[known], t_ho[known], allow[known], conf[known]
         self._allowed[slots] = allow
+        self._conf[slots] = conf
         for k in np.flatnonzero(~allow & self._preparing[slots]):   # a rule now forbids it
             actions += self._sm[int(slots[k])].withdraw(  # type: ignore[union-attr]
                 "proactive migration not allowed (proactive rules)")
@@ -457,6 +462,13 @@ class SchedulerEngine:
         d = decide(inputs, self._params)
         if self.cfg.fixed_window_s is not None:
             d = fixed_window_decision(inputs, d, self.cfg.fixed_window_s, self._params)
+        if self.cfg.warmup_cost_weight > 0 and d.trigger.any():
+            # the expected-benefit rule (docs/model.md §4.2): a likely wasted warm-up waits
+            fb = fallback_sit(d.k_ho, inputs.block_size, inputs.r_p, inputs.s_kv, inputs.bandwidth,
+                              self.cfg.c_sync_s, self._reactive == pallas_pb2.SCHEME_RECOMPUTATION) + 1.0 / r_d
+            worth = worth_preparing(self._conf[cand], fb, d.t_sit, d.l_hist, inputs.r_p,
+                                    self.cfg.warmup_cost_weight)
+            d = dataclasses.replace(d, trigger=d.trigger & worth)
         self.last_window[cand] = d.window
         actions: list[Action] = []
         for i in np.flatnonzero(d.trigger):
