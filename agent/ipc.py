@@ -149,6 +149,8 @@ class LocalBlock:
 
 
 BlockCallback = Callable[[LocalBlock], None]
+#: An Export start beyond any block: the connector keeps its position and takes the new flags.
+_NO_REWIND = 1 << 31
 
 
 class BlockHub:
@@ -178,7 +180,8 @@ class BlockHub:
         self._task: asyncio.Task | None = None
         self._sched_ident: bytes | None = None
         self._ready = asyncio.Event()
-        self._exports: dict[str, Export] = {}
+        self._exports: dict[str, Export] = {}       # sid -> what the connector is asked
+        self._holders: dict[str, dict[str, Export]] = {}  # sid -> key -> what each holder asked
         self._log = logging.getLogger("pallas.agent.ipc")
         self.blocks_in = 0  # blocks received from the local worker (source role)
         self.bytes_in = 0
@@ -225,20 +228,45 @@ class BlockHub:
             return False
 
     def export(self, sid: str, epoch: int, start_block: int, *, stream: bool = True,
-               tail: bool = True) -> None:
+               tail: bool = True, key: str = "") -> None:
         """Ask the connector to copy out blocks of ``sid`` from ``start_block`` as they complete.
 
         ``stream``: full blocks; ``tail``: a snapshot of the partial last block every step.
-        The command is re-sent if the scheduler side reconnects.
+        ``key``: who asks (the source's attempts use their target's address): one session may
+        feed several streams of one epoch (issue 45), each holding the export until its own
+        :meth:`stop_export`; the connector copies from the lowest start any of them asked, full
+        blocks if any asks for them, the tail if any does. A holder of another epoch replaces
+        every holder of the older one. The command is re-sent if the scheduler side reconnects.
         """
-        cmd = Export(sid, int(epoch), int(start_block), bool(stream), bool(tail))
-        self._exports[sid] = cmd
-        self._to_sched(cmd)
+        holders = self._holders.setdefault(sid, {})
+        if any(h.epoch != int(epoch) for h in holders.values()):
+            holders.clear()
+        holders[key] = Export(sid, int(epoch), int(start_block), bool(stream), bool(tail))
+        merged = self._merged(sid)
+        self._exports[sid] = merged
+        # The connector lowers its next block to this start (a lower one re-copies blocks some
+        # holder already has: they are dropped there); the flags are every holder's.
+        self._to_sched(Export(sid, int(epoch), int(start_block), merged.stream, merged.tail))
 
-    def stop_export(self, sid: str) -> None:
-        """Stop copying out blocks of ``sid``."""
-        self._exports.pop(sid, None)
-        self._to_sched(Stop(sid))
+    def _merged(self, sid: str) -> Export:
+        hs = list(self._holders[sid].values())
+        return Export(sid, hs[0].epoch, min(h.start_block for h in hs),
+                      any(h.stream for h in hs), any(h.tail for h in hs))
+
+    def stop_export(self, sid: str, key: str | None = None) -> None:
+        """Stop copying out blocks of ``sid`` for ``key`` (None: for every holder). The export
+        ends when no holder is left; until then the others' flags stay in force."""
+        holders = self._holders.get(sid, {})
+        if key is not None:
+            holders.pop(key, None)
+        if key is None or not holders:
+            self._holders.pop(sid, None)
+            self._exports.pop(sid, None)
+            self._to_sched(Stop(sid))
+            return
+        merged = self._exports[sid] = self._merged(sid)
+        # Only the flags change: a start past any block leaves the connector's position alone.
+        self._to_sched(Export(sid, merged.epoch, _NO_REWIND, merged.stream, merged.tail))
 
     def put_block(self, sid: str, epoch: int, idx: int, fill: int, crc: int, data: bytes,
                   crc_ok: bool | None = None) -> str:

@@ -92,13 +92,13 @@ class MigrationEngine:
 
     def session_failed(self, s: Session) -> None:
         """A session's request failed here (:attr:`agent.session.VllmClient.on_failed`): abandon its
-        outbound attempt at once, so the target frees what it holds (nothing is left to
-        migrate: a failed session is terminal)."""
-        out = self.ctx.outbound.get(s.session_id)
-        if out is not None and out.state not in (SourceState.COMMITTING,):
-            MIGRATIONS.labels("source", scheme_name(out.scheme), "failed").inc()
-            self.ctx.spawn(self.source.abandon(out, f"the session failed at the source: {s.error}"),
-                           f"abandon-failed-{s.session_id}")
+        outbound attempts (every target) at once, so each target frees what it holds (nothing
+        is left to migrate: a failed session is terminal). A commit in flight keeps its own."""
+        for out in self.ctx.outbound.of(s.session_id):
+            if out.state not in (SourceState.COMMITTING,):
+                MIGRATIONS.labels("source", scheme_name(out.scheme), "failed").inc()
+                self.ctx.spawn(self.source.abandon(out, f"the session failed at the source: {s.error}"),
+                               f"abandon-failed-{s.session_id}-{out.target.address}")
 
     def forget(self, session_id: str) -> None:
         """Drop every record of a session that ended here. An attempt still prepared for it (a
@@ -108,11 +108,11 @@ class MigrationEngine:
         UNKNOWN_SESSION). Only a live attempt (prepared or streaming) is: one that a Trigger is
         still preparing or a Commit is carrying out belongs to that call, which ends it either way
         (abandoning it under a commit made the commit fail after the target had resumed, found by
-        the same soak)."""
-        out = self.ctx.outbound.get(session_id)
-        if out is not None and out.live:
-            self.ctx.spawn(self.source.abandon(out, "the session ended here"),
-                           f"abandon-ended-{session_id}")
+        the same soak). Every target's attempt of the session is."""
+        for out in self.ctx.outbound.of(session_id):
+            if out.live:
+                self.ctx.spawn(self.source.abandon(out, "the session ended here"),
+                               f"abandon-ended-{session_id}-{out.target.address}")
         self.ctx.ledger.forget(session_id)
         self.session_schemes.pop(session_id, None)
         self._locks.pop(session_id, None)
@@ -165,21 +165,25 @@ class MigrationEngine:
 
         Proactive schemes: Prepare (the block-aligned split P = ``split_tokens`` rounded down,
         0 = every whole block so far; w/o RC: 0) then the suffix stream. Reactive schemes:
-        recorded only. A newer epoch abandons the older attempt (docs/model.md §5). ``rank``:
+        recorded only. A newer epoch abandons the older attempts (docs/model.md §5). ``rank``:
         the target's rank among the UE's candidates (0 = the most likely), sent in the Prepare.
-        A repeated Trigger of the epoch whose attempt is live means the prediction holds: it
-        renews the target's lease at once (besides the first call's reply).
+        A Trigger of the same epoch naming another target adds that target (issue 45: the
+        session is prepared at each; a commit uses the one the UE reached and releases the
+        others); one naming the same target again means the prediction holds: it renews that
+        target's lease at once (besides the first call's reply).
         """
         value = self.scheme_for(session_id, scheme)
         spec = SCHEMES[value]
-        out = self.ctx.outbound.get(session_id)
+        out = self.ctx.outbound.at(session_id, target.address)
         if out is not None and out.epoch == epoch and out.proactive and out.live:
             out.renew_now.set()
 
         async def work(s: Session) -> pallas_pb2.ControlReply:
             if s.state == SessionState.FAILED:
                 return self.failed_reply(s, epoch, value)
-            await self._abandon_current(s, f"superseded by epoch {epoch}")
+            await self._abandon_current(s, f"superseded by epoch {epoch}",
+                                        keep=lambda o: o.epoch == epoch and o.proactive
+                                        and o.target.address != target.address)
             s.epoch = epoch
             if not spec.proactive:
                 MIGRATIONS.labels("source", spec.name, "recorded").inc()
@@ -195,20 +199,24 @@ class MigrationEngine:
                               else "rejected").inc()
             return rep
 
-        return await self._once("trigger", session_id, epoch, work)
+        return await self._once(f"trigger@{target.address}", session_id, epoch, work)
 
     async def cancel(self, session_id: str, epoch: int, reason: str = "") -> pallas_pb2.ControlReply:
-        """Abandon the attempt of ``epoch``: the target releases all it holds; decoding here
-        never stops. OK also when nothing was prepared."""
+        """Abandon the attempts of ``epoch`` (every target's: CancelRequest names none): each
+        target releases all it holds; decoding here never stops. OK also when nothing was
+        prepared."""
         async def work(s: Session) -> pallas_pb2.ControlReply:
             self.ctx.ledger.entry(session_id, epoch).closed = "cancelled"
-            out = await self._abandon_current(s, reason or "cancelled")
-            if out is None:
+            outs = await self._abandon_current(s, reason or "cancelled")
+            if not outs:
                 return self.ctx.reply(S.STATUS_OK, s, epoch, message="no migration running")
-            MIGRATIONS.labels("source", scheme_name(out.scheme), "cancelled").inc()
-            log.info("cancelled", session=session_id, epoch=epoch, reason=reason)
+            out = outs[-1]
+            for o in outs:
+                MIGRATIONS.labels("source", scheme_name(o.scheme), "cancelled").inc()
+            log.info("cancelled", session=session_id, epoch=epoch, reason=reason, targets=len(outs))
             return self.ctx.reply(S.STATUS_OK, s, epoch, split=out.split, scheme=out.scheme,
-                                  message=f"epoch {epoch} cancelled ({reason or 'no reason given'})")
+                                  message=f"epoch {epoch} cancelled ({reason or 'no reason given'})"
+                                  + (f" at {len(outs)} targets" if len(outs) > 1 else ""))
 
         return await self._once("cancel", session_id, epoch, work, allow_closed=("cancelled",))
 
@@ -237,9 +245,8 @@ class MigrationEngine:
             if spec.bridge and s.state != SessionState.FINISHED and not s.request_done:
                 await self.source.bridge(s, epoch, actual_target, spec.value)
                 freeze_at = None  # hand over at the token boundary the bridge chose
-            out = self.ctx.outbound.get(session_id)
             use, why = commit_scheme(
-                spec, prepared=out is not None and out.prepared_for(epoch, actual_target.address),
+                spec, prepared=self.source.prepared(s, epoch, actual_target.address) is not None,
                 pinned=SCHEMES.get(self.scheme_for(session_id)),
                 in_prefill=not s.output_token_ids and not s.request_done)
             if why:
@@ -260,23 +267,23 @@ class MigrationEngine:
                                                        self.pinned_scheme(session_id), deadline)
             except Exception as exc:  # never leave the source frozen
                 log.exception("commit_error", session=session_id, epoch=epoch)
-                out = self.ctx.outbound.get(session_id)
-                if out is not None:
+                out = self.ctx.outbound.at(session_id, actual_target.address)
+                if out is not None:   # the other targets' attempts stay, as on any failed commit
                     await self.source.abandon(out, "commit error")
                 rep = self.ctx.reply(S.STATUS_ERROR, s, epoch, scheme=use.value, message=repr(exc))
             return self._settle_commit(s, epoch, rep, spec, use, back)
 
         return await self._once("commit", session_id, epoch, work, allow_closed=("cancelled",))
 
-    async def _abandon_current(self, s: Session, why: str):
-        """Abandon the session's outbound attempt, if any (a MIGRATING session serves on);
-        returns it (an :class:`Outbound`) or None."""
-        out = self.ctx.outbound.get(s.session_id)
-        if out is not None:
-            await self.source.abandon(out, why)
-            if s.state == SessionState.MIGRATING:
-                s.set_state(SessionState.SERVING)
-        return out
+    async def _abandon_current(self, s: Session, why: str, keep=lambda out: False) -> list:
+        """Abandon the session's outbound attempts but those ``keep(attempt)`` is true of (a
+        MIGRATING session with none left serves on); returns the abandoned ones
+        (:class:`Outbound`), oldest first."""
+        outs = [o for o in self.ctx.outbound.of(s.session_id) if not keep(o)]
+        await asyncio.gather(*(self.source.abandon(o, why) for o in outs))
+        if s.state == SessionState.MIGRATING and not any(o.live for o in self.ctx.outbound.of(s.session_id)):
+            s.set_state(SessionState.SERVING)
+        return outs
 
     async def _failed_at_source(self, s: Session, epoch: int, spec: SchemeSpec) -> pallas_pb2.ControlReply:
         """A commit of a session whose request failed here: its attempt is abandoned, the
@@ -306,6 +313,8 @@ class MigrationEngine:
             return rep
         if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
             s.set_state(SessionState.SERVING if back != SessionState.RESUMED else back)
+        if s.state == SessionState.SERVING and any(o.live for o in self.ctx.outbound.of(s.session_id)):
+            s.set_state(SessionState.MIGRATING)   # the other targets' attempts stay prepared
         s.unfreeze()
         if s.state == SessionState.FAILED:
             rep.message = f"{rep.message}; the session failed at the source meanwhile: {s.error}"
@@ -325,7 +334,7 @@ class MigrationEngine:
     async def close(self) -> None:
         """Abandon every outbound attempt, drop every inbound one, close peer channels."""
         for out in list(self.ctx.outbound.values()):
-            self.ctx.hub.stop_export(out.session.session_id)
+            self.ctx.hub.stop_export(out.session.session_id, out.target.address)
             if out.stream is not None:
                 out.stream.abort()
         self.ctx.outbound.clear()

@@ -120,19 +120,22 @@ class Source:
 
     # ------------------------------------------------------------------ local blocks
     def on_local_block(self, blk: LocalBlock) -> None:
-        out = self.ctx.outbound.get(blk.sid)
-        if out is None or out.epoch != blk.epoch or not (out.live or
-                                                         out.state == SourceState.COMMITTING):
-            return
-        if blk.tail:
-            if out.tail is None or blk.computed >= out.tail.computed:
-                out.tail = blk
-        elif blk.idx not in out.full:
-            out.full.add(blk.idx)
-            if out.stream is not None:
+        """A block the local worker copied out: to every attempt of the session at its epoch
+        (issue 45: one export feeds each target's stream). A full block counts as copied out
+        for an attempt only once it went into that attempt's stream: an attempt with none (a
+        prefix-only preparation beside a streamed one) ships it at its commit, if it commits."""
+        for out in self.ctx.outbound.of(blk.sid):
+            if out.epoch != blk.epoch or not (out.live or out.state == SourceState.COMMITTING):
+                continue
+            if blk.tail:
+                if out.tail is None or blk.computed >= out.tail.computed:
+                    out.tail = blk
+            elif blk.idx not in out.full and out.stream is not None \
+                    and blk.idx >= out.first_block:
+                out.full.add(blk.idx)
                 out.stream.send(Block(out.session.session_id, out.epoch, blk.idx, blk.fill,
                                       blk.crc, blk.data))
-        out.note()
+            out.note()
 
     def _watch_stream(self, out: Outbound) -> None:
         """A failed stream (peer gone) ends the attempt; the session serves on."""
@@ -142,11 +145,7 @@ class Source:
             if stream.error is not None and out.live:
                 out.to(SourceState.FAILED)
                 out.error = repr(stream.error)
-                self.ctx.hub.stop_export(out.session.session_id)
-                if self.ctx.outbound.get(out.session.session_id) is out:
-                    self.ctx.outbound.pop(out.session.session_id, None)
-                if out.session.state == SessionState.MIGRATING:
-                    out.session.set_state(SessionState.SERVING)
+                self._drop(out)
                 log.warning("migration_failed", session=out.session.session_id,
                             epoch=out.epoch, peer=out.target.address, error=out.error)
                 out.note()
@@ -157,20 +156,58 @@ class Source:
         out.stream = out.client.open_stream(out.session.session_id, out.epoch)
         self._watch_stream(out)
         out.to(SourceState.STREAMING)
-        self.ctx.hub.export(out.session.session_id, out.epoch, start_block, stream=True, tail=tail)
+        self.ctx.hub.export(out.session.session_id, out.epoch, start_block, stream=True, tail=tail,
+                            key=out.target.address)
 
-    async def abandon(self, out: Outbound, reason: str) -> None:
-        """Stop an attempt: no more export, stream cancelled, the target released."""
+    def _drop(self, out: Outbound) -> None:
+        """An attempt that ended: forgotten, its share of the export stopped; the session is
+        MIGRATING no more once no live attempt of it is left."""
+        s = out.session
+        self.ctx.outbound.discard(out)
+        self.ctx.hub.stop_export(s.session_id, out.target.address)
+        if s.state == SessionState.MIGRATING and not any(o.live for o in self.ctx.outbound.of(s.session_id)):
+            s.set_state(SessionState.SERVING)
+
+    def _stop(self, out: Outbound) -> bool:
+        """The local half of :meth:`abandon` (no RPC): returns whether the target is to be
+        released (False for an attempt already ended)."""
         sid = out.session.session_id
-        if self.ctx.outbound.get(sid) is out:
-            self.ctx.outbound.pop(sid, None)
+        self.ctx.outbound.discard(out)
         if out.state in (SourceState.CANCELLED, SourceState.COMMITTED, SourceState.FAILED):
-            return
+            return False
         out.to(SourceState.CANCELLED)
-        self.ctx.hub.stop_export(sid)
+        self.ctx.hub.stop_export(sid, out.target.address)
         if out.stream is not None:
             out.stream.abort()
         out.note()
+        return True
+
+    async def abandon(self, out: Outbound, reason: str) -> None:
+        """Stop an attempt: no more export for it, its stream cancelled, its target released."""
+        if not self._stop(out):
+            return
+        await self._release(out, reason)
+
+    async def abandon_all(self, s: Session, reason: str, *, keep: Outbound | None = None) -> list[Outbound]:
+        """:meth:`abandon` every attempt of ``s`` but ``keep``, their Releases concurrently;
+        returns them."""
+        outs = [o for o in self.ctx.outbound.of(s.session_id) if o is not keep]
+        await asyncio.gather(*(self.abandon(o, reason) for o in outs))
+        return outs
+
+    def release_others(self, s: Session, keep: Outbound, reason: str) -> list[Outbound]:
+        """After a commit at ``keep``'s target: every other attempt of ``s`` stops here at once
+        and its target is released in the background (the one-holder rule: only the committed
+        target ever resumes; the others never did, so their Release undoes nothing). Returns them."""
+        outs = [o for o in self.ctx.outbound.of(s.session_id) if o is not keep]
+        for o in outs:
+            if self._stop(o):
+                self.ctx.spawn(self._release(o, reason),
+                               f"release-{s.session_id}-{o.epoch}-{o.target.address}")
+        return outs
+
+    async def _release(self, out: Outbound, reason: str) -> None:
+        sid = out.session.session_id
         try:
             await out.client.release(pallas_pb2.ReleaseRequest(session_id=sid, epoch=out.epoch,
                                                                reason=reason),
@@ -239,13 +276,9 @@ class Source:
         the session serves on here."""
         out.to(SourceState.FAILED)
         out.error = error
-        self.ctx.hub.stop_export(out.session.session_id)
         if out.stream is not None:
             out.stream.abort()
-        if self.ctx.outbound.get(out.session.session_id) is out:
-            self.ctx.outbound.pop(out.session.session_id, None)
-        if out.session.state == SessionState.MIGRATING:
-            out.session.set_state(SessionState.SERVING)
+        self._drop(out)
         log.warning("migration_failed", session=out.session.session_id, epoch=out.epoch,
                     peer=out.target.address, error=error)
         out.note()
@@ -254,21 +287,22 @@ class Source:
     async def start_attempt(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint, split: int,
                             scheme: int, stream_suffix: bool, *, rank: int = 0) -> pallas_pb2.ControlReply:
         """Prepare ``target`` and start the suffix stream (paper section 4.3, step 1); ``rank``:
-        the target's rank among the UE's candidates (0 = the most likely)."""
+        the target's rank among the UE's candidates (0 = the most likely). Other attempts of
+        the session (other targets of the epoch, issue 45) go on beside it."""
         sid = s.session_id
         out = Outbound(session=s, epoch=epoch, target=target, client=self.ctx.peers.get(target),
                        split=split, first_block=split // self.ctx.block_size, scheme=scheme,
                        proactive=True, stream_suffix=stream_suffix, rank=rank)
-        self.ctx.outbound[sid] = out
+        self.ctx.outbound.put(out)
         try:
             rep = await self._prepare(out)
         except Exception as exc:
             out.to(SourceState.FAILED)
-            self.ctx.outbound.pop(sid, None)
+            self.ctx.outbound.discard(out)
             log.warning("prepare_failed", session=sid, epoch=epoch, error=repr(exc))
             return self.ctx.reply(S.STATUS_ERROR, s, epoch, message=f"prepare failed: {exc!r}")
         if rep.status != S.STATUS_OK:
-            self.ctx.outbound.pop(sid, None)
+            self.ctx.outbound.discard(out)
             return self.ctx.reply(rep.status, s, epoch, message=rep.message)
         if stream_suffix:
             # Full blocks only: the partial tail block is copied out at the commit.
@@ -276,7 +310,7 @@ class Source:
         if s.state in (SessionState.SERVING, SessionState.RESUMED):
             s.set_state(SessionState.MIGRATING)
         log.info("triggered", session=sid, epoch=epoch, peer=target.address, split=split,
-                 stream=stream_suffix)
+                 stream=stream_suffix, rank=rank, attempts=len(self.ctx.outbound.of(sid)))
         return self.ctx.reply(S.STATUS_OK, s, epoch, split=split, scheme=scheme)
 
     async def split_for_ctho(self, s: Session, target: pallas_pb2.PeerEndpoint) -> int:
@@ -311,6 +345,12 @@ class Source:
             log.warning("ctho_rates_unavailable", session=s.session_id, error=repr(exc))
             return 0
 
+    def prepared(self, s: Session, epoch: int, address: str) -> Outbound | None:
+        """The attempt of ``s`` prepared for a commit of ``epoch`` at ``address``
+        (:meth:`Outbound.prepared_for`), or None."""
+        out = self.ctx.outbound.at(s.session_id, address)
+        return out if out is not None and out.prepared_for(epoch, address) else None
+
     # ------------------------------------------------------------------ bridging
     async def bridge(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
                      scheme: int) -> bool:
@@ -323,17 +363,15 @@ class Source:
         with what the target holds). Returns True when the target was ready.
         """
         sid, bs = s.session_id, self.ctx.block_size
-        out = self.ctx.outbound.get(sid)
-        if out is None or not out.prepared_for(epoch, target.address):
-            if out is not None:
-                await self.abandon(out, "mispredicted target" if out.target.address
-                                   != target.address else "superseded")
+        out = self.prepared(s, epoch, target.address)
+        if out is None:
+            await self.abandon_all(s, "mispredicted target")
             split = await self.split_for_ctho(s, target)
             rep = await self.start_attempt(s, epoch, target, split, scheme, stream_suffix=True)
             if rep.status != S.STATUS_OK:
                 log.info("bridge_unprepared", session=sid, epoch=epoch, message=rep.message)
                 return False
-            out = self.ctx.outbound.get(sid)
+            out = self.ctx.outbound.at(sid, target.address)
         t0 = time.monotonic()
         end = t0 + self.ctx.cfg.bridge_max_s
         ready = False
@@ -452,30 +490,32 @@ class Source:
     async def _attempt_for(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
                            split: int | None, ship: Ship, scheme: int, deadline: float
                            ) -> tuple[Outbound, bool] | pallas_pb2.ControlReply:
-        """The attempt a commit at ``target`` finishes: (the live prepared one, True), or a new
-        one prepared now, (it, False) (an attempt elsewhere or of another epoch is abandoned);
-        a non-OK reply when the target could not be prepared before ``deadline``."""
+        """The attempt a commit at ``target`` finishes: (the live prepared one, True; the
+        session's other attempts stay until the Sync's OK, a failed commit keeps them), or a
+        new one prepared now, (it, False) (every other attempt, at another target or of another
+        epoch, is abandoned first); a non-OK reply when the target could not be prepared before
+        ``deadline``."""
         sid = s.session_id
-        out = self.ctx.outbound.get(sid)
-        prepared = out is not None and out.prepared_for(epoch, target.address)
-        if prepared:
-            return out, True
+        out = self.prepared(s, epoch, target.address)
         if out is not None:
-            await self.abandon(out, "mispredicted target" if out.target.address
-                               != target.address else "superseded")
+            for o in self.ctx.outbound.of(sid):   # an older epoch's attempts are superseded
+                if o.epoch != epoch:
+                    await self.abandon(o, "superseded")
+            return out, True
+        await self.abandon_all(s, "mispredicted target")
         split = 0 if ship == Ship.ALL else self.block_split(s, split) if split else 0
         out = Outbound(session=s, epoch=epoch, target=target, client=self.ctx.peers.get(target),
                        split=split, first_block=split // self.ctx.block_size, scheme=scheme,
                        proactive=False, stream_suffix=ship != Ship.NONE)
-        self.ctx.outbound[sid] = out
+        self.ctx.outbound.put(out)
         try:
             rep = await asyncio.wait_for(self._prepare(out), deadline - time.monotonic())
         except Exception as exc:
-            self.ctx.outbound.pop(sid, None)
+            self.ctx.outbound.discard(out)
             return self.ctx.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
                                   message=f"prepare at the target failed: {exc!r}")
         if rep.status != S.STATUS_OK:  # any refusal there is REJECTED here (not the xApp's
-            self.ctx.outbound.pop(sid, None)  # stale epoch): the session stays here
+            self.ctx.outbound.discard(out)  # stale epoch): the session stays here
             return self.ctx.reply(S.STATUS_REJECTED, s, epoch, scheme=scheme,
                                   message=f"target refused ({S.Status.Name(rep.status)}): {rep.message}")
         return out, False
@@ -509,10 +549,11 @@ class Source:
             self._watch_stream(out)
         if plan.shipping:
             # The engine's next step copies out what is missing from the run and the tail.
-            self.ctx.hub.export(sid, epoch, out.run_end(), stream=True, tail=plan.ship_tail)
+            self.ctx.hub.export(sid, epoch, out.run_end(), stream=True, tail=plan.ship_tail,
+                                key=out.target.address)
             await self._wait_blocks(out, need_end, time.monotonic() + 0.5 * max(0.0, deadline - time.monotonic()),
                                     tail=plan.ship_tail)
-        self.ctx.hub.stop_export(sid)
+        self.ctx.hub.stop_export(sid, out.target.address)
         tail_msg = None
         last_full, t = need_end // bs, out.tail
         if plan.ship_tail and need_end % bs and last_full not in out.full and t is not None \
@@ -558,7 +599,11 @@ class Source:
         record the handover and answer OK with what moved."""
         sid = s.session_id
         out.to(SourceState.COMMITTED)
-        self.ctx.outbound.pop(sid, None)
+        self.ctx.outbound.discard(out)
+        others = self.release_others(s, out, f"committed at {target.agent_id or target.address}")
+        if others:
+            log.info("released_other_targets", session=sid, epoch=out.epoch,
+                     targets=[o.target.address for o in others])
         await self.ctx.vllm_client.abort(s)
         s.held_token_ids.clear()
         s.held_error = None   # the target serves on: a failure here after the commit point

@@ -38,6 +38,7 @@ from tests.e2e.loops import LoopThread  # noqa: E402
 from tests.faults import hold_back  # noqa: E402
 from agent.server import ServerConfig, VLLMServer, free_port  # noqa: E402
 from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
+from agent.states import SourceState  # noqa: E402
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
 
 IDLE_S = 3.0  # B drops a prepared attempt whose source is silent this long
@@ -145,8 +146,10 @@ def test_a_prepared_target_whose_source_goes_silent_frees_what_it_holds(agents):
             assert time.monotonic() < t_end, "no block reached B"
             await asyncio.sleep(0.05)
         held = b.migration.held()
-        # The source goes silent: its stream stops, and no Release will come.
+        # The source goes silent: its stream stops, it renews the lease no more (a dead
+        # source's renewal task is gone with it), and no Release will come.
         out = a.migration.ctx.outbound.pop(s.session_id)
+        out.to(SourceState.FAILED)
         a.hub.stop_export(s.session_id)
         out.stream.abort()
         await asyncio.sleep(IDLE_S + 0.5)

@@ -22,6 +22,7 @@ target's first (the source's test needs a live source; a dead target only refuse
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -40,13 +41,14 @@ from tests.e2e.test_engine_faults import (NOTHING_HELD, _prompt, _run, _settled,
 
 
 def agent_pair(server_kw: list[dict], **agent_kw):
-    """Start agents "fa" and "fb" (plaintext links), each beside its own vLLM server with
-    ``server_kw[i]`` (ServerConfig fields), and yield ``(loop, agents, servers)``; stops all."""
+    """Start agents "fa", "fb" (and "fc", ... for more ``server_kw``; plaintext links), each
+    beside its own vLLM server with ``server_kw[i]`` (ServerConfig fields, bound to core i
+    modulo the cores there are), and yield ``(loop, agents, servers)``; stops all."""
     model = str(build_model("tiny"))
     lt = LoopThread()
     nodes, servers = [], []
     try:
-        for i, name in enumerate(("fa", "fb")):
+        for i, name in enumerate(f"f{chr(ord('a') + j)}" for j in range(len(server_kw))):
             kw = dict(resume_deadline_s=20.0, commit_deadline_s=30.0)
             kw.update(agent_kw)
             cfg = AgentConfig(agent_id=name, model=model, host="127.0.0.1", peer_port=free_port(),
@@ -55,7 +57,8 @@ def agent_pair(server_kw: list[dict], **agent_kw):
             a = Agent(cfg)
             lt.run(a.start_core())
             srv = VLLMServer(ServerConfig(model=model, agent_address=a.hub.address,
-                                          omp_threads_bind=str(i), **server_kw[i]))
+                                          omp_threads_bind=str(i % (os.cpu_count() or 1)),
+                                          **server_kw[i]))
             srv.start()
             nodes.append(a)
             servers.append(srv)
