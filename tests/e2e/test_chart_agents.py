@@ -29,6 +29,7 @@ from pallas_proto import pallas_pb2_grpc
 from agent.server import REPO_ROOT, free_port
 from pallas_eval.client import UESession
 from pallas_eval.cluster import LocalAgent
+from pallas_eval.emulation import CONNECTOR_CLASS, CONNECTOR_MODULE, E2E_PACE, connector_extra
 from tests.chart_render import container, flags, render
 
 pytestmark = pytest.mark.vllm
@@ -41,7 +42,11 @@ def _values(me: "ChartAgent", peer: "ChartAgent", model: str) -> dict:
         "agentId": me.agent_id, "tls": {"enabled": False},
         "model": {"path": model, "volume": {"type": "none"}},
         "vllm": {"port": me.vllm_port, "dtype": "float32", "blockSize": 32, "maxModelLen": 4096,
-                 "kvConnector": {"agentPort": me.hub_port},
+                 # Paced like the other e2e tests (decode steps 15 ms apart, pallas_eval.emulation.E2E_PACE)
+                 # through the chart's own connector values, so the session still decodes when the
+                 # Trigger and Commit come (unpaced, the tiny model finished 400 tokens first).
+                 "kvConnector": {"agentPort": me.hub_port, "modulePath": CONNECTOR_MODULE,
+                                 "className": CONNECTOR_CLASS, "extraConfig": connector_extra(*E2E_PACE)},
                  # CPU-sized: eager mode, a small KV pool (the GPU's utilisation does not apply).
                  "extraArgs": ["--enforce-eager", "--max-num-seqs=8", f"--kv-cache-memory-bytes={1 << 28}"]},
         "agent": {"controlPort": me.control_port, "peerPort": me.peer_port, "frontPort": me.front_port,

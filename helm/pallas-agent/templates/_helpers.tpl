@@ -42,7 +42,7 @@ app.kubernetes.io/component: edge-agent
      resume fails the UE's request). */}}
 {{- define "pallas-agent.kvTransferConfig" -}}
 {{- $c := .Values.vllm.kvConnector -}}
-{{- dict "kv_connector" $c.className "kv_connector_module_path" $c.modulePath "kv_role" $c.role "kv_load_failure_policy" "recompute" "kv_connector_extra_config" (dict "agent_address" (include "pallas-agent.connectorAddress" .)) | toJson -}}
+{{- dict "kv_connector" $c.className "kv_connector_module_path" $c.modulePath "kv_role" $c.role "kv_load_failure_policy" "recompute" "kv_connector_extra_config" (merge (dict "agent_address" (include "pallas-agent.connectorAddress" .)) (default dict $c.extraConfig)) | toJson -}}
 {{- end -}}
 
 {{/* The TLS Secret: tls.secretName, else one per agent, <fullname>-tls. */}}
