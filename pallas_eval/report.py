@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -238,11 +238,12 @@ def plot_timeline(path: Path, ue_id: str, per_scheme: dict[str, Sequence[Session
     return _finish(fig, ax, path, "time since replay start (s)", f"tokens received by UE {ue_id}")
 
 
-def cpu_table(cpu: dict[str, dict[str, float]], title: str = "CPU per scheme (% of one core, while the UEs ran)"):
-    """A rich Table: one row per scheme, one column per process role summed over the servers
-    (``agent``, ``vllm-api``, ``vllm-engine``, ``vllm-worker``, ``xapp``, ``harness``) and the
-    total. ``cpu``: scheme -> ``root/label`` -> share of one core (pallas_eval.cpu.cpu_share)."""
-    from rich.table import Table
+def cpu_rows(cpu: Mapping[str, Mapping[str, float]]) -> tuple[list[str], list[list[str]]]:
+    """The CPU table's cells: (roles, rows), one row per scheme (name, % of one core per process
+    role summed over the servers, total). Roles: ``agent``, ``vllm-api``, ``vllm-engine``,
+    ``vllm-worker``, ``xapp``, ``harness`` as they occur. ``cpu``: scheme -> ``root/label`` ->
+    share of one core (pallas_eval.cpu.cpu_share). The replay prints it (:func:`cpu_table`) and the
+    results page renders it (``pallas_eval.results_page``)."""
     roles: dict[str, None] = {}
     by: dict[str, dict[str, float]] = {}
     for scheme, shares in cpu.items():
@@ -251,14 +252,23 @@ def cpu_table(cpu: dict[str, dict[str, float]], title: str = "CPU per scheme (% 
             root, _, label = key.partition("/")
             role = "harness" if root == "harness" else label
             roles.setdefault(role, None)
-            row[role] = row.get(role, 0.0) + v
+            row[role] = row.get(role, 0.0) + float(v)
+    rows = [[s] + [f"{100 * r.get(x, 0.0):.1f}" for x in roles] + [f"{100 * sum(r.values()):.1f}"]
+            for s, r in by.items()]
+    return list(roles), rows
+
+
+def cpu_table(cpu: dict[str, dict[str, float]], title: str = "CPU per scheme (% of one core, while the UEs ran)"):
+    """A rich Table of :func:`cpu_rows`."""
+    from rich.table import Table
+    roles, rows = cpu_rows(cpu)
     t = Table(title=title)
     t.add_column("scheme")
     for r in roles:
         t.add_column(r, justify="right")
     t.add_column("total", justify="right")
-    for scheme, row in by.items():
-        t.add_row(scheme, *[f"{100 * row.get(r, 0.0):.1f}" for r in roles], f"{100 * sum(row.values()):.1f}")
+    for row in rows:
+        t.add_row(*row)
     return t
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pallas_eval.metrics import ratio_ci
+from pallas_eval.report import cpu_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -130,23 +131,6 @@ def ratios(handovers: Sequence[Mapping[str, Any]], base: str) -> list[tuple[str,
     if base not in by:
         return []
     return [(s, *ratio_ci(x, by[base])) for s, x in by.items() if s != base]
-
-
-def cpu_rows(cpu: Mapping[str, Mapping[str, float]]) -> tuple[list[str], list[list[str]]]:
-    """The CPU table (% of one core per process role, summed over servers) as the replay prints
-    it (``pallas_eval.report.cpu_table``): (roles, rows)."""
-    roles: dict[str, None] = {}
-    by: dict[str, dict[str, float]] = {}
-    for scheme, shares in cpu.items():
-        row = by.setdefault(scheme, {})
-        for key, v in shares.items():
-            root, _, label = key.partition("/")
-            role = "harness" if root == "harness" else label
-            roles.setdefault(role, None)
-            row[role] = row.get(role, 0.0) + _num(v)
-    rows = [[s] + [f"{100 * r.get(x, 0.0):.1f}" for x in roles] + [f"{100 * sum(r.values()):.1f}"]
-            for s, r in by.items()]
-    return list(roles), rows
 
 
 def render_run(data: Mapping[str, Any], title: str) -> str:
