@@ -224,12 +224,15 @@ def segment_bounds(reports, segment: str, *, min_handovers: int, lead_s: float,
     return t_first + s0, t_first + s1
 
 
-def merge_drives(parts: Sequence[tuple[Path, float, float]], out: Path) -> list[dict]:
+def merge_drives(parts: Sequence[tuple[Path, float, float]], out: Path,
+                 decoded: dict[Path, list] | None = None) -> list[dict]:
     """Replay several drives together: each part (trace, t0, t1) is cut to [t0, t1] and shifted
     so that every part starts at the first part's t0; the records are merged in time order into
     ``out``. Each drive is one UE, so the drives must carry distinct UE identities
     (``python -m pallas_tools.convert DIR -o OUT`` numbers the UEs of one call; ``--first-ue``
-    across calls). Returns per part {trace, ue, shift_s, records, start_s, end_s}.
+    across calls). ``decoded``: each trace's [(record time, report)] where the caller has it
+    already (:func:`_decode`), else decoded here. Returns per part {trace, ue, shift_s, records,
+    start_s, end_s}.
 
     Raises:
         ValueError: two drives carry the same UE, or a part has no record in its window.
@@ -238,7 +241,7 @@ def merge_drives(parts: Sequence[tuple[Path, float, float]], out: Path) -> list[
     base = parts[0][1]
     streams, info, owner = [], [], {}
     for trace, t0, t1 in parts:
-        reports, _ = _decode(trace)
+        reports = (decoded or {}).get(trace) or _decode(trace)[0]
         ues = sorted({r.ue_id for t, r in reports if t0 <= t <= t1})
         for u in ues:
             if u in owner:
@@ -372,13 +375,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(traces) == 1 and not a.segment:
             trace = traces[0]
         else:
-            parts = []
+            parts, decoded = [], {}
             for tr in traces:
-                reports, _ = _decode(tr)
+                reports = decoded[tr] = _decode(tr)[0]
                 parts.append((tr, *segment_bounds(reports, a.segment, min_handovers=a.min_handovers,
                                                   lead_s=a.lead_s, tail_s=a.tail_s)))
             seg = out / ("segment.e2trace" if len(traces) == 1 else "drives.e2trace")
-            info = merge_drives(parts, seg)
+            info = merge_drives(parts, seg, decoded)
             (out / "drives.json").write_text(json.dumps(info, indent=1))
             if len(traces) == 1:
                 source += f", segment {info[0]['start_s']:.0f}-{info[0]['end_s']:.0f} s ({info[0]['records']} records)"
