@@ -231,7 +231,7 @@ def replay_status(res: dict, con=None) -> int:
     """The replay's exit status: 1 when a process was left running or a scheme ran without its
     xApp (it wrote no events: that scheme's figures are not Pallas's decisions), else 0."""
     no_xapp = sorted(s for s, errs in (res.get("errors") or {}).items()
-                     if any(str(e).startswith("the xApp wrote no events") for e in errs))
+                     if any(str(e).startswith(rp.XAPP_SILENT) for e in errs))
     if no_xapp and con is not None:
         con.print(f"[red]the xApp did not run for {', '.join(no_xapp)}: their rows are not valid (see summary.json)[/]")
     return 1 if res.get("leftover_pids") or no_xapp else 0

@@ -186,6 +186,11 @@ def xapp_python(opts: ReplayOptions) -> str:
 OPERATOR_TOKEN = os.environ.get("PALLAS_FRONT_OPERATOR_TOKEN") or secrets.token_urlsafe(32)
 
 
+#: The error a scheme's run records when its xApp wrote no events (it did not run: a refused
+#: descriptor, a crash); ``pallas replay`` then exits 1 (pallas_eval.cli.replay_status).
+XAPP_SILENT = "the xApp wrote no events"
+
+
 def _env_with_repo() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "proto")] +
@@ -450,7 +455,7 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     specs = {k: v for o in outcomes for k, v in o.specs.items()}
     errors = [e for o in outcomes for e in o.errors]
     if not evs:
-        errors.append("the xApp wrote no events" + tail_hint(child))
+        errors.append(XAPP_SILENT + tail_hint(child))
     for e in evs:
         if e.get("kind") == "late_start":
             errors.append(f"the xApp started {e.get('late_s', 0):.2f} s after the replay's start (raise start_delay_s)")
