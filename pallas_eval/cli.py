@@ -9,12 +9,14 @@ table and the per-scheme summary. See ``pallas replay --help`` and the README.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
+from pallas_common.controls import load_profile, merge_controls, parse_setting
 from pallas_common.schemes import ABLATIONS, REPLAYED
 from pallas_eval import replay as rp
 from pallas_eval.experiments import presets as PR
@@ -86,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "or a benchmarks/results JSON as FILE:MODEL")
     r.add_argument("--lead-s", type=float, default=3.0,
                    help="--simulate without a live run: the prediction lead assumed for every handover")
+    r.add_argument("--xapp-profile", action="append", default=[], metavar="NAME|FILE",
+                   help="merge a controls profile into the xApp's descriptor: a shipped one in descriptors/profiles "
+                        "(drive-log: the predictor settings chosen on 1 s drive logs such as ../shared/data/ucc-5g) "
+                        "or a JSON file; repeat to merge several in order")
+    r.add_argument("--xapp-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="one descriptor control for the xApp, VALUE as JSON (e.g. scheduler.targets_k=2); "
+                        "applied after the profiles; repeatable")
     r.add_argument("--xapp-python", default="", help="the xApp environment's python (default .venv/xapp)")
     _add_experiment_parser(sub)
     rep = sub.add_parser("report", help="render replay runs' summary.json as a Markdown results page")
@@ -201,7 +210,31 @@ def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
                             engine_multiprocessing=a.engine_multiprocessing, verify=not a.no_verify,
                             simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python, lead_s=a.lead_s,
                             tls=not a.insecure, first_session_spread_s=a.first_session_spread_s,
-                            seeds=_seeds(a.seeds))
+                            seeds=_seeds(a.seeds), xapp_controls=xapp_overlay(a.xapp_profile, a.xapp_set))
+
+
+def xapp_overlay(profiles: Sequence[str], settings: Sequence[str]) -> dict:
+    """The controls ``--xapp-profile`` and ``--xapp-set`` merge into the xApp's descriptor, in
+    order, checked against the descriptor's schema with the shipped controls under them (so a
+    misspelt key or a value out of range stops the replay before any engine starts). Raises
+    SystemExit with the reason."""
+    from xapp.config import ConfigError, validate_controls
+
+    overlay: dict = {}
+    try:
+        for p in profiles:
+            overlay = merge_controls(overlay, load_profile(p))
+        for s in settings:
+            overlay = merge_controls(overlay, parse_setting(s))
+    except ValueError as exc:
+        raise SystemExit(f"pallas replay: {exc}") from None
+    if overlay:
+        shipped = json.loads((rp.REPO / "descriptors" / "config-file.json").read_text())["controls"]
+        try:
+            validate_controls(merge_controls(shipped, overlay))
+        except ConfigError as exc:
+            raise SystemExit(f"pallas replay: --xapp-profile/--xapp-set: {exc}") from None
+    return overlay
 
 
 def _seeds(spec: str) -> tuple[int, ...]:

@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import structlog
 
+from pallas_common.controls import merge_controls
 from pallas_common.schemes import PALLAS, PROACTIVE_NAMES, REPLAYED, SessionState, spec_for
 from pallas_eval.cellmap import map_cells_to_servers, shared_pairs
 from pallas_eval.experiments.presets import REPLAY_ANCHOR_MODEL
@@ -90,8 +91,9 @@ class ReplayOptions:
     tls: bool = True
     progress: bool = True
     # Experiment hooks (issue 17, pallas_eval.experiments.live): extra arguments of the xApp's
-    # test-mode command line, and values merged into its descriptor's controls, section by
-    # section (e.g. {"scheduler": {"fixed_window_s": 1.0}}).
+    # test-mode command line, and values merged into its descriptor's controls, object by
+    # object (pallas_common.controls.merge_controls; e.g. {"scheduler": {"fixed_window_s": 1.0}},
+    # or pallas replay --xapp-profile / --xapp-set).
     xapp_args: tuple[str, ...] = ()
     xapp_controls: dict = field(default_factory=dict)
     # ... and extra options of the generated drive (python -m pallas_eval.prepare --generate ...,
@@ -351,8 +353,11 @@ def reset_prefix_caches(servers: Sequence[Server]) -> None:
 # The xApp's configuration and one scheme's run
 # ---------------------------------------------------------------------------------------------
 
-def xapp_descriptor(plan: dict, mapping: dict[int, int], servers: Sequence[Server], scheme: str) -> dict:
-    """The repository's descriptor with the replay's agents, cell map and scheme in ``controls``."""
+def xapp_descriptor(plan: dict, mapping: dict[int, int], servers: Sequence[Server], scheme: str,
+                    overlay: dict | None = None) -> dict:
+    """The repository's descriptor with the replay's agents, cell map and scheme in ``controls``,
+    then ``overlay`` (``ReplayOptions.xapp_controls``) merged in by
+    :func:`pallas_common.controls.merge_controls`."""
     desc = json.loads((REPO / "descriptors" / "config-file.json").read_text())
     c = desc["controls"]
     c["scheme"] = scheme            # the one spelling (pallas_common.schemes.NAMES), as the schema's enum
@@ -373,6 +378,8 @@ def xapp_descriptor(plan: dict, mapping: dict[int, int], servers: Sequence[Serve
                     "ca_file": str(xapp_tls.ca)}
     else:  # plaintext agents: the shipped descriptor's certificate paths do not apply here
         c.pop("tls", None)
+    if overlay:
+        desc["controls"] = merge_controls(c, overlay)
     return desc
 
 
@@ -390,10 +397,7 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     d = opts.out_dir / scheme
     d.mkdir(parents=True, exist_ok=True)
     cfg = d / "xapp-config.json"
-    desc = xapp_descriptor(plan, mapping, servers, scheme)
-    for k, v in opts.xapp_controls.items():
-        c = desc["controls"]
-        c[k] = {**c[k], **v} if isinstance(v, dict) and isinstance(c.get(k), dict) else v
+    desc = xapp_descriptor(plan, mapping, servers, scheme, opts.xapp_controls)
     cfg.write_text(json.dumps(desc, indent=1))
     events = d / "xapp-events.jsonl"
     if events.exists():

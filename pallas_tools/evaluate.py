@@ -49,10 +49,11 @@ from typing import Sequence
 
 import numpy as np
 
+from pallas_common.controls import load_profile
 from xapp.drivetest import Drive, read_drives
 from xapp.predict.base import Calibrator, reliability
 from xapp.predict.combined import TOP_K, HandoverPredictor
-from xapp.predict.config import A3Config, PredictorConfig
+from xapp.predict.config import PredictorConfig
 from xapp.predict.maps import Knowledge
 from xapp.tracks import UETrack, batch_of_one
 
@@ -83,6 +84,10 @@ def profile_config(drives: Sequence[Drive]) -> PredictorConfig:
     return PredictorConfig()
 
 
+#: The descriptor profile that holds the drive-log predictor settings.
+DRIVE_LOG_PROFILE = "drive-log"
+
+
 def drive_log_config() -> PredictorConfig:
     """The profile for G-NetTrack-like logs (1 s rows, sparse GPS, one anonymous neighbour),
     chosen on the UCC drives (leave-one-drive-out): the location votes weigh more, and the
@@ -90,10 +95,10 @@ def drive_log_config() -> PredictorConfig:
     neighbour and CVH timing raised ~70 and ~20 false alarms/h for 1-2 points of timed@3.
     Issue 43: the handover place and the learned dwell give a time only with edge evidence
     (``combined.edge_evidence``), the place only from a score of 0.6 (62.1 -> 14.2 false
-    alarms/h, the same right@2; docs/drive-data.md §5)."""
-    return PredictorConfig(a3=A3Config(window_s=6.0, min_points=3, ttt_s=0.0, ho_delay_s=0.0, trend="all_pairs"),
-                           w_cvh=1.5, w_places=6.0, time_from_anonymous_a3=False, time_from_cvh=False,
-                           places_time_min_score=0.6, places_edge=True, dwell_residual=True, dwell_edge=True)
+    alarms/h, the same right@2; docs/drive-data.md §5). Its one home is the descriptor profile
+    ``descriptors/profiles/drive-log.json``, which ``pallas replay --xapp-profile drive-log``
+    merges into the xApp's controls (fields it leaves out take PredictorConfig's defaults)."""
+    return PredictorConfig.from_dict(load_profile(DRIVE_LOG_PROFILE)["predictor"], where="drive-log profile")
 
 
 def replay(drive: Drive, knowledge: Knowledge, cfg: PredictorConfig, modes: Sequence[str]) -> dict[str, Trace]:
