@@ -268,7 +268,7 @@ def test_the_counters_are_prometheus_metrics():
     reg = CollectorRegistry()
     leases = FakeLeases()
     leases.held = {NODES[0], NODES[1]}
-    app, cluster, _ = _xapp(_config(), leases, registry=reg)
+    app, cluster, _ = _xapp(_config(), leases, FakeSubscriptions(), registry=reg)
     cluster.beat()
     leases.counters.records_handed_over, leases.counters.cas_conflicts = 3, 2
     leases.counters.writes_refused["stale_token"] = 1

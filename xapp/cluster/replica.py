@@ -150,8 +150,8 @@ class ClusterReplica:
                 except Exception as e:
                     log.error("subscriptions_not_synced", replica=self.replica_id, error=repr(e))
                     return False
-            if owned != self._synced:
-                self.resyncs += 1
+                if owned != self._synced:
+                    self.resyncs += 1
             self._synced = owned
             return True
 
