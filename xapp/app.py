@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
     from pallas_common.tls import LinkSecurity
     from pallas_proto import pallas_pb2 as pb
+    from xapp.cluster.replica import ClusterReplica
     from xapp.e2.ingest import IngestConfig
     from xapp.e2.subscription import SubmgrClient, SubscriptionLedger
 
@@ -89,6 +90,10 @@ class PallasXapp:
             ``/ric/v1/metrics`` serves) for the E2 ingest counters (when ``ingest`` is built
             here) and ``pallas_xapp_unknown_messages_total{mtype}`` (RMR messages of a type
             the xApp has no handler for; at most 64 distinct types, the rest as ``other``).
+        cluster: an ``xapp.cluster.replica.ClusterReplica`` when the xApp runs as one of several
+            replicas (``controls.cluster.enabled``, docs/scale-out.md): it admits only the
+            indications of the E2 nodes this replica owns and keeps ``subscriptions`` at those
+            nodes (heartbeat thread, started and stopped with the xApp). None: one replica.
     """
 
     def __init__(self, config: XappConfig, transport: Transport, *, policy: PolicyPort | None = None,
@@ -97,7 +102,7 @@ class PallasXapp:
                  events: EventSink | None = None, offset: float = 0.0, a1: A1Port | None = None,
                  ingest: E2Ingest | None = None, subscriptions: SubscriptionPort | None = None,
                  store: XappStore | None = None, security: LinkSecurity | None = None,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, cluster: ClusterReplica | None = None) -> None:
         from xapp.e2.ingest import Ingestor
 
         self.config = config
@@ -135,7 +140,10 @@ class PallasXapp:
                                           period_ms=int(self.engine.cfg.control_period_s * 1000), **channel)
         self.telemetry: TelemetrySource | None = telemetry or None
         self.handlers = self.router.handlers
-        self.handlers[RIC_INDICATION] = IndicationHandler(self.control)
+        self.cluster = cluster
+        if cluster is not None:
+            cluster.attach(lambda: self.config, subscriptions)
+        self.handlers[RIC_INDICATION] = IndicationHandler(self.control, None if cluster is None else cluster.admit)
         if a1 is not None:
             self.handlers[A1_POLICY_REQ] = A1Handler(a1, transport, self.reconfigure)
         self.on_subscription_response = (SubscriptionNotificationHandler(subscriptions.ledger)
@@ -285,7 +293,9 @@ class PallasXapp:
             set_agents(endpoints)
         if self.telemetry is not None:
             self.telemetry.set_agents(endpoints)
-        if self.subscriptions is not None:
+        if self.cluster is not None:
+            self.cluster.follow(config)       # the subscriptions of the nodes owned
+        elif self.subscriptions is not None:
             self.subscriptions.sync(config)
         if self._get_nodeb is not None:
             self.declare_nodebs(self._get_nodeb)
@@ -386,8 +396,11 @@ class PallasXapp:
     def start(self) -> None:
         """Subscribe (live), start telemetry and the control cycle (threads), then the transport
         (one with a ``defer`` hook, ``RmrTransport``, is told when a cycle runs)."""
-        if self.subscriptions is not None:
+        if self.cluster is not None:          # subscribes to the nodes it claims, one heartbeat
+            self.cluster.start()
+        elif self.subscriptions is not None:
             self.subscriptions.sync(self.config)
+        if self.subscriptions is not None:
             self.subscriptions.start()
         self.start_telemetry()
         self._cycle_thread = threading.Thread(target=self._cycle_loop, name="control-cycle", daemon=True)
@@ -400,6 +413,8 @@ class PallasXapp:
         """Delete the E2 subscriptions (live), stop the transport, the cycle and telemetry;
         finish queued policy calls."""
         self._stop.set()
+        if self.cluster is not None:          # leases given up; no heartbeat subscribes again
+            self.cluster.stop()
         if self.subscriptions is not None:
             try:
                 self.subscriptions.delete_all()

@@ -47,6 +47,7 @@ __all__ = [
     "ProactiveRules",
     "E2SubscriptionConfig",
     "A1Config",
+    "ClusterConfig",
     "XappConfig",
     "SCHEMA_ENV",
     "default_schema_path",
@@ -182,6 +183,41 @@ class A1Config:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """Scale-out over several replicas of the xApp (``controls.cluster``; issue 46,
+    docs/scale-out.md), read at start.
+
+    ``enabled``: share the configured E2 nodes among the replicas through leases in SDL
+    (:class:`xapp.cluster.leases.NodeLeases`); False: this replica serves every node.
+    ``lease_s``: lease time (s); ``heartbeat_s``: renewal period (s), at most ``lease_s / 3``
+    (:meth:`problems`); ``join_delay_s``: how long a starting replica must be seen live before
+    nodes are given up to it (s; None: ``lease_s``); ``max_claims`` / ``max_releases``: nodes
+    claimed / given up per heartbeat (:func:`xapp.cluster.ownership.plan_leases`).
+    """
+
+    enabled: bool = False
+    lease_s: float = 3.0
+    heartbeat_s: float = 1.0
+    join_delay_s: float | None = None
+    max_claims: int = 16
+    max_releases: int = 4
+
+    #: renewals per lease time at least: a lease survives one late heartbeat and one slow SDL answer
+    MIN_BEATS_PER_LEASE = 3
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field path, message) for each combination the schema cannot express (JSON Schema
+        draft 7 has no comparison between fields): ``heartbeat_s`` above ``lease_s / 3``. The
+        xApp refuses to start with cluster enabled and any of these (``xapp.main``)."""
+        limit = self.lease_s / self.MIN_BEATS_PER_LEASE
+        if self.heartbeat_s > limit + 1e-9:
+            return [("controls.cluster.heartbeat_s",
+                     f"{self.heartbeat_s:g} s is above lease_s / {self.MIN_BEATS_PER_LEASE} = "
+                     f"{limit:g} s (leases would expire between renewals)")]
+        return []
+
+
+@dataclass(frozen=True)
 class XappConfig:
     """The xApp's whole configuration, built from a validated ``controls`` object.
 
@@ -199,6 +235,8 @@ class XappConfig:
     - ``e2``: :class:`E2SubscriptionConfig`; ``a1``: :class:`A1Config`.
     - ``controls``: a private deep copy of the validated ``controls`` mapping this object was
       built from (the A1 overlay starts from it).
+    - ``cluster``: :class:`ClusterConfig` (scale-out; disabled unless ``controls.cluster``
+      enables it).
     """
 
     scheme: str
@@ -212,6 +250,7 @@ class XappConfig:
     e2: E2SubscriptionConfig
     a1: A1Config
     controls: Mapping[str, Any]
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def agent_for_cell(self, cell_id: int) -> AgentEndpoint | None:
         """The agent serving the UEs of cell ``cell_id``, or None when the cell has no edge agent
@@ -373,7 +412,20 @@ def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None
             rmr=MappingProxyType(dict(e2.get("rmr", {})))),
         a1=A1Config(policy_type_id=int(c["a1"]["policy_type_id"]), handler_id=c["a1"]["handler_id"]),
         controls=MappingProxyType(c),
+        cluster=_cluster(c.get("cluster") or {}),
     )
+
+
+def _cluster(c: Mapping[str, Any]) -> ClusterConfig:
+    """``controls.cluster`` (validated) as a :class:`ClusterConfig`, defaults for what is absent."""
+    d = ClusterConfig()
+    jd = c.get("join_delay_s")
+    return ClusterConfig(enabled=bool(c.get("enabled", d.enabled)),
+                         lease_s=float(c.get("lease_s", d.lease_s)),
+                         heartbeat_s=float(c.get("heartbeat_s", d.heartbeat_s)),
+                         join_delay_s=None if jd is None else float(jd),
+                         max_claims=int(c.get("max_claims", d.max_claims)),
+                         max_releases=int(c.get("max_releases", d.max_releases)))
 
 
 def from_descriptor(descriptor: Any, *, schema_path: str | os.PathLike | None = None) -> XappConfig:

@@ -42,6 +42,11 @@ test mode and ``--history`` on the operator's own network (docs/test-mode.md).
   ``DBAAS_SERVICE_PORT``; the xApp does not start without it) and test mode uses memory.
   Namespace: ``controls.sdl.namespace`` (default ``pallas``).
 
+Scale-out (docs/scale-out.md): with ``controls.cluster.enabled`` several replicas share the
+configured E2 nodes through leases in SDL (``DBAAS_SERVICE_HOST`` / ``_PORT``, in both modes);
+each subscribes only to the nodes it owns and drops the indications of the others. Its
+identity: ``--replica-id``, default ``$PALLAS_REPLICA_ID``, ``$POD_NAME`` or ``$HOSTNAME``.
+
 Shape: :func:`main` parses the flags, :func:`build_xapp` composes the parts of the mode (a
 :class:`Built`; :class:`StartRefused` carries the one-line reason a run cannot start, exit
 status 2), and :data:`RUNS` runs them (:func:`run_test`, :func:`run_live`).
@@ -120,8 +125,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", choices=["sdl", "memory"],
                    help="durable state: sdl (DBAAS_SERVICE_HOST/PORT) or memory (default: live "
                         "controls.sdl.store, else sdl; test: memory)")
+    p.add_argument("--replica-id", default=None,
+                   help="this replica's identity when controls.cluster is enabled (docs/scale-out.md; "
+                        "default: $PALLAS_REPLICA_ID, else $POD_NAME, else $HOSTNAME: a StatefulSet's "
+                        "per-pod name)")
     p.add_argument("--log-level", default=os.environ.get("PALLAS_LOG_LEVEL", "INFO"))
     return p
+
+
+def replica_id(flag: str | None) -> str:
+    """This replica's identity: ``--replica-id``, else ``$PALLAS_REPLICA_ID``, ``$POD_NAME``,
+    ``$HOSTNAME`` (the pod name, which a StatefulSet keeps per replica), else the host name."""
+    import socket
+    for v in (flag, os.environ.get("PALLAS_REPLICA_ID"), os.environ.get("POD_NAME"),
+              os.environ.get("HOSTNAME")):
+        if v:
+            return v
+    return socket.gethostname()
+
+
+def open_cluster(config: XappConfig, flag: str | None, registry=None):
+    """The :class:`xapp.cluster.replica.ClusterReplica` of ``controls.cluster`` (None when it
+    is disabled): E2 node leases in SDL (DBAAS_SERVICE_HOST / _PORT, namespace
+    ``controls.sdl.namespace``) under :func:`replica_id`. Raises :class:`StartRefused` (one
+    line) for a heartbeat too slow for the lease time, a replica id SDL keys cannot hold, or
+    SDL not configured or not answering."""
+    c = config.cluster
+    if not c.enabled:
+        return None
+    bad = c.problems()
+    if bad:
+        raise StartRefused("; ".join(f"{p}: {m}" for p, m in bad))
+    from xapp.cluster.leases import LeaseError, NodeLeases, open_sdl
+    from xapp.cluster.replica import ClusterReplica
+    from xapp.store import DEFAULT_NAMESPACE
+    rid = replica_id(flag)
+    ns = (config.controls.get("sdl") or {}).get("namespace", DEFAULT_NAMESPACE)
+    sdl = None
+    try:
+        sdl = open_sdl()
+        if not sdl.is_active():
+            raise LeaseError("SDL (DBaaS) does not answer")
+        leases = NodeLeases(sdl, rid, config.e2_nodes, namespace=ns, lease_s=c.lease_s,
+                            max_claims=c.max_claims, max_releases=c.max_releases,
+                            join_delay_s=c.join_delay_s)
+    except Exception as e:      # LeaseError; ricsdl: backend unreachable, bad DBAAS_SERVICE_PORT
+        if sdl is not None:
+            sdl.close()
+        what = "" if isinstance(e, LeaseError) else "SDL: "
+        raise StartRefused(f"controls.cluster: {what}{e}") from None
+    log.info("cluster_replica", replica=rid, namespace=ns, nodes=len(leases.nodes),
+             lease_s=c.lease_s, heartbeat_s=c.heartbeat_s)
+    return ClusterReplica(leases, heartbeat_s=c.heartbeat_s, registry=registry)
 
 
 def _with_scheme(cfg, scheme: str | None):
@@ -314,10 +369,11 @@ def _check_flags(mode: str, a: argparse.Namespace) -> None:
 def build_xapp(config: XappConfig, mode: str, a: argparse.Namespace) -> Built:
     """Compose the xApp of ``mode`` (``live`` or ``test``) for ``config`` and the flags ``a``
     (:func:`build_parser`): the link security, the durable store, the event log, the transport
-    of the mode and :class:`xapp.app.PallasXapp` over them. Starts nothing but the event log's
+    of the mode, the replica's part in a scale-out (``controls.cluster``, :func:`open_cluster`)
+    and :class:`xapp.app.PallasXapp` over them. Starts nothing but the event log's
     file. Raises :class:`StartRefused` (one line) for flags of the wrong mode, TLS files absent
-    or unusable, an unreadable trace, ``--nrt``, ``--record`` or ``--handovers``, or a store
-    that cannot be reached."""
+    or unusable, an unreadable trace, ``--nrt``, ``--record`` or ``--handovers``, a store
+    that cannot be reached, or a cluster that cannot be joined."""
     from pallas_common.tls import TlsError
     from xapp.events import EventLog
     from xapp.store import StoreError
@@ -335,12 +391,22 @@ def build_xapp(config: XappConfig, mode: str, a: argparse.Namespace) -> Built:
         store = open_xapp_store(config.controls, mode, a.store)
     except StoreError as e:
         raise StartRefused(f"store: {e}") from None
+    try:
+        cluster = open_cluster(config, a.replica_id, None if mode == "test" else _default_registry())
+    except StartRefused:
+        store.close()
+        raise
     events = EventLog(a.events)
-    common = dict(nrt=nrt, events=events, store=store, security=security)
+    common = dict(nrt=nrt, events=events, store=store, security=security, cluster=cluster)
     if mode == "test":
         assert first is not None
         return _build_test(config, a, first, common)
     return _build_live(config, a, recorder, common)
+
+
+def _default_registry():
+    from prometheus_client import REGISTRY
+    return REGISTRY
 
 
 def _build_test(cfg: XappConfig, a: argparse.Namespace, first: TraceRecord, common: dict) -> Built:

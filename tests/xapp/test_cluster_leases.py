@@ -5,11 +5,9 @@ SyncStorage). Lease times are short (0.6 s) so expiry is seen within a second.""
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
-from redis_server import redis_or_skip, redis_server
 from xapp.cluster.leases import LeaseError, NodeLeases, open_sdl
 from xapp.cluster.ownership import WriteRefused, Writer, assignment
 
@@ -18,24 +16,14 @@ LEASE = 0.6
 BEAT = 0.1
 
 
-@pytest.fixture(scope="module")
-def redis_port():
-    redis_or_skip()
-    with redis_server() as port:
-        yield port
-
-
 @pytest.fixture
-def make(redis_port, monkeypatch):
+def make(dbaas, sdl_ns):
     """A factory of replicas (each its own SyncStorage) sharing one fresh namespace."""
-    monkeypatch.setenv("DBAAS_SERVICE_HOST", "127.0.0.1")
-    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_port))
-    ns = f"pallas-test-{uuid.uuid4().hex[:8]}"
     made = []
 
     def make_one(rid, nodes=NODES, **kw):
         kw = {"lease_s": LEASE, "max_claims": 64, "max_releases": 4, "join_delay_s": 0.2} | kw
-        r = NodeLeases(open_sdl(), rid, nodes, namespace=ns, **kw)
+        r = NodeLeases(open_sdl(), rid, nodes, namespace=sdl_ns, **kw)
         made.append(r)
         return r
     yield make_one

@@ -9,43 +9,21 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import pytest
 
-from redis_server import redis_or_skip, redis_server
 from xapp.store import (EPOCH_COUNTER_BITS, InFlightMigration, MemoryStore, MigrationJournal,
                         SdlStore, SessionBinding, StoreError, StoreUnavailable, open_store,
                         recovery_plan, split_epoch)
 
 
-@pytest.fixture(scope="module")
-def redis_port():
-    redis_or_skip()
-    with redis_server() as port:
-        yield port
-
-
-@pytest.fixture
-def dbaas(redis_port, monkeypatch):
-    """The environment an OSC xApp gets from the RIC, pointing at the private server."""
-    monkeypatch.setenv("DBAAS_SERVICE_HOST", "127.0.0.1")
-    monkeypatch.setenv("DBAAS_SERVICE_PORT", str(redis_port))
-    return redis_port
-
-
-@pytest.fixture
-def ns():
-    return f"pallas-test-{uuid.uuid4().hex[:8]}"
-
-
 @pytest.fixture(params=["memory", "sdl"])
-def make_store(request, ns):
+def make_store(request, sdl_ns):
     """A factory of stores of one kind; SDL stores made by it share one namespace (restarts)."""
     made = []
 
     def make():
-        s = MemoryStore() if request.param == "memory" else SdlStore(ns)
+        s = MemoryStore() if request.param == "memory" else SdlStore(sdl_ns)
         made.append(s)
         return s
     if request.param == "sdl":
@@ -109,9 +87,9 @@ def test_records_reject_a_bad_phase_or_epoch_and_ignore_fields_of_a_newer_xapp(m
         st.binding("s8")
 
 
-def test_after_a_restart_epochs_are_larger_and_in_flight_migrations_are_found(dbaas, ns):
+def test_after_a_restart_epochs_are_larger_and_in_flight_migrations_are_found(dbaas, sdl_ns):
     """Allocate, "restart" (a new store object on the same Redis), allocate again."""
-    before = SdlStore(ns)
+    before = SdlStore(sdl_ns)
     issued = [before.allocate_epoch("s1") for _ in range(5)] + [before.allocate_epoch("s2")]
     before.put_binding(SessionBinding("s1", "agent-a", ue_id="ue-1"))
     prep = InFlightMigration("s1", issued[4], "agent-a", "agent-b", started_at=1.0)
@@ -121,7 +99,7 @@ def test_after_a_restart_epochs_are_larger_and_in_flight_migrations_are_found(db
     before.put_migration(comm)
     before.close()
 
-    after = SdlStore(ns)
+    after = SdlStore(sdl_ns)
     assert after.generation > before.generation
     first = [after.allocate_epoch("s1"), after.allocate_epoch("s2")]
     assert min(first) > max(issued)
@@ -131,14 +109,14 @@ def test_after_a_restart_epochs_are_larger_and_in_flight_migrations_are_found(db
     after.close()
 
 
-def test_concurrent_allocations_are_unique_across_threads_and_instances(dbaas, ns):
-    shared = SdlStore(ns)
+def test_concurrent_allocations_are_unique_across_threads_and_instances(dbaas, sdl_ns):
+    shared = SdlStore(sdl_ns)
     barrier = threading.Barrier(8)
     got: dict[int, list[int]] = {}
 
     def run(i: int) -> None:
         barrier.wait()
-        st = shared if i % 2 else SdlStore(ns)  # half share one store, half start their own
+        st = shared if i % 2 else SdlStore(sdl_ns)  # half share one store, half start their own
         got[i] = [st.allocate_epoch("hot") for _ in range(200)]
         if st is not shared:
             st.close()
@@ -170,17 +148,17 @@ def test_concurrent_allocations_in_one_memory_store_are_unique():
     assert every == list(range(1, 3001))
 
 
-def test_a_wiped_redis_still_never_yields_a_smaller_generation(dbaas, ns):
+def test_a_wiped_redis_still_never_yields_a_smaller_generation(dbaas, sdl_ns):
     """DBaaS restarted without persistence: the wall-clock floor of the next claim is above
     the last generation (the xApp restarted less than once a minute on average)."""
     import redis
 
     t0 = time.time()
-    first = SdlStore(ns, clock=lambda: t0)
+    first = SdlStore(sdl_ns, clock=lambda: t0)
     old = first.allocate_epoch("s")
     first.close()
     redis.Redis(host="127.0.0.1", port=dbaas).flushall()
-    later = SdlStore(ns, clock=lambda: t0 + 120)
+    later = SdlStore(sdl_ns, clock=lambda: t0 + 120)
     assert later.allocate_epoch("s") > old
     later.close()
 
@@ -199,8 +177,8 @@ def test_an_unreachable_or_unconfigured_dbaas_is_a_clear_error(monkeypatch):
         open_store()
 
 
-def test_open_store_picks_sdl_in_a_ric(dbaas, ns):
-    st = open_store(namespace=ns)
+def test_open_store_picks_sdl_in_a_ric(dbaas, sdl_ns):
+    st = open_store(namespace=sdl_ns)
     assert isinstance(st, SdlStore) and st.generation > 0
     st.close()
 
