@@ -49,7 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pallas_common.controls import load_profile
+from pallas_common.controls import load_profile, merge_controls
 from xapp.drivetest import Drive, read_drives
 from xapp.predict.base import Calibrator, reliability
 from xapp.predict.combined import TOP_K, HandoverPredictor
@@ -455,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--speed-spread", type=float, default=0.2, help="generated speeds vary by +-this share")
     ap.add_argument("--limit", type=int, default=0, help="score only the first N drives")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--config", help="JSON file of PredictorConfig overrides")
+    ap.add_argument("--config", help="JSON file of PredictorConfig overrides (nested objects merge key by key)")
     ap.add_argument("--tol", type=float, default=None, help="time tolerance (s); default 2 (files) / 0.5 (generated)")
     ap.add_argument("--plot", help="save the T_avail distribution here (PNG)")
     ap.add_argument("--save-calibration", help="save the per-predictor confidence calibration (JSON) fitted on "
@@ -478,14 +478,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cfg = profile_config(drives)
     if a.config:
-        over = json.loads(Path(a.config).read_text())
-        base = cfg.to_dict()
-        for k, v in over.items():
-            if isinstance(v, dict) and isinstance(base.get(k), dict):
-                base[k].update(v)
-            else:
-                base[k] = v
-        cfg = PredictorConfig.from_dict(base)
+        try:
+            over = json.loads(Path(a.config).read_text())
+            cfg = PredictorConfig.from_dict(merge_controls(cfg.to_dict(), over), where="--config")
+        except (OSError, ValueError) as exc:   # JSONDecodeError is a ValueError
+            print(f"--config {a.config}: {exc}", file=sys.stderr)
+            return 2
     map_from = read_drives(a.map_from) if a.map_from else None
     modes = [m for m in a.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]

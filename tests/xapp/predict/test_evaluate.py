@@ -49,3 +49,21 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(SystemExit):
         main([])
     assert main([str(tmp_path)]) == 2      # an empty folder: nothing to score
+
+
+def test_config_overrides_merge_nested_keys_and_bad_ones_exit_2(tmp_path, capsys):
+    """``--config`` changes only the keys it names, nested objects included (the rest keep the
+    profile's values), and a wrong value is one line on stderr and exit status 2."""
+    import json as _json
+
+    from pallas_tools.evaluate import main as evaluate_main
+
+    ok = tmp_path / "ok.json"
+    ok.write_text('{"stability": {"hold_s": 0.25}}')
+    assert evaluate_main(["--generate", "1", "--duration", "60", "--modes", "combined", "--config", str(ok)]) == 0
+    cfg = _json.loads(capsys.readouterr().out.strip().splitlines()[-1])["_meta"]["config"]
+    assert cfg["stability"] == {"hold_s": 0.25, "switch_margin": 0.3, "drop_after_s": 1.0}
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"stability": {"hold_s": "x"}}')
+    assert evaluate_main(["--generate", "1", "--duration", "60", "--config", str(bad)]) == 2
+    assert "--config.stability.hold_s" in capsys.readouterr().err
