@@ -342,12 +342,13 @@ class NodeLeases:
         return None if raw is None else SessionRecord.from_dict(json.loads(raw))
 
     def write_session(self, session_id: str, node: str, *, epoch: int,
-                      data: Mapping[str, Any]) -> SessionRecord:
+                      data: Mapping[str, Any], seen: float | None = None) -> SessionRecord:
         """Write the session's record as the owner of E2 node ``node`` (the UE's serving node).
 
         Raises :class:`~xapp.cluster.ownership.WriteRefused` with reason ``not_owner`` (this
         replica does not hold ``node``'s lease now), ``stale_token`` / ``stale_epoch`` (the
-        fencing and epoch rules) or ``conflict`` (the compare-and-set lost three times in a
+        fencing and epoch rules), ``moved`` (another replica decides from a newer report of
+        the UE than ``seen``) or ``conflict`` (the compare-and-set lost three times in a
         row)."""
         with self._mu:
             h = self._held.get(node)
@@ -356,10 +357,11 @@ class NodeLeases:
             self._refused("not_owner")
             raise WriteRefused("not_owner", f"{self.me} does not hold E2 node {node}'s lease")
         return self.cas_session(session_id, Writer(self.me, node, h.token), epoch=epoch,
-                                data=data)
+                                data=data, seen=seen)
 
     def cas_session(self, session_id: str, writer: Writer, *, epoch: int,
-                    data: Mapping[str, Any], tries: int = 3) -> SessionRecord:
+                    data: Mapping[str, Any], tries: int = 3,
+                    seen: float | None = None) -> SessionRecord:
         """The compare-and-set under :meth:`write_session`, for ``writer`` as given (no check
         of this replica's leases: what a replica paused past its lease would do). Raises as
         :meth:`write_session`."""
@@ -368,7 +370,8 @@ class NodeLeases:
             raw = self.sdl.get(self.ns, {key}).get(key)
             cur = None if raw is None else SessionRecord.from_dict(json.loads(raw))
             try:
-                new, handed_over = write_session(cur, session_id, writer, epoch=epoch, data=data)
+                new, handed_over = write_session(cur, session_id, writer, epoch=epoch, data=data,
+                                                 seen=seen)
             except WriteRefused as e:
                 self._refused(e.reason)
                 raise
