@@ -146,6 +146,7 @@ class PallasXapp:
         self.cluster = cluster
         if cluster is not None:
             cluster.attach(lambda: self.config, subscriptions)
+            self.control.arrivals = True     # a handover may start at another replica's node
         self.handlers[RIC_INDICATION] = IndicationHandler(self.control, None if cluster is None else cluster.admit)
         if a1 is not None:
             self.handlers[A1_POLICY_REQ] = A1Handler(a1, transport, self.reconfigure)
