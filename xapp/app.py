@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from pallas_common.tls import LinkSecurity
     from pallas_proto import pallas_pb2 as pb
     from xapp.cluster.replica import ClusterReplica
+    from xapp.cluster.sessions import SessionGuard
     from xapp.e2.ingest import IngestConfig
     from xapp.e2.subscription import SubmgrClient, SubscriptionLedger
 
@@ -128,8 +129,10 @@ class PallasXapp:
         channel = {} if security is None else {"channel_factory": security.channel}
         self.policy: PolicyPort = policy or PolicyClient(endpoints, **channel)
         tokens: dict[str, tuple[int, float]] = {}      # session -> (K, wall time) from telemetry
+        self.guard = self._session_guard(cluster)
         self.dispatcher = ActionDispatcher(self.engine, self.policy, self.events, self._lock,
-                                           lambda: self.offset, tokens, journal=self.journal)
+                                           lambda: self.offset, tokens, journal=self.journal,
+                                           guard=self.guard)
         if getattr(self.policy, "on_reply", None) is None:
             self.policy.on_reply = self.dispatcher.on_reply
         self.control = ControlLoop(lambda: self.config, self.tracks, self.ingest, self.predictor, self.engine,
@@ -143,6 +146,7 @@ class PallasXapp:
         self.cluster = cluster
         if cluster is not None:
             cluster.attach(lambda: self.config, subscriptions)
+            self.control.arrivals = True     # a handover may start at another replica's node
         self.handlers[RIC_INDICATION] = IndicationHandler(self.control, None if cluster is None else cluster.admit)
         if a1 is not None:
             self.handlers[A1_POLICY_REQ] = A1Handler(a1, transport, self.reconfigure)
@@ -155,6 +159,20 @@ class PallasXapp:
         self._get_nodeb: Callable[[str], object] | None = None
 
     # ------------------------------------------------------------------ construction helpers
+    def _session_guard(self, cluster: ClusterReplica | None) -> SessionGuard | None:
+        """A replica's guard of its orders (session records in SDL, docs/scale-out.md §3) when
+        its lease store keeps session records (``NodeLeases``); None for one replica."""
+        if cluster is None or not hasattr(cluster.leases, "write_session"):
+            return None
+        from xapp.cluster.sessions import SessionGuard
+        return SessionGuard(cluster.leases, self.store, self.engine, self._ue_view,
+                            lambda: self.config, self._lock)
+
+    def _ue_view(self, ue_id: str) -> tuple[int, float] | None:
+        """(serving cell, trace time of the latest report) of a UE this xApp tracks, or None."""
+        ue = self.control.ues.get(ue_id)
+        return None if ue is None else (ue.serving_cell, ue.last_heard)
+
     @staticmethod
     def _endpoints(config: XappConfig) -> dict[str, AgentEndpoint]:
         return {aid: AgentEndpoint(aid, a.control_address, a.peer_address) for aid, a in config.agents.items()}

@@ -89,6 +89,9 @@ class ControlLoop:
         self.cycles = 0
         self._forgot_at = -float("inf")          # trace time of the cycle's last forget_silent
         self.cycling = False                     # a control cycle runs (the receive loop defers to it)
+        #: a replica of a scale-out (docs/scale-out.md §3): the first report of a UE whose
+        #: session another cell's agent serves is a handover seen from its new cell's E2 node
+        self.arrivals = False
 
     @property
     def config(self) -> XappConfig:
@@ -118,7 +121,14 @@ class ControlLoop:
             if ue is None:
                 self.ues[r.ue_id] = UEState(r.ue_id, r.serving_cell, r.time, last_heard=r.time, snssai=snssai)
                 self._bound()
-                return
+                arrived = self.arrivals and self._arrived(r.ue_id, r.serving_cell)
+                if not arrived:
+                    return
+        if ue is None:
+            self.events.write("arrival", ue=r.ue_id, trace_t=r.time, to_cell=r.serving_cell)
+            self.on_handover(r.ue_id, -1, r.serving_cell, r.time)
+            return
+        with self._lock:
             self.ues.move_to_end(r.ue_id)
             ue.last_heard = r.time
             if snssai:
@@ -132,6 +142,16 @@ class ControlLoop:
                           predicted_t_ho=None if error is None else predicted, timing_error_s=error,
                           margin_s=self.engine.ho_timing.margin_s)
         self.on_handover(r.ue_id, old, r.serving_cell, r.time)
+
+    def _arrived(self, ue_id: str, cell: int) -> bool:
+        """Whether a UE first heard on ``cell`` has arrived there by a handover this xApp did
+        not see (under the engine lock): one of its sessions is served by an agent other than
+        the cell's. Asked only with :attr:`arrivals` (a replica of a scale-out: the handover's
+        first report comes from the new cell's E2 node, which another replica may own)."""
+        if cell < 0:
+            return False
+        ep = self.config.agent_for_cell(cell)
+        return ep is not None and any(sm.source != ep.agent_id for sm in self.engine.sessions_of(ue_id))
 
     def note_slice(self, ue_id: str, snssai: str | None) -> None:
         """The UE's S-NSSAI (from whatever source knows it); per-slice proactive rules apply to

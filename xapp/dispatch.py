@@ -9,7 +9,10 @@ engine (:meth:`SchedulerEngine.on_reply`). A session's actions decided while one
 commits is in flight wait in the :class:`~xapp.scheduler.gate.CommitGate` until that reply.
 Every order sent and every reply also go to the :class:`~xapp.store.MigrationJournal` (when
 one is given), which keeps the in-flight migrations in the xApp's store (SDL in a RIC) for a
-restart (issue 16).
+restart (issue 16). With several xApp replicas (issue 46) every order first passes the
+``guard`` (:class:`xapp.cluster.sessions.SessionGuard`): the session's record is written in SDL,
+and an order whose write is refused is not sent (an ``order_refused`` event; the engine is told
+the call failed, so its state machine leaves the attempt).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import structlog
 from pallas_common.contract import COMMIT_MOVED_FIELDS, commit_choice_of
 from pallas_common.schemes import SessionState, scheme_name
 from pallas_proto import pallas_pb2 as pb
-from xapp.ports import DecisionEngine, EventSink, Journal, PolicyPort
+from xapp.ports import DecisionEngine, EventSink, Journal, OrderGuard, PolicyPort
 from xapp.policy import CallOutcome
 from xapp.scheduler import Action, CancelAction, CommitAction, TriggerAction
 from xapp.scheduler.gate import CommitGate
@@ -46,14 +49,18 @@ class ActionDispatcher:
     their session (:meth:`forget_session`), so they are bounded by the live sessions.
     ``journal``: an ``xapp.store.MigrationJournal`` told of every order before it is sent, of
     every reply, and of sessions opening and ending (None: nothing kept). A failing store is
-    logged and never stops an order.
+    logged and never stops an order. ``guard``: a replica's
+    :class:`~xapp.cluster.sessions.SessionGuard` (``check(action)`` -> (the order to send or
+    None, the refusal's reason)); None (one replica): every order goes out as decided.
     """
 
     def __init__(self, engine: DecisionEngine, policy: PolicyPort, events: EventSink, lock: threading.RLock,
                  offset: Callable[[], float], tokens: dict[str, tuple[int, float]],
-                 journal: Journal | None = None) -> None:
+                 journal: Journal | None = None, guard: OrderGuard | None = None) -> None:
         self.engine, self.policy, self.events, self._lock = engine, policy, events, lock
         self.journal = journal
+        self.guard = guard
+        self.refused = 0          # orders not sent: their session record's write was refused
         self._offset, self._tokens = offset, tokens
         self.gate: CommitGate = CommitGate()
         # session -> {(rpc, epoch): (action, T_early of a trigger)}
@@ -75,6 +82,12 @@ class ActionDispatcher:
                                   session=a.session_id, epoch=a.epoch,
                                   behind_commit=self.gate.in_flight(a.session_id))
                 continue
+            if self.guard is not None:
+                checked, why = self.guard.check(a)
+                if checked is None:
+                    self._not_sent(a, why)
+                    continue
+                a = checked
             self._journal("sent", a)
             try:
                 self._events[a.rpc](a, now, ho)
@@ -84,6 +97,24 @@ class ActionDispatcher:
                 log.error("action for an unknown agent dropped", action=repr(a), error=repr(e))
                 if self.journal is not None and a.rpc != "Cancel":
                     self._journal_call(self.journal.store.finish_migration, a.session_id, a.epoch)
+
+    def _not_sent(self, a: Action, why: str) -> None:
+        """``a``'s session record was refused (``why``): the order is not sent; the engine is
+        told the call failed (a trigger's attempt is cancelled, a commit leaves the session at
+        its source and releases what waits behind it), and what it decides is sent in turn."""
+        self.refused += 1
+        self.events.write("order_refused", call=a.rpc.lower(), session=a.session_id, epoch=a.epoch,
+                          source_agent=a.source, reason=why)
+        reply = pb.ControlReply(status=pb.STATUS_ERROR, session_id=a.session_id, epoch=a.epoch,
+                                message=f"not sent: session record refused ({why})")
+        released: list = []
+        with self._lock:
+            more = self.engine.on_reply(a, reply)
+            if a.rpc == "Commit":
+                released = self.gate.settle(a, False)
+        self.send(more)
+        for b, ho in released:
+            self.send([b], ho=ho)
 
     def _journal(self, event: str, *args: Any, **kw: Any) -> None:
         """``journal.<event>(*args)`` if there is a journal; a store failure is logged."""

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from xapp.store import XappStore
     from xapp.tracks import MeasurementReport, UETrack
 
-__all__ = ["A1Port", "DecisionEngine", "E2Ingest", "EventSink", "Journal", "PolicyPort",
+__all__ = ["A1Port", "DecisionEngine", "E2Ingest", "EventSink", "Journal", "OrderGuard", "PolicyPort",
            "RmrMessage", "SubscriptionPort", "TelemetrySource", "TrackPredictor", "Transport"]
 
 
@@ -140,6 +140,15 @@ class Journal(Protocol):
     def not_sent(self, session_id: str, epoch: int, agent_id: str) -> None: ...
 
     def replied(self, outcome: CallOutcome) -> None: ...
+
+
+class OrderGuard(Protocol):
+    """What an order passes before it leaves a replica of a scale-out
+    (:class:`xapp.cluster.sessions.SessionGuard`): ``check(action)`` writes the session's
+    record and returns (the order to send, possibly renumbered, ""), or (None, the reason its
+    record was refused)."""
+
+    def check(self, action: Action) -> tuple[Action | None, str]: ...
 
 
 class PolicyPort(Protocol):

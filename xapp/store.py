@@ -23,7 +23,10 @@ two xApp instances, e.g. the old and the new pod of a rolling update, never shar
   restarts or between instances (a later claim is a larger generation);
 - the wall-clock floor keeps this true even if Redis lost its data (a DBaaS without
   persistence restarted), as long as the xApp restarted less than once a minute on average;
-- allocation itself is local: no Redis round trip on the handover path.
+- allocation itself is local: no Redis round trip on the handover path;
+- across scale-out replicas (issue 46) a replica that takes over a session whose record's epoch
+  is at or above its own base claims a new generation above every one claimed so far
+  (:func:`needs_new_generation`, :meth:`XappStore.adopt_generation`), never ``record + 1``.
 
 :class:`MemoryStore` uses generation 0, so test mode numbers a session's epochs 1, 2, 3, ... as
 the scheduler does today. Only plain Redis commands are used (SETNX, MGET, MSET, DEL, KEYS):
@@ -40,7 +43,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -53,7 +56,7 @@ log = structlog.get_logger("pallas.xapp.store")
 __all__ = [
     "EPOCH_COUNTER_BITS", "DEFAULT_NAMESPACE", "StoreError", "StoreUnavailable", "SessionBinding",
     "InFlightMigration", "RecoveryStep", "XappStore", "MemoryStore", "SdlStore", "open_store",
-    "recovery_plan", "split_epoch", "MigrationJournal",
+    "recovery_plan", "split_epoch", "next_generation", "needs_new_generation", "MigrationJournal",
 ]
 
 EPOCH_COUNTER_BITS = 38
@@ -137,6 +140,25 @@ def split_epoch(epoch: int) -> tuple[int, int]:
     return epoch >> EPOCH_COUNTER_BITS, epoch & ((1 << EPOCH_COUNTER_BITS) - 1)
 
 
+def next_generation(claimed: Iterable[int], last: int, now: float) -> int:
+    """The generation to try to claim first: above every generation in ``claimed`` (the
+    ``generation/<g>`` keys found in SDL) and above ``last`` (the ``generation`` key: the last
+    one claimed at a process start), and no lower than the minutes since 2025-01-01 at ``now``
+    (s since 1970; the floor that survives a Redis that lost its data). The caller claims it
+    with SETNX and tries the next one up while the claim fails (a concurrent claimer won it)."""
+    return max(max(claimed, default=0) + 1, int(last) + 1, int((now - _CLOCK_ORIGIN) // 60), 1)
+
+
+def needs_new_generation(record_epoch: int, generation: int) -> bool:
+    """Whether a replica of generation ``generation`` that takes over a session whose record
+    carries ``record_epoch`` must claim a new generation before it numbers an order (issue 46,
+    docs/scale-out.md §3): when the record's epoch is at or above the replica's epoch base
+    (``generation << EPOCH_COUNTER_BITS``), some of the replica's next epochs may lie at or below
+    epochs another replica has issued for the session. Never ``record_epoch + 1``: that number
+    lies in the other replica's generation, which may hand it out too."""
+    return record_epoch >= generation << EPOCH_COUNTER_BITS
+
+
 class XappStore(ABC):
     """The xApp's durable state (module docstring). Thread-safe.
 
@@ -149,6 +171,7 @@ class XappStore(ABC):
         self._lock = threading.Lock()           # epoch counters
         self._records = threading.Lock()        # read-check-write of migration records
         self._counters: dict[str, int] = {}
+        self._gens: dict[str, int] = {}   # session -> generation of its last allocation
         self._floor = 0  # the largest n ever handed out to a session that has ended
 
     # -- epochs ---------------------------------------------------------------------------------
@@ -162,14 +185,30 @@ class XappStore(ABC):
             if n >= 1 << EPOCH_COUNTER_BITS:
                 raise StoreError(f"epoch counter of session {session_id!r} exhausted")
             self._counters[session_id] = n
-        return (self.generation << EPOCH_COUNTER_BITS) | n
+            g = self._gens[session_id] = self.generation
+        return (g << EPOCH_COUNTER_BITS) | n
 
     def last_epoch(self, session_id: str) -> int:
         """The last epoch this process allocated for ``session_id`` (0: none since the start or
         since the session ended)."""
         with self._lock:
             n = self._counters.get(session_id)
-        return 0 if n is None else (self.generation << EPOCH_COUNTER_BITS) | n
+            g = self._gens.get(session_id, self.generation)
+        return 0 if n is None else (g << EPOCH_COUNTER_BITS) | n
+
+    def adopt_generation(self, generation: int) -> None:
+        """Number every later epoch in ``generation``, a generation this process has just
+        claimed in SDL above every one claimed before (a replica taking over a session,
+        :func:`needs_new_generation`; the claim: ``xapp.cluster.leases.NodeLeases.claim_generation``).
+        The per-session counters go on, so each session's epochs still only grow. Raises
+        StoreError for a generation that is not above the current one or does not fit
+        ``GENERATION_BITS``."""
+        if not self.generation < generation < 1 << GENERATION_BITS:
+            raise StoreError(f"generation {generation}: must be above {self.generation} and "
+                             f"below 2^{GENERATION_BITS}")
+        with self._lock:
+            self.generation = int(generation)
+        log.info("generation_adopted", generation=generation)
 
     # -- records (subclasses) ---------------------------------------------------------------------
     @abstractmethod
@@ -237,6 +276,7 @@ class XappStore(ABC):
         later session of the same id still gets larger epochs)."""
         with self._lock:
             n = self._counters.pop(session_id, 0)
+            self._gens.pop(session_id, None)
             self._floor = max(self._floor, n)
         self._delete("binding", [session_id])
         self._delete("migration", [session_id])
@@ -316,7 +356,7 @@ class SdlStore(XappStore):
     def _claim_generation(self, now: float) -> int:
         with _sdl_errors("claiming a generation"):
             last = self._sdl.get(self.ns, "generation") or 0
-            g = max(int(last) + 1, int((now - _CLOCK_ORIGIN) // 60), 1)
+            g = next_generation((), int(last), now)
             while not self._sdl.set_if_not_exists(self.ns, f"generation/{g}",
                                                   {"pid": os.getpid(), "at": now}):
                 g += 1

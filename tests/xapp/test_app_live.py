@@ -108,9 +108,10 @@ def _grpc_agent(agent: FakeAgent) -> tuple[grpc.Server, int]:
     return srv, port
 
 
-def _indication(serving_cell: int, serving_pci: int, rsrp: float, nb_pci: int, nb_rsrp: float, sn: int) -> bytes:
+def _indication(serving_cell: int, serving_pci: int, rsrp: float, nb_pci: int, nb_rsrp: float, sn: int,
+                ue: int = UE) -> bytes:
     from pallas_tools import codec as C
-    u = C.UeId(kind="gNB", amf_ue_ngap_id=UE, guami=C.Guami(plmn="00101"))
+    u = C.UeId(kind="gNB", amf_ue_ngap_id=ue, guami=C.Guami(plmn="00101"))
     r = C.RrcMeasReport(1, (C.ServingResult(0, C.CellResult(serving_pci, rsrp, -10.0, 10.0)),),
                         (C.CellResult(nb_pci, nb_rsrp, -10.0, 5.0),))
     h, m = C.encode_rc_message_copy(C.RcMessageCopy(C.encode_rrc_meas_report(r), u, C.Cgi("00101", serving_cell)))

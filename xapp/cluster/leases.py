@@ -13,6 +13,9 @@ primitives, one SDL namespace shared by every replica of the xApp:
 - ``fence/<E2 node>``: ``{"replica", "token"}`` (JSON), the node's current holder and its
   fencing token: the number of times the node's lease was claimed. A replica that acquired
   the lease raises it by one with a compare-and-set (``set_if_not_exists`` / ``set_if``).
+- ``generation/<g>``, ``generation``: the epoch generations claimed (:meth:`NodeLeases.claim_generation`),
+  the same keys, in the same msgpack encoding, as ``xapp.store.SdlStore``'s claim at a process
+  start, so a generation claimed either way is never claimed again.
 - ``session/<session id>``: a UE session's record (:class:`~xapp.cluster.ownership.SessionRecord`,
   JSON), written only by compare-and-set on the bytes read, so a write based on a stale read
   fails and is retried from a fresh read; the fencing rule refuses a writer whose lease was
@@ -105,6 +108,7 @@ class _Counters:
     losses: int = 0
     records_handed_over: int = 0
     cas_conflicts: int = 0
+    generations: int = 0        # epoch generations claimed on a take-over
     writes_refused: dict = field(default_factory=dict)
 
 
@@ -301,6 +305,36 @@ class NodeLeases:
         new = _dumps({"replica": self.me, "token": token})
         return token if self._cas(key, raw, new) else None
 
+    # -- epoch generations ----------------------------------------------------------------------
+    def claim_generation(self, now: float | None = None) -> int:
+        """Claim an epoch generation above every generation claimed so far by any replica or
+        process on this SDL (``generation/<g>`` keys; ``xapp.store.next_generation``), with SETNX
+        from there upward, and point ``generation`` at it. Returns it; the caller's store adopts
+        it (``XappStore.adopt_generation``). ``now``: wall clock, s since 1970 (the floor).
+
+        Why above every one *found* is enough: a session record's epoch was numbered in a
+        generation claimed before the record was written, so before the caller read it; the
+        scan, made after that read, finds that claim. Raises ricsdl's ``SdlException`` when SDL
+        does not answer (nothing claimed)."""
+        import msgpack
+
+        from xapp.store import GENERATION_BITS, next_generation
+        claimed = [int(k.split("/", 1)[1]) for k in self.sdl.find_keys(self.ns, "generation/*")
+                   if k.split("/", 1)[1].isdigit()]
+        raw = self.sdl.get(self.ns, {"generation"}).get("generation")
+        last = int(msgpack.unpackb(raw)) if raw is not None else 0
+        wall = time.time() if now is None else now
+        g = next_generation(claimed, last, wall)
+        mark = msgpack.packb({"replica": self.me, "at": wall}, use_bin_type=True)
+        while not self.sdl.set_if_not_exists(self.ns, f"generation/{g}", mark):
+            g += 1
+        if g >= 1 << GENERATION_BITS:
+            raise LeaseError(f"generation {g} does not fit {GENERATION_BITS} bits")
+        self.sdl.set(self.ns, {"generation": msgpack.packb(g, use_bin_type=True)})
+        self.counters.generations += 1
+        log.info("generation_claimed", replica=self.me, generation=g)
+        return g
+
     # -- session records ----------------------------------------------------------------------
     def read_session(self, session_id: str) -> SessionRecord | None:
         """The session's record in SDL, None when it has none."""
@@ -308,12 +342,13 @@ class NodeLeases:
         return None if raw is None else SessionRecord.from_dict(json.loads(raw))
 
     def write_session(self, session_id: str, node: str, *, epoch: int,
-                      data: Mapping[str, Any]) -> SessionRecord:
+                      data: Mapping[str, Any], seen: float | None = None) -> SessionRecord:
         """Write the session's record as the owner of E2 node ``node`` (the UE's serving node).
 
         Raises :class:`~xapp.cluster.ownership.WriteRefused` with reason ``not_owner`` (this
         replica does not hold ``node``'s lease now), ``stale_token`` / ``stale_epoch`` (the
-        fencing and epoch rules) or ``conflict`` (the compare-and-set lost three times in a
+        fencing and epoch rules), ``moved`` (another replica decides from a newer report of
+        the UE than ``seen``) or ``conflict`` (the compare-and-set lost three times in a
         row)."""
         with self._mu:
             h = self._held.get(node)
@@ -322,10 +357,11 @@ class NodeLeases:
             self._refused("not_owner")
             raise WriteRefused("not_owner", f"{self.me} does not hold E2 node {node}'s lease")
         return self.cas_session(session_id, Writer(self.me, node, h.token), epoch=epoch,
-                                data=data)
+                                data=data, seen=seen)
 
     def cas_session(self, session_id: str, writer: Writer, *, epoch: int,
-                    data: Mapping[str, Any], tries: int = 3) -> SessionRecord:
+                    data: Mapping[str, Any], tries: int = 3,
+                    seen: float | None = None) -> SessionRecord:
         """The compare-and-set under :meth:`write_session`, for ``writer`` as given (no check
         of this replica's leases: what a replica paused past its lease would do). Raises as
         :meth:`write_session`."""
@@ -334,7 +370,8 @@ class NodeLeases:
             raw = self.sdl.get(self.ns, {key}).get(key)
             cur = None if raw is None else SessionRecord.from_dict(json.loads(raw))
             try:
-                new, handed_over = write_session(cur, session_id, writer, epoch=epoch, data=data)
+                new, handed_over = write_session(cur, session_id, writer, epoch=epoch, data=data,
+                                                 seen=seen)
             except WriteRefused as e:
                 self._refused(e.reason)
                 raise

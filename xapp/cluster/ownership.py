@@ -152,8 +152,9 @@ def plan_leases(me: str, nodes: Iterable[str], live: Iterable[str],
 # -- session records --------------------------------------------------------------------------
 
 class WriteRefused(Exception):
-    """A session-record write broke the fencing or the epoch rule. ``reason``: ``stale_token``
-    or ``stale_epoch``."""
+    """A session-record write broke the fencing, the hand-over or the epoch rule. ``reason``:
+    ``stale_token``, ``moved``, ``stale_epoch`` (:func:`write_session`), or from
+    ``NodeLeases.write_session`` ``not_owner`` / ``conflict``."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -176,6 +177,8 @@ class SessionRecord:
 
     ``owner`` / ``node`` / ``token``: the last writer (:class:`Writer`); ``epoch``: the
     session's migration epoch (never lowered: the agents refuse a lower one as STALE);
+    ``seen``: the time of the UE's latest report the last writer decided from (s, the
+    trace clock in test mode, the wall clock live; None: not given);
     ``version``: writes so far (1 on creation); ``fences``: E2 node -> the highest fencing
     token the record was written with for that node; ``data``: the decision state (target,
     migration state, ...; JSON-serialisable, opaque here).
@@ -189,12 +192,13 @@ class SessionRecord:
     version: int = 1
     fences: Mapping[str, int] = field(default_factory=dict)
     data: Mapping[str, Any] = field(default_factory=dict)
+    seen: float | None = None
 
     def to_dict(self) -> dict:
         """A JSON-serialisable dict (inverse: :meth:`from_dict`)."""
         return {"session_id": self.session_id, "owner": self.owner, "node": self.node,
                 "token": self.token, "epoch": self.epoch, "version": self.version,
-                "fences": dict(self.fences), "data": dict(self.data)}
+                "fences": dict(self.fences), "data": dict(self.data), "seen": self.seen}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SessionRecord":
@@ -203,35 +207,49 @@ class SessionRecord:
             return cls(str(d["session_id"]), str(d["owner"]), str(d["node"]), int(d["token"]),
                        int(d.get("epoch", 0)), int(d.get("version", 1)),
                        {str(k): int(v) for k, v in dict(d.get("fences", {})).items()},
-                       dict(d.get("data", {})))
+                       dict(d.get("data", {})),
+                       None if d.get("seen") is None else float(d["seen"]))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed session record {dict(d)!r}: {e}") from None
 
 
 def write_session(current: SessionRecord | None, session_id: str, writer: Writer, *,
-                  epoch: int, data: Mapping[str, Any]) -> tuple[SessionRecord, bool]:
+                  epoch: int, data: Mapping[str, Any],
+                  seen: float | None = None) -> tuple[SessionRecord, bool]:
     """The record after ``writer`` writes ``epoch`` and ``data`` over ``current`` (None: no
     record yet), and whether the session was handed over (another replica wrote it last).
+    ``seen``: the time of the UE's latest report ``writer`` decides from (None: it has none).
 
-    Raises :class:`WriteRefused` (``stale_token``) when ``writer.token`` is below the highest
-    token ``writer.node`` has written the record with, or (``stale_epoch``) when ``epoch`` is
-    below the record's; ValueError for a token below 1. Atomicity (no write in between the
-    read of ``current`` and this one) is the caller's: a compare-and-set on the stored bytes.
+    Raises :class:`WriteRefused`
+    - ``stale_token`` when ``writer.token`` is below the highest token ``writer.node`` has
+      written the record with;
+    - ``moved`` when another replica wrote the record last from a report of the UE newer than
+      ``seen`` (or ``seen`` is None while the record has one): the UE has moved to a node of
+      that replica, which now decides for the session; a replica takes a session over only
+      with a view of the UE at least as recent as the record's (docs/scale-out.md §3);
+    - ``stale_epoch`` when ``epoch`` is below the record's.
+    ValueError for a token below 1. Atomicity (no write in between the read of ``current``
+    and this one) is the caller's: a compare-and-set on the stored bytes.
     """
     if writer.token < 1:
         raise ValueError(f"fencing token {writer.token} must be >= 1")
     if current is None:
         return SessionRecord(session_id, writer.replica, writer.node, writer.token, int(epoch),
-                             1, {writer.node: writer.token}, dict(data)), False
-    seen = current.fences.get(writer.node, 0)
-    if writer.token < seen:
+                             1, {writer.node: writer.token}, dict(data), seen), False
+    fenced = current.fences.get(writer.node, 0)
+    if writer.token < fenced:
         raise WriteRefused("stale_token", f"session {session_id}: {writer.replica}'s lease on "
-                           f"{writer.node} has token {writer.token}, the record saw {seen}")
+                           f"{writer.node} has token {writer.token}, the record saw {fenced}")
+    if current.owner != writer.replica and current.seen is not None \
+            and (seen is None or seen < current.seen):
+        raise WriteRefused("moved", f"session {session_id}: {current.owner} decides from a "
+                           f"report at {current.seen}, {writer.replica}'s latest is {seen}")
     if epoch < current.epoch:
         raise WriteRefused("stale_epoch", f"session {session_id}: epoch {epoch} below the "
                            f"record's {current.epoch}")
     fences = dict(current.fences)
     fences[writer.node] = writer.token
     new = replace(current, owner=writer.replica, node=writer.node, token=writer.token,
-                  epoch=int(epoch), version=current.version + 1, fences=fences, data=dict(data))
+                  epoch=int(epoch), version=current.version + 1, fences=fences, data=dict(data),
+                  seen=seen)
     return new, current.owner != writer.replica

@@ -1,0 +1,149 @@
+"""Session records in the decision path of a replica (issue 46, docs/scale-out.md §3).
+
+Every order the Scheduler Engine gives (Trigger, Commit, Cancel) passes :meth:`SessionGuard.check`
+before it leaves the replica: the session's record is written through
+:meth:`xapp.cluster.leases.NodeLeases.write_session` first, and an order whose write is refused
+is not sent. The rules, in order:
+
+1. **Who writes.** The writer's E2 node is the node of the UE's serving cell as this replica's
+   indications show it (after a handover: the new cell's node, whose owner is the replica that
+   saw the handover), else, for a UE this replica does not track, the source agent's E2 node
+   (``controls.agents[..].e2_node_id``). The writer must hold that node's lease (``not_owner``).
+2. **Take-over.** A record last written by another replica is taken over only with a view of the
+   UE at least as recent as the record's (``seen``, the time of the UE's latest report; else
+   ``moved``): the replica that saw the UE arrive decides, the one that lost it goes quiet.
+3. **Epochs of a take-over.** When the record's epoch is at or above this replica's epoch base,
+   the replica claims a new generation above every one claimed so far
+   (:meth:`NodeLeases.claim_generation`, :meth:`xapp.store.XappStore.adopt_generation`). An order
+   that opens an attempt (a Trigger, or a Commit without a prepared target: the fallback)
+   numbered outside this replica's current generation (the engine drew it before the claim, or
+   from an agent's report of the other replica's epoch, ``epoch + 1``) gets a fresh epoch from
+   the store, and the session's state machine moves to it (as the engine itself moves it from
+   an agent's report), so the attempt's later Commit or Cancel carries it too. So no epoch is
+   ever used by two replicas.
+4. **Continuing.** The new owner does not continue the old owner's prepared attempt under that
+   attempt's epoch (that would be one epoch ordered by two replicas): its engine decides from
+   what it sees (at a handover: a fallback commit), under an epoch of its own generation, which
+   is above the old attempt's; the agents' epoch rule supersedes the old attempt at both agents
+   (docs/model.md §5). The old owner's later orders for the session (the Cancel of its attempt
+   when the UE's track goes silent, a Commit) are refused (``moved`` or ``stale_epoch``) and not
+   sent; its engine is told they failed, so its state machine leaves the attempt.
+5. **Refusals** are counted by reason (``NodeLeases.counters.writes_refused``, the metric
+   ``pallas_xapp_cluster_session_writes_refused_total{reason}``), logged, and written to the
+   event log as ``order_refused``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from xapp.cluster.ownership import WriteRefused
+from xapp.store import needs_new_generation, split_epoch
+
+if TYPE_CHECKING:
+    from xapp.config import XappConfig
+    from xapp.store import XappStore
+
+log = structlog.get_logger("pallas.xapp.cluster")
+
+__all__ = ["SessionGuard", "PHASE_OF"]
+
+PHASE_OF = {"Trigger": "preparing", "Commit": "committing", "Cancel": "cancelled"}
+"""The migration state a session's record carries after each kind of order."""
+
+
+class SessionGuard:
+    """Writes a session's record before each of its orders leaves this replica (module
+    docstring).
+
+    Args:
+        leases: this replica's :class:`~xapp.cluster.leases.NodeLeases`.
+        store: the xApp's epoch store (``xapp.store.XappStore``): the generation it numbers in.
+        engine: the Scheduler Engine (``session(id)`` -> its state machine, KeyError when gone).
+        ue_view: UE id -> (serving cell, time of its latest report) as this replica's
+            indications show it, or None for a UE it does not track.
+        config_of: the configuration in force (cells -> agents -> E2 nodes).
+        lock: the engine's lock (the state machine's epoch is moved under it).
+    """
+
+    def __init__(self, leases: Any, store: XappStore, engine: Any,
+                 ue_view: Callable[[str], tuple[int, float] | None],
+                 config_of: Callable[[], XappConfig], lock: threading.RLock) -> None:
+        self.leases, self.store, self.engine = leases, store, engine
+        self.ue_view, self.config_of, self._lock = ue_view, config_of, lock
+        self.renumbered = 0        # orders given a fresh epoch on a take-over
+
+    def writer_node(self, action: Any) -> tuple[str | None, float | None, str]:
+        """(the writer's E2 node, the time of the UE's latest report or None, the UE id) for
+        ``action`` (rule 1)."""
+        cfg = self.config_of()
+        try:
+            ue = self.engine.session(action.session_id).ue_id
+        except KeyError:
+            ue = ""
+        view = self.ue_view(ue) if ue else None
+        if view is not None:
+            ep = cfg.agent_for_cell(view[0])
+            if ep is not None and ep.e2_node_id:
+                return ep.e2_node_id, view[1], ue
+        src = cfg.agents.get(action.source)
+        return (src.e2_node_id if src is not None else None), None, ue
+
+    def check(self, action: Any) -> tuple[Any | None, str]:
+        """``(the order to send, "")``, possibly with a fresh epoch (rule 3), or ``(None,
+        reason)`` when the record's write was refused (nothing is sent). SDL failures refuse
+        too (reason ``sdl``): an order never leaves without its record."""
+        node, seen, ue = self.writer_node(action)
+        if node is None:
+            return None, self._refuse(action, "no_node", "source agent has no E2 node")
+        try:
+            rec = self.leases.read_session(action.session_id)
+            if rec is not None and rec.owner != self.leases.me:
+                action = self._take_over(action, rec.epoch)
+            data = {"rpc": action.rpc, "phase": PHASE_OF[action.rpc], "source": action.source,
+                    "target": getattr(action, "actual_target", None) or action.target,
+                    "ue": ue}
+            self.leases.write_session(action.session_id, node, epoch=int(action.epoch),
+                                      data=data, seen=seen)
+        except WriteRefused as e:
+            return None, self._refuse(action, e.reason, str(e))
+        except Exception as e:           # SDL unreachable, a malformed record
+            return None, self._refuse(action, "sdl", repr(e))
+        return action, ""
+
+    def _take_over(self, action: Any, record_epoch: int) -> Any:
+        """Rule 3: a new generation when the record's epoch is at or above this replica's base;
+        a fresh epoch for an order that opens an attempt outside the current generation."""
+        if needs_new_generation(record_epoch, self.store.generation):
+            self.store.adopt_generation(self.leases.claim_generation())
+        opens = action.rpc == "Trigger" or (action.rpc == "Commit"
+                                            and getattr(action, "prepared_target", 0) is None)
+        if not opens or split_epoch(int(action.epoch))[0] >= self.store.generation:
+            return action
+        fresh = self.store.allocate_epoch(action.session_id)
+        with self._lock:
+            try:
+                sm = self.engine.session(action.session_id)
+            except KeyError:
+                sm = None
+            if sm is not None:
+                # the attempt now runs under ``fresh``; after a commit the next one goes above
+                sm.epoch = fresh if action.rpc == "Trigger" else max(
+                    int(sm.epoch), self.store.allocate_epoch(action.session_id))
+        self.renumbered += 1
+        log.info("order_renumbered", session=action.session_id, rpc=action.rpc,
+                 epoch=action.epoch, fresh=fresh, generation=self.store.generation)
+        return dataclasses.replace(action, epoch=fresh)
+
+    def _refuse(self, action: Any, reason: str, detail: str) -> str:
+        if reason in ("no_node", "sdl"):     # the others are counted by NodeLeases
+            w = self.leases.counters.writes_refused
+            w[reason] = w.get(reason, 0) + 1
+        log.warning("order_refused", replica=self.leases.me, rpc=action.rpc,
+                    session=action.session_id, epoch=action.epoch, reason=reason, detail=detail)
+        return reason
