@@ -590,8 +590,11 @@ class SchedulerEngine:
         FULL, S_kv(L_hist) for PREFIX). A refusal defers that target alone; a target whose
         agent refused this epoch's Trigger (``SessionMigration.declined``) is not asked again."""
         cands = tuple((a, p) for a, p in cands if a != sm.source)
-        if not cands or all(a in sm.prepared for a, _ in cands) or sm.t_ho is None:
-            return []
+        cfg = self.cfg
+        if sm.t_ho is None or not cands or cands[0][1] >= cfg.targets_split or not any(
+                a not in sm.prepared and a not in sm.declined and p >= cfg.targets_p_floor
+                for a, p in cands):
+            return []                          # nothing the choice could add (cheap test first)
         r_d = float(self.telemetry.decode.read(self._decode_slot[slot:slot + 1], now)[0])
         k_curr = self._tokens[slot] + min(r_d * max(now - self._tokens_time[slot], 0.0),
                                           self._remaining[slot])
