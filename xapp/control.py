@@ -290,23 +290,30 @@ class ControlLoop:
         with self._lock:
             for ue_id in gone:
                 self._forget_ue(ue_id)
-        ue_ids, targets, t_ho, conf, allow = self._decisions(now_trace, cfg)
+        ue_ids, targets, t_ho, conf, allow, cands = self._decisions(now_trace, cfg)
         if gone:
             ue_ids = gone + ue_ids
             targets = [None] * len(gone) + targets
             t_ho = np.concatenate([np.full(len(gone), np.nan), t_ho])
             conf = np.concatenate([np.zeros(len(gone)), conf])
             allow = [False] * len(gone) + allow
+            if cands is not None:
+                cands = [None] * len(gone) + cands
         with self._lock:
-            actions = self.engine.set_predictions(ue_ids, targets, t_ho, conf, allow) if ue_ids else []
+            actions = (self.engine.set_predictions(ue_ids, targets, t_ho, conf, allow, candidates=cands)
+                       if ue_ids else [])
             actions += self.engine.cycle(now_wall)
         self.dispatcher.send(actions)
         return len(actions)
 
     def _decisions(self, now_trace: float, cfg: XappConfig) -> tuple[list[str], list[str | None], np.ndarray,
-                                                                     np.ndarray, list[bool]]:
+                                                                     np.ndarray, list[bool], list | None]:
         """The engine's inputs for the UEs decided on this cycle: (UE ids, target agent or None,
-        t_HO on the wall clock (NaN: none), confidence, proactive allowed), one entry per UE.
+        t_HO on the wall clock (NaN: none), confidence, proactive allowed, candidates), one
+        entry per UE. Candidates (issue 45) only while the engine prepares more than one target
+        (``targets_k`` > 1; else None): per UE, the predictor's ranked (agent, calibrated p),
+        each cell mapped to its agent, leaving out cells without an agent, the serving cell's
+        agent and cells the proactive rules forbid (None for a UE without a usable prediction).
 
         A batch predictor's output stays in arrays (``xapp.predict.combined.Predictions``); the
         Python per UE is a dictionary lookup or two: the cell -> agent map is read once per
@@ -315,8 +322,10 @@ class ControlLoop:
         UE whose reported target changed. A UE the loop no longer knows is left out."""
         rows = self._predictions(now_trace)
         if rows is None:
-            return [], [], np.zeros(0), np.zeros(0), []
-        ids, has, cell, tho, cf, get_pred = rows
+            return [], [], np.zeros(0), np.zeros(0), [], None
+        ids, has, cell, tho, cf, get_pred, cands_of = rows
+        multi = self.engine.cfg.targets_k > 1
+        cands: list | None = [] if multi else None
         tl = np.where(has, cell, -1).tolist()
         tho = np.where(has, tho, np.nan)
         fin = np.isfinite(tho).tolist()
@@ -346,6 +355,8 @@ class ControlLoop:
                 targets.append(None)
                 usable.append(False)
                 allow.append(False)
+                if cands is not None:
+                    cands.append(None)
                 continue
             ok = fin[i]
             targets.append(ep.agent_id if ok else None)
@@ -355,14 +366,37 @@ class ControlLoop:
             if a is None:
                 a = rules[key] = cfg.proactive.allows(*key)
             allow.append(a)
+            if cands is not None:
+                cands.append(self._candidates(ue, cands_of(i), cfg, rules) if ok and a else None)
         k = np.asarray(keep, dtype=np.int64)
         t = np.where(np.asarray(usable, dtype=bool), tho[k] + self.offset, np.nan) if keep else np.zeros(0)
-        return [ids[i] for i in keep], targets, t, np.where(has, cf, 0.0)[k], allow
+        return [ids[i] for i in keep], targets, t, np.where(has, cf, 0.0)[k], allow, cands
+
+    @staticmethod
+    def _candidates(ue: UEState, ranked: tuple[tuple[int, float], ...], cfg: XappConfig,
+                    rules: dict[tuple[int, int, str | None], bool]) -> list[tuple[str, float]]:
+        """``ue``'s ranked (cell, p) candidates as (agent id, p), best first: cells without an
+        agent, on the serving cell's agent, or forbidden by the proactive rules (``rules``
+        caches them per (serving cell, target cell, slice)) left out."""
+        serving = cfg.agent_for_cell(ue.serving_cell) if ue.serving_cell >= 0 else None
+        out: list[tuple[str, float]] = []
+        for c, p in ranked:
+            ep = cfg.agent_for_cell(c)
+            if ep is None or (serving is not None and ep.agent_id == serving.agent_id):
+                continue
+            key = (ue.serving_cell, c, ue.snssai)
+            a = rules.get(key)
+            if a is None:
+                a = rules[key] = cfg.proactive.allows(*key)
+            if a:
+                out.append((ep.agent_id, p))
+        return out
 
     def _predictions(self, now_trace: float) -> tuple | None:
         """The predictions of the UEs to decide on this cycle (see control_cycle) as arrays:
         (UE ids, has (U,) bool, target cell (U,), t_ho (U,) trace clock, confidence (U,),
-        i -> Prediction or None), or None when the batch predictor failed.
+        i -> Prediction or None, i -> ranked (cell, p) candidates (empty: none)), or None when
+        the batch predictor failed.
 
         A batch predictor (``update(store)``) is asked for the UEs with new reports; a per-UE
         predictor (``predict(track, now)``) for every tracked UE."""
@@ -374,8 +408,14 @@ class ControlLoop:
                 except Exception as e:
                     log.error("prediction failed", error=repr(e))
                     return None
+            cc, cp = getattr(res, "cand_cell", None), getattr(res, "cand_p", None)
+
+            def cands_of(i: int) -> tuple[tuple[int, float], ...]:
+                if cc is None or cp is None:
+                    return ()
+                return tuple((int(c), float(p)) for c, p in zip(cc[i].tolist(), cp[i].tolist()) if c >= 0)
             return (res.ue_ids, np.asarray(res.has, dtype=bool), np.asarray(res.cell), np.asarray(res.t_ho, float),
-                    np.asarray(res.conf, float), res.get)
+                    np.asarray(res.conf, float), res.get, cands_of)
         with self._lock:
             ues = list(self.ues.values())
         ids, preds = [], []
@@ -394,7 +434,8 @@ class ControlLoop:
         has = np.array([p is not None for p in preds], dtype=bool)
         return (ids, has, np.array([p.target_cell if p is not None else -1 for p in preds], dtype=np.int64),
                 np.array([p.t_ho if p is not None else np.nan for p in preds], dtype=float),
-                np.array([p.confidence if p is not None else 0.0 for p in preds], dtype=float), preds.__getitem__)
+                np.array([p.confidence if p is not None else 0.0 for p in preds], dtype=float), preds.__getitem__,
+                lambda i: preds[i].candidates if preds[i] is not None else ())
 
     def on_handover(self, ue_id: str, from_cell: int, to_cell: int, t: float) -> None:
         """The UE is on ``to_cell`` (first report from it, trace time ``t``): the engine commits

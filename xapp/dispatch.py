@@ -63,8 +63,9 @@ class ActionDispatcher:
         self.refused = 0          # orders not sent: their session record's write was refused
         self._offset, self._tokens = offset, tokens
         self.gate: CommitGate = CommitGate()
-        # session -> {(rpc, epoch): (action, T_early of a trigger)}
-        self.pending: dict[str, dict[tuple[str, int], tuple[Action, float | None]]] = {}
+        # session -> {(rpc, epoch, a Trigger's target or ""): (action, T_early of a trigger)};
+        # one epoch may hold Triggers at several targets (issue 45)
+        self.pending: dict[str, dict[tuple[str, int, str], tuple[Action, float | None]]] = {}
         # the event each kind writes before it is sent, by the action's rpc
         self._events: dict[str, Callable[[Any, float, Handover | None], None]] = {
             "Trigger": self._trigger, "Cancel": self._cancel, "Commit": self._commit}
@@ -135,7 +136,7 @@ class ActionDispatcher:
 
     def _remember(self, a: Action, extra: float | None = None) -> None:
         with self._lock:
-            self.pending.setdefault(a.session_id, {})[(a.rpc, a.epoch)] = (a, extra)
+            self.pending.setdefault(a.session_id, {})[_key(a)] = (a, extra)
 
     def _trigger(self, a: TriggerAction, now: float, ho: Handover | None) -> None:
         off = self._offset()
@@ -148,7 +149,7 @@ class ActionDispatcher:
                           target_agent=a.target, t_ho_pred=a.predicted_handover_time - off,
                           t_remain=a.predicted_handover_time - now, window_s=a.window_s,
                           l_hist=a.predicted_split_tokens, t_sit_s=t_sit, t_early_s=t_early, scheme=sch,
-                          **a.rates.fields())
+                          rank=a.rank, **a.rates.fields())
 
     def _cancel(self, a: CancelAction, now: float, ho: Handover | None) -> None:
         self.events.write("cancel", session=a.session_id, epoch=a.epoch, trace_t=now - self._offset(),
@@ -156,7 +157,7 @@ class ActionDispatcher:
 
     def _commit(self, a: CommitAction, now: float, ho: Handover | None) -> None:
         with self._lock:
-            trig = self.pending.get(a.session_id, {}).get(("Trigger", a.epoch))
+            trig = self.pending.get(a.session_id, {}).get(("Trigger", a.epoch, a.actual_target))
         k = self._tokens.get(a.session_id, (None, 0))[0]
         ue, f, t, t_ho = ho if ho else ("", -1, -1, a.handover_time - self._offset())
         prepared = a.prepared_target is not None
@@ -185,12 +186,13 @@ class ActionDispatcher:
                           latency_s=out.latency_s, attempts=out.attempts, **moved)
         with self._lock:
             mine = self.pending.get(out.session_id, {})
-            entry = mine.get((out.kind, out.epoch))
+            entry = mine.get((out.kind, out.epoch, out.target))
             if entry is None:
                 return
             if out.kind != "Trigger":        # a trigger stays until its commit or cancel
-                del mine[(out.kind, out.epoch)]
-                mine.pop(("Trigger", out.epoch), None)
+                del mine[(out.kind, out.epoch, out.target)]
+                for key in [k for k in mine if k[0] == "Trigger" and k[1] == out.epoch]:
+                    del mine[key]            # every target's trigger of the epoch
             if not mine:
                 self.pending.pop(out.session_id, None)
         reply = r if r is not None else pb.ControlReply(status=pb.STATUS_ERROR, message=out.error)
@@ -213,3 +215,9 @@ class ActionDispatcher:
         forget = getattr(self.policy, "forget_session", None)
         if forget is not None:
             forget(session_id)
+
+
+def _key(a: Action) -> tuple[str, int, str]:
+    """An action's key in :attr:`ActionDispatcher.pending`: (rpc, epoch, the Trigger's target
+    or "") as a reply (``CallOutcome``: kind, epoch, target) names it."""
+    return (a.rpc, a.epoch, a.target if isinstance(a, TriggerAction) else "")

@@ -73,7 +73,9 @@ class AgentEndpoint:
 
 @dataclass
 class CallOutcome:
-    """What a policy call came to: the reply (None if it never got one), the error, attempts."""
+    """What a policy call came to: the reply (None if it never got one), the error, attempts.
+    ``target``: the agent a Trigger prepares (one epoch may prepare several: issue 45), else
+    ""."""
 
     kind: str
     agent_id: str
@@ -84,6 +86,7 @@ class CallOutcome:
     attempts: int = 0
     latency_s: float = 0.0
     cached: bool = False
+    target: str = ""
 
     @property
     def ok(self) -> bool:
@@ -121,9 +124,10 @@ class PolicyClient:
         self._channels: dict[str, tuple[str, grpc.Channel, pbg.ControlStub]] = {}
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="policy")
         self._tails: dict[str, Future] = {}       # session -> its last call's Future
-        # (kind, agent, session, epoch) -> outcome: the same order sent to two agents (a
-        # Cancel at the source and at the target) is two calls, each answered by its agent.
-        self._done: OrderedDict[tuple[str, str, str, int], CallOutcome] = OrderedDict()
+        # (kind, agent, session, epoch, Trigger's target) -> outcome: the same order sent to two
+        # agents (a Cancel at the source and at the target) is two calls, each answered by its
+        # agent; Triggers of one epoch at several targets (issue 45) are one call each.
+        self._done: OrderedDict[tuple[str, str, str, int, str], CallOutcome] = OrderedDict()
         self._lock = threading.Lock()
 
     def set_agents(self, agents: Mapping[str, AgentEndpoint]) -> None:
@@ -152,11 +156,13 @@ class PolicyClient:
                 del self._done[key]
 
     def _call(self, kind: str, agent_id: str, request) -> CallOutcome:
-        key = (kind, agent_id, request.session_id, int(request.epoch))
+        target = request.target.agent_id if kind == "Trigger" else ""
+        key = (kind, agent_id, request.session_id, int(request.epoch), target)
         with self._lock:
             prev = self._done.get(key)
         if prev is not None and prev.reply is not None:
-            out = CallOutcome(kind, agent_id, request.session_id, int(request.epoch), prev.reply, cached=True)
+            out = CallOutcome(kind, agent_id, request.session_id, int(request.epoch), prev.reply, cached=True,
+                              target=target)
             return out
         t0 = time.monotonic()
         err = ""
@@ -165,7 +171,7 @@ class PolicyClient:
                 method = getattr(self._stub(agent_id), kind)
                 reply = method(request, timeout=self.commit_deadline_s if kind == "Commit" else self.deadline_s)
                 out = CallOutcome(kind, agent_id, request.session_id, int(request.epoch), reply,
-                                  attempts=attempt + 1, latency_s=time.monotonic() - t0)
+                                  attempts=attempt + 1, latency_s=time.monotonic() - t0, target=target)
                 with self._lock:
                     self._done[key] = out
                     while len(self._done) > self.cache_size:
@@ -184,7 +190,7 @@ class PolicyClient:
         log.warning("policy call failed", kind=kind, agent=agent_id, session=request.session_id,
                     epoch=int(request.epoch), error=err)
         return CallOutcome(kind, agent_id, request.session_id, int(request.epoch), None, err,
-                           attempts=attempt + 1, latency_s=time.monotonic() - t0)
+                           attempts=attempt + 1, latency_s=time.monotonic() - t0, target=target)
 
     def _submit(self, kind: str, agent_id: str, request) -> "Future[CallOutcome]":
         if agent_id not in self.agents:
@@ -211,7 +217,8 @@ class PolicyClient:
             try:
                 self._pool.submit(run)
             except RuntimeError as e:   # the pool is shut down: the call is not made
-                done.set_result(CallOutcome(kind, agent_id, sid, int(request.epoch), None, str(e)))
+                done.set_result(CallOutcome(kind, agent_id, sid, int(request.epoch), None, str(e),
+                                            target=request.target.agent_id if kind == "Trigger" else ""))
 
         with self._lock:
             prev = self._tails.get(sid)

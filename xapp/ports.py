@@ -82,7 +82,8 @@ class DecisionEngine(Protocol):
 
     def set_predictions(self, ue_ids: Sequence[str], targets: Sequence[str | None],
                         t_ho: Sequence[float] | np.ndarray, confidence: Sequence[float] | np.ndarray,
-                        proactive: Sequence[bool] | np.ndarray | None = None) -> list[Action]: ...
+                        proactive: Sequence[bool] | np.ndarray | None = None,
+                        candidates: Sequence[Sequence[tuple[str, float]] | None] | None = None) -> list[Action]: ...
 
     def cycle(self, now: float) -> list[Action]: ...
 

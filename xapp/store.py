@@ -427,7 +427,8 @@ class MigrationJournal:
     Duck-typed on ``xapp.scheduler.state``'s actions (TriggerAction, CancelAction,
     CommitAction: by class name and fields) and ``xapp.policy.CallOutcome``:
 
-    - :meth:`sent` before an order goes out: a Trigger records a ``preparing`` migration, a
+    - :meth:`sent` before an order goes out: a Trigger records a ``preparing`` migration (a
+      Trigger of rank > 0, an extra target of the epoch, adds nothing to it), a
       Commit a ``committing`` one (a Cancel changes nothing: the record stays until the agent
       answers, so a restart in between cancels again, which the agents treat as a repeat);
     - :meth:`replied` with each outcome: an answered Cancel or Commit ends the record of its
@@ -463,6 +464,10 @@ class MigrationJournal:
     def sent(self, action: Any) -> None:
         """Record ``action`` before it is sent."""
         kind = type(action).__name__
+        if kind == "TriggerAction" and int(getattr(action, "rank", 0)) > 0:
+            # An extra target of the epoch (issue 45): the epoch's record is its primary's; a
+            # recovery's Cancel at the source ends every target's attempt of the epoch.
+            return
         if kind == "TriggerAction":
             self.store.put_migration(InFlightMigration(
                 action.session_id, int(action.epoch), action.source, action.target, "preparing",

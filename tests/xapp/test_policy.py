@@ -136,6 +136,21 @@ def test_the_same_order_to_two_agents_reaches_both(agent):
     assert b.order.get_nowait() == ("Cancel", "s1", 7) and b.order.empty()
 
 
+def test_triggers_of_one_epoch_at_two_targets_are_two_calls(agent):
+    """Issue 45: a second target of the same epoch is a call of its own (the reply cache is
+    per target for a Trigger), and each outcome names its target."""
+    eps = {n: AgentEndpoint(n, agent.address, f"127.0.0.1:{i + 1}")
+           for i, n in enumerate(("edge-a", "edge-b", "edge-c"))}
+    c = PolicyClient(eps)
+    try:
+        outs = [c.trigger("edge-a", "s1", 3, t).result(timeout=5) for t in ("edge-b", "edge-c", "edge-c")]
+    finally:
+        c.close()
+    assert [(o.target, o.cached) for o in outs] == [("edge-b", False), ("edge-c", False), ("edge-c", True)]
+    assert [agent.order.get_nowait() for _ in range(2)] == [("Trigger", "s1", 3)] * 2
+    assert agent.order.empty()
+
+
 def test_an_agents_address_change_is_followed(agent):
     c = _client(agent)
     agent.release.set()

@@ -9,12 +9,12 @@ from .admission import AdmissionResult, ModelKey, ServerState, admit, incompatib
 from .config import SchedulerConfig, SchedulerConfigError
 from .engine import SchedulerEngine
 from .state import (Action, CancelAction, CommitAction, DecidedRates, InvalidTransition,
-                    MigrationState, SessionMigration, TriggerAction)
+                    MigrationState, PreparedTarget, SessionMigration, TriggerAction)
 from .telemetry import EwmaTable, SessionSample, TelemetryStore
 
 __all__ = [
     "Action", "AdmissionResult", "CancelAction", "CommitAction", "DecidedRates", "EwmaTable",
-    "InvalidTransition", "MigrationState", "ModelKey", "SchedulerConfig", "SchedulerConfigError", "SchedulerEngine",
+    "InvalidTransition", "MigrationState", "ModelKey", "PreparedTarget", "SchedulerConfig", "SchedulerConfigError", "SchedulerEngine",
     "ServerState", "SessionMigration", "SessionSample", "TelemetryStore", "TriggerAction",
     "admit", "incompatibility",
 ]

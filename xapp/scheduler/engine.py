@@ -20,6 +20,15 @@ Per cycle (:meth:`SchedulerEngine.cycle`):
 4. For each session whose trigger fires, admission (model and KV memory, with the memory
    already promised to this cycle's and earlier unreported triggers at that target
    subtracted) decides between a TriggerAction and deferring.
+5. With ``targets_k`` K > 1 (issue 45; docs/model.md §4.1), each PREPARING session whose UE has
+   ranked candidates (:meth:`SchedulerEngine.set_predictions`, ``candidates``) gets
+   :func:`~xapp.scheduler.targets.choose_targets` over them; every chosen target other than
+   those already prepared whose own trigger rule holds (T_remain_hat <= its T_w* + look-ahead)
+   and which passes admission there gets a TriggerAction of the same epoch with its rank
+   (:meth:`SessionMigration.trigger_extra`). A FULL target is prepared with the session's
+   scheme; a PREFIX one with ``SCHEME_NO_SM`` (prefix warm-up, no suffix stream) when the
+   session's scheme is Pallas, and not at all under any other scheme (the agents' other
+   proactive schemes have no prefix-only form). With K = 1 nothing of this runs.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from .config import SchedulerConfig
 from .ho_timing import HandoverTimingError
 from .state import (Action, CancelAction, CommitAction, DecidedRates, MigrationState,
                     SessionMigration, TriggerAction)
+from .targets import Candidate, Level, choose_targets
 from .telemetry import TelemetryStore
 
 __all__ = ["SchedulerEngine"]
@@ -115,10 +125,13 @@ class SchedulerEngine:
         self._agents: list[str] = []
         self._prefill_slot = np.zeros(0, np.int64)
         self._pair_slot = np.zeros((0, 0), np.int64)
-        # KV memory promised at a target by a trigger: session -> (target, bytes, expiry time).
-        # Held until the commit's reply, a cancel or the expiry (t_HO + stale_age_s), whatever
-        # the target's reports say meanwhile (their free memory may not show it yet).
-        self._reservations: dict[str, tuple[str, int, float]] = {}
+        # KV memory promised at targets by triggers: session -> {target: (bytes, expiry time)}
+        # (several targets with K > 1). Held until the commit's reply, a cancel or the expiry
+        # (t_HO + stale_age_s), whatever the target's reports say meanwhile (their free memory
+        # may not show it yet).
+        self._reservations: dict[str, dict[str, tuple[int, float]]] = {}
+        # The UEs' ranked candidate targets, (agent, p) best first, kept only while K > 1.
+        self._cands: dict[str, tuple[tuple[str, float], ...]] = {}
 
     # -- run-time configuration ----------------------------------------------------------------
     def reconfigure(self, cfg: SchedulerConfig | None = None, *, scheme: int | None = None,
@@ -161,15 +174,34 @@ class SchedulerEngine:
     # -- KV reservations at targets -----------------------------------------------------------
     def reserved_at(self, target: str, now: float | None = None) -> int:
         """KV bytes promised at ``target`` by triggers not yet committed, cancelled or expired."""
-        return sum(b for tgt, b, exp in self._reservations.values()
-                   if tgt == target and (now is None or exp >= now))
+        total = 0
+        for held in self._reservations.values():
+            r = held.get(target)
+            if r is not None and (now is None or r[1] >= now):
+                total += r[0]
+        return total
 
-    def _release(self, session_id: str) -> None:
-        self._reservations.pop(session_id, None)
+    def _reserve(self, session_id: str, target: str, need_bytes: int, expiry: float) -> None:
+        self._reservations.setdefault(session_id, {})[target] = (int(need_bytes), float(expiry))
+
+    def _release(self, session_id: str, target: str | None = None) -> None:
+        """Free the session's reservations: at every target, or at ``target`` only."""
+        if target is None:
+            self._reservations.pop(session_id, None)
+            return
+        held = self._reservations.get(session_id)
+        if held is not None:
+            held.pop(target, None)
+            if not held:
+                del self._reservations[session_id]
 
     def _expire_reservations(self, now: float) -> None:
-        for sid in [s for s, (_, _, exp) in self._reservations.items() if exp < now]:
-            del self._reservations[sid]
+        for sid in list(self._reservations):
+            held = self._reservations[sid]
+            for tgt in [t for t, (_, exp) in held.items() if exp < now]:
+                del held[tgt]
+            if not held:
+                del self._reservations[sid]
 
     # -- registries ---------------------------------------------------------------------------
     def _agent(self, agent_id: str) -> int:
@@ -280,6 +312,8 @@ class SchedulerEngine:
             if not slots:
                 self._ue_slots.pop(sm.ue_id, None)
             self._index_ue(sm.ue_id)
+            if sm.ue_id not in self._ue_slots:
+                self._cands.pop(sm.ue_id, None)
         self._sm[slot], self._model[slot] = None, None
         self._release(session_id)
         self._alive[slot] = self._planned[slot] = self._preparing[slot] = False
@@ -361,11 +395,20 @@ class SchedulerEngine:
 
     def set_predictions(self, ue_ids: Sequence[str], targets: Sequence[str | None],
                         t_ho: Sequence[float] | np.ndarray, confidence: Sequence[float] | np.ndarray | None = None,
-                        proactive: Sequence[bool] | np.ndarray | None = None) -> list[Action]:
+                        proactive: Sequence[bool] | np.ndarray | None = None,
+                        candidates: Sequence[Sequence[tuple[str, float]] | None] | None = None) -> list[Action]:
         """Batch form of :meth:`set_prediction`: equal-length sequences, one entry per UE.
 
         Unknown UEs are ignored. Only sessions whose target changes go through their state
         machine; the others get their t_HO updated in place.
+
+        ``candidates``: per UE, the predictor's ranked candidate targets as (agent id,
+        calibrated probability) pairs, best first (the cells mapped to their agents; None or
+        empty: none). They are kept only while ``targets_k`` > 1, for the extra targets of
+        step 5 of the cycle (module docstring); None for the whole argument forgets those of
+        the UEs named. An agent named twice keeps the sum of its probabilities; a UE's
+        probabilities summing above 1 are scaled to sum to 1. Raises ValueError for a
+        probability outside [0, 1] or a length unlike ``ue_ids``'s.
         """
         n = len(ue_ids)
         t_ho = np.asarray(t_ho, dtype=np.float64)
@@ -374,6 +417,7 @@ class SchedulerEngine:
         if not (len(targets) == t_ho.size == conf.size == allow.size == n):
             raise ValueError("set_predictions: sequences of different lengths")
         usable = (conf >= self.min_confidence) & np.isfinite(t_ho)
+        self._set_candidates(ue_ids, candidates, usable)
         actions: list[Action] = []
         agent_idx = self._agent_idx
         for tgt in set(targets) - agent_idx.keys():          # first sight of an agent
@@ -413,9 +457,35 @@ class SchedulerEngine:
             acts = sm.predict(target, None if target is None else float(t_ho[k]))  # type: ignore[union-attr]
             if sm.target is not None:                                               # type: ignore[union-attr]
                 self._t_ho[slot] = t_ho[k]
+                self._target[slot] = self._agent(sm.target)  # type: ignore[union-attr]  # an extra made primary
             actions += acts
         self._count(actions)
         return actions
+
+    def _set_candidates(self, ue_ids: Sequence[str], candidates, usable: np.ndarray) -> None:
+        """Keep (K > 1) or forget the UEs' ranked candidates (see :meth:`set_predictions`)."""
+        if candidates is None or self.cfg.targets_k <= 1:
+            if self._cands:
+                for u in ue_ids:
+                    self._cands.pop(u, None)
+            return
+        if len(candidates) != len(ue_ids):
+            raise ValueError("set_predictions: candidates of a different length than ue_ids")
+        for u, ok, cs in zip(ue_ids, usable.tolist(), candidates):
+            merged: dict[str, float] = {}
+            for agent, p in (cs or ()) if ok else ():
+                p = float(p)
+                if not 0.0 <= p <= 1.0:
+                    raise ValueError(f"UE {u}: candidate {agent!r} probability {p!r} outside [0, 1]")
+                if agent is not None and p > 0.0:
+                    merged[agent] = merged.get(agent, 0.0) + p
+            total = sum(merged.values())
+            if total > 1.0:
+                merged = {a: p / total for a, p in merged.items()}
+            if len(merged) > 1:
+                self._cands[u] = tuple(sorted(merged.items(), key=lambda ap: -ap[1]))
+            else:
+                self._cands.pop(u, None)      # one candidate: the primary alone
 
     # -- the cycle ----------------------------------------------------------------------------
     def cycle(self, now: float) -> list[Action]:
@@ -434,6 +504,8 @@ class SchedulerEngine:
                                   & (self._t_ho[:n] - ahead <= self._horizon))
             if cand.size:
                 actions = self._decide(cand, now, ahead)
+            if self.cfg.targets_k > 1 and self._cands:
+                actions += self._extend(now, ahead)
         CYCLE_SECONDS.observe(time.perf_counter() - t0)
         self._count(actions)
         return actions
@@ -487,14 +559,78 @@ class SchedulerEngine:
                              reason=res.reason)
                 continue
             sm.t_ho = float(self._t_ho[slot])
-            self._reservations[sm.session_id] = (sm.target, int(res.need_bytes),
-                                                 sm.t_ho + self.cfg.stale_age_s)
+            self._reserve(sm.session_id, sm.target, res.need_bytes, sm.t_ho + self.cfg.stale_age_s)
             actions.append(sm.trigger(now, float(d.window[i]), int(d.l_hist[i]),
                                       predicted_sit_s=float(d.t_sit[i]),
                                       predicted_early_s=float(d.t_early[i]),
                                       rates=DecidedRates(float(inputs.r_p[i]), float(inputs.r_d[i]),
                                                          float(inputs.bandwidth[i]), int(self._s_kv[slot]),
                                                          int(self._block[slot]))))
+        return actions
+
+    def _extend(self, now: float, ahead: float) -> list[Action]:
+        """Step 5 of the cycle (module docstring): extra targets of the PREPARING sessions
+        whose UE has candidates; ``ahead`` = now + the timing margin, s."""
+        n = self._n
+        slots = np.flatnonzero(self._preparing[:n] & self._allowed[:n])
+        actions: list[Action] = []
+        for slot in slots.tolist():
+            sm = self._sm[slot]
+            if sm is None or sm.ue_id not in self._cands or len(sm.prepared) >= self.cfg.targets_k:
+                continue
+            actions += self._extend_one(slot, sm, self._cands[sm.ue_id], now, ahead)
+        return actions
+
+    def _extend_one(self, slot: int, sm: SessionMigration, cands: tuple[tuple[str, float], ...],
+                    now: float, ahead: float) -> list[Action]:
+        """The extra TriggerActions of one PREPARING session (docs/model.md §4.1, Eq. 11):
+        :func:`choose_targets` over its UE's candidates (the source's agent left out) at the
+        session's K_curr and T_remain_hat; a chosen target not yet prepared is triggered once
+        its own window is reached and admission passes (memory for its level: S_kv(K_HO) for
+        FULL, S_kv(L_hist) for PREFIX). A refusal defers that target alone; a target whose
+        agent refused this epoch's Trigger (``SessionMigration.declined``) is not asked again."""
+        cands = tuple((a, p) for a, p in cands if a != sm.source)
+        cfg = self.cfg
+        if sm.t_ho is None or not cands or cands[0][1] >= cfg.targets_split or not any(
+                a not in sm.prepared and a not in sm.declined and p >= cfg.targets_p_floor
+                for a, p in cands):
+            return []                          # nothing the choice could add (cheap test first)
+        r_d = float(self.telemetry.decode.read(self._decode_slot[slot:slot + 1], now)[0])
+        k_curr = self._tokens[slot] + min(r_d * max(now - self._tokens_time[slot], 0.0),
+                                          self._remaining[slot])
+        t_remain = sm.t_ho - ahead
+        s_kv, block = int(self._s_kv[slot]), int(self._block[slot])
+        rates = {a: (self.telemetry.prefill_rate(a, now),
+                     self.telemetry.goodput_bytes_per_s(sm.source, a, now)) for a, _ in cands}
+        choice = choose_targets([Candidate(a, p, *rates[a]) for a, p in cands], k_curr=k_curr,
+                                t_remain=t_remain, block_size=block, r_d=r_d, s_kv=s_kv,
+                                c_sync=self.cfg.c_sync_s, **self.cfg.target_choice())
+        actions: list[Action] = []
+        for plan in choice.prepared:
+            if plan.target in sm.prepared or plan.target in sm.declined \
+                    or len(sm.prepared) >= self.cfg.targets_k:
+                continue
+            if plan.level is Level.PREFIX:
+                if sm.scheme != pallas_pb2.SCHEME_PALLAS:
+                    continue                   # no prefix-only form of this scheme
+                scheme = pallas_pb2.SCHEME_NO_SM
+            else:
+                scheme = sm.scheme
+            if t_remain > plan.window + self._params.trigger_lookahead + 1e-9:
+                continue                       # its own window is not reached yet
+            tokens = plan.costs.kv_bytes / s_kv
+            res = admit(self._model[slot], self.telemetry.server(plan.target, now), tokens, s_kv,
+                        self.cfg.kv_headroom_fraction, self.reserved_at(plan.target, now))
+            if not res.admitted:
+                ADMISSION_REFUSED.inc()
+                log.info("extra_target_deferred", session=sm.session_id, target=plan.target,
+                         rank=plan.rank, reason=res.reason)
+                continue
+            self._reserve(sm.session_id, plan.target, res.need_bytes, sm.t_ho + self.cfg.stale_age_s)
+            r_p, bw = rates[plan.target]
+            actions.append(sm.trigger_extra(plan.target, max(1, plan.rank), plan.window, int(plan.l_hist),
+                                            scheme=scheme, predicted_sit_s=plan.sit,
+                                            rates=DecidedRates(r_p, r_d, bw, s_kv, block)))
         return actions
 
     # -- handovers and replies ----------------------------------------------------------------
@@ -530,15 +666,16 @@ class SchedulerEngine:
         return actions
 
     def _reserved_by(self, session_id: str, target: str) -> int:
-        r = self._reservations.get(session_id)
-        return r[1] if r is not None and r[0] == target else 0
+        r = self._reservations.get(session_id, {}).get(target)
+        return r[0] if r is not None else 0
 
     def on_reply(self, action: Action, reply) -> list[Action]:
         """An agent's ``pallas_pb2.ControlReply`` to ``action``.
 
         Only STATUS_OK is success. A refused or failed trigger (STALE_EPOCH included: the
         agent has seen a newer attempt, so this one prepared nothing) cancels that attempt and
-        frees its reservation (the HO then falls back). Replies to cancels are logged only. A
+        frees its reservation (the HO then falls back); a refused extra target (rank > 0) is
+        dropped alone, its reservation freed, the other targets kept. Replies to cancels are logged only. A
         commit's reply, whatever it says, frees the reservation at the target; a failed commit
         leaves the session at the commit's source (the agents keep serving from the source
         whatever happens to a migration), so the session is bound back to it.
@@ -548,8 +685,11 @@ class SchedulerEngine:
             slot = self._slot.get(action.session_id)
             if slot is None:
                 return []
-            acts = self._sm[slot].refused(action.epoch, reply.message or  # type: ignore[union-attr]
-                                          pallas_pb2.Status.Name(reply.status))
+            sm = self._sm[slot]
+            acts = sm.refused(action.epoch, reply.message or  # type: ignore[union-attr]
+                              pallas_pb2.Status.Name(reply.status), target=action.target)
+            if action.epoch == sm.epoch and action.target not in sm.prepared:  # type: ignore[union-attr]
+                self._release(action.session_id, action.target)
             self._count(acts)
             return acts
         if not ok:

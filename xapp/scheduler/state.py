@@ -25,6 +25,14 @@ seen epoch n+1 drops every later message of epoch n (docs/model.md §5). Commits
 prepared epoch (or, for a fallback, a fresh one). Fresh epochs come from the ``epochs``
 callable (the xApp passes ``xapp.store.XappStore.allocate_epoch``, so an epoch is never
 reissued across restarts: issue 16); a fresh epoch is always above the current one.
+
+Several targets (issue 45; docs/model.md §4.1): while PREPARING, further targets may be
+prepared under the same epoch (:meth:`SessionMigration.trigger_extra`, a TriggerAction with
+``rank`` > 0); :attr:`SessionMigration.prepared` names every target prepared under the epoch
+(the primary, ``target``, and the extras). A handover to any of them is a prepared commit
+naming it (the source's agent releases the other attempts); a cancel (new target not prepared,
+withdrawal, refusal of the primary, session end) ends every attempt of the epoch, since a
+CancelRequest names no target. A refused extra is dropped alone (its agent kept nothing).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from pallas_proto import pallas_pb2
 __all__ = [
     "MigrationState",
     "DecidedRates",
+    "PreparedTarget",
     "TriggerAction",
     "CancelAction",
     "CommitAction",
@@ -83,6 +92,18 @@ class DecidedRates:
 
 
 @dataclass(frozen=True)
+class PreparedTarget:
+    """One target prepared under a session's current epoch: its agent ``target``, its
+    ``rank`` among the UE's candidates as sent in the Trigger (0 = the most likely) and the
+    ``scheme`` it was prepared with (the session's proactive scheme, or ``SCHEME_NO_SM`` for a
+    prefix-only preparation: docs/model.md §4.1, ``Level.PREFIX``), which its commit names."""
+
+    target: str
+    rank: int
+    scheme: int
+
+
+@dataclass(frozen=True)
 class TriggerAction:
     """Start preparing ``session_id`` at ``target`` (send to the source agent's Control.Trigger).
 
@@ -91,7 +112,9 @@ class TriggerAction:
     logs. ``window_s`` is T_w*; ``predicted_handover_time`` t_HO_hat (s, Unix time).
     ``predicted_sit_s`` / ``predicted_early_s``: the model's T_SIT and T_early at T_w*
     (Eqs. 6-7) when the engine decided, for metrics; None if not given. ``rates``: the
-    estimates of that decision (:class:`DecidedRates`).
+    estimates of that decision (:class:`DecidedRates`). ``rank``: the target's rank among the
+    UE's candidates (0 = the most likely; ``TriggerRequest.rank``); a Trigger of rank > 0 adds
+    a target to the epoch's attempts (issue 45).
     """
 
     #: the agents' Control RPC an action of this kind is sent as (to ``source``), and the
@@ -111,6 +134,7 @@ class TriggerAction:
     predicted_sit_s: float | None = None
     predicted_early_s: float | None = None
     rates: DecidedRates = field(default=DecidedRates(), compare=False)   # what was decided, not which order
+    rank: int = 0
 
     def to_proto(self, target_peer_address: str) -> pallas_pb2.TriggerRequest:
         """The TriggerRequest; ``target_peer_address`` is the target's PeerTransfer host:port."""
@@ -118,7 +142,7 @@ class TriggerAction:
             session_id=self.session_id, epoch=self.epoch,
             target=pallas_pb2.PeerEndpoint(agent_id=self.target, address=target_peer_address),
             split_tokens=self.split_tokens, predicted_handover_time=self.predicted_handover_time,
-            scheme=self.scheme, window_s=self.window_s)
+            scheme=self.scheme, window_s=self.window_s, rank=self.rank)
 
 
 @dataclass(frozen=True)
@@ -216,6 +240,10 @@ class SessionMigration:
         self.trigger_time: float | None = None
         self.relay_hops = 0                      # Detour hops between the source and the UE
         self.last_reason = ""
+        # every target prepared under ``epoch`` (the primary and the extras), while PREPARING
+        self.prepared: dict[str, PreparedTarget] = {}
+        # extra targets whose agents refused the epoch's Trigger: not asked again this epoch
+        self.declined: set[str] = set()
         self._on_transition = on_transition
 
     def __repr__(self) -> str:
@@ -238,7 +266,13 @@ class SessionMigration:
         assert self.target is not None
         act = CancelAction(self.session_id, self.epoch, self.source, self.target, reason)
         self._next_epoch()
+        self.prepared, self.declined = {}, set()  # the Cancel ends every attempt of the epoch
         return act
+
+    @property
+    def extras(self) -> dict[str, PreparedTarget]:
+        """The targets prepared under the epoch besides the primary (``target``)."""
+        return {t: p for t, p in self.prepared.items() if t != self.target}
 
     # -- events -------------------------------------------------------------------------------
     def predict(self, target: str | None, t_ho: float | None) -> list[Action]:
@@ -247,14 +281,16 @@ class SessionMigration:
         Before the trigger this only replans. After it, the same target just updates t_HO
         (earlier: unfinished work lands in the SIT; later: the source keeps streaming), while
         a different target cancels the attempt (epoch + 1) and replans for the new one; a
-        withdrawn prediction cancels it. A target equal to the source (a handover between
-        cells of the same agent) needs no migration and counts as no prediction.
+        withdrawn prediction cancels it. A different target already prepared under the epoch
+        (an extra, :meth:`trigger_extra`) becomes the primary without a cancel. A target equal
+        to the source (a handover between cells of the same agent) needs no migration and
+        counts as no prediction.
         """
         if target == self.source:
             target = None
         if self.state is MigrationState.PREPARING:
-            if target == self.target:
-                self.t_ho = t_ho
+            if target == self.target or (target is not None and target in self.prepared):
+                self.target, self.t_ho = target, t_ho
                 return []
             reason = "target changed" if target is not None else "prediction withdrawn"
             act = self._cancel(reason)
@@ -288,17 +324,51 @@ class SessionMigration:
                             window_s, int(predicted_split_tokens), self.scheme,
                             predicted_sit_s=predicted_sit_s, predicted_early_s=predicted_early_s,
                             rates=rates)
+        self.prepared, self.declined = {self.target: PreparedTarget(self.target, 0, self.scheme)}, set()
         self._to(MigrationState.PREPARING, "trigger")
         return act
 
-    def refused(self, epoch: int, reason: str) -> list[Action]:
-        """The agents refused or failed trigger ``epoch`` (a ControlReply other than OK).
+    def trigger_extra(self, target: str, rank: int, window_s: float, predicted_split_tokens: int, *,
+                      scheme: int | None = None, predicted_sit_s: float | None = None,
+                      rates: DecidedRates = DecidedRates()) -> TriggerAction:
+        """Prepare one more target under the current epoch (issue 45; docs/model.md §4.1): a
+        TriggerAction of the same epoch naming ``target`` with ``rank`` (its rank among the
+        UE's candidates, >= 1), window ``window_s`` (T_w* for that target, s) and prefix
+        ``predicted_split_tokens``. ``scheme``: how it is prepared (None: the session's
+        proactive scheme; ``SCHEME_NO_SM``: the prefix only). The state stays PREPARING.
 
-        A stale epoch is ignored. Otherwise the attempt is cancelled (releasing whatever was
-        set up) and the session waits in CANCELLED; the handover then takes the fallback
-        unless a new prediction replans.
+        Raises InvalidTransition outside PREPARING, and ValueError for the source, a target
+        already prepared under the epoch, or a rank below 1.
+        """
+        if self.state is not MigrationState.PREPARING or self.t_ho is None:
+            raise InvalidTransition(f"extra trigger in state {self.state.value}")
+        if target == self.source or target in self.prepared:
+            raise ValueError(f"session {self.session_id}: {target!r} is the source or already prepared")
+        if int(rank) < 1:
+            raise ValueError(f"an extra target's rank must be >= 1, got {rank!r}")
+        scheme = self.scheme if scheme is None else int(scheme)
+        self.prepared[target] = PreparedTarget(target, int(rank), scheme)
+        log.debug("migration_extra_target", session=self.session_id, epoch=self.epoch,
+                  target=target, rank=int(rank), scheme=scheme)
+        return TriggerAction(self.session_id, self.epoch, self.source, target, self.t_ho,
+                             window_s, int(predicted_split_tokens), scheme,
+                             predicted_sit_s=predicted_sit_s, rates=rates, rank=int(rank))
+
+    def refused(self, epoch: int, reason: str, target: str | None = None) -> list[Action]:
+        """The agents refused or failed trigger ``epoch`` (a ControlReply other than OK) at
+        ``target`` (None: the primary).
+
+        A stale epoch is ignored. An extra target's refusal drops that target alone (the
+        source's agent discarded its attempt; the others go on) and records it in
+        :attr:`declined`, so the epoch does not ask it again. Otherwise the attempt is
+        cancelled (releasing whatever was set up, at every target) and the session waits in
+        CANCELLED; the handover then takes the fallback unless a new prediction replans.
         """
         if self.state is not MigrationState.PREPARING or epoch != self.epoch:
+            return []
+        if target is not None and target != self.target:
+            if self.prepared.pop(target, None) is not None:
+                self.declined.add(target)
             return []
         act = self._cancel(f"trigger refused: {reason}")
         self._to(MigrationState.CANCELLED, act.reason)
@@ -308,8 +378,10 @@ class SessionMigration:
                  rates: DecidedRates = DecidedRates()) -> list[Action]:
         """E2 shows the UE served by ``actual_target``'s cell: commit or fall back.
 
-        Prepared at ``actual_target``: commit with the proactive scheme (COMMITTED). Prepared
-        elsewhere: cancel that attempt, then commit a fallback at the actual target. Not
+        Prepared at ``actual_target`` (the primary or an extra target of the epoch): commit with
+        the scheme it was prepared with (COMMITTED); the source's agent releases the epoch's
+        other targets. Prepared elsewhere only: cancel the attempts, then commit a fallback at
+        the actual target. Not
         prepared: commit a fallback. The fallback is ``self.fallback`` if
         ``target_can_serve`` (compatible model and memory), else Detour (FALLBACK); a bridging
         scheme (``pallas-bridge``) is its own fallback there: the source decodes on through the
@@ -322,9 +394,9 @@ class SessionMigration:
             self.relay_hops = 0                  # back at the agent that decodes: no relay
             return []
         actions: list[Action] = []
-        if self.state is MigrationState.PREPARING and actual_target == self.target:
+        if self.state is MigrationState.PREPARING and actual_target in self.prepared:
             actions.append(CommitAction(self.session_id, self.epoch, self.source, actual_target,
-                                        actual_target, self.scheme, now, rates))
+                                        actual_target, self.prepared[actual_target].scheme, now, rates))
             self._next_epoch()
             self._rebind(actual_target, detour=False)
             self._to(MigrationState.COMMITTED, "handover to the prepared target")
@@ -371,3 +443,4 @@ class SessionMigration:
         else:
             self.source, self.relay_hops = actual_target, 0
         self.target, self.t_ho, self.window_s, self.trigger_time = None, None, None, None
+        self.prepared, self.declined = {}, set()

@@ -1,0 +1,218 @@
+"""The control cycle's extra targets (issue 45; docs/model.md §4.1): with ``targets_k`` K > 1 a
+PREPARING session gets a Trigger of the same epoch for each further target
+``choose_targets`` picks from its UE's ranked candidates; K = 1 is the single-target cycle."""
+
+import dataclasses
+
+import pytest
+
+from pallas_proto import pallas_pb2
+from xapp.scheduler import (CancelAction, CommitAction, InvalidTransition, MigrationState,
+                            PreparedTarget, SessionMigration, TriggerAction)
+
+from sched_helpers import server_report
+from test_engine import T0, add, make_engine, run_until_trigger
+
+S = MigrationState
+PALLAS = pallas_pb2.SCHEME_PALLAS
+T_HO = T0 + 8.0
+CANDS = [("b", 0.5), ("c", 0.4)]
+OK = pallas_pb2.ControlReply(status=pallas_pb2.STATUS_OK)
+
+
+def k2(cfg, **kw):
+    return dataclasses.replace(cfg, targets_k=2, **kw)
+
+
+def engine(cfg, agents=("a", "b", "c", "d"), **kw):
+    eng = make_engine(cfg, agents=agents, **kw)
+    add(eng)
+    return eng
+
+
+def predict(eng, target="b", cands=CANDS, t_ho=T_HO):
+    return eng.set_predictions(["ue1"], [target], [t_ho], [dict(cands).get(target, 1.0)],
+                               candidates=[cands])
+
+
+def run(eng, start=T0, stop=T_HO):
+    return run_until_trigger(eng, start, stop)
+
+
+def triggered_pair(cfg):
+    """An engine whose s1 was triggered at b (rank 0) and c (rank 1); (engine, time, actions)."""
+    eng = engine(k2(cfg))
+    predict(eng)
+    t, acts = run(eng)
+    return eng, t, acts
+
+
+def test_k1_with_candidates_acts_exactly_as_without(cfg):
+    runs = []
+    for cands in (None, CANDS):
+        eng = engine(cfg)
+        eng.set_predictions(["ue1"], ["b"], [T_HO], [0.5], candidates=None if cands is None else [cands])
+        t, acts = run(eng)
+        runs.append((t, acts, eng.on_handover("ue1", "c", T_HO)))
+    assert runs[0] == runs[1]
+    t, acts, commit = runs[0]
+    assert [(a.target, a.rank) for a in acts] == [("b", 0)]
+    assert commit[-1].prepared_target is None            # c was never prepared with K = 1
+
+
+def test_two_candidates_give_two_triggers_of_one_epoch(cfg):
+    eng, t, acts = triggered_pair(cfg)
+    assert [type(a) for a in acts] == [TriggerAction, TriggerAction]
+    assert [(a.target, a.rank, a.epoch, a.source) for a in acts] == [("b", 0, 1, "a"), ("c", 1, 1, "a")]
+    assert all(a.scheme == PALLAS and a.predicted_handover_time == T_HO for a in acts)
+    extra = acts[1]
+    assert extra.window_s > 0 and extra.predicted_split_tokens % 16 == 0
+    assert extra.predicted_sit_s is not None and extra.rates.r_p == pytest.approx(2700.0)
+    assert extra.to_proto("c:1").rank == 1 and acts[0].to_proto("b:1").rank == 0
+    sm = eng.session("s1")
+    assert sm.state is S.PREPARING and sm.target == "b"
+    assert sm.prepared == {"b": PreparedTarget("b", 0, PALLAS), "c": PreparedTarget("c", 1, PALLAS)}
+    assert eng.reserved_at("b") > 0 and eng.reserved_at("c") > 0
+    assert eng.cycle(t + 0.1) == []                      # each target is triggered once
+
+
+def test_handover_to_the_rank1_target_is_a_prepared_commit_and_frees_every_target(cfg):
+    eng, t, _ = triggered_pair(cfg)
+    acts = eng.on_handover("ue1", "c", T_HO)
+    assert acts == [CommitAction("s1", 1, "a", "c", "c", PALLAS, T_HO)]
+    sm = eng.session("s1")
+    assert sm.state is S.COMMITTED and sm.source == "c" and sm.prepared == {}
+    assert eng.reserved_at("b") > 0                      # until the commit's reply
+    eng.on_reply(acts[0], OK)
+    assert eng.reserved_at("b") == eng.reserved_at("c") == 0
+
+
+def test_a_new_primary_prediction_cancels_every_target(cfg):
+    eng, t, _ = triggered_pair(cfg)
+    acts = predict(eng, "d", [("d", 0.6), ("b", 0.3)])
+    assert acts == [CancelAction("s1", 1, "a", "b", "target changed")]
+    sm = eng.session("s1")
+    assert sm.state is S.PLANNED and sm.target == "d" and sm.epoch == 2 and sm.prepared == {}
+    assert eng.reserved_at("b") == eng.reserved_at("c") == 0
+    eng.ingest_telemetry(server_report("d", t))
+    _, acts = run(eng, t + 0.1)
+    assert [(a.target, a.rank, a.epoch) for a in acts] == [("d", 0, 2), ("b", 1, 2)]
+
+
+def test_a_prepared_extra_named_primary_keeps_the_epoch(cfg):
+    eng, t, _ = triggered_pair(cfg)
+    assert predict(eng, "c", [("c", 0.6), ("b", 0.3)]) == []
+    sm = eng.session("s1")
+    assert sm.target == "c" and sm.epoch == 1 and set(sm.prepared) == {"b", "c"}
+    assert eng.cycle(t + 0.1) == []
+    assert eng.on_handover("ue1", "b", T_HO)[0].prepared_target == "b"
+
+
+def test_admission_refused_at_the_second_target_does_not_block_the_first(cfg):
+    eng = engine(k2(cfg))
+    predict(eng)
+    t, acts = T0, []
+    while not acts and t < T_HO:
+        for agent in ("b", "c"):                                       # c is full
+            eng.ingest_telemetry(server_report(agent, t, free_blocks=10 if agent == "c" else 100_000))
+        acts = eng.cycle(t)
+        t = round(t + 0.1, 9)
+    assert [(a.target, a.rank) for a in acts] == [("b", 0)]
+    assert eng.reserved_at("c") == 0
+    eng.ingest_telemetry(server_report("c", t))                          # c has room again
+    acts = eng.cycle(t)
+    assert [(a.target, a.rank, a.epoch) for a in acts] == [("c", 1, 1)]  # later in the window
+
+
+def test_a_refused_extra_trigger_drops_that_target_alone(cfg):
+    eng, t, acts = triggered_pair(cfg)
+    refused = pallas_pb2.ControlReply(status=pallas_pb2.STATUS_REJECTED, message="full")
+    assert eng.on_reply(acts[1], refused) == []
+    sm = eng.session("s1")
+    assert sm.state is S.PREPARING and set(sm.prepared) == {"b"}
+    assert eng.reserved_at("c") == 0 and eng.reserved_at("b") > 0
+    assert eng.cycle(t + 0.1) == []                      # c is not asked again this epoch
+    cancel, commit = eng.on_handover("ue1", "c", T_HO)   # a fallback there
+    assert cancel == CancelAction("s1", 1, "a", "b", "mispredicted target")
+    assert commit.prepared_target is None and commit.scheme == pallas_pb2.SCHEME_CTHO
+
+
+def test_a_refused_primary_cancels_the_extras_too(cfg):
+    eng, t, acts = triggered_pair(cfg)
+    refused = pallas_pb2.ControlReply(status=pallas_pb2.STATUS_ERROR, message="boom")
+    assert eng.on_reply(acts[0], refused) == [CancelAction("s1", 1, "a", "b", "trigger refused: boom")]
+    assert eng.session("s1").prepared == {} and eng.reserved_at("c") == 0
+
+
+def test_targets_k_set_by_reconfigure_takes_effect(cfg):
+    eng = engine(cfg)
+    predict(eng)
+    t, acts = run(eng)
+    assert len(acts) == 1
+    eng.reconfigure(k2(cfg))
+    predict(eng)                                         # the next prediction brings candidates
+    assert [(a.target, a.rank) for a in eng.cycle(t + 0.1)] == [("c", 1)]
+    eng.reconfigure(cfg)                                 # back to K = 1: candidates are dropped
+    predict(eng, "d", [("d", 0.5), ("b", 0.4)])
+    eng.ingest_telemetry(server_report("d", t))
+    _, acts = run(eng, t + 0.2)
+    assert [a.target for a in acts] == ["d"]
+
+
+def test_split_and_p_floor_keep_a_single_target(cfg):
+    for knobs in ({"targets_split": 0.5}, {"targets_p_floor": 0.45}):
+        eng = engine(k2(cfg, **knobs))
+        predict(eng)
+        _, acts = run(eng)
+        assert [a.target for a in acts] == ["b"], knobs
+
+
+def test_a_tight_backhaul_budget_prepares_the_second_target_prefix_only(cfg):
+    share = 30.0 * 163840 / cfg.default_goodput_bytes_per_s   # one suffix stream's share
+    eng = engine(k2(cfg, targets_backhaul_share=1.5 * share))
+    predict(eng)
+    _, acts = run(eng)
+    assert [(a.target, a.scheme) for a in acts] == [("b", PALLAS), ("c", pallas_pb2.SCHEME_NO_SM)]
+    assert eng.on_handover("ue1", "c", T_HO)[0].scheme == pallas_pb2.SCHEME_NO_SM
+    # A scheme without a prefix-only form prepares no PREFIX target.
+    eng = engine(k2(cfg, targets_backhaul_share=1.5 * share), scheme=pallas_pb2.SCHEME_NO_RC)
+    predict(eng)
+    _, acts = run(eng)
+    assert [a.target for a in acts] == ["b"]
+
+
+def test_candidates_are_merged_scaled_and_checked(cfg):
+    eng = engine(k2(cfg))
+    predict(eng, "b", [("b", 0.7), ("c", 0.4), ("c", 0.3)])      # c twice; sum 1.4
+    assert dict(eng._cands["ue1"]) == pytest.approx({"b": 0.5, "c": 0.5})
+    with pytest.raises(ValueError, match="outside"):
+        predict(eng, "b", [("b", 1.5), ("c", 0.1)])
+    with pytest.raises(ValueError, match="length"):
+        eng.set_predictions(["ue1"], ["b"], [T_HO], [0.5], candidates=[CANDS, CANDS])
+    eng.set_predictions(["ue1"], ["b"], [T_HO], [0.5])            # no candidates: forgotten
+    assert "ue1" not in eng._cands
+
+
+def test_the_source_is_never_an_extra_target(cfg):
+    eng = engine(k2(cfg))
+    predict(eng, "b", [("b", 0.5), ("a", 0.4)])
+    _, acts = run(eng)
+    assert [a.target for a in acts] == ["b"]
+
+
+def test_a_session_ending_cancels_and_frees_every_target(cfg):
+    eng, _, _ = triggered_pair(cfg)
+    assert eng.remove_session("s1") == [CancelAction("s1", 1, "a", "b", "session ended")]
+    assert eng.reserved_at("b") == eng.reserved_at("c") == 0 and eng._cands == {}
+
+
+def test_trigger_extra_refuses_what_the_state_does_not_allow():
+    sm = SessionMigration("s9", "a")
+    with pytest.raises(InvalidTransition):
+        sm.trigger_extra("c", 1, 1.0, 16)                # not PREPARING
+    sm.predict("b", T_HO)
+    sm.trigger(T0, 1.0, 16)
+    for target, rank in (("a", 1), ("b", 1), ("c", 0)):  # the source, the primary, rank 0
+        with pytest.raises(ValueError):
+            sm.trigger_extra(target, rank, 1.0, 16)
+    assert sm.trigger_extra("c", 2, 1.0, 16).rank == 2 and sm.extras == {"c": PreparedTarget("c", 2, PALLAS)}
