@@ -18,11 +18,11 @@ import structlog
 from pallas_proto import pallas_pb2
 
 from agent.ipc import LocalBlock
+from agent.migration.attempts import Outbound
 from agent.migration.context import Context
 from agent.migration.plan import CommitInputs, CommitPlan, bridges, commit_scheme, plan_commit
-from agent.states import SourceState, check
+from agent.states import SourceState
 from agent.session import Handover, Session, SessionState
-from agent.transfer import BlockStream, PeerClient
 from agent.wire import Block
 from pallas_common.schemes import SchemeSpec, Ship
 from pallas_common.timing import CommitChoice, HandoverState, commit_choice, ctho_split
@@ -56,60 +56,6 @@ def held_at(s: Session, target: pallas_pb2.PeerEndpoint) -> int:
     if not s.resumed_agent or target.agent_id != s.resumed_agent:
         return 0
     return max(0, len(s.prompt_token_ids) + s.resumed_from - 1)
-
-
-@dataclasses.dataclass(eq=False)
-class Outbound:
-    """Source-side state of one attempt (one session, one epoch)."""
-
-    session: Session
-    epoch: int
-    target: pallas_pb2.PeerEndpoint
-    client: PeerClient
-    split: int
-    first_block: int
-    scheme: int
-    proactive: bool
-    stream_suffix: bool
-    state: SourceState = SourceState.PLANNED
-    stream: BlockStream | None = None
-    full: set[int] = dataclasses.field(default_factory=set)
-    tail: LocalBlock | None = None
-    error: str = ""
-    changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    t_prepared: float = 0.0
-    ready: bool = False  # a bridge saw the target hold the state (no commit-time choice left)
-    rank: int = 0        # the target's rank among the UE's candidates (0 = the most likely)
-    lease_s: float = 0.0  # the target's lease (0: none, nothing to renew)
-    renew_now: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-
-    def prepared_for(self, epoch: int, target_address: str) -> bool:
-        """Whether this attempt is the one prepared for a commit of ``epoch`` at the agent at
-        ``target_address``: proactive (a Trigger's, not a commit's own reactive attempt), still
-        live, of that epoch, at that target. The one home of this rule: the commit's choice of
-        scheme (``plan.commit_scheme``'s ``prepared``), the bridge and the commit's attempt
-        all ask it."""
-        return self.proactive and self.live and self.epoch == epoch and self.target.address == target_address
-
-    def to(self, new: SourceState) -> None:
-        """Move to ``new`` (raises :class:`agent.states.IllegalTransition`)."""
-        self.state = check(self.state, new)
-
-    @property
-    def live(self) -> bool:
-        """Prepared or streaming: usable by a commit."""
-        return self.state in (SourceState.PREPARED, SourceState.STREAMING)
-
-    def note(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-    def run_end(self, limit: int | None = None) -> int:
-        """The first block index from ``first_block`` on not yet copied out (at most ``limit``)."""
-        j = self.first_block
-        while j in self.full and (limit is None or j < limit):
-            j += 1
-        return j
 
 
 @dataclasses.dataclass(frozen=True)

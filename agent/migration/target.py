@@ -22,15 +22,15 @@ here; anything else is ``STATUS_REJECTED`` and changes nothing.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 
 import structlog
 from pallas_proto import pallas_pb2
 
 from agent.connector.messages import Claim, Loaded
+from agent.migration.attempts import Inbound
 from agent.migration.context import Context
-from agent.states import TargetState, check
+from agent.states import TargetState
 from agent.obs import LEASE_EVENTS, LEASES_HELD, MIGRATIONS, WASTED_PREFILL_TOKENS
 from agent.session import Handover, SamplingSpec, Session, SessionState
 from agent.meter import Ewma
@@ -61,34 +61,6 @@ def computed_tokens(prompt_tokens: int, usage: dict | None) -> int:
     except (TypeError, ValueError):
         cached = 0
     return max(0, prompt_tokens - max(0, cached))
-
-
-@dataclasses.dataclass(eq=False)
-class Inbound:
-    """Target-side state of one incoming attempt (one session, one epoch)."""
-
-    session_id: str
-    epoch: int
-    source: pallas_pb2.PeerEndpoint
-    prefix_len: int
-    scheme: int
-    ue_id: str
-    reserved_bytes: int
-    rank: int = 0
-    warmup: asyncio.Task | None = None
-    computed: int = -1    # tokens the warm-up computed (-1: not finished)
-    leased: bool = False  # the lease is held (granted, not yet ended)
-    t_warmup: float = 0.0
-    blocks_in: int = 0
-    bytes_in: int = 0
-    blocks_rejected: int = 0
-    indices: set[int] = dataclasses.field(default_factory=set)
-    touched: float = dataclasses.field(default_factory=time.monotonic)
-    state: TargetState = TargetState.PREPARING
-
-    def to(self, new: TargetState) -> None:
-        """Move to ``new`` (raises :class:`agent.states.IllegalTransition`)."""
-        self.state = check(self.state, new)
 
 
 def _not_source(source: pallas_pb2.PeerEndpoint) -> str:
