@@ -1,13 +1,17 @@
 """The migration Context names the real types of what it holds (issue 44 item 3: "the context
-typed"), read statically with :mod:`ast`: no field of ``Context`` is annotated ``Any``, and
-``outbound``, ``inbound`` and ``vllm_client`` name their classes (which live below
+typed"), read statically with :mod:`ast`: nothing in ``agent/migration/context.py`` is annotated
+``Any``, and ``outbound``, ``inbound`` and ``vllm_client`` name their classes (which live below
 ``context.py``, in ``agent/migration/attempts.py`` and ``agent/session.py``, so no import
-circle is needed)."""
+circle is needed). The ``Any`` checker itself is tested in tests/xapp/test_composition.py."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
+
+from tests.annotations import any_annotations
 
 CONTEXT = Path(__file__).resolve().parents[3] / "agent" / "migration" / "context.py"
 EXPECTED = {"outbound": "Attempts", "inbound": "dict[str, Inbound]", "vllm_client": "VllmClient"}
@@ -23,21 +27,15 @@ def field_annotations(source: str, cls: str = "Context") -> dict[str, str]:
     raise LookupError(f"no class {cls}")
 
 
-def untyped(annotations: dict[str, str]) -> list[str]:
-    """The fields whose annotation mentions ``Any`` (``Any``, ``typing.Any``, ``dict[str, Any]``)."""
-    return sorted(f for f, a in annotations.items()
-                  if any(isinstance(n, (ast.Name, ast.Attribute)) and getattr(n, "id", getattr(n, "attr", "")) == "Any"
-                         for n in ast.walk(ast.parse(a, mode="eval"))))
+def test_field_annotations_reads_a_class_and_refuses_a_missing_one():
+    src = "class Context:\n    a: int\n    b: 'dict[str, X]' = {}\n    def f(self) -> None: ...\n"
+    assert field_annotations(src) == {"a": "int", "b": "'dict[str, X]'"}
+    with pytest.raises(LookupError):
+        field_annotations(src, "Other")
 
 
-def test_the_checker_finds_an_any_field():
-    src = ("import typing\nclass Context:\n    a: Any\n    b: dict[str, Any]\n    c: typing.Any\n"
-           "    d: int\n    e: 'Anything'\n")
-    assert untyped(field_annotations(src)) == ["a", "b", "c"]
-
-
-def test_no_context_field_is_any():
-    assert untyped(field_annotations(CONTEXT.read_text())) == []
+def test_nothing_in_the_context_module_is_any():
+    assert any_annotations(CONTEXT.read_text()) == []
 
 
 def test_the_attempt_tables_and_the_vllm_client_name_their_classes():
