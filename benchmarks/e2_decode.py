@@ -25,9 +25,14 @@ import random
 import time
 import tracemalloc
 
-from pallas_tools import codec as C
+from pallas_tools.tracegen import (encode_kpm_indication, encode_rc_message_copy, encode_ric_indication,
+                                   encode_rrc_meas_report)
+from xapp.e2.e2ap import RicIndication, decode_e2ap_pycrate
+from xapp.e2.ie import Cgi, Guami, UeId, cgi_from_asn, e2sm_spec, ueid_from_asn
+from xapp.e2.rrc import CellResult, RrcMeasReport, ServingResult, decode_rrc_meas_report_pycrate
+from xapp.e2.sm_kpm import KpmIndication, KpmUeReport
+from xapp.e2.sm_rc import RC_PARAM_RRC_MESSAGE, RcMessageCopy
 from xapp.e2 import sm_kpm, sm_rc
-from xapp.e2.e2ap import decode_e2ap_pycrate
 from xapp.e2.ingest import IngestConfig, Ingestor, decode_indication, report_from_rc
 from xapp.tracks import MeasurementReport, NeighbourMeas, TrackStore
 
@@ -35,31 +40,31 @@ from xapp.tracks import MeasurementReport, NeighbourMeas, TrackStore
 def make_rc(rng: random.Random, n: int, ues: int) -> list[bytes]:
     out = []
     for i in range(n):
-        u = C.UeId(kind="gNB", amf_ue_ngap_id=1 + i % ues, guami=C.Guami())
-        nbs = tuple(C.CellResult(rng.randrange(1008), float(rng.randrange(-130, -60)), rng.randrange(-40, -6) / 2,
-                                 rng.randrange(-10, 60) / 2) for _ in range(rng.randrange(1, 5)))
-        r = C.RrcMeasReport(1, (C.ServingResult(0, C.CellResult(rng.randrange(1008), float(rng.randrange(-130, -60)),
-                                                                rng.randrange(-40, -6) / 2, rng.randrange(-10, 60) / 2)),),
-                            nbs, 51.9 + rng.uniform(-0.1, 0.1), -8.4 + rng.uniform(-0.1, 0.1),
-                            rng.uniform(0, 30), rng.uniform(0, 360))
-        h, m = C.encode_rc_message_copy(C.RcMessageCopy(C.encode_rrc_meas_report(r), u,
-                                                        C.Cgi("00101", rng.randrange(1 << 28))))
-        out.append(C.encode_ric_indication(C.RicIndication(1, 1, 3, 1, h, m, sn=i % 65536)))
+        u = UeId(kind="gNB", amf_ue_ngap_id=1 + i % ues, guami=Guami())
+        nbs = tuple(CellResult(rng.randrange(1008), float(rng.randrange(-130, -60)), rng.randrange(-40, -6) / 2,
+                               rng.randrange(-10, 60) / 2) for _ in range(rng.randrange(1, 5)))
+        r = RrcMeasReport(1, (ServingResult(0, CellResult(rng.randrange(1008), float(rng.randrange(-130, -60)),
+                                                          rng.randrange(-40, -6) / 2, rng.randrange(-10, 60) / 2)),),
+                          nbs, 51.9 + rng.uniform(-0.1, 0.1), -8.4 + rng.uniform(-0.1, 0.1),
+                          rng.uniform(0, 30), rng.uniform(0, 360))
+        h, m = encode_rc_message_copy(RcMessageCopy(encode_rrc_meas_report(r), u,
+                                                    Cgi("00101", rng.randrange(1 << 28))))
+        out.append(encode_ric_indication(RicIndication(1, 1, 3, 1, h, m, sn=i % 65536)))
     return out
 
 
 def make_kpm(rng: random.Random, n: int) -> list[bytes]:
     out = []
     for i in range(n):
-        reps = tuple(C.KpmUeReport(C.UeId(kind="gNB", amf_ue_ngap_id=1 + (10 * i + j) % 1000, guami=C.Guami()),
-                                   (("L1M.SS-RSRP", float(rng.randrange(-130, -60))), ("L1M.SS-RSRQ", -10.5),
-                                    ("L1M.SS-SINR", rng.randrange(0, 30))), 100,
-                                   ((("L1M.SS-RSRP", float(rng.randrange(-130, -60))), ("L1M.SS-SINR", 3)),
-                                    (("L1M.SS-RSRP", float(rng.randrange(-130, -60))), ("L1M.SS-RSRQ", -10.5),
-                                     ("L1M.SS-SINR", rng.randrange(0, 30)))))
+        reps = tuple(KpmUeReport(UeId(kind="gNB", amf_ue_ngap_id=1 + (10 * i + j) % 1000, guami=Guami()),
+                                 (("L1M.SS-RSRP", float(rng.randrange(-130, -60))), ("L1M.SS-RSRQ", -10.5),
+                                  ("L1M.SS-SINR", rng.randrange(0, 30))), 100,
+                                 ((("L1M.SS-RSRP", float(rng.randrange(-130, -60))), ("L1M.SS-SINR", 3)),
+                                  (("L1M.SS-RSRP", float(rng.randrange(-130, -60))), ("L1M.SS-RSRQ", -10.5),
+                                   ("L1M.SS-SINR", rng.randrange(0, 30)))))
                      for j in range(10))
-        h, m = C.encode_kpm_indication(C.KpmIndication(1_700_000_000.0 + i, reps))
-        out.append(C.encode_ric_indication(C.RicIndication(1, 2, 2, 1, h, m, sn=i % 65536)))
+        h, m = encode_kpm_indication(KpmIndication(1_700_000_000.0 + i, reps))
+        out.append(encode_ric_indication(RicIndication(1, 2, 2, 1, h, m, sn=i % 65536)))
     return out
 
 
@@ -91,11 +96,11 @@ def main() -> None:
     fast = rate(lambda b: decode_indication(b, "gnb", 0.0, cfg), rc)
 
     def reference(b: bytes) -> MeasurementReport:
-        ind = C.decode_e2ap_pycrate(b)
+        ind = decode_e2ap_pycrate(b)
         params = sm_rc.rc_params_asn1tools(ind.message)
-        copy = C.RcMessageCopy(params[C.RC_PARAM_RRC_MESSAGE], C.ueid_from_asn(C.e2sm_spec().decode("UEID", params[4])),
-                               C.cgi_from_asn(C.e2sm_spec().decode("CGI", params[6])))
-        return report_from_rc(copy, C.decode_rrc_meas_report_pycrate(copy.rrc), 0.0, "gnb")[0]
+        copy = RcMessageCopy(params[RC_PARAM_RRC_MESSAGE], ueid_from_asn(e2sm_spec().decode("UEID", params[4])),
+                             cgi_from_asn(e2sm_spec().decode("CGI", params[6])))
+        return report_from_rc(copy, decode_rrc_meas_report_pycrate(copy.rrc), 0.0, "gnb")[0]
 
     reference(rc[0])  # compile the reference's specs outside the timed loop
     ref = rate(reference, rc[:1000])

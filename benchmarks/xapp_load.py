@@ -54,7 +54,12 @@ import structlog  # noqa: E402
 
 from pallas_proto import pallas_pb2 as pb  # noqa: E402
 from pallas_proto import pallas_pb2_grpc as pbg  # noqa: E402
-from pallas_tools import codec as C  # noqa: E402
+from pallas_tools.tracegen import encode_rc_message_copy, encode_ric_indication  # noqa: E402
+from pallas_tools.tracegen import encode_rrc_meas_report  # noqa: E402
+from xapp.e2.e2ap import RicIndication  # noqa: E402
+from xapp.e2.ie import Cgi, Guami, UeId  # noqa: E402
+from xapp.e2.rrc import CellResult, RrcMeasReport, ServingResult  # noqa: E402
+from xapp.e2.sm_rc import RcMessageCopy  # noqa: E402
 
 
 class FakeAgent(pbg.ControlServicer):
@@ -91,17 +96,17 @@ def build_trace(n: int, distinct: int, seed: int):
         cells = np.array([r.serving_cell for r in reps])
         ok = [i for i in range(len(reps) - distinct) if (cells[i:i + distinct] == cells[i]).all()]
         i0 = ok[int(rng.integers(len(ok)))] if ok else 0
-        ue = C.UeId(kind="gNB", amf_ue_ngap_id=1 + u, guami=C.Guami())
+        ue = UeId(kind="gNB", amf_ue_ngap_id=1 + u, guami=Guami())
         pays = []
         for r in reps[i0:i0 + distinct]:
-            nbs = tuple(C.CellResult(nb.pci, nb.rsrp_dbm, -10.5, 10.0) for nb in r.neighbours[:8])
-            rrc = C.RrcMeasReport(1, (C.ServingResult(0, C.CellResult(max(r.serving_pci, 0), r.rsrp_dbm, -10.5, 10.0)),),
-                                  nbs, r.lat if r.lat == r.lat else 51.9, r.lon if r.lon == r.lon else -8.4,
-                                  r.speed_mps if r.speed_mps == r.speed_mps else 10.0,
-                                  r.heading_deg if r.heading_deg == r.heading_deg else 0.0)
-            h, m = C.encode_rc_message_copy(C.RcMessageCopy(C.encode_rrc_meas_report(rrc), ue,
-                                                            C.Cgi("00101", int(r.serving_cell))))
-            pays.append(C.encode_ric_indication(C.RicIndication(1, 1, 3, 1, h, m, sn=u % 65536)))
+            nbs = tuple(CellResult(nb.pci, nb.rsrp_dbm, -10.5, 10.0) for nb in r.neighbours[:8])
+            rrc = RrcMeasReport(1, (ServingResult(0, CellResult(max(r.serving_pci, 0), r.rsrp_dbm, -10.5, 10.0)),),
+                                nbs, r.lat if r.lat == r.lat else 51.9, r.lon if r.lon == r.lon else -8.4,
+                                r.speed_mps if r.speed_mps == r.speed_mps else 10.0,
+                                r.heading_deg if r.heading_deg == r.heading_deg else 0.0)
+            h, m = encode_rc_message_copy(RcMessageCopy(encode_rrc_meas_report(rrc), ue,
+                                                        Cgi("00101", int(r.serving_cell))))
+            pays.append(encode_ric_indication(RicIndication(1, 1, 3, 1, h, m, sn=u % 65536)))
         ues.append((ue.key, int(reps[i0].serving_cell), pays))
     return ues
 

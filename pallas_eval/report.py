@@ -55,8 +55,21 @@ class HandoverRow:
     t_ho_error_s: float = float("nan")
 
 
-def _ms(x: float) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x * 1000:.0f}"
+def as_float(v: Any) -> float:
+    """``v`` as a float; NaN for None or anything not a number (``summary.json`` writes a NaN as
+    null, and a field a run did not record is missing)."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def fmt_ms(v: Any) -> str:
+    """Seconds ``v`` as whole milliseconds with thousands separators (``0.278`` -> ``278``,
+    ``12.486`` -> ``12,486``); ``-`` when it is not a finite number. The replay's terminal tables
+    and the results page (:mod:`pallas_eval.results_page`) both write times this way."""
+    x = as_float(v)
+    return "-" if not math.isfinite(x) else f"{x * 1000:,.0f}"
 
 
 def _s(x: float) -> str:
@@ -85,7 +98,8 @@ def handover_table(rows: Sequence[HandoverRow], title: str = "Handovers"):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in rows:
         t.add_row(r.scheme, f"{r.time_s:.1f}", r.ue_id, f"{r.from_cell}→{r.to_cell}",
-                  f"{r.from_server}→{r.to_server}", _s(r.lead_s), _s(r.t_ho_error_s), _s(r.window_s), _ms(r.sit_s),
+                  f"{r.from_server}→{r.to_server}", _s(r.lead_s), _s(r.t_ho_error_s), _s(r.window_s),
+                  fmt_ms(r.sit_s),
                   f"{r.bytes_moved:,}" if r.bytes_moved else "-",
                   f"{r.prefill_tokens:,}" if r.prefill_tokens else "-", r.outcome)
     return t
@@ -105,13 +119,14 @@ def summary_table(summaries: Sequence[SchemeSummary], title: str = "Per scheme",
         t.add_column(c + (" (ms)" if c.startswith(("SIT", "ITL ", "T_early", "model")) else ""),
                      justify="left" if c == "scheme" else "right")
     for s in summaries:
-        row = [s.scheme, f"{s.handovers} ({s.handovers_with_session})", _ms_ci(s.sit_mean, s.sit_mean_ci),
-               _ms(s.sit_p50), _ms(s.sit_p99), _ms_ci(s.itl_mean, s.itl_mean_ci), _ms(s.itl_p90), _ms(s.itl_p99),
+        row = [s.scheme, f"{s.handovers} ({s.handovers_with_session})", fmt_ms_ci(s.sit_mean, s.sit_mean_ci),
+               fmt_ms(s.sit_p50), fmt_ms(s.sit_p99), fmt_ms_ci(s.itl_mean, s.itl_mean_ci), fmt_ms(s.itl_p90),
+               fmt_ms(s.itl_p99),
                "-" if not math.isfinite(s.itl_over_slo) else f"{100 * s.itl_over_slo:.1f}%",
-               _ms(s.t_early_mean), f"{s.token_exact}/{s.token_checked}", str(s.commits)]
+               fmt_ms(s.t_early_mean), f"{s.token_exact}/{s.token_checked}", str(s.commits)]
         if simulated:
             m = simulated.get(s.scheme, {})
-            row += [_ms(m.get("sit_mean", float("nan"))), _ms(m.get("sit_p99", float("nan")))]
+            row += [fmt_ms(m.get("sit_mean")), fmt_ms(m.get("sit_p99"))]
         t.add_row(*row)
     return t
 
@@ -137,12 +152,17 @@ def lead_summary(rows: Sequence[HandoverRow], scheme: str) -> str:
             f"t_HO predicted - actual median {err_s}; prepared commits {prepared}")
 
 
-def _ms_ci(v: float, ci: Sequence[float]) -> str:
-    """``v`` in ms with its interval, ``278 [231-330]``; without a finite interval just ``v``."""
-    lo, hi = (tuple(ci) + (float("nan"), float("nan")))[:2]
+def fmt_ms_ci(v: Any, ci: Any) -> str:
+    """Seconds ``v`` in ms with its interval ``ci`` = (lo, hi) s, ``278 [231-330]``; without a
+    finite interval (NaN, null, missing, not a pair) just :func:`fmt_ms` of ``v``."""
+    try:
+        pair = list(ci)
+    except TypeError:
+        pair = []
+    lo, hi = (as_float(x) for x in (pair + [None, None])[:2])
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        return _ms(v)
-    return f"{_ms(v)} [{lo * 1000:.0f}-{hi * 1000:.0f}]"
+        return fmt_ms(v)
+    return f"{fmt_ms(v)} [{lo * 1000:,.0f}-{hi * 1000:,.0f}]"
 
 
 def ratio_table(sit_by: dict[str, Sequence[float]], base: str, title: str | None = None):

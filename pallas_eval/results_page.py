@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pallas_eval.metrics import ratio_ci
-from pallas_eval.report import cpu_rows
+from pallas_eval.report import as_float, cpu_rows, fmt_ms, fmt_ms_ci
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,28 +82,8 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _num(v: Any) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
-def _ms(v: Any) -> str:
-    x = _num(v)
-    return "-" if not math.isfinite(x) else f"{x * 1000:,.0f}"
-
-
-def _ms_ci(v: Any, ci: Any) -> str:
-    lo, hi = ((list(ci) if isinstance(ci, (list, tuple)) else []) + [None, None])[:2]
-    lo, hi = _num(lo), _num(hi)
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return _ms(v)
-    return f"{_ms(v)} [{lo * 1000:,.0f}-{hi * 1000:,.0f}]"
-
-
 def _pct(v: Any) -> str:
-    x = _num(v)
+    x = as_float(v)
     return "-" if not math.isfinite(x) else f"{100 * x:.1f}%"
 
 
@@ -117,7 +97,7 @@ def sit_by_scheme(handovers: Sequence[Mapping[str, Any]]) -> dict[str, list[floa
     """Per scheme (in first-seen order) the finite SITs (s) of its handover rows."""
     out: dict[str, list[float]] = {}
     for h in handovers:
-        x = _num(h.get("sit_s"))
+        x = as_float(h.get("sit_s"))
         lst = out.setdefault(str(h.get("scheme", "")), [])
         if math.isfinite(x):
             lst.append(x)
@@ -148,7 +128,7 @@ def render_run(data: Mapping[str, Any], title: str) -> str:
         lines += ["- command, commit and date: not recorded (a run made before provenance was written)"]
     inp = data.get("input") or {}
     n_ho = len(inp.get("handovers") or [])
-    wall = _num(data.get("wall_s"))
+    wall = as_float(data.get("wall_s"))
     lines += [f"- input: {inp.get('source', '?')}; seeds {data.get('seeds', [])}; {n_ho} handovers in the trace"
               + (f"; wall time {wall:,.0f} s" if math.isfinite(wall) else "")]
     if data.get("regime"):
@@ -161,9 +141,9 @@ def render_run(data: Mapping[str, Any], title: str) -> str:
     for s in data["summary"]:
         m = sim.get(s.get("scheme"), {}) if isinstance(sim, dict) else {}
         rows.append([s.get("scheme", "?"), str(s.get("handovers_with_session", "?")),
-                     _ms_ci(s.get("sit_mean"), s.get("sit_mean_ci")),
-                     f"{_ms(s.get('sit_p50'))} / {_ms(s.get('sit_p99'))}", _ms(m.get("sit_mean")),
-                     f"{_ms(s.get('itl_mean'))} / {_ms(s.get('itl_p99'))}", _pct(s.get("itl_over_slo")),
+                     fmt_ms_ci(s.get("sit_mean"), s.get("sit_mean_ci")),
+                     f"{fmt_ms(s.get('sit_p50'))} / {fmt_ms(s.get('sit_p99'))}", fmt_ms(m.get("sit_mean")),
+                     f"{fmt_ms(s.get('itl_mean'))} / {fmt_ms(s.get('itl_p99'))}", _pct(s.get("itl_over_slo")),
                      f"{s.get('token_exact', '?')}/{s.get('token_checked', '?')}", str(s.get("commits", 0))])
     lines += _table(head, rows) + [""]
     base = str(data["summary"][0].get("scheme", "")) if data["summary"] else ""
@@ -177,8 +157,8 @@ def render_run(data: Mapping[str, Any], title: str) -> str:
     if cmp:
         lines += ["Live against the timing model on the same handovers (within 30% or one decode step):", ""]
         for c in cmp:
-            lines.append(f"- {c['scheme']}: live {_ms(c.get('live_s'))} ms, model {_ms(c.get('model_s'))} ms, "
-                         + ("within" if c.get("ok") else "outside") + f" {_ms(c.get('tolerance_s'))} ms"
+            lines.append(f"- {c['scheme']}: live {fmt_ms(c.get('live_s'))} ms, model {fmt_ms(c.get('model_s'))} ms, "
+                         + ("within" if c.get("ok") else "outside") + f" {fmt_ms(c.get('tolerance_s'))} ms"
                          + (f"; the difference is in the {c['phase']} phase" if not c.get("ok") and c.get("phase")
                             else ""))
         lines += [""]
@@ -186,8 +166,8 @@ def render_run(data: Mapping[str, Any], title: str) -> str:
     if post:
         lines += ["ITL after a session's first handover (each handover's own gap left out):", ""]
         lines += _table(["scheme", "gaps", "mean (ms)", "P90 (ms)", "P99 (ms)", "> 100 ms"],
-                        [[s, str(v.get("n", 0)), _ms(v.get("mean_s")), _ms(v.get("p90_s")), _ms(v.get("p99_s")),
-                          _pct(v.get("over_slo"))] for s, v in post.items()]) + [""]
+                        [[s, str(v.get("n", 0)), fmt_ms(v.get("mean_s")), fmt_ms(v.get("p90_s")),
+                          fmt_ms(v.get("p99_s")), _pct(v.get("over_slo"))] for s, v in post.items()]) + [""]
     prep = data.get("preparation") or {}
     if prep:
         lines += ["SIT by whether the right target was named before the handover, and the warm-ups no commit "
@@ -202,13 +182,13 @@ def render_run(data: Mapping[str, Any], title: str) -> str:
             def part(k: str) -> str:
                 x = sp.get(k) or {}
                 return "-" if not x.get("n") else f"{x['n']} ({x.get('prepared', 0)} prepared): " + \
-                    _ms_ci(x.get("mean_s"), [x.get("ci_lo_s"), x.get("ci_hi_s")])
+                    fmt_ms_ci(x.get("mean_s"), [x.get("ci_lo_s"), x.get("ci_hi_s")])
             prow.append([s, part("predicted"), part("unpredicted"),
                          f"{w.get('count', 0)} of {w.get('triggers', 0)}" if w else "-",
-                         "-" if not w else f"{_num(ph.get('count')):.1f}",
-                         "-" if not w else f"{_num(ph.get('prefill_gpu_s')):.1f}",
-                         "-" if not w else f"{_num(ph.get('bytes_streamed')) / 2 ** 20:.1f}",
-                         "-" if not w else f"{_num(ph.get('vram_gib_s')):.2f}"])
+                         "-" if not w else f"{as_float(ph.get('count')):.1f}",
+                         "-" if not w else f"{as_float(ph.get('prefill_gpu_s')):.1f}",
+                         "-" if not w else f"{as_float(ph.get('bytes_streamed')) / 2 ** 20:.1f}",
+                         "-" if not w else f"{as_float(ph.get('vram_gib_s')):.2f}"])
         lines += _table(["scheme", "predicted: HOs, SIT mean [95% CI] (ms)", "unpredicted", "warm-ups unused",
                          "unused / UE-h", "prefill GPU-s / UE-h", "MiB streamed / UE-h", "KV GiB-s / UE-h"],
                         prow) + [""]

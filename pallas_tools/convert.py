@@ -40,7 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from pallas_tools import codec
+from pallas_tools.tracegen import encode_rc_message_copy, encode_ric_indication, encode_rrc_meas_report
+from xapp.e2.e2ap import RicIndication
+from xapp.e2.ie import Cgi, Guami, UeId, e2_node_name
+from xapp.e2.rrc import CellResult, RrcMeasReport, ServingResult
+from xapp.e2.sm_rc import RcMessageCopy
 from xapp.drivetest import read_drive
 from xapp.e2.trace import TraceRecord, TraceWriter
 from xapp.e2.transport import RIC_INDICATION
@@ -67,27 +71,27 @@ def gnb_of_cell(cell: int, cfg: ConvertConfig = ConvertConfig()) -> int:
     return cell >> (36 - cfg.gnb_id_bits)
 
 
-def ue_identity(index: int, cfg: ConvertConfig = ConvertConfig()) -> codec.UeId:
+def ue_identity(index: int, cfg: ConvertConfig = ConvertConfig()) -> UeId:
     """The UEID written for the UE of file number ``index``."""
-    return codec.UeId(kind="gNB", amf_ue_ngap_id=cfg.first_ue + index, guami=codec.Guami(plmn=cfg.plmn))
+    return UeId(kind="gNB", amf_ue_ngap_id=cfg.first_ue + index, guami=Guami(plmn=cfg.plmn))
 
 
-def report_to_record(r: MeasurementReport, ue: codec.UeId, sn: int, cfg: ConvertConfig) -> TraceRecord:
+def report_to_record(r: MeasurementReport, ue: UeId, sn: int, cfg: ConvertConfig) -> TraceRecord:
     """One MeasurementReport -> the RIC_INDICATION record its serving E2 node would send."""
     if not 0 <= r.serving_cell < (1 << 36):
         raise ValueError(f"serving cell {r.serving_cell} is not a 36-bit cell identity")
-    nbs = tuple(codec.CellResult(n.pci if 0 <= n.pci <= 1007 else -1, n.rsrp_dbm, n.rsrq_db, n.sinr_db)
+    nbs = tuple(CellResult(n.pci if 0 <= n.pci <= 1007 else -1, n.rsrp_dbm, n.rsrq_db, n.sinr_db)
                 for n in r.neighbours if n.rsrp_dbm == n.rsrp_dbm or n.rsrq_db == n.rsrq_db or n.sinr_db == n.sinr_db)
     pci = r.serving_pci if 0 <= r.serving_pci <= 1007 else -1
-    rrc = codec.RrcMeasReport(
-        cfg.meas_id, (codec.ServingResult(0, codec.CellResult(pci, r.rsrp_dbm, r.rsrq_db, r.sinr_db)),),
+    rrc = RrcMeasReport(
+        cfg.meas_id, (ServingResult(0, CellResult(pci, r.rsrp_dbm, r.rsrq_db, r.sinr_db)),),
         nbs[:8], r.lat, r.lon, r.speed_mps, r.heading_deg)
-    header, message = codec.encode_rc_message_copy(codec.RcMessageCopy(
-        codec.encode_rrc_meas_report(rrc), ue, codec.Cgi(cfg.plmn, r.serving_cell, "nr")))
-    payload = codec.encode_ric_indication(codec.RicIndication(
+    header, message = encode_rc_message_copy(RcMessageCopy(
+        encode_rrc_meas_report(rrc), ue, Cgi(cfg.plmn, r.serving_cell, "nr")))
+    payload = encode_ric_indication(RicIndication(
         cfg.ric_requestor_id, cfg.ric_instance_id, cfg.ran_function_id, cfg.action_id, header, message,
         sn=sn % 65536))
-    node = codec.e2_node_name(cfg.plmn, gnb_of_cell(r.serving_cell, cfg))
+    node = e2_node_name(cfg.plmn, gnb_of_cell(r.serving_cell, cfg))
     return TraceRecord(r.time, node, RIC_INDICATION, payload, cfg.ric_instance_id)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import structlog
 
@@ -37,6 +37,11 @@ log = structlog.get_logger("pallas.xapp.dispatch")
 
 Handover = tuple[str, int, int, float]
 """The handover an action belongs to: (UE, from cell, to cell, trace time)."""
+
+EventWriter = Callable[[Action, float, Handover | None], None]
+"""Writes the event of one action kind before it is sent: (the action, wall time now, its
+handover or None). Each writer is filed under its kind's ``rpc`` and is only ever called with
+an action of that kind (so it reads that kind's fields)."""
 
 
 class ActionDispatcher:
@@ -62,16 +67,16 @@ class ActionDispatcher:
         self.guard = guard
         self.refused = 0          # orders not sent: their session record's write was refused
         self._offset, self._tokens = offset, tokens
-        self.gate: CommitGate = CommitGate()
+        self.gate: CommitGate[Handover | None] = CommitGate()
         # session -> {(rpc, epoch, a Trigger's target or ""): (action, T_early of a trigger)};
         # one epoch may hold Triggers at several targets (issue 45)
         self.pending: dict[str, dict[tuple[str, int, str], tuple[Action, float | None]]] = {}
         # the event each kind writes before it is sent, by the action's rpc
-        self._events: dict[str, Callable[[Any, float, Handover | None], None]] = {
+        self._events: dict[str, EventWriter] = {
             "Trigger": self._trigger, "Cancel": self._cancel, "Commit": self._commit}
 
     # -- out ----------------------------------------------------------------------------------
-    def send(self, actions: list, ho: Handover | None = None) -> None:
+    def send(self, actions: list[Action], ho: Handover | None = None) -> None:
         """Send each action (or hold it behind its session's commit in flight). Never raises
         for an action naming an agent no longer configured (logged and dropped)."""
         now = time.time()
@@ -108,7 +113,7 @@ class ActionDispatcher:
                           source_agent=a.source, reason=why)
         reply = pb.ControlReply(status=pb.STATUS_ERROR, session_id=a.session_id, epoch=a.epoch,
                                 message=f"not sent: session record refused ({why})")
-        released: list = []
+        released: list[tuple[Action, Handover | None]] = []
         with self._lock:
             more = self.engine.on_reply(a, reply)
             if a.rpc == "Commit":
@@ -117,13 +122,13 @@ class ActionDispatcher:
         for b, ho in released:
             self.send([b], ho=ho)
 
-    def _journal(self, event: str, *args: Any, **kw: Any) -> None:
+    def _journal(self, event: str, *args: object, **kw: object) -> None:
         """``journal.<event>(*args)`` if there is a journal; a store failure is logged."""
         if self.journal is not None:
             self._journal_call(getattr(self.journal, event), *args, **kw)
 
     @staticmethod
-    def _journal_call(fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
+    def _journal_call(fn: Callable[..., object], *args: object, **kw: object) -> None:
         try:
             fn(*args, **kw)
         except Exception as e:  # the store (SDL) failing never stops the control path
@@ -196,7 +201,7 @@ class ActionDispatcher:
             if not mine:
                 self.pending.pop(out.session_id, None)
         reply = r if r is not None else pb.ControlReply(status=pb.STATUS_ERROR, message=out.error)
-        released: list = []
+        released: list[tuple[Action, Handover | None]] = []
         with self._lock:
             more = self.engine.on_reply(entry[0], reply)
             if out.kind == "Commit":

@@ -46,10 +46,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Protocol, TypeVar
 
 import structlog
 from pallas_proto import pallas_pb2
+
+from xapp.policy import CallOutcome
+from xapp.scheduler.state import Action, CommitAction, TriggerAction
 
 log = structlog.get_logger("pallas.xapp.store")
 
@@ -282,7 +285,10 @@ class XappStore(ABC):
         self._delete("migration", [session_id])
 
 
-def _load(cls: type, rec: dict) -> Any:
+R = TypeVar("R", SessionBinding, InFlightMigration)
+
+
+def _load(cls: type[R], rec: dict) -> R:
     """A record dict -> ``cls`` (unknown keys, written by a newer xApp, are ignored)."""
     names = {f.name for f in fields(cls)}
     try:
@@ -324,13 +330,28 @@ def _sdl_errors(what: str) -> Iterator[None]:
         raise StoreUnavailable(f"SDL {what}: {exc}") from exc
 
 
+class SdlClient(Protocol):
+    """What :class:`SdlStore` uses of ricxappframe's ``SDLWrapper`` (each call takes the SDL
+    namespace first; values are JSON-able objects, which the wrapper serialises)."""
+
+    def get(self, ns: str, key: str) -> object | None: ...
+
+    def set(self, ns: str, key: str, value: object) -> None: ...
+
+    def set_if_not_exists(self, ns: str, key: str, value: object) -> bool: ...
+
+    def find_and_get(self, ns: str, prefix: str) -> dict[str, dict]: ...
+
+    def delete(self, ns: str, key: str) -> None: ...
+
+
 class SdlStore(XappStore):
     """:class:`XappStore` in OSC SDL (Redis behind DBaaS) under ``namespace``.
 
     Args:
         namespace: SDL namespace of every key (``generation``, ``generation/<g>``,
             ``binding/<session>``, ``migration/<session>``).
-        sdl: an ``SDLWrapper`` to use (default: a new one; ricsdl reads ``DBAAS_SERVICE_HOST``,
+        sdl: an ``SDLWrapper`` (:class:`SdlClient`) to use (default: a new one; ricsdl reads ``DBAAS_SERVICE_HOST``,
             ``DBAAS_SERVICE_PORT`` and the sentinel variables when it is made).
         clock: wall clock, seconds since 1970 (the generation's floor).
 
@@ -338,7 +359,7 @@ class SdlStore(XappStore):
     StoreUnavailable if SDL cannot be reached then: the xApp must not start without it.
     """
 
-    def __init__(self, namespace: str = DEFAULT_NAMESPACE, *, sdl: Any = None,
+    def __init__(self, namespace: str = DEFAULT_NAMESPACE, *, sdl: SdlClient | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         super().__init__()
         if sdl is None:
@@ -424,8 +445,8 @@ class MigrationJournal:
     restarted xApp finds what it had in flight (:func:`recovery_plan`) and who serves each
     session.
 
-    Duck-typed on ``xapp.scheduler.state``'s actions (TriggerAction, CancelAction,
-    CommitAction: by class name and fields) and ``xapp.policy.CallOutcome``:
+    Told of ``xapp.scheduler.state``'s actions (TriggerAction, CancelAction, CommitAction)
+    and ``xapp.policy.CallOutcome``:
 
     - :meth:`sent` before an order goes out: a Trigger records a ``preparing`` migration (a
       Trigger of rank > 0, an extra target of the epoch, adds nothing to it), a
@@ -443,7 +464,7 @@ class MigrationJournal:
     def __init__(self, store: XappStore, *, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self._clock = clock
-        self._commits: dict[tuple[str, int], Any] = {}  # commits sent, by (session, epoch)
+        self._commits: dict[tuple[str, int], CommitAction] = {}  # commits sent, by (session, epoch)
         # (session, epoch) -> (agents yet to answer its Cancel, whether one answered already)
         self._cancels: dict[tuple[str, int], tuple[set[str], list[bool]]] = {}
         self._lock = threading.Lock()  # replies arrive on the policy client's worker threads
@@ -461,18 +482,17 @@ class MigrationJournal:
                 for key in [k for k in d if k[0] == session_id]:
                     del d[key]
 
-    def sent(self, action: Any) -> None:
-        """Record ``action`` before it is sent."""
-        kind = type(action).__name__
-        if kind == "TriggerAction" and int(getattr(action, "rank", 0)) > 0:
+    def sent(self, action: Action) -> None:
+        """Record ``action`` before it is sent (a CancelAction: nothing yet)."""
+        if isinstance(action, TriggerAction) and action.rank > 0:
             # An extra target of the epoch (issue 45): the epoch's record is its primary's; a
             # recovery's Cancel at the source ends every target's attempt of the epoch.
             return
-        if kind == "TriggerAction":
+        if isinstance(action, TriggerAction):
             self.store.put_migration(InFlightMigration(
                 action.session_id, int(action.epoch), action.source, action.target, "preparing",
                 int(action.scheme), float(action.predicted_handover_time), self._clock()))
-        elif kind == "CommitAction":
+        elif isinstance(action, CommitAction):
             with self._lock:
                 self._commits[(action.session_id, int(action.epoch))] = action
             self.store.put_migration(InFlightMigration(
@@ -500,8 +520,8 @@ class MigrationJournal:
             del self._cancels[key]
         self.store.finish_migration(session_id, int(epoch))
 
-    def replied(self, outcome: Any) -> None:
-        """Record an agent's answer (a ``CallOutcome``; no reply: nothing changes)."""
+    def replied(self, outcome: CallOutcome) -> None:
+        """Record an agent's answer (no reply: nothing changes)."""
         if outcome.reply is None or outcome.kind not in ("Cancel", "Commit"):
             return
         key = (outcome.session_id, int(outcome.epoch))

@@ -13,13 +13,13 @@ import asyncio
 import collections
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 from pallas_proto import pallas_pb2
 
 from agent.ipc import BlockHub
-from agent.session import Session, SessionStore
+from agent.migration.attempts import Attempts, Inbound
+from agent.session import Session, SessionStore, VllmClient
 from agent.transfer import PeerPool
 
 log = structlog.get_logger("pallas.agent.migration")
@@ -127,79 +127,6 @@ class Ledger:
         return len(self._entries) + len(self._newest)
 
 
-class Attempts:
-    """The source's attempts, per session and target (issue 45: one session prepared at up to
-    K targets of one epoch; docs/architecture.md §5).
-
-    Each attempt (an :class:`agent.migration.source.Outbound`) is keyed by (session id, its
-    target's address); a session has at most one attempt per target. The dict-like reads keep
-    the single-target view the rest of the agent had: ``get(sid)`` / ``[sid]`` the session's
-    newest attempt, ``in`` whether it has any; ``len``, ``values()`` and ``items()`` count and
-    list every attempt (``items()``: (session id, attempt) pairs).
-    """
-
-    def __init__(self) -> None:
-        self._by_sid: dict[str, dict[str, Any]] = {}
-
-    def of(self, sid: str) -> list[Any]:
-        """Every attempt of ``sid``, oldest first (empty when none)."""
-        return list(self._by_sid.get(sid, {}).values())
-
-    def at(self, sid: str, address: str) -> Any | None:
-        """The attempt of ``sid`` at the target at ``address``, or None."""
-        return self._by_sid.get(sid, {}).get(address)
-
-    def put(self, out: Any) -> None:
-        """Add ``out`` (replacing an attempt of the same session at the same target)."""
-        d = self._by_sid.setdefault(out.session.session_id, {})
-        d.pop(out.target.address, None)
-        d[out.target.address] = out
-
-    def discard(self, out: Any) -> bool:
-        """Remove ``out`` if it is the one held for its session and target; returns whether."""
-        sid, addr = out.session.session_id, out.target.address
-        d = self._by_sid.get(sid)
-        if d is None or d.get(addr) is not out:
-            return False
-        del d[addr]
-        if not d:
-            del self._by_sid[sid]
-        return True
-
-    def get(self, sid: str, default: Any = None) -> Any:
-        """The newest attempt of ``sid`` (the last one put), or ``default``."""
-        d = self._by_sid.get(sid)
-        return next(reversed(d.values())) if d else default
-
-    def __getitem__(self, sid: str) -> Any:
-        out = self.get(sid)
-        if out is None:
-            raise KeyError(sid)
-        return out
-
-    def pop(self, sid: str, default: Any = None) -> Any:
-        """Remove every attempt of ``sid``; returns the newest, or ``default``."""
-        d = self._by_sid.pop(sid, None)
-        return next(reversed(d.values())) if d else default
-
-    def __contains__(self, sid: object) -> bool:
-        return sid in self._by_sid
-
-    def __len__(self) -> int:
-        return sum(len(d) for d in self._by_sid.values())
-
-    def values(self) -> list[Any]:
-        """Every attempt."""
-        return [o for d in self._by_sid.values() for o in d.values()]
-
-    def items(self) -> list[tuple[str, Any]]:
-        """(session id, attempt) for every attempt."""
-        return [(sid, o) for sid, d in self._by_sid.items() for o in d.values()]
-
-    def clear(self) -> None:
-        self._by_sid.clear()
-
-
 @dataclasses.dataclass(eq=False)
 class Context:
     """The state the migration engine owns, shared by its source and target roles.
@@ -214,9 +141,9 @@ class Context:
         cfg: :class:`MigrationConfig`.
         peers: per-peer clients (:class:`agent.transfer.PeerPool`, or a wrapper of one).
         ledger: the epochs (:class:`Ledger`).
-        outbound: the source attempts (:class:`Attempts` of
-            :class:`agent.migration.source.Outbound`), per session and target.
-        inbound: session id -> its target attempt (:class:`agent.migration.target.Inbound`).
+        outbound: the source attempts (:class:`agent.migration.attempts.Attempts` of
+            :class:`agent.migration.attempts.Outbound`), per session and target.
+        inbound: session id -> its target attempt (:class:`agent.migration.attempts.Inbound`).
         prefill_rate: r_p measured at this agent, tokens/s (0: none yet); observe_prefill:
             ``(tokens, seconds)`` of each warm-up run here as a target (agent/app.py: the scraper).
     """
@@ -224,14 +151,14 @@ class Context:
     agent_id: str
     peer_address: str
     sessions: SessionStore
-    vllm_client: Any
+    vllm_client: VllmClient
     hub: BlockHub
     identity: Callable[[], pallas_pb2.ModelIdentity]
     cfg: MigrationConfig
     peers: PeerPool
     ledger: Ledger
     outbound: Attempts = dataclasses.field(default_factory=Attempts)
-    inbound: dict[str, Any] = dataclasses.field(default_factory=dict)
+    inbound: dict[str, Inbound] = dataclasses.field(default_factory=dict)
     prefill_rate: Callable[[], float] = lambda: 0.0
     observe_prefill: Callable[[int, float], None] = lambda tokens, seconds: None
     tasks: set[asyncio.Task] = dataclasses.field(default_factory=set)

@@ -22,7 +22,6 @@ from pallas_proto import pallas_pb2
 
 from agent.ipc import BlockHub
 from agent.migration.context import Context, Ledger, MigrationConfig
-from agent.migration.plan import commit_scheme
 from agent.migration.source import Source
 from agent.states import SourceState
 from agent.migration.target import Target
@@ -227,53 +226,53 @@ class MigrationEngine:
 
         ``ue_tokens``: output tokens the UE has received (the commit point; default all).
         The session is frozen at most ``commit_deadline_s``; on any failure it serves on here
-        with no token lost and the reply is non-OK.
+        with no token lost and the reply is non-OK. Under the session's lock this only checks
+        the call (:meth:`_commit_refused`), lets the source open the commit (bridge, scheme
+        choice, ctHO split: :meth:`Source.open_commit`), freezes the session, has the source
+        hand it over (:meth:`Source.commit`) and settles the outcome (:meth:`_settle_commit`).
         """
-        value = self.scheme_for(session_id, scheme)
-        spec = SCHEMES[value]
+        spec = SCHEMES[self.scheme_for(session_id, scheme)]
 
         async def work(s: Session) -> pallas_pb2.ControlReply:
-            if s.state == SessionState.FAILED:
-                return await self._failed_at_source(s, epoch, spec)
-            if not spec.migrates:  # Detour: the source serves on, the new agent relays
-                return await self._detour(s, epoch, value)
-            if s.state not in (SessionState.SERVING, SessionState.MIGRATING,
-                               SessionState.RESUMED, SessionState.FINISHED):
-                return self.ctx.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
+            refused = await self._commit_refused(s, epoch, spec)
+            if refused is not None:
+                return refused
             s.epoch = epoch
-            freeze_at = ue_tokens
-            if spec.bridge and s.state != SessionState.FINISHED and not s.request_done:
-                await self.source.bridge(s, epoch, actual_target, spec.value)
-                freeze_at = None  # hand over at the token boundary the bridge chose
-            use, why = commit_scheme(
-                spec, prepared=self.source.prepared(s, epoch, actual_target.address) is not None,
-                pinned=SCHEMES.get(self.scheme_for(session_id)),
-                in_prefill=not s.output_token_ids and not s.request_done)
-            if why:
-                log.info("commit_fallback", session=session_id, epoch=epoch, requested=spec.name,
-                         scheme=use.name, reason=why)
-            split = (await self.source.split_for_ctho(s, actual_target)
-                     if use.commit_split == "ctho" else None)
+            opening = await self.source.open_commit(s, epoch, actual_target, spec,
+                                                    SCHEMES.get(self.scheme_for(session_id)), ue_tokens)
             if s.state == SessionState.FAILED:   # its request failed while this call waited
-                return await self._failed_at_source(s, epoch, use)
+                return await self._failed_at_source(s, epoch, opening.scheme)
             deadline = time.monotonic() + self.ctx.cfg.commit_deadline_s
-            s.freeze(freeze_at)
-            back = s.state
-            if s.state != SessionState.FINISHED:
-                s.set_state(SessionState.COMMITTING)
-            try:
-                rep = await self.source.commit_attempt(s, epoch, actual_target, split,
-                                                       use.commit_ship, use.value,
-                                                       self.pinned_scheme(session_id), deadline)
-            except Exception as exc:  # never leave the source frozen
-                log.exception("commit_error", session=session_id, epoch=epoch)
-                out = self.ctx.outbound.at(session_id, actual_target.address)
-                if out is not None:   # the other targets' attempts stay, as on any failed commit
-                    await self.source.abandon(out, "commit error")
-                rep = self.ctx.reply(S.STATUS_ERROR, s, epoch, scheme=use.value, message=repr(exc))
-            return self._settle_commit(s, epoch, rep, spec, use, back)
+            back = self._freeze(s, opening.freeze_at)
+            rep = await self.source.commit(s, epoch, actual_target, opening,
+                                           self.pinned_scheme(session_id), deadline)
+            return self._settle_commit(s, epoch, rep, spec, opening.scheme, back)
 
         return await self._once("commit", session_id, epoch, work, allow_closed=("cancelled",))
+
+    async def _commit_refused(self, s: Session, epoch: int, spec: SchemeSpec
+                              ) -> pallas_pb2.ControlReply | None:
+        """The reply of a Commit that hands nothing over, or None when it goes on: a session
+        that failed here (non-OK), Detour (OK: the source serves on) or a session in a state
+        no commit applies to (STATUS_INVALID)."""
+        if s.state == SessionState.FAILED:
+            return await self._failed_at_source(s, epoch, spec)
+        if not spec.migrates:  # Detour: the source serves on, the new agent relays
+            return await self._detour(s, epoch, spec.value)
+        if s.state not in (SessionState.SERVING, SessionState.MIGRATING,
+                           SessionState.RESUMED, SessionState.FINISHED):
+            return self.ctx.reply(S.STATUS_INVALID, s, epoch, message=f"session is {s.state.value}")
+        return None
+
+    @staticmethod
+    def _freeze(s: Session, at: int | None) -> SessionState:
+        """Freeze ``s`` at ``at`` output tokens (None: all so far) and mark it COMMITTING (a
+        FINISHED one stays so); returns the state it had, which a failed commit restores."""
+        s.freeze(at)
+        back = s.state
+        if s.state != SessionState.FINISHED:
+            s.set_state(SessionState.COMMITTING)
+        return back
 
     async def _abandon_current(self, s: Session, why: str, keep=lambda out: False) -> list:
         """Abandon the session's outbound attempts but those ``keep(attempt)`` is true of (a

@@ -32,7 +32,15 @@ from pallas_proto import pallas_pb2
 from pallas_common.schemes import SCHEMES, SchemeSpec, Ship
 from pallas_common.timing import CommitChoice
 
-__all__ = ["CommitInputs", "CommitPlan", "commit_scheme", "plan_commit", "tail_pays"]
+__all__ = ["CommitInputs", "CommitPlan", "bridges", "commit_scheme", "plan_commit", "tail_pays"]
+
+
+def bridges(requested: SchemeSpec, *, request_ended: bool) -> bool:
+    """Whether a Commit first bridges (``SchemeSpec.bridge``, docs/model.md §8): the source
+    decodes on, relayed by the new agent, until the target holds the state, and the commit then
+    hands over at the token boundary the bridge chose instead of the UE's. ``request_ended``:
+    the source's request finished or ended (nothing is left to decode, so nothing to bridge)."""
+    return requested.bridge and not request_ended
 
 
 def commit_scheme(requested: SchemeSpec, *, prepared: bool, pinned: SchemeSpec | None,

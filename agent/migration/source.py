@@ -18,13 +18,13 @@ import structlog
 from pallas_proto import pallas_pb2
 
 from agent.ipc import LocalBlock
+from agent.migration.attempts import Outbound
 from agent.migration.context import Context
-from agent.migration.plan import CommitInputs, CommitPlan, plan_commit
-from agent.states import SourceState, check
+from agent.migration.plan import CommitInputs, CommitPlan, bridges, commit_scheme, plan_commit
+from agent.states import SourceState
 from agent.session import Handover, Session, SessionState
-from agent.transfer import BlockStream, PeerClient
 from agent.wire import Block
-from pallas_common.schemes import Ship
+from pallas_common.schemes import SchemeSpec, Ship
 from pallas_common.timing import CommitChoice, HandoverState, commit_choice, ctho_split
 
 log = structlog.get_logger("pallas.agent.migration")
@@ -58,58 +58,16 @@ def held_at(s: Session, target: pallas_pb2.PeerEndpoint) -> int:
     return max(0, len(s.prompt_token_ids) + s.resumed_from - 1)
 
 
-@dataclasses.dataclass(eq=False)
-class Outbound:
-    """Source-side state of one attempt (one session, one epoch)."""
+@dataclasses.dataclass(frozen=True)
+class CommitOpening:
+    """What :meth:`Source.open_commit` settled before the freeze: ``scheme`` (the scheme the
+    commit runs, :func:`agent.migration.plan.commit_scheme`), ``split`` (ctHO's split in tokens,
+    None: the scheme's own, see ``SchemeSpec.commit_split``) and ``freeze_at`` (output tokens to
+    freeze at, None: every token so far; a bridge chooses its own token boundary)."""
 
-    session: Session
-    epoch: int
-    target: pallas_pb2.PeerEndpoint
-    client: PeerClient
-    split: int
-    first_block: int
-    scheme: int
-    proactive: bool
-    stream_suffix: bool
-    state: SourceState = SourceState.PLANNED
-    stream: BlockStream | None = None
-    full: set[int] = dataclasses.field(default_factory=set)
-    tail: LocalBlock | None = None
-    error: str = ""
-    changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    t_prepared: float = 0.0
-    ready: bool = False  # a bridge saw the target hold the state (no commit-time choice left)
-    rank: int = 0        # the target's rank among the UE's candidates (0 = the most likely)
-    lease_s: float = 0.0  # the target's lease (0: none, nothing to renew)
-    renew_now: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-
-    def prepared_for(self, epoch: int, target_address: str) -> bool:
-        """Whether this attempt is the one prepared for a commit of ``epoch`` at the agent at
-        ``target_address``: proactive (a Trigger's, not a commit's own reactive attempt), still
-        live, of that epoch, at that target. The one home of this rule: the engine's choice of
-        scheme (``plan.commit_scheme``'s ``prepared``), the bridge and the commit's attempt
-        all ask it."""
-        return self.proactive and self.live and self.epoch == epoch and self.target.address == target_address
-
-    def to(self, new: SourceState) -> None:
-        """Move to ``new`` (raises :class:`agent.states.IllegalTransition`)."""
-        self.state = check(self.state, new)
-
-    @property
-    def live(self) -> bool:
-        """Prepared or streaming: usable by a commit."""
-        return self.state in (SourceState.PREPARED, SourceState.STREAMING)
-
-    def note(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-    def run_end(self, limit: int | None = None) -> int:
-        """The first block index from ``first_block`` on not yet copied out (at most ``limit``)."""
-        j = self.first_block
-        while j in self.full and (limit is None or j < limit):
-            j += 1
-        return j
+    scheme: SchemeSpec
+    split: int | None
+    freeze_at: int | None
 
 
 class Source:
@@ -398,6 +356,45 @@ class Source:
         return ready
 
     # ------------------------------------------------------------------ commit
+    async def open_commit(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
+                          requested: SchemeSpec, pinned: SchemeSpec | None,
+                          ue_tokens: int | None) -> CommitOpening:
+        """Everything a Commit at ``target`` does before the freeze: bridge first where the
+        scheme does (:func:`agent.migration.plan.bridges`), choose the scheme the commit runs
+        (:func:`agent.migration.plan.commit_scheme`; a fallback is logged ``commit_fallback``)
+        and, for ctHO, its split (:meth:`split_for_ctho`, which asks the target). ``pinned``:
+        the session's own scheme (None: unknown); ``ue_tokens``: the UE's commit point (output
+        tokens it received; None: all)."""
+        sid, freeze_at = s.session_id, ue_tokens
+        if bridges(requested, request_ended=s.state == SessionState.FINISHED or s.request_done):
+            await self.bridge(s, epoch, target, requested.value)
+            freeze_at = None  # hand over at the token boundary the bridge chose
+        use, why = commit_scheme(requested, prepared=self.prepared(s, epoch, target.address) is not None,
+                                 pinned=pinned,
+                                 in_prefill=not s.output_token_ids and not s.request_done)
+        if why:
+            log.info("commit_fallback", session=sid, epoch=epoch, requested=requested.name,
+                     scheme=use.name, reason=why)
+        split = await self.split_for_ctho(s, target) if use.commit_split == "ctho" else None
+        return CommitOpening(scheme=use, split=split, freeze_at=freeze_at)
+
+    async def commit(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
+                     opening: CommitOpening, session_scheme: int, deadline: float
+                     ) -> pallas_pb2.ControlReply:
+        """:meth:`commit_attempt` with the opening's scheme and split, never raising: an
+        internal error abandons the attempt at ``target`` (the other targets' attempts stay, as
+        on any failed commit) and is a STATUS_ERROR reply, so the caller always unfreezes."""
+        use = opening.scheme
+        try:
+            return await self.commit_attempt(s, epoch, target, opening.split, use.commit_ship,
+                                             use.value, session_scheme, deadline)
+        except Exception as exc:  # noqa: BLE001 - the frozen session must be settled
+            log.exception("commit_error", session=s.session_id, epoch=epoch)
+            out = self.ctx.outbound.at(s.session_id, target.address)
+            if out is not None:
+                await self.abandon(out, "commit error")
+            return self.ctx.reply(S.STATUS_ERROR, s, epoch, scheme=use.value, message=repr(exc))
+
     async def _choose(self, out: Outbound, n: int) -> tuple[CommitChoice | None, float]:
         """The commit-time choice (docs/model.md §8) for a prepared attempt with a warm-up;
         returns (choice or None when nothing is to choose, the target's r_p)."""

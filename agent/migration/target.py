@@ -22,15 +22,15 @@ here; anything else is ``STATUS_REJECTED`` and changes nothing.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 
 import structlog
 from pallas_proto import pallas_pb2
 
 from agent.connector.messages import Claim, Loaded
+from agent.migration.attempts import Inbound
 from agent.migration.context import Context
-from agent.states import TargetState, check
+from agent.states import TargetState
 from agent.obs import LEASE_EVENTS, LEASES_HELD, MIGRATIONS, WASTED_PREFILL_TOKENS
 from agent.session import Handover, SamplingSpec, Session, SessionState
 from agent.meter import Ewma
@@ -61,34 +61,6 @@ def computed_tokens(prompt_tokens: int, usage: dict | None) -> int:
     except (TypeError, ValueError):
         cached = 0
     return max(0, prompt_tokens - max(0, cached))
-
-
-@dataclasses.dataclass(eq=False)
-class Inbound:
-    """Target-side state of one incoming attempt (one session, one epoch)."""
-
-    session_id: str
-    epoch: int
-    source: pallas_pb2.PeerEndpoint
-    prefix_len: int
-    scheme: int
-    ue_id: str
-    reserved_bytes: int
-    rank: int = 0
-    warmup: asyncio.Task | None = None
-    computed: int = -1    # tokens the warm-up computed (-1: not finished)
-    leased: bool = False  # the lease is held (granted, not yet ended)
-    t_warmup: float = 0.0
-    blocks_in: int = 0
-    bytes_in: int = 0
-    blocks_rejected: int = 0
-    indices: set[int] = dataclasses.field(default_factory=set)
-    touched: float = dataclasses.field(default_factory=time.monotonic)
-    state: TargetState = TargetState.PREPARING
-
-    def to(self, new: TargetState) -> None:
-        """Move to ``new`` (raises :class:`agent.states.IllegalTransition`)."""
-        self.state = check(self.state, new)
 
 
 def _not_source(source: pallas_pb2.PeerEndpoint) -> str:
@@ -568,6 +540,21 @@ class Target:
                  reason=reason)
         return n
 
+    def _from_source(self, sid: str, epoch: int) -> tuple[int, str, Inbound | None]:
+        """The checks a Release and a Renew of (``sid``, ``epoch``) share, before either changes
+        anything: ``(STATUS_STALE_EPOCH, why, None)`` for an epoch older than the newest a peer
+        named for the session here (docs/model.md §5); ``(STATUS_REJECTED, why, attempt)`` when
+        an attempt of the session is held here and the caller is not its source (issue 16);
+        else ``(STATUS_OK, "", the attempt held for the session or None)``, of any epoch."""
+        newest = self.ctx.ledger.newest_in(sid)
+        if epoch < newest:
+            return S.STATUS_STALE_EPOCH, f"newest epoch is {newest}", None
+        inb = self.ctx.inbound.get(sid)
+        why = _not_source(inb.source) if inb is not None else ""
+        if why:
+            return S.STATUS_REJECTED, why, inb
+        return S.STATUS_OK, "", inb
+
     async def on_release(self, req: pallas_pb2.ReleaseRequest, *,
                          undo_resume: bool = True) -> pallas_pb2.ReleaseReply:
         """Drop everything held for (session, epoch): blocks, buffers, reservation, warm-up.
@@ -579,14 +566,9 @@ class Target:
         undo a resume (it cannot know whether the commit succeeded).
         """
         sid, epoch = req.session_id, req.epoch
-        newest = self.ctx.ledger.newest_in(sid)
-        if epoch < newest:
-            return pallas_pb2.ReleaseReply(status=S.STATUS_STALE_EPOCH,
-                                           message=f"newest epoch is {newest}")
-        inb = self.ctx.inbound.get(sid)
-        if inb is not None and _not_source(inb.source):  # before the epoch is recorded
-            return pallas_pb2.ReleaseReply(status=S.STATUS_REJECTED,
-                                           message=_not_source(inb.source))
+        status, why, inb = self._from_source(sid, epoch)   # before the epoch is recorded
+        if status != S.STATUS_OK:
+            return pallas_pb2.ReleaseReply(status=status, message=why)
         s = self.ctx.sessions.get(sid)
         if undo_resume and s is not None and s.state == SessionState.RESUMED \
                 and s.epoch == epoch and s.resumed_agent \
@@ -608,20 +590,16 @@ class Target:
 
     async def on_renew(self, req: pallas_pb2.RenewRequest) -> pallas_pb2.RenewReply:
         """The source holds the attempt and its prediction holds: the lease runs ``lease_s``
-        from now. STALE for an older epoch, UNKNOWN_SESSION when no lease of that epoch is held
-        here (it expired, was evicted or released: the source's attempt is lost), REJECTED for
-        a caller that is not the attempt's source."""
+        from now. STALE for an older epoch, REJECTED for a caller that is not the source of the
+        attempt held for the session (:meth:`_from_source`, as for a Release), UNKNOWN_SESSION
+        when no lease of that epoch is held here (it expired, was evicted or released: the
+        source's attempt is lost)."""
         sid, epoch = req.session_id, req.epoch
-        newest = self.ctx.ledger.newest_in(sid)
-        if epoch < newest:
-            return pallas_pb2.RenewReply(status=S.STATUS_STALE_EPOCH,
-                                         message=f"newest epoch is {newest}")
-        inb = self.ctx.inbound.get(sid)
+        status, why, inb = self._from_source(sid, epoch)
+        if status != S.STATUS_OK:
+            return pallas_pb2.RenewReply(status=status, message=why)
         if inb is None or inb.epoch != epoch or inb.state != TargetState.PREPARING:
             return pallas_pb2.RenewReply(status=S.STATUS_UNKNOWN_SESSION, message="no lease held")
-        why = _not_source(inb.source)
-        if why:
-            return pallas_pb2.RenewReply(status=S.STATUS_REJECTED, message=why)
         self.renew(inb)
         LEASE_EVENTS.labels("renewed").inc()
         return pallas_pb2.RenewReply(status=S.STATUS_OK, lease_s=self.ctx.cfg.lease_s)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pallas_eval.metrics import bootstrap_ci, ratio_ci
-from pallas_eval.report import _ms_ci, ratio_table
+from pallas_eval.report import fmt_ms, fmt_ms_ci, ratio_table
 
 
 def test_bootstrap_ci_covers_the_mean_and_shrinks_with_the_sample():
@@ -42,11 +42,19 @@ def test_ratio_ci_of_two_schemes():
 
 
 def test_the_tables_print_the_intervals():
-    assert _ms_ci(0.278, (0.231, 0.330)) == "278 [231-330]"
-    assert _ms_ci(0.278, (float("nan"), float("nan"))) == "278"
+    assert fmt_ms_ci(0.278, (0.231, 0.330)) == "278 [231-330]"
+    assert fmt_ms_ci(0.278, (float("nan"), float("nan"))) == "278"
+    assert fmt_ms_ci(12.5, [11.25, 14.0]) == "12,500 [11,250-14,000]"   # as summary.json has it
+    for no_interval in (None, [None, None], [0.2], "0.2-0.3", 7):
+        assert fmt_ms_ci(0.278, no_interval) == "278", no_interval
     t = ratio_table({"pallas": [0.2, 0.25, 0.22], "ctho": [0.8, 0.9, 0.7]}, "pallas")
     assert t is not None and t.row_count == 1
     assert ratio_table({"ctho": [0.8, 0.9]}, "pallas") is None
+
+
+def test_milliseconds_are_whole_and_grouped_and_a_dash_when_not_a_number():
+    assert [fmt_ms(v) for v in (0.278, 0.0004, 12.486, "0.5", 0)] == ["278", "0", "12,486", "500", "0"]
+    assert [fmt_ms(v) for v in (None, float("nan"), float("inf"), "n/a", [1])] == ["-"] * 5
 
 
 def test_first_sessions_are_spread_over_the_start_of_the_drive():

@@ -110,12 +110,16 @@ def _grpc_agent(agent: FakeAgent) -> tuple[grpc.Server, int]:
 
 def _indication(serving_cell: int, serving_pci: int, rsrp: float, nb_pci: int, nb_rsrp: float, sn: int,
                 ue: int = UE) -> bytes:
-    from pallas_tools import codec as C
-    u = C.UeId(kind="gNB", amf_ue_ngap_id=ue, guami=C.Guami(plmn="00101"))
-    r = C.RrcMeasReport(1, (C.ServingResult(0, C.CellResult(serving_pci, rsrp, -10.0, 10.0)),),
-                        (C.CellResult(nb_pci, nb_rsrp, -10.0, 5.0),))
-    h, m = C.encode_rc_message_copy(C.RcMessageCopy(C.encode_rrc_meas_report(r), u, C.Cgi("00101", serving_cell)))
-    return C.encode_ric_indication(C.RicIndication(1, 1, 3, 1, h, m, sn=sn))
+    from pallas_tools.tracegen import encode_rc_message_copy, encode_ric_indication, encode_rrc_meas_report
+    from xapp.e2.e2ap import RicIndication
+    from xapp.e2.ie import Cgi, Guami, UeId
+    from xapp.e2.rrc import CellResult, RrcMeasReport, ServingResult
+    from xapp.e2.sm_rc import RcMessageCopy
+    u = UeId(kind="gNB", amf_ue_ngap_id=ue, guami=Guami(plmn="00101"))
+    r = RrcMeasReport(1, (ServingResult(0, CellResult(serving_pci, rsrp, -10.0, 10.0)),),
+                      (CellResult(nb_pci, nb_rsrp, -10.0, 5.0),))
+    h, m = encode_rc_message_copy(RcMessageCopy(encode_rrc_meas_report(r), u, Cgi("00101", serving_cell)))
+    return encode_ric_indication(RicIndication(1, 1, 3, 1, h, m, sn=sn))
 
 
 @pytest.fixture

@@ -24,14 +24,18 @@ NODE = b"gnb_001_01_00a81b0c"
 
 
 def _indications(n_ues: int = 8) -> list[bytes]:
-    from pallas_tools import codec as C
+    from pallas_tools.tracegen import encode_rc_message_copy, encode_ric_indication, encode_rrc_meas_report
+    from xapp.e2.e2ap import RicIndication
+    from xapp.e2.ie import Cgi, Guami, UeId
+    from xapp.e2.rrc import CellResult, RrcMeasReport, ServingResult
+    from xapp.e2.sm_rc import RcMessageCopy
     out = []
     for ue in range(n_ues):
-        u = C.UeId(kind="gNB", amf_ue_ngap_id=ue + 1, guami=C.Guami(plmn="00101"))
-        r = C.RrcMeasReport(1, (C.ServingResult(0, C.CellResult(101, -90.0 - ue, -10.0, 10.0)),),
-                            (C.CellResult(202, -95.0, -11.0, 5.0),))
-        h, m = C.encode_rc_message_copy(C.RcMessageCopy(C.encode_rrc_meas_report(r), u, C.Cgi("00101", 0xA81B0C01)))
-        out.append(C.encode_ric_indication(C.RicIndication(1, 1, 3, 1, h, m, sn=ue)))
+        u = UeId(kind="gNB", amf_ue_ngap_id=ue + 1, guami=Guami(plmn="00101"))
+        r = RrcMeasReport(1, (ServingResult(0, CellResult(101, -90.0 - ue, -10.0, 10.0)),),
+                          (CellResult(202, -95.0, -11.0, 5.0),))
+        h, m = encode_rc_message_copy(RcMessageCopy(encode_rrc_meas_report(r), u, Cgi("00101", 0xA81B0C01)))
+        out.append(encode_ric_indication(RicIndication(1, 1, 3, 1, h, m, sn=ue)))
     return out
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from pallas_proto import pallas_pb2 as pb
 
-from agent.migration.plan import CommitInputs, commit_scheme, plan_commit, tail_pays
+from agent.migration.plan import CommitInputs, bridges, commit_scheme, plan_commit, tail_pays
 from pallas_common.schemes import SCHEMES, Ship
 from pallas_common.timing import CommitChoice
 
@@ -96,3 +96,23 @@ def test_reactive_schemes_run_as_asked_even_in_a_prefill_when_the_session_is_not
     assert commit_scheme(CTHO, prepared=False, pinned=CTHO, in_prefill=True) == (CTHO, "")
     assert commit_scheme(FULL, prepared=False, pinned=P, in_prefill=True) == (FULL, "")
     assert commit_scheme(CTHO, prepared=False, pinned=None, in_prefill=True) == (CTHO, "")
+
+
+def test_a_prepared_proactive_commit_keeps_its_scheme_even_while_the_prefill_runs():
+    assert commit_scheme(P, prepared=True, pinned=P, in_prefill=True) == (P, "")
+
+
+def test_a_reactive_commit_never_falls_back_for_want_of_a_prepared_attempt():
+    for requested in (CTHO, FULL, RECOMP):
+        assert commit_scheme(requested, prepared=False, pinned=requested, in_prefill=False) == (requested, "")
+
+
+BRIDGE = SCHEMES[pb.SCHEME_PALLAS_BRIDGE]
+
+
+def test_only_a_bridging_scheme_bridges_and_only_while_the_request_runs():
+    assert bridges(BRIDGE, request_ended=False)
+    assert not bridges(BRIDGE, request_ended=True)
+    for spec in SCHEMES.values():
+        if spec is not BRIDGE:
+            assert not bridges(spec, request_ended=False), spec.name

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from agent.states import SourceState
 from agent.session import SessionState
-from agent.transfer import serve_peer_transfer
+from agent.transfer import CALLER, serve_peer_transfer
 from migration.fakes import _blk, _engine, _prep, _serving
 
 BLOCK = 65536
@@ -82,6 +82,35 @@ def test_every_message_of_the_attempt_renews_it():
 
     seen = asyncio.run(run())
     assert all(b > a for a, b in zip(seen, seen[1:])), seen
+
+
+def test_release_and_renew_share_their_epoch_and_source_checks():
+    """Target._from_source: a Release and a Renew of an older epoch are STALE, from a peer that
+    is not the held attempt's source (its verified identity, CALLER) REJECTED; neither changes
+    the lease or records the epoch. The source itself is answered OK."""
+    async def run():
+        m, hub, eng = _engine(lease_s=1.0)
+        await m.target.on_prepare(_prep(epoch=2, expected=BLOCK))
+        inb = m.ctx.inbound["s"]
+        t = inb.touched
+        got = {"stale": (await m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=1)),
+                         await m.target.on_renew(_renew(epoch=1)))}
+        CALLER.set(frozenset({"mallory"}))
+        got["other peer"] = (await m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=3)),
+                             await m.target.on_renew(_renew(epoch=2)))
+        kept = (m.ctx.inbound.get("s") is inb, inb.touched == t, m.ctx.ledger.newest_in("s"))
+        CALLER.set(frozenset({"a"}))
+        got["source"] = (await m.target.on_renew(_renew(epoch=2)),
+                         await m.target.on_release(pb.ReleaseRequest(session_id="s", epoch=2)))
+        return got, kept, "s" in m.ctx.inbound
+
+    got, kept, still_held = asyncio.run(run())
+    assert [r.status for r in got["stale"]] == [pb.STATUS_STALE_EPOCH] * 2
+    assert all(r.message == "newest epoch is 2" for r in got["stale"])
+    assert [r.status for r in got["other peer"]] == [pb.STATUS_REJECTED] * 2
+    assert all("mallory" in r.message for r in got["other peer"])
+    assert kept == (True, True, 2)
+    assert [r.status for r in got["source"]] == [pb.STATUS_OK] * 2 and not still_held
 
 
 def test_renew_of_an_older_epoch_or_an_unknown_attempt_changes_nothing():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pallas_tools import codec as C
+from xapp.e2.ie import e2_node_name
 from pallas_tools import convert
 from xapp.e2 import units
 from xapp.e2.ingest import IngestConfig, decode_indication
@@ -24,7 +24,7 @@ def check_decoded(src: MeasurementReport, dec: MeasurementReport, cfg: convert.C
     """The decode of a converted report gives back the source's cell and values (at the
     resolution of the RRC/LPP encodings)."""
     assert dec.time == src.time and dec.serving_cell == src.serving_cell
-    assert dec.e2_node == C.e2_node_name(cfg.plmn, convert.gnb_of_cell(src.serving_cell, cfg))
+    assert dec.e2_node == e2_node_name(cfg.plmn, convert.gnb_of_cell(src.serving_cell, cfg))
     assert _same(dec.rsrp_dbm, units.quantise_rsrp(src.rsrp_dbm))
     assert _same(dec.rsrq_db, units.quantise_rsrq(src.rsrq_db))
     assert _same(dec.sinr_db, units.quantise_sinr(src.sinr_db))

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from prometheus_client import CollectorRegistry
 
-from pallas_tools import codec as C
+from xapp.e2.rrc import CellResult
 from xapp.e2.ingest import IngestConfig, Ingestor
 from xapp.tracks import TrackStore
 
 
 def test_rc_message_copy_becomes_a_track_report(e2):
     ing = Ingestor(TrackStore(capacity=8))
-    nbs = (C.CellResult(7, -101.0, -12.5, 3.0), C.CellResult(-1, -110.0))
+    nbs = (CellResult(7, -101.0, -12.5, 3.0), CellResult(-1, -110.0))
     b = e2.rc_indication(e2.ue(11), e2.rrc(-95.0, -11.0, 9.5, 12, nbs, 51.9, -8.4, 10.0, 45.0), cell=0xA81B0C)
     (r,) = ing.on_indication(b, "gnb_001_01_0000a81b", t=100.0)
     assert (r.ue_id, r.serving_cell, r.serving_pci, r.e2_node) == ("11", 0xA81B0C, 12, "gnb_001_01_0000a81b")
@@ -162,7 +162,7 @@ e2b = _builders()
 
 def _seed_pdus(e2=e2b):
     rng = random.Random(11)
-    full = e2.rrc(-95.0, -12.0, 8.0, pci=7, nbs=(C.CellResult(3, -101.0, -15.0, 2.0),),
+    full = e2.rrc(-95.0, -12.0, 8.0, pci=7, nbs=(CellResult(3, -101.0, -15.0, 2.0),),
                   lat=51.9, lon=-8.4, speed=12.0, heading=181.0)
     return ([e2.rc_indication(e2.ue(900), full), e2.rc_indication(e2.ue(901), e2.rrc())]
             + [e2.rc_indication(e2.ue(902 + i), e2.random_rrc(rng)) for i in range(4)]

@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from pallas_tools import codec as C
+from xapp.e2.sm_rc import rc_action_definition_message_copy, rc_event_trigger_message_copy
 from xapp.e2 import subscription as S
 
 
@@ -60,9 +60,9 @@ def test_rc_message_copy_subscription_json_is_pascal_case():
     assert set(p) == {"ClientEndpoint", "Meid", "RANFunctionID", "SubscriptionDetails", "E2SubscriptionDirectives"}
     assert p["ClientEndpoint"] == {"Host": "service-ricxapp-pallas-http.ricxapp", "HTTPPort": 8080, "RMRPort": 4560}
     d = p["SubscriptionDetails"][0]
-    assert d["XappEventInstanceId"] == 1 and bytes(d["EventTriggers"]) == C.rc_event_trigger_message_copy()
+    assert d["XappEventInstanceId"] == 1 and bytes(d["EventTriggers"]) == rc_event_trigger_message_copy()
     a = d["ActionToBeSetupList"][0]
-    assert a == {"ActionID": 1, "ActionType": "report", "ActionDefinition": list(C.rc_action_definition_message_copy())}
+    assert a == {"ActionID": 1, "ActionType": "report", "ActionDefinition": list(rc_action_definition_message_copy())}
     assert p["E2SubscriptionDirectives"] == {"E2TimeoutTimerValue": 2, "E2RetryCount": 2, "RMRRoutingNeeded": True}
     json.dumps(p)  # plain JSON
     with pytest.raises(ValueError):
