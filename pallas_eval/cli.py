@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("-o", "--out", help="write the page here (default: standard output)")
     rep.add_argument("--title", action="append", default=[],
                      help="a section's title, one per run in order (default: the folder's name)")
+    rep.add_argument("--append", action="store_true",
+                     help="add the runs' sections to the page at -o (a section of the same title is replaced), "
+                          "keeping the sections of runs whose folders are gone")
     return p
 
 
@@ -288,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_experiment(a)
     if a.cmd == "report":
         from pallas_eval.results_page import main_report
-        return main_report(a.runs, a.out, a.title)
+        return main_report(a.runs, a.out, a.title, a.append)
     return 2
 
 

@@ -88,3 +88,32 @@ def test_provenance_names_the_checkout_commit():
         pytest.skip("not a git checkout")
     assert p["commit"] == head.stdout.strip() and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", p["date_utc"])
     assert p["cpus"] >= 1
+
+
+def test_append_adds_a_section_keeps_the_others_and_replaces_by_title(tmp_path, capsys):
+    """``pallas report RUN --append -o PAGE``: the new run's section is added after the page's
+    sections (whose run folders may be gone), a section of the same title is replaced in place,
+    and a page that pallas report did not write is refused (exit 2, one line)."""
+    run = tmp_path / "run-a"
+    run.mkdir()
+    shutil.copy(FIXTURE, run / "summary.json")
+    page = tmp_path / "results.md"
+    from pallas_eval.cli import main
+    assert main(["report", str(run), "-o", str(page), "--title", "First"]) == 0
+    first = page.read_text()
+    data = json.loads(FIXTURE.read_text())
+    data["provenance"]["commit"] = "fedcba987654"
+    (run / "summary.json").write_text(json.dumps(data))
+    assert main(["report", str(run), "--append", "-o", str(page), "--title", "Second"]) == 0
+    two = page.read_text()
+    assert two.startswith(first.rstrip("\n")) and two.count("\n## ") == 2
+    assert two.index("## First") < two.index("## Second") and "`fedcba987654`" in two.split("## Second")[1]
+    assert main(["report", str(run), "--append", "-o", str(page), "--title", "First"]) == 0
+    again = page.read_text()
+    assert again.count("\n## ") == 2 and again.index("## First") < again.index("## Second")
+    assert "`0123456789ab`" not in again and again.split("## Second")[0].count("`fedcba987654`") == 1
+    hand = tmp_path / "hand.md"
+    hand.write_text("# Notes\n\nTyped by hand.\n")
+    assert main(["report", str(run), "--append", "-o", str(hand)]) == 2
+    assert "not written by pallas report" in capsys.readouterr().err
+    assert main(["report", str(run), "--append", "-o", str(tmp_path / "none.md")]) == 2
