@@ -179,10 +179,11 @@ class Run:
 
 
 def _run(sdl_ns: str, rids: list, *, kill: str | None = None, kill_at_s: float = 0.0,
-         settle_s: float = 1.5) -> Run:
+         kill_once=None, settle_s: float = 1.5) -> Run:
     """Replay the trace with one xApp replica per id in ``rids`` (leases first, then the
     replay 3 s later); ``kill``: the replica crashed (leases not released: they expire)
-    ``kill_at_s`` into the replay."""
+    ``kill_at_s`` into the replay, or later once ``kill_once(agents)`` holds (polled; at the
+    latest 0.1 s before the handovers)."""
     from xapp.cluster.ownership import assignment
     cfg = _config(sdl_ns)
     agents = StubAgents()
@@ -218,6 +219,9 @@ def _run(sdl_ns: str, rids: list, *, kill: str | None = None, kill_at_s: float =
         if kill is not None:
             victim = apps[rids.index(kill)]
             time.sleep(max(0.0, start_at + kill_at_s - time.time()))
+            latest = start_at + PERIOD_S * REPORTS - 0.1
+            while kill_once is not None and not kill_once(agents) and time.time() < latest:
+                time.sleep(0.01)
             victim.cluster.leases.stop = lambda: ()     # a crash: nothing released
             dead.add(kill)
             victim.stop()
@@ -309,7 +313,7 @@ def test_three_replicas_commit_crossing_handovers_prepared_as_one_replica_does(d
 
 def test_a_dead_records_owner_leaves_its_crossing_handovers_to_the_fallback(dbaas, sdl_ns):
     """The replica that triggered (and owns the records of) sessions whose UEs cross to another
-    replica's node crashes 0.5 s before the handovers: each arrival, forwarded to it, goes
+    replica's node crashes 0.5 s before the handovers (once it triggered them): each arrival, forwarded to it, goes
     unanswered, and the new node's owner commits by the fallback (not prepared) under a new
     generation within the lease time of the arrival; no epoch ordered by two replicas."""
     rids = ["xapp-a", "xapp-b"]
@@ -318,7 +322,13 @@ def test_a_dead_records_owner_leaves_its_crossing_handovers_to_the_fallback(dbaa
     out = {r: [u for u in _crossing(want) if want[NODES[u]] == r] for r in rids}
     kill = max(rids, key=lambda r: len(out[r]))
     assert out[kill], want
-    run = _run(sdl_ns, rids, kill=kill, kill_at_s=PERIOD_S * REPORTS - 0.5, settle_s=4.0)
+    mine = {f"sess-{u}" for u in out[kill]}
+
+    def triggered_all(agents):             # the victim prepared its crossing sessions
+        with agents.mu:
+            return mine <= {o.session for o in agents.orders if o.rpc == "Trigger"}
+    run = _run(sdl_ns, rids, kill=kill, kill_at_s=PERIOD_S * REPORTS - 0.5,
+               kill_once=triggered_all, settle_s=4.0)
     agents = run.agents
     survivor = next(app for app, r in zip(run.apps, rids) if r != kill)
     lease_s = survivor.cluster.leases.lease_s
