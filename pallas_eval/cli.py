@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one descriptor control for the xApp, VALUE as JSON (e.g. scheduler.targets_k=2); "
                         "applied after the profiles; repeatable")
     r.add_argument("--xapp-python", default="", help="the xApp environment's python (default .venv/xapp)")
+    r.add_argument("--xapp-replicas", type=_at_least_one, default=1, metavar="N",
+                   help="run N xApp replicas (test mode, controls.cluster enabled, --replica-id xapp-0..N-1) "
+                        "sharing the E2 nodes through a private redis-server (docs/scale-out.md; needs "
+                        "redis-server); default 1: one xApp")
     _add_experiment_parser(sub)
     rep = sub.add_parser("report", help="render replay runs' summary.json as a Markdown results page")
     rep.add_argument("runs", nargs="+", help="pallas replay output folders (each holds summary.json)")
@@ -200,6 +204,17 @@ def print_live(con, r) -> None:
             con.print(f"  {k}: {v}", markup=False)
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: an integer >= 1 (else argparse's one-line error, exit 2)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: at least 1")
+    return n
+
+
 def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
     """ReplayOptions from ``pallas replay``'s arguments."""
     schemes = tuple(s.strip() for s in a.schemes.split(",") if s.strip()) + (ABLATIONS if a.ablations else ())
@@ -213,7 +228,8 @@ def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
                             engine_multiprocessing=a.engine_multiprocessing, verify=not a.no_verify,
                             simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python, lead_s=a.lead_s,
                             tls=not a.insecure, first_session_spread_s=a.first_session_spread_s,
-                            seeds=_seeds(a.seeds), xapp_controls=xapp_overlay(a.xapp_profile, a.xapp_set))
+                            seeds=_seeds(a.seeds), xapp_controls=xapp_overlay(a.xapp_profile, a.xapp_set),
+                            xapp_replicas=a.xapp_replicas)
 
 
 def xapp_overlay(profiles: Sequence[str], settings: Sequence[str]) -> dict:

@@ -96,6 +96,9 @@ class ReplayOptions:
     # or pallas replay --xapp-profile / --xapp-set).
     xapp_args: tuple[str, ...] = ()
     xapp_controls: dict = field(default_factory=dict)
+    #: xApp replicas (issue 46, pallas_eval.replicas): 1 = one xApp as ever; N > 1 = N test-mode
+    #: processes with controls.cluster enabled on a private redis-server
+    xapp_replicas: int = 1
     # ... and extra options of the generated drive (python -m pallas_eval.prepare --generate ...,
     # e.g. ("--isd-m", "100") or ("--convoy",)).
     generate_args: tuple[str, ...] = ()
@@ -383,6 +386,19 @@ def xapp_descriptor(plan: dict, mapping: dict[int, int], servers: Sequence[Serve
     return desc
 
 
+def scheme_overlay(opts: ReplayOptions, scheme: str) -> dict:
+    """The controls merged into ``scheme``'s xApp descriptor: ``opts.xapp_controls``, and with
+    several xApp replicas the cluster and SDL namespace of pallas_eval.replicas under them (so
+    ``--xapp-set cluster.lease_s=...`` still wins). Raises ValueError for fewer than 1 replica."""
+    n = int(opts.xapp_replicas)
+    if n < 1:
+        raise ValueError(f"xapp_replicas {n}: at least 1")
+    if n == 1:
+        return opts.xapp_controls
+    from pallas_eval.replicas import replica_controls
+    return merge_controls(replica_controls(scheme), opts.xapp_controls or {})
+
+
 def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[int, int], servers: Sequence[Server],
                scheme: str, sampler: LengthSampler, vocab_size: int, progress: Any = None,
                cpu: Any = None, origin_of: Any = None) -> SchemeRun:
@@ -397,7 +413,8 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     d = opts.out_dir / scheme
     d.mkdir(parents=True, exist_ok=True)
     cfg = d / "xapp-config.json"
-    desc = xapp_descriptor(plan, mapping, servers, scheme, opts.xapp_controls)
+    n_xapps = int(opts.xapp_replicas)
+    desc = xapp_descriptor(plan, mapping, servers, scheme, scheme_overlay(opts, scheme))
     cfg.write_text(json.dumps(desc, indent=1))
     events = d / "xapp-events.jsonl"
     if events.exists():
@@ -408,9 +425,10 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     cmd = [xapp_python(opts), "-m", "xapp.main", "--mode", "test", "--config", str(cfg), "--trace", plan["trace"],
            "--start-at", f"{start_at:.6f}", "--events", str(events), "--nrt", str(opts.out_dir / "input" / "nrt.json"),
            "--linger-s", "5"] + (["--tls"] if opts.tls else ["--insecure"]) + list(opts.xapp_args)
-    child = sup.start(f"xapp-{scheme}", cmd, env=_env_with_repo(), cwd=REPO)
+    xapps = _start_xapps(sup, scheme, cmd, events, n_xapps)
     if cpu is not None:
-        cpu.add("xapp", child.popen.pid)
+        for name, child, _ in xapps:
+            cpu.add(name, child.popen.pid)
     by_agent = {s.index: s.agent.front_url for s in servers}
 
     def front_of_cell(cell: int) -> str:
@@ -445,25 +463,52 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     if cpu is not None:
         from pallas_eval.cpu import cpu_share as share
         cpu_share = share(snap0, cpu.snapshot())
-        cpu.roots.pop("xapp", None)
+        for name, _, _ in xapps:
+            cpu.roots.pop(name, None)
     if progress:
         progress.update(task, completed=total)
     # The xApp ends by itself after the trace (+ linger) once its policy calls are answered
     # (a Full-Copy commit can take long); stop it if it has not within a minute.
     deadline = time.time() + 60
-    while child.alive() and time.time() < deadline:
+    while any(c.alive() for _, c, _ in xapps if c is not None) and time.time() < deadline:
         time.sleep(0.2)
-    sup.stop(child)
-    evs = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
+    for _, child, _ in reversed(xapps):       # the replicas, then their redis-server
+        sup.stop(child)
     sessions = [s for o in outcomes for s in o.sessions]
     specs = {k: v for o in outcomes for k, v in o.specs.items()}
     errors = [e for o in outcomes for e in o.errors]
-    if not evs:
-        errors.append(XAPP_SILENT + tail_hint(child))
+    if n_xapps == 1:
+        evs = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
+        if not evs:
+            errors.append(XAPP_SILENT + tail_hint(xapps[0][1]))
+    else:
+        from pallas_eval.replicas import merge_events
+        evs = merge_events([(name, path) for name, _, path in xapps if path is not None])
+        said = {e["replica"] for e in evs}
+        errors += [f"{XAPP_SILENT} ({name})" + tail_hint(child)
+                   for name, child, path in xapps if path is not None and name not in said]
     for e in evs:
         if e.get("kind") == "late_start":
             errors.append(f"the xApp started {e.get('late_s', 0):.2f} s after the replay's start (raise start_delay_s)")
     return SchemeRun(scheme, start_at, sessions, specs, evs, errors, offset, cpu_share)
+
+
+def _start_xapps(sup: Supervisor, scheme: str, cmd: list[str], events: Path,
+                 n: int) -> list[tuple[str, Any, Path | None]]:
+    """Start the scheme's xApp: one process (``n`` = 1), or ``n`` replicas on a private
+    redis-server (pallas_eval.replicas). Returns ``[(name, Child, events file)]``: the
+    redis-server first (no events file), then the xApp processes."""
+    if n == 1:
+        return [("xapp", sup.start(f"xapp-{scheme}", cmd, env=_env_with_repo(), cwd=REPO), events)]
+    from pallas_eval.replicas import replica_commands, start_dbaas
+    dbaas, port = start_dbaas(sup, f"dbaas-{scheme}")
+    env = dict(_env_with_repo(), DBAAS_SERVICE_HOST="127.0.0.1", DBAAS_SERVICE_PORT=str(port))
+    out: list[tuple[str, Any, Path | None]] = [("dbaas", dbaas, None)]
+    for rid, argv, path in replica_commands(cmd, n):
+        if path.exists():
+            path.unlink()
+        out.append((rid, sup.start(f"{rid}-{scheme}", argv, env=env, cwd=REPO), path))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
     from pallas_common.tls import LinkSecurity
     from pallas_proto import pallas_pb2 as pb
+    from xapp.cluster.arrivals import ArrivalRelay
     from xapp.cluster.replica import ClusterReplica
     from xapp.cluster.sessions import SessionGuard
     from xapp.e2.ingest import IngestConfig
@@ -147,6 +148,7 @@ class PallasXapp:
         if cluster is not None:
             cluster.attach(lambda: self.config, subscriptions)
             self.control.arrivals = True     # a handover may start at another replica's node
+        self.relay = self._arrival_relay(cluster)
         self.handlers[RIC_INDICATION] = IndicationHandler(self.control, None if cluster is None else cluster.admit)
         if a1 is not None:
             self.handlers[A1_POLICY_REQ] = A1Handler(a1, transport, self.reconfigure)
@@ -167,6 +169,17 @@ class PallasXapp:
         from xapp.cluster.sessions import SessionGuard
         return SessionGuard(cluster.leases, self.store, self.engine, self._ue_view,
                             lambda: self.config, self._lock)
+
+    def _arrival_relay(self, cluster: ClusterReplica | None) -> ArrivalRelay | None:
+        """A replica's relay of handovers that cross replicas (docs/scale-out.md §3 rule 6),
+        wired into the control loop and the guard; None without session records."""
+        if self.guard is None or cluster is None:
+            return None
+        from xapp.cluster.arrivals import ArrivalRelay
+        relay = ArrivalRelay(cluster.leases, check_s=cluster.heartbeat_s)
+        relay.attach(self.control.on_forwarded, self.control.on_unanswered)
+        self.control.relay = self.guard.relay = cluster.relay = relay
+        return relay
 
     def _ue_view(self, ue_id: str) -> tuple[int, float] | None:
         """(serving cell, trace time of the latest report) of a UE this xApp tracks, or None."""
@@ -418,6 +431,8 @@ class PallasXapp:
             self.cluster.start()
         elif self.subscriptions is not None:
             self.subscriptions.sync(self.config)
+        if self.relay is not None:            # arrivals forwarded to this replica
+            self.relay.start()
         if self.subscriptions is not None:
             self.subscriptions.start()
         self.start_telemetry()
@@ -431,6 +446,8 @@ class PallasXapp:
         """Delete the E2 subscriptions (live), stop the transport, the cycle and telemetry;
         finish queued policy calls."""
         self._stop.set()
+        if self.relay is not None:
+            self.relay.stop()
         if self.cluster is not None:          # leases given up; no heartbeat subscribes again
             self.cluster.stop()
         if self.subscriptions is not None:

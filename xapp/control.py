@@ -92,6 +92,9 @@ class ControlLoop:
         #: a replica of a scale-out (docs/scale-out.md §3): the first report of a UE whose
         #: session another cell's agent serves is a handover seen from its new cell's E2 node
         self.arrivals = False
+        #: the replica's :class:`xapp.cluster.arrivals.ArrivalRelay`: an arrival whose session
+        #: records another live replica owns is forwarded to it, not committed here (§3 rule 6)
+        self.relay = None
 
     @property
     def config(self) -> XappConfig:
@@ -126,6 +129,14 @@ class ControlLoop:
                     return
         if ue is None:
             self.events.write("arrival", ue=r.ue_id, trace_t=r.time, to_cell=r.serving_cell)
+            if self.relay is not None:
+                with self._lock:
+                    sids = [sm.session_id for sm in self.engine.sessions_of(r.ue_id)]
+                owner = self.relay.forward(r.ue_id, sids, r.serving_cell, r.time)
+                if owner is not None:
+                    self.events.write("arrival_forwarded", ue=r.ue_id, trace_t=r.time,
+                                      to_cell=r.serving_cell, owner=owner, sessions=sids)
+                    return
             self.on_handover(r.ue_id, -1, r.serving_cell, r.time)
             return
         with self._lock:
@@ -135,13 +146,54 @@ class ControlLoop:
                 ue.snssai = snssai
             if r.serving_cell < 0 or r.serving_cell == ue.serving_cell:
                 return
-            old, ue.serving_cell, ue.since = ue.serving_cell, r.serving_cell, r.time
-            predicted, ue.predicted_t_ho = ue.predicted_t_ho, float("nan")
-            error = self.engine.observe_ho_timing(predicted, r.time)
+            old, predicted, error = self._moved(ue, r.serving_cell, r.time)
         self.events.write("handover", ue=r.ue_id, trace_t=r.time, from_cell=old, to_cell=r.serving_cell,
                           predicted_t_ho=None if error is None else predicted, timing_error_s=error,
                           margin_s=self.engine.ho_timing.margin_s)
         self.on_handover(r.ue_id, old, r.serving_cell, r.time)
+
+    def _moved(self, ue: UEState, cell: int, t: float) -> tuple[int, float, float | None]:
+        """``ue`` is served by ``cell`` from trace time ``t`` (under the engine lock): returns
+        (the cell it left, the handover time last predicted (NaN: none), the prediction's
+        timing error fed to the engine's margin (None: none))."""
+        old, ue.serving_cell, ue.since = ue.serving_cell, cell, t
+        predicted, ue.predicted_t_ho = ue.predicted_t_ho, float("nan")
+        return old, predicted, self.engine.observe_ho_timing(predicted, t)
+
+    def on_forwarded(self, ue_id: str, cell: int, t: float, sender: str) -> bool:
+        """A UE's arrival at ``cell`` (report time ``t``, trace clock), forwarded by ``sender``,
+        the owner of that cell's E2 node, because this replica owns the UE's session records
+        (docs/scale-out.md §3 rule 6): the handover as if this replica had seen it (its
+        prediction's timing error observed, then each session committed, prepared or by the
+        fallback, under this replica's epochs). The UE's view here moves to ``cell`` at ``t``,
+        so the records are written from that report. Ignored (False) when this replica heard
+        the UE after ``t`` (it came back: the forward is stale) or already sees it on ``cell``."""
+        with self._lock:
+            ue = self.ues.get(ue_id)
+            if ue is not None and (ue.last_heard > t or ue.serving_cell == cell):
+                stale = True
+            else:
+                stale = False
+                if ue is None:
+                    ue = self.ues[ue_id] = UEState(ue_id, -1, t, last_heard=t)
+                    self._bound()
+                ue.last_heard = t
+                old, predicted, error = self._moved(ue, cell, t)
+        if stale:
+            self.events.write("arrival_stale", ue=ue_id, trace_t=t, to_cell=cell, sender=sender)
+            return False
+        self.events.write("handover", ue=ue_id, trace_t=t, from_cell=old, to_cell=cell,
+                          predicted_t_ho=None if error is None else predicted, timing_error_s=error,
+                          margin_s=self.engine.ho_timing.margin_s, forwarded_by=sender)
+        self.on_handover(ue_id, old, cell, t)
+        return True
+
+    def on_unanswered(self, ue_id: str, cell: int, t: float) -> None:
+        """An arrival this replica forwarded and that the records' owner did not decide in
+        time (it died, or its lease went): decided here, the take-over of docs/scale-out.md §3
+        (a fallback commit under a new generation)."""
+        self.events.write("arrival_unanswered", ue=ue_id, trace_t=t, to_cell=cell)
+        self.on_handover(ue_id, -1, cell, t)
 
     def _arrived(self, ue_id: str, cell: int) -> bool:
         """Whether a UE first heard on ``cell`` has arrived there by a handover this xApp did

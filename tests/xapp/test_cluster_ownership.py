@@ -9,8 +9,9 @@ import collections
 import pytest
 from hypothesis import given, strategies as st
 
-from xapp.cluster.ownership import (Membership, SessionRecord, WriteRefused, Writer, assignment,
-                                    desired_nodes, plan_leases, rendezvous_owner, write_session)
+from xapp.cluster.ownership import (Membership, SessionRecord, WriteRefused, Writer,
+                                    arrival_owner, assignment, desired_nodes, plan_leases,
+                                    rendezvous_owner, write_session)
 
 NODES = [f"gnb-{i:03d}" for i in range(120)]
 
@@ -210,3 +211,20 @@ def test_a_write_may_not_lower_the_epoch():
         write_session(r, "s1", Writer("b", "gnb-2", 0), epoch=9, data={})
     with pytest.raises(ValueError, match="malformed session record"):
         SessionRecord.from_dict({"owner": "a"})
+
+
+def test_an_arrival_goes_to_the_live_owner_of_the_ues_records():
+    def rec(sid, owner, node):
+        return SessionRecord(sid, owner, node, 1)
+    holders = {"gnb-a": "r0", "gnb-b": "r1", "gnb-c": None, "gnb-d": "r3"}
+    assert arrival_owner("r1", [], holders) is None                         # no session
+    assert arrival_owner("r1", [None], holders) is None                     # no record yet
+    assert arrival_owner("r1", [rec("s", "r1", "gnb-b")], holders) is None  # its own record
+    assert arrival_owner("r1", [rec("s", "r0", "gnb-a")], holders) == "r0"  # r0 holds gnb-a
+    # the owner's lease expired (no holder) or the node was claimed by another: decided here
+    assert arrival_owner("r1", [rec("s", "r2", "gnb-c")], holders) is None
+    assert arrival_owner("r1", [rec("s", "r2", "gnb-d")], holders) is None
+    # several owners: the one with the most records, then the smallest id
+    two = [rec("s1", "r3", "gnb-d"), rec("s2", "r0", "gnb-a"), rec("s3", "r3", "gnb-d")]
+    assert arrival_owner("r1", two, holders) == "r3"
+    assert arrival_owner("r1", two[:2], holders) == "r0"

@@ -3,7 +3,11 @@
 The hand-over rule over its inputs (no Redis); the dispatcher sending nothing whose record was
 refused; then :class:`SessionGuard` on the private redis-server with two replicas, one per E2
 node: a UE's session moves from the first replica's node to the second's, the second takes
-the record over under a new epoch generation, and the first's later orders are refused.
+the record over under a new epoch generation, and the first's later orders are refused; a
+handover forwarded over SDL pub/sub to the record's owner, which commits it prepared under the
+Trigger's epoch while the new node's owner holds its own orders, then takes the record over
+with its next order; a forward left unanswered (the owner's lease gone, or the wait over)
+decided by the new node's owner (docs/scale-out.md §3 rule 6).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import copy
 import json
 import threading
 from pathlib import Path
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -181,6 +186,104 @@ def test_the_new_nodes_owner_takes_the_record_over_under_a_new_generation(dbaas,
         assert why == "" and sent0.epoch > sent.epoch
         assert split_epoch(sent0.epoch)[0] > g1.store.generation
     finally:
+        for g in (g0, g1):
+            g.leases.stop()
+            g.leases.sdl.close()
+
+
+def _relay(guard, check_s=0.05, timeout_s=None):
+    from xapp.cluster.arrivals import ArrivalRelay
+    relay = ArrivalRelay(guard.leases, check_s=check_s, timeout_s=timeout_s)
+    got, late = [], []
+    relay.attach(lambda *a: got.append(a), lambda *a: late.append(a))
+    guard.relay = relay
+    return relay, got, late
+
+
+def _within(cond, timeout_s=2.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_crossing_handover_is_committed_prepared_by_the_records_owner(dbaas, sdl_ns):
+    (g0, view0, sm0), (g1, view1, sm1) = (_replica("x0", NODE_A, sdl_ns, 1),
+                                          _replica("x1", NODE_B, sdl_ns, 2))
+    (r0, got0, _), (r1, _, late1) = _relay(g0), _relay(g1)
+    r0.start()
+    r1.start()
+    try:
+        view0["ue-1"] = (CELL_A, 10.0)
+        trig = TriggerAction("s1", 1, "edge-a", "edge-b", 1012.0, 2.0, 256)
+        assert g0.check(trig) == (trig, "")                       # x0 prepared edge-b
+        # x1 sees the UE's first report at B (t 12.0): x0 holds A's lease, so it is forwarded
+        assert r1.forward("ue-1", ["s1"], CELL_B, 12.0) == "x0"
+        assert _within(lambda: got0 == [("ue-1", CELL_B, 12.0, "x1")]), got0
+        assert len(r0.latencies) == 1 and 0 <= r0.latencies[0] < 1.0
+        # meanwhile x1's own orders for the session are held (not sent)
+        view1["ue-1"] = (CELL_B, 12.0)
+        fallback = CommitAction("s1", 2, "edge-a", "edge-b", None, pb.SCHEME_CTHO, 1012.0)
+        assert g1.check(fallback) == (None, "forwarded")
+        # x0 decides from the forwarded report: the prepared Commit under the Trigger's epoch,
+        # its record written for A (the node it holds), seen at the arrival's time
+        view0["ue-1"] = (CELL_B, 12.0)
+        commit = CommitAction("s1", 1, "edge-a", "edge-b", "edge-b", pb.SCHEME_PALLAS, 1012.0)
+        assert g0.check(commit) == (commit, "")
+        rec = g0.leases.read_session("s1")
+        assert (rec.owner, rec.node, rec.epoch, rec.seen, rec.data["phase"]) == \
+            ("x0", NODE_A, 1, 12.0, "committing")
+        # x1 sees the arrival decided; its next order takes the record over, above epoch 1
+        assert _within(lambda: r1.holds("s1") is None)
+        assert late1 == [] and r1.counts["unanswered"] == 0
+        view1["ue-1"] = (CELL_B, 13.0)
+        nxt = TriggerAction("s1", 2, "edge-b", "edge-a", 1014.0, 2.0, 256)
+        sent, why = g1.check(nxt)
+        assert why == "" and sent.epoch > 1
+        rec = g1.leases.read_session("s1")
+        assert (rec.owner, rec.node, rec.seen) == ("x1", NODE_B, 13.0)
+        assert g1.leases.counters.records_handed_over == 1
+        # x0 lost the UE: its later orders are refused (its view is B, which it does not hold,
+        # and the record is no longer its own)
+        assert g0.check(CancelAction("s1", 1, "edge-a", "edge-b", "silent")) == (None, "not_owner")
+    finally:
+        for r, g in ((r0, g0), (r1, g1)):
+            r.stop()
+            g.leases.stop()
+            g.leases.sdl.close()
+
+
+@pytest.mark.parametrize("how", ["lease_gone", "timeout"])
+def test_an_unanswered_forward_is_decided_by_the_new_nodes_owner(dbaas, sdl_ns, how):
+    (g0, view0, _), (g1, view1, _) = (_replica("x0", NODE_A, sdl_ns, 1),
+                                      _replica("x1", NODE_B, sdl_ns, 2))
+    r1, _, late1 = _relay(g1, timeout_s=30.0 if how == "lease_gone" else 0.3)
+    r1.start()                           # x0 has no relay: it never answers
+    try:
+        view0["ue-1"] = (CELL_A, 10.0)
+        assert g0.check(TriggerAction("s1", 1, "edge-a", "edge-b", 1012.0, 2.0, 256))[1] == ""
+        t0 = time.monotonic()
+        assert r1.forward("ue-1", ["s1"], CELL_B, 12.0) == "x0"
+        if how == "lease_gone":
+            g0.leases.stop()             # x0's lease on A is gone: no need to wait for the time
+        assert _within(lambda: late1 == [("ue-1", CELL_B, 12.0)], 5.0), late1
+        took = time.monotonic() - t0
+        assert took < (1.0 if how == "lease_gone" else 1.5), took
+        if how == "timeout":
+            assert took >= 0.3
+        assert r1.counts["unanswered"] == 1 and r1.holds("s1") is None
+        # decided here: the take-over, a fallback under a new generation
+        view1["ue-1"] = (CELL_B, 12.0)
+        sent, why = g1.check(CommitAction("s1", 2, "edge-a", "edge-b", None, pb.SCHEME_CTHO,
+                                          1012.0))
+        assert why == "" and split_epoch(sent.epoch)[0] == g1.store.generation > 0
+        # with no live owner at all an arrival is not forwarded
+        if how == "lease_gone":
+            assert r1.forward("ue-2", ["s1"], CELL_B, 13.0) is None
+    finally:
+        r1.stop()
         for g in (g0, g1):
             g.leases.stop()
             g.leases.sdl.close()

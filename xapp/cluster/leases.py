@@ -256,22 +256,30 @@ class NodeLeases:
         return {k[len("replica/"):] for k in keys} | {self.me}
 
     def _owners(self) -> dict[str, str | None]:
-        names = {f"lease/{n}" for n in self.nodes} | {f"fence/{n}" for n in self.nodes}
-        got = self.sdl.get(self.ns, names) if self.nodes else {}
         with self._mu:
             mine = set(self._held)
         owners: dict[str, str | None] = {n: self.me for n in mine}
-        for n in self.nodes:
-            if n in mine:
-                continue
-            if f"lease/{n}" not in got:
-                owners[n] = None
-                continue
-            fence = _json(got.get(f"fence/{n}"))
-            holder = (fence or {}).get("replica")
+        others = self.holders(n for n in self.nodes if n not in mine)
+        for n, holder in others.items():
             # held by someone; a holder named as this replica is a lease it no longer has
-            owners[n] = holder if holder and holder != self.me else "?"
+            owners[n] = "?" if holder == self.me else holder
         return owners
+
+    def holders(self, nodes: Iterable[str]) -> dict[str, str | None]:
+        """E2 node -> the replica whose lease on it is held now in SDL (the ``fence/<node>``
+        holder while ``lease/<node>`` exists; ``"?"`` when the fence names none), None when no
+        lease on it is held (never claimed, released, or expired). One SDL read."""
+        nodes = sorted(set(nodes))
+        names = {f"lease/{n}" for n in nodes} | {f"fence/{n}" for n in nodes}
+        got = self.sdl.get(self.ns, names) if nodes else {}
+        out: dict[str, str | None] = {}
+        for n in nodes:
+            if f"lease/{n}" not in got:
+                out[n] = None
+                continue
+            holder = (_json(got.get(f"fence/{n}")) or {}).get("replica")
+            out[n] = str(holder) if holder else "?"
+        return out
 
     def _claim(self, node: str) -> bool:
         from ricsdl.exceptions import SdlException

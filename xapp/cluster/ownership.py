@@ -24,6 +24,8 @@ applies them to leases in SDL; docs/scale-out.md gives the design.
   writer's lease expired and another replica claimed the node since) or when it would lower
   the session's migration epoch. Fencing tokens count the claims of one E2 node's lease (1, 2,
   ...); they are compared per node only.
+- **Arrivals** (:func:`arrival_owner`): a UE first heard at a node of this replica whose session
+  records another live replica owns is that replica's handover to decide; this one forwards it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 
 __all__ = [
     "weight", "rendezvous_owner", "assignment", "desired_nodes", "Membership", "LeasePlan",
-    "plan_leases", "SessionRecord", "Writer", "WriteRefused", "write_session",
+    "plan_leases", "SessionRecord", "Writer", "WriteRefused", "write_session", "arrival_owner",
 ]
 
 
@@ -253,3 +255,29 @@ def write_session(current: SessionRecord | None, session_id: str, writer: Writer
                   epoch=int(epoch), version=current.version + 1, fences=fences, data=dict(data),
                   seen=seen)
     return new, current.owner != writer.replica
+
+
+def arrival_owner(me: str, records: Iterable[SessionRecord | None],
+                  holders: Mapping[str, str | None]) -> str | None:
+    """The replica to which ``me`` forwards a UE's arrival at one of its E2 nodes (a handover
+    from another replica's node, docs/scale-out.md §3), or None when ``me`` decides it itself.
+
+    Args:
+        me: the replica that saw the UE arrive (the new node's owner).
+        records: the records of the UE's sessions (None: a session with no record yet).
+        holders: E2 node -> the replica whose lease on it is held now (None: no lease held),
+            for the node of every record.
+
+    A record counts for its owner when the owner is another replica and still holds the lease
+    of the node it wrote the record for (it is alive and may still write: its prepared attempt
+    commits under its own epoch). Returns the owner of the most such records (ties: the
+    smallest id); None when there is none (no record, records of ``me``, or owners whose lease
+    expired or was claimed by another: ``me`` takes the sessions over, by the fallback).
+    """
+    count: dict[str, int] = {}
+    for rec in records:
+        if rec is not None and rec.owner != me and holders.get(rec.node) == rec.owner:
+            count[rec.owner] = count.get(rec.owner, 0) + 1
+    if not count:
+        return None
+    return min(count, key=lambda r: (-count[r], r))

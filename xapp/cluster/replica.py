@@ -87,6 +87,8 @@ class ClusterReplica:
         self.heartbeats = 0
         self.heartbeat_failures = 0
         self.resyncs = 0                        # subscriptions.sync calls for a new owned set
+        #: the replica's ``xapp.cluster.arrivals.ArrivalRelay`` (set by the xApp), for metrics
+        self.relay: Any = None
         self._config: Callable[[], XappConfig] | None = None
         self._subscriptions: SubscriptionPort | None = None
         self._synced: frozenset[str] | None = None   # the owned set the subscriptions follow
@@ -237,7 +239,8 @@ class ClusterReplica:
         ``pallas_xapp_cluster_session_writes_refused_total{reason}``,
         ``pallas_xapp_cluster_indications_not_owned_total{e2_node}``,
         ``pallas_xapp_cluster_heartbeat_failures_total``,
-        ``pallas_xapp_cluster_subscription_resyncs_total``."""
+        ``pallas_xapp_cluster_subscription_resyncs_total``,
+        ``pallas_xapp_cluster_arrivals_total{way}`` (with a relay)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
         c = self.leases.counters
         yield GaugeMetricFamily("pallas_xapp_cluster_nodes_owned",
@@ -264,6 +267,15 @@ class ClusterReplica:
         for node, v in sorted(dict(self.dropped).items()):
             dropped.add_metric([node], v)
         yield dropped
+        if self.relay is not None:
+            arrivals = CounterMetricFamily("pallas_xapp_cluster_arrivals",
+                                           "UE arrivals by what became of them: forwarded to "
+                                           "the records' owner, received from another replica, "
+                                           "unanswered or failed (decided here after the wait or "
+                                           "at once), owner_gone (no live owner)", labels=["way"])
+            for way, v in sorted(dict(self.relay.counts).items()):
+                arrivals.add_metric([way], v)
+            yield arrivals
         yield CounterMetricFamily("pallas_xapp_cluster_heartbeat_failures",
                                   "heartbeats that SDL did not answer", value=self.heartbeat_failures)
         yield CounterMetricFamily("pallas_xapp_cluster_subscription_resyncs",

@@ -21,16 +21,25 @@ is not sent. The rules, in order:
    the store, and the session's state machine moves to it (as the engine itself moves it from
    an agent's report), so the attempt's later Commit or Cancel carries it too. So no epoch is
    ever used by two replicas.
-4. **Continuing.** The new owner does not continue the old owner's prepared attempt under that
-   attempt's epoch (that would be one epoch ordered by two replicas): its engine decides from
-   what it sees (at a handover: a fallback commit), under an epoch of its own generation, which
-   is above the old attempt's; the agents' epoch rule supersedes the old attempt at both agents
-   (docs/model.md §5). The old owner's later orders for the session (the Cancel of its attempt
-   when the UE's track goes silent, a Commit) are refused (``moved`` or ``stale_epoch``) and not
-   sent; its engine is told they failed, so its state machine leaves the attempt.
+4. **Continuing.** A replica that takes a record over does not continue the old owner's prepared
+   attempt under that attempt's epoch (that would be one epoch ordered by two replicas): its
+   engine decides from what it sees (at a handover: a fallback commit), under an epoch of its
+   own generation, which is above the old attempt's; the agents' epoch rule supersedes the old
+   attempt at both agents (docs/model.md §5). The old owner's later orders for the session are
+   refused (``moved``, ``not_owner`` or ``stale_epoch``) and not sent; its engine is told they
+   failed, so its state machine leaves the attempt. A take-over at a handover happens only when
+   the record's owner is gone (rule 6).
 5. **Refusals** are counted by reason (``NodeLeases.counters.writes_refused``, the metric
    ``pallas_xapp_cluster_session_writes_refused_total{reason}``), logged, and written to the
    event log as ``order_refused``.
+6. **Handovers that cross replicas** (:mod:`xapp.cluster.arrivals`): the new node's owner
+   forwards the UE's arrival to the record's owner while that owner holds the lease of the
+   record's node, and holds its own orders for the session (``forwarded``) until the record
+   shows the arrival decided (``seen`` at or after the arrival) or the relay gives up waiting.
+   The owner decides from the forwarded report (a prepared Commit under the Trigger's epoch)
+   and, for a view that is such an arrival, writes the record for the node it holds (rule 1's
+   exception: the UE's new node is not its own). The next order of the new node's owner, from a
+   view at least as recent, takes the record over (rules 2-4).
 """
 
 from __future__ import annotations
@@ -77,10 +86,15 @@ class SessionGuard:
         self.leases, self.store, self.engine = leases, store, engine
         self.ue_view, self.config_of, self._lock = ue_view, config_of, lock
         self.renumbered = 0        # orders given a fresh epoch on a take-over
+        #: the replica's :class:`~xapp.cluster.arrivals.ArrivalRelay` (rule 6), or None
+        self.relay: Any = None
 
-    def writer_node(self, action: Any) -> tuple[str | None, float | None, str]:
+    def writer_node(self, action: Any, rec: Any = None) -> tuple[str | None, float | None, str]:
         """(the writer's E2 node, the time of the UE's latest report or None, the UE id) for
-        ``action`` (rule 1)."""
+        ``action`` (rule 1); ``rec``: the session's record as read (None: none). The serving
+        node as this replica sees it, except for a view that is an arrival another replica
+        forwarded to this one (rule 6): then the node of the record this replica owns, if it
+        holds that node's lease (the node it decided the session from)."""
         cfg = self.config_of()
         try:
             ue = self.engine.session(action.session_id).ue_id
@@ -90,7 +104,12 @@ class SessionGuard:
         if view is not None:
             ep = cfg.agent_for_cell(view[0])
             if ep is not None and ep.e2_node_id:
-                return ep.e2_node_id, view[1], ue
+                node = ep.e2_node_id
+                if (rec is not None and rec.owner == self.leases.me and rec.node != node
+                        and self.relay is not None and self.relay.decides_from(ue, view[1])
+                        and self.leases.owns(rec.node)):
+                    node = rec.node
+                return node, view[1], ue
         src = cfg.agents.get(action.source)
         return (src.e2_node_id if src is not None else None), None, ue
 
@@ -98,11 +117,18 @@ class SessionGuard:
         """``(the order to send, "")``, possibly with a fresh epoch (rule 3), or ``(None,
         reason)`` when the record's write was refused (nothing is sent). SDL failures refuse
         too (reason ``sdl``): an order never leaves without its record."""
-        node, seen, ue = self.writer_node(action)
-        if node is None:
-            return None, self._refuse(action, "no_node", "source agent has no E2 node")
         try:
             rec = self.leases.read_session(action.session_id)
+            if rec is not None and rec.owner != self.leases.me and self.relay is not None:
+                t = self.relay.holds(action.session_id)
+                if t is not None and (rec.seen is None or rec.seen < t):
+                    return None, self._refuse(action, "forwarded", f"arrival at {t} forwarded "
+                                              f"to {rec.owner}, which decides it")
+                if t is not None:
+                    self.relay.answered(action.session_id)
+            node, seen, ue = self.writer_node(action, rec)
+            if node is None:
+                return None, self._refuse(action, "no_node", "source agent has no E2 node")
             if rec is not None and rec.owner != self.leases.me:
                 action = self._take_over(action, rec.epoch)
             data = {"rpc": action.rpc, "phase": PHASE_OF[action.rpc], "source": action.source,
@@ -141,7 +167,7 @@ class SessionGuard:
         return dataclasses.replace(action, epoch=fresh)
 
     def _refuse(self, action: Any, reason: str, detail: str) -> str:
-        if reason in ("no_node", "sdl"):     # the others are counted by NodeLeases
+        if reason in ("no_node", "sdl", "forwarded"):    # the others are counted by NodeLeases
             w = self.leases.counters.writes_refused
             w[reason] = w.get(reason, 0) + 1
         log.warning("order_refused", replica=self.leases.me, rpc=action.rpc,
