@@ -97,7 +97,7 @@ def test_append_adds_a_section_keeps_the_others_and_replaces_by_title(tmp_path, 
     run = tmp_path / "run-a"
     run.mkdir()
     shutil.copy(FIXTURE, run / "summary.json")
-    page = tmp_path / "results.md"
+    page = tmp_path / "results.markdown"
     from pallas_eval.cli import main
     assert main(["report", str(run), "-o", str(page), "--title", "First"]) == 0
     first = page.read_text()
@@ -112,8 +112,8 @@ def test_append_adds_a_section_keeps_the_others_and_replaces_by_title(tmp_path, 
     again = page.read_text()
     assert again.count("\n## ") == 2 and again.index("## First") < again.index("## Second")
     assert "`0123456789ab`" not in again and again.split("## Second")[0].count("`fedcba987654`") == 1
-    hand = tmp_path / "hand.md"
+    hand = tmp_path / "hand.markdown"
     hand.write_text("# Notes\n\nTyped by hand.\n")
     assert main(["report", str(run), "--append", "-o", str(hand)]) == 2
     assert "not written by pallas report" in capsys.readouterr().err
-    assert main(["report", str(run), "--append", "-o", str(tmp_path / "none.md")]) == 2
+    assert main(["report", str(run), "--append", "-o", str(tmp_path / "none.markdown")]) == 2
