@@ -155,6 +155,7 @@ class PallasXapp:
         self.on_subscription_response = (SubscriptionNotificationHandler(subscriptions.ledger)
                                          if subscriptions is not None else None)
         self._stop = threading.Event()
+        self.stopping: str | None = None        # the step stop() is in (a shutdown's log)
         self._cycle_thread: threading.Thread | None = None
         self._telemetry_started = False
         self._recovered: list | None = None
@@ -444,28 +445,31 @@ class PallasXapp:
 
     def stop(self) -> None:
         """Delete the E2 subscriptions (live), stop the transport, the cycle and telemetry;
-        finish queued policy calls."""
+        finish queued policy calls (``PolicyClient.close``: bounded). A step that raises is
+        logged and the next ones run. :attr:`stopping` names the step in progress (None before
+        and after), for a shutdown that overruns its time (xapp.main's ``--shutdown-s``)."""
         self._stop.set()
+        steps: list[tuple[str, Callable[[], object]]] = []
         if self.relay is not None:
-            self.relay.stop()
+            steps.append(("arrival relay", self.relay.stop))
         if self.cluster is not None:          # leases given up; no heartbeat subscribes again
-            self.cluster.stop()
+            steps.append(("cluster leases", self.cluster.stop))
         if self.subscriptions is not None:
-            try:
-                self.subscriptions.delete_all()
-            except Exception as e:
-                log.error("subscription delete failed", error=repr(e))
-        try:
-            self.transport.stop()
-        except Exception as e:
-            log.error("transport stop failed", error=repr(e))
+            steps.append(("E2 subscription delete", self.subscriptions.delete_all))
+        steps.append(("transport", self.transport.stop))
         if self._cycle_thread is not None:
-            self._cycle_thread.join(2.0)
+            steps.append(("control cycle", lambda: self._cycle_thread.join(2.0)))
         if self.telemetry is not None:
-            self.telemetry.stop()
-        self.policy.close()
-        self.events.close()
-        self.store.close()
+            steps.append(("telemetry", self.telemetry.stop))
+        steps += [("policy calls", self.policy.close),
+                  ("event log", self.events.close), ("store", self.store.close)]
+        for name, step in steps:
+            self.stopping = name
+            try:
+                step()
+            except Exception as e:            # the next parts are stopped all the same
+                log.error("stop step failed", step=name, error=repr(e))
+        self.stopping = None
 
 
 def subscribe_all(config: XappConfig, client: SubmgrClient | None = None,

@@ -63,7 +63,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import structlog
 
@@ -80,6 +80,11 @@ if TYPE_CHECKING:
     from xapp.hold import HoldCorrect
 
 log = structlog.get_logger("pallas.xapp.main")
+
+SHUTDOWN_S = 20.0
+"""Live mode's default bound on the shutdown, from SIGTERM to the process's end (s): within
+Kubernetes' default ``terminationGracePeriodSeconds`` (30 s, then SIGKILL), with room for the
+pod's other containers."""
 
 
 def _configure_logging(level: str) -> None:
@@ -122,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "--mode test --trace FILE)")
     p.add_argument("--record-max-mb", type=float, default=DEFAULT_MAX_MB,
                    help="live mode, --record: stop recording (the xApp runs on) before FILE passes this size, MB")
+    p.add_argument("--shutdown-s", type=float, default=SHUTDOWN_S,
+                   help="live mode: the longest the shutdown after SIGTERM/SIGINT may take, s (default "
+                        f"{SHUTDOWN_S:g}, under Kubernetes' 30 s grace period); past it the xApp logs the step "
+                        "it was in and exits with status 1")
     p.add_argument("--store", choices=["sdl", "memory"],
                    help="durable state: sdl (DBAAS_SERVICE_HOST/PORT) or memory (default: live "
                         "controls.sdl.store, else sdl; test: memory)")
@@ -364,6 +373,8 @@ def _check_flags(mode: str, a: argparse.Namespace) -> None:
         raise StartRefused("--record is a live-mode flag (test mode replays a trace)")
     if a.hold_correct_s is not None and (mode != "test" or not a.handovers):
         raise StartRefused("--hold-correct-s is a test-mode knob and needs --handovers")
+    if not a.shutdown_s > 0:
+        raise StartRefused(f"--shutdown-s {a.shutdown_s}: must be > 0 s")
 
 
 def build_xapp(config: XappConfig, mode: str, a: argparse.Namespace) -> Built:
@@ -486,7 +497,9 @@ def run_test(b: Built, a: argparse.Namespace, done: threading.Event) -> int:
 def run_live(b: Built, a: argparse.Namespace, done: threading.Event) -> int:
     """Run on the RIC until SIGTERM/SIGINT (``done``): the HTTP endpoints, the xApp, the
     R-NIB's RAN function versions, A1's resend of every live instance, the descriptor watch;
-    at the end the recording is closed and the E2 subscriptions deleted. Returns 0."""
+    at the end the recording is closed and the E2 subscriptions deleted. Returns 0. The
+    shutdown ends within ``--shutdown-s`` of the signal: past it, the step in progress is
+    logged (``shutdown_overrun``) and the process exits at once with status 1."""
     from xapp.e2.transport import A1_POLICY_QUERY, RmrTransport
     app, transport, a1, recorder = b.app, b.transport, b.a1, b.recorder
     assert a1 is not None and isinstance(transport, RmrTransport)
@@ -507,14 +520,54 @@ def run_live(b: Built, a: argparse.Namespace, done: threading.Event) -> int:
     b.events.write("start", mode="live", scheme=b.config.scheme, record=a.record)
     watcher = _watch_config(a.config, app, a.scheme, done, a1)
     done.wait()
-    if recorder is not None:
-        recorder.close()
-        b.events.write("recorded", path=a.record, records=recorder.count, bytes=recorder.bytes,
-                       stopped=recorder.stopped)
-    app.stop()           # SIGTERM/SIGINT: the E2 subscriptions are deleted at submgr first
-    if watcher is not None:
-        watcher.join(1.0)
+
+    def close_recording() -> None:
+        if recorder is not None:
+            recorder.close()
+            b.events.write("recorded", path=a.record, records=recorder.count, bytes=recorder.bytes,
+                           stopped=recorder.stopped)
+    # SIGTERM/SIGINT: the E2 subscriptions are deleted at submgr first (PallasXapp.stop)
+    steps = [("recording", close_recording), ("xapp", app.stop),
+             ("config watch", lambda: watcher is not None and watcher.join(1.0))]
+    since = getattr(done, "at", None) or time.monotonic()
+    stuck = shut_down(steps, since + a.shutdown_s, lambda: app.stopping)
+    if stuck is not None:
+        log.error("shutdown_overrun", step=stuck, deadline_s=a.shutdown_s,
+                  note="exiting without the steps left; a stuck part is named in step")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)      # not sys.exit: the interpreter's exit would wait on the stuck part
     return 0
+
+
+def shut_down(steps: Sequence[tuple[str, Callable[[], object]]], deadline: float,
+              detail: Callable[[], str | None] = lambda: None) -> str | None:
+    """Run ``steps`` ((name, callable) pairs) in order on a thread of their own until the
+    monotonic time ``deadline`` (s). Returns None when they all ended in time, else the step
+    still running, as ``name: part`` when ``detail()`` names a part of it (``part``; None:
+    none), whose thread is left behind. A step that raises is logged and the next one runs;
+    each step's time is logged (``shutdown_step``, DEBUG)."""
+    current: list[str] = []
+
+    def run() -> None:
+        for name, step in steps:
+            current[:] = [name]
+            t0 = time.monotonic()
+            try:
+                step()
+            except Exception as e:
+                log.error("shutdown step failed", step=name, error=repr(e))
+            log.debug("shutdown_step", step=name, took_s=round(time.monotonic() - t0, 3))
+        current.clear()
+
+    th = threading.Thread(target=run, name="xapp-shutdown", daemon=True)
+    th.start()
+    th.join(max(0.0, deadline - time.monotonic()))
+    if not th.is_alive():
+        return None
+    name = current[0] if current else "?"
+    part = detail()
+    return f"{name}: {part}" if part else name
 
 
 RUNS = {"test": run_test, "live": run_live}
@@ -522,10 +575,12 @@ RUNS = {"test": run_test, "live": run_live}
 
 
 def _stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT."""
+    """An event set by SIGTERM or SIGINT; its ``at``: the first signal's monotonic time (s)."""
     done = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
+        if not done.is_set():
+            done.at = time.monotonic()      # type: ignore[attr-defined]  # the shutdown's clock
         done.set()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -25,6 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -102,7 +103,8 @@ class PolicyClient:
     attempts follow transient errors after ``backoff_s * 2**i`` (a retry is safe: the agents
     answer a repeated (call, session, epoch) with the first call's reply). ``on_reply(outcome)``
     is called on a pool thread for every finished call. ``workers``: calls in flight at once
-    (all agents together); ``cache_size``: answered calls remembered. Unknown agent ids raise
+    (all agents together); ``cache_size``: answered calls remembered; ``close_wait_s``: the
+    longest :meth:`close` waits for queued calls (s). Unknown agent ids raise
     KeyError. ``channel_factory(address, options=...) -> grpc.Channel`` opens each agent's
     channel with Control's per-RPC message limits (default
     plaintext; mutual TLS: ``pallas_common.tls.LinkSecurity.channel``).
@@ -111,9 +113,10 @@ class PolicyClient:
     def __init__(self, agents: Mapping[str, AgentEndpoint], *, deadline_s: float = 5.0,
                  commit_deadline_s: float = 60.0, retries: int = 3, backoff_s: float = 0.1,
                  on_reply: Callable[[CallOutcome], None] | None = None, workers: int = 32,
-                 cache_size: int = 4096,
+                 cache_size: int = 4096, close_wait_s: float = 10.0,
                  channel_factory: Callable[[str], grpc.Channel] = grpc.insecure_channel) -> None:
         self.channel_factory = channel_factory
+        self.close_wait_s = float(close_wait_s)
         self.agents = dict(agents)
         self.deadline_s = deadline_s
         self.commit_deadline_s = commit_deadline_s
@@ -129,6 +132,7 @@ class PolicyClient:
         # agent; Triggers of one epoch at several targets (issue 45) are one call each.
         self._done: OrderedDict[tuple[str, str, str, int, str], CallOutcome] = OrderedDict()
         self._lock = threading.Lock()
+        self._closed = False
 
     def set_agents(self, agents: Mapping[str, AgentEndpoint]) -> None:
         """Follow a new agent map: channels of removed agents, and of agents whose Control
@@ -142,6 +146,8 @@ class PolicyClient:
 
     def _stub(self, agent_id: str) -> pbg.ControlStub:
         with self._lock:
+            if self._closed:
+                raise ValueError("the policy client is closed")
             ep = self.agents[agent_id]
             ch = self._channels.get(agent_id)
             if ch is None:
@@ -185,7 +191,7 @@ class PolicyClient:
                 time.sleep(self.backoff_s * (2 ** attempt))
             except ValueError as e:  # a channel closed under the call by an address change
                 err = f"channel closed: {e}"
-                if attempt == self.retries:
+                if attempt == self.retries or self._closed:
                     break
         log.warning("policy call failed", kind=kind, agent=agent_id, session=request.session_id,
                     epoch=int(request.epoch), error=err)
@@ -199,19 +205,28 @@ class PolicyClient:
         done: Future = Future()
 
         def run() -> None:
-            out = self._call(kind, agent_id, request)
-            log.info("policy", kind=kind, agent=agent_id, session=out.session_id, epoch=out.epoch,
-                     ok=out.ok, status=pb.Status.Name(out.reply.status) if out.reply else None,
-                     error=out.error or None, latency_ms=round(out.latency_s * 1000, 1), cached=out.cached)
-            if self.on_reply is not None:
-                try:
-                    self.on_reply(out)
-                except Exception as e:  # a hook failure never stops the policy path
-                    log.error("on_reply hook failed", error=repr(e))
-            with self._lock:
-                if self._tails.get(sid) is done:
-                    del self._tails[sid]
-            done.set_result(out)
+            out = None
+            try:
+                out = self._call(kind, agent_id, request)
+                log.info("policy", kind=kind, agent=agent_id, session=out.session_id, epoch=out.epoch,
+                         ok=out.ok, status=pb.Status.Name(out.reply.status) if out.reply else None,
+                         error=out.error or None, latency_ms=round(out.latency_s * 1000, 1),
+                         cached=out.cached)
+                if self.on_reply is not None:
+                    try:
+                        self.on_reply(out)
+                    except Exception as e:  # a hook failure never stops the policy path
+                        log.error("on_reply hook failed", error=repr(e))
+            except Exception as e:   # a fault here must still end the Future (close waits on it)
+                log.error("policy call failed", kind=kind, agent=agent_id, error=repr(e))
+                if out is None:
+                    out = CallOutcome(kind, agent_id, sid, int(request.epoch), None, repr(e),
+                                      target=request.target.agent_id if kind == "Trigger" else "")
+            finally:
+                with self._lock:
+                    if self._tails.get(sid) is done:
+                        del self._tails[sid]
+                done.set_result(out)
 
         def start(_: object = None) -> None:
             try:
@@ -273,16 +288,25 @@ class PolicyClient:
                                       scheme=scheme_value(scheme), handover_time=float(handover_time)))
 
     def close(self) -> None:
-        """Finish queued calls, then close the channels."""
+        """Finish queued calls for at most ``close_wait_s`` (a shutdown's share: a Commit may
+        wait 60 s per attempt; what is cut short is in the migration journal, which the next
+        start recovers), then close the channels: calls not started by then are not made, the
+        ones in flight end CANCELLED and are not retried."""
+        end = time.monotonic() + self.close_wait_s
         while True:
             with self._lock:
                 tails = list(self._tails.values())
             if not tails:
                 break
-            for f in tails:
-                f.result()
-        self._pool.shutdown(wait=True)
+            try:
+                for f in tails:
+                    f.result(max(0.0, end - time.monotonic()))
+            except FutureTimeout:
+                log.warning("policy calls cut short at close", sessions=len(tails), waited_s=self.close_wait_s)
+                break
+        self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
+            self._closed = True
             for _, ch, _ in self._channels.values():
                 ch.close()
             self._channels.clear()

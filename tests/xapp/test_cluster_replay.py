@@ -157,7 +157,7 @@ def _replica(rid, cfg, agents, records, start_at, first_t):
     app = PallasXapp(cfg, transport, policy=ReplicaPolicy(agents, rid), telemetry=False,
                      nrt=dict(zip(PCIS, CELLS)), offset=start.offset,
                      cluster=ClusterReplica(leases, heartbeat_s=c.heartbeat_s))
-    return app
+    return app, start
 
 
 @dataclass
@@ -181,7 +181,7 @@ class Run:
 def _run(sdl_ns: str, rids: list, *, kill: str | None = None, kill_at_s: float = 0.0,
          kill_once=None, settle_s: float = 1.5) -> Run:
     """Replay the trace with one xApp replica per id in ``rids`` (leases first, then the
-    replay 3 s later); ``kill``: the replica crashed (leases not released: they expire)
+    replay 3 s later, or 2 s after the leases are shared when that took longer); ``kill``: the replica crashed (leases not released: they expire)
     ``kill_at_s`` into the replay, or later once ``kill_once(agents)`` holds (polled; at the
     latest 0.1 s before the handovers)."""
     from xapp.cluster.ownership import assignment
@@ -190,7 +190,7 @@ def _run(sdl_ns: str, rids: list, *, kill: str | None = None, kill_at_s: float =
     t0 = 1000.0
     records = _trace(t0)
     start_at = time.time() + 3.0
-    apps = [_replica(r, cfg, agents, records, start_at, t0) for r in rids]
+    apps, starts = map(list, zip(*(_replica(r, cfg, agents, records, start_at, t0) for r in rids)))
     want = assignment(NODES, rids)
     stop = threading.Event()
     dead: set = set()
@@ -212,6 +212,11 @@ def _run(sdl_ns: str, rids: list, *, kill: str | None = None, kill_at_s: float =
                 for app, r in zip(apps, rids)):
             time.sleep(0.05)
         owned = {r: set(app.cluster.leases.owned()) for app, r in zip(apps, rids)}
+        if time.time() + 2.0 > start_at:   # a slow machine: the replay starts later, all of it
+            start_at = time.time() + 2.0
+            for app, start in zip(apps, starts):
+                start.move(start_at)
+                app.offset = start.offset
         tele.start()
         for app in apps:
             app.start()

@@ -146,8 +146,9 @@ class _NoPolicy:
         pass
 
 
-def _until(cond, timeout_s=5.0):
-    """Seconds until ``cond()`` held (polled every 20 ms), None if not within ``timeout_s``."""
+def _until(cond, timeout_s=10.0):
+    """Seconds until ``cond()`` held (polled every 20 ms), None if not within ``timeout_s``: a
+    deadline for a starved machine, not a bound the product promises."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         if cond():
@@ -228,10 +229,9 @@ def test_start_and_stop_run_the_heartbeat_on_its_own_thread_and_release_there():
     app.start()
     try:
         assert leases.owned() == (NODES[1],)          # the first heartbeat ran before the transport
-        assert _until(lambda: subs.syncs == [(tuple(NODES), frozenset({NODES[1]}))], 2.0) is not None
+        assert _until(lambda: subs.syncs == [(tuple(NODES), frozenset({NODES[1]}))]) is not None
         n = leases.beats
-        time.sleep(0.2)
-        assert leases.beats > n                       # and it keeps beating
+        assert _until(lambda: leases.beats > n + 2) is not None   # and it keeps beating
     finally:
         app.stop()
     assert leases.stopped_on == f"cluster-{leases.me}"   # released where the locks were taken
@@ -244,22 +244,29 @@ def test_start_and_stop_run_the_heartbeat_on_its_own_thread_and_release_there():
 def test_a_slow_submgr_never_delays_the_lease_renewals():
     """A subscription call waits for submgr (and the first encodes with the E2SM codecs): the
     heartbeat goes on meanwhile, else the leases would run out between renewals."""
+    answer = threading.Event()
+
     class SlowSubscriptions(FakeSubscriptions):
+        waiting = False                           # a sync is waiting for submgr
+
         def sync(self, config, owned=None):
-            time.sleep(0.5)
+            self.waiting = True
+            answer.wait(30.0)                     # submgr answers when the test says so
             return super().sync(config, owned)
 
     leases, subs = FakeLeases(), SlowSubscriptions()
     leases.held = {NODES[0]}
     app, cluster, _ = _xapp(_config(), leases, subs, heartbeat_s=0.02)
-    t0 = time.monotonic()
     cluster.start()
     try:
-        time.sleep(0.3)
-        assert leases.beats >= 5 and subs.syncs == []     # beating while the sync still waits
-        assert time.monotonic() - t0 < 0.5
-        assert _until(lambda: len(subs.syncs) == 1, 2.0) is not None
+        assert _until(lambda: subs.waiting) is not None
+        n = leases.beats
+        # beating while the sync still waits (however slowly this machine runs the threads)
+        assert _until(lambda: leases.beats >= n + 5) is not None and subs.syncs == []
+        answer.set()
+        assert _until(lambda: len(subs.syncs) == 1) is not None
     finally:
+        answer.set()
         cluster.stop()
 
 
@@ -285,7 +292,9 @@ def test_the_counters_are_prometheus_metrics():
 
 # -- two replicas on the real redis-server --------------------------------------------------------
 
-LEASE, BEAT = 0.6, 0.1
+# The lease outlives 20 heartbeats: a heartbeat thread starved for most of LEASE on a loaded
+# machine would (rightly) lose its leases, and a test of the split would see that instead.
+LEASE, BEAT = 2.0, 0.1
 
 
 class FakeSubmgr:
@@ -357,8 +366,10 @@ def test_two_replicas_split_the_nodes_and_one_takes_over_when_the_other_ends(dba
         claims = b.cluster.leases.counters.claims
         t_end = time.monotonic()
         a.stop()
-        held = a.cluster.leases.sdl.get(sdl_ns, {f"lease/{n}" for n in mine["xapp-a"]})
-        assert (held == {}) == (how == "stop")            # a clean stop released every lease
+        # a clean stop released every lease (b may hold some already, at its next heartbeat);
+        # a crash left them a's until they expire
+        held = set(a.cluster.leases.holders(mine["xapp-a"]).values())
+        assert ("xapp-a" not in held) if how == "stop" else held == {"xapp-a"}, held
         t_poll = time.monotonic()
         took = _until(lambda: list(b.cluster.leases.owned()) == NODES and sub_b.nodes() == NODES)
         assert took is not None, b.cluster.leases.owned()

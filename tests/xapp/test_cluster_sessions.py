@@ -134,7 +134,8 @@ class _Machine:
 def _replica(rid, node, ns, epoch):
     from xapp.cluster.leases import NodeLeases, open_sdl
     from xapp.cluster.sessions import SessionGuard
-    leases = NodeLeases(open_sdl(), rid, [node], namespace=ns, lease_s=5.0)
+    # one heartbeat, none after: the lease must outlive the test however slowly it runs
+    leases = NodeLeases(open_sdl(), rid, [node], namespace=ns, lease_s=60.0)
     leases.heartbeat()
     assert leases.owned() == (node,)        # x0 and x1: rendezvous gives A to x0, B to x1
     sm = _Machine(epoch)
@@ -200,7 +201,9 @@ def _relay(guard, check_s=0.05, timeout_s=None):
     return relay, got, late
 
 
-def _within(cond, timeout_s=2.0):
+def _within(cond, timeout_s=10.0):
+    """True once ``cond()`` holds (polled every 10 ms), False after ``timeout_s``: a deadline
+    for a starved machine, not a bound the product promises."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         if cond():
@@ -220,9 +223,11 @@ def test_a_crossing_handover_is_committed_prepared_by_the_records_owner(dbaas, s
         trig = TriggerAction("s1", 1, "edge-a", "edge-b", 1012.0, 2.0, 256)
         assert g0.check(trig) == (trig, "")                       # x0 prepared edge-b
         # x1 sees the UE's first report at B (t 12.0): x0 holds A's lease, so it is forwarded
+        sent_at = time.time()
         assert r1.forward("ue-1", ["s1"], CELL_B, 12.0) == "x0"
         assert _within(lambda: got0 == [("ue-1", CELL_B, 12.0, "x1")]), got0
-        assert len(r0.latencies) == 1 and 0 <= r0.latencies[0] < 1.0
+        # the publication-to-receipt latency of this forward: inside the time the test watched
+        assert len(r0.latencies) == 1 and 0 <= r0.latencies[0] <= time.time() - sent_at
         # meanwhile x1's own orders for the session are held (not sent)
         view1["ue-1"] = (CELL_B, 12.0)
         fallback = CommitAction("s1", 2, "edge-a", "edge-b", None, pb.SCHEME_CTHO, 1012.0)
@@ -259,7 +264,8 @@ def test_a_crossing_handover_is_committed_prepared_by_the_records_owner(dbaas, s
 def test_an_unanswered_forward_is_decided_by_the_new_nodes_owner(dbaas, sdl_ns, how):
     (g0, view0, _), (g1, view1, _) = (_replica("x0", NODE_A, sdl_ns, 1),
                                       _replica("x1", NODE_B, sdl_ns, 2))
-    r1, _, late1 = _relay(g1, timeout_s=30.0 if how == "lease_gone" else 0.3)
+    timeout_s = 60.0 if how == "lease_gone" else 0.3
+    r1, _, late1 = _relay(g1, timeout_s=timeout_s)
     r1.start()                           # x0 has no relay: it never answers
     try:
         view0["ue-1"] = (CELL_A, 10.0)
@@ -268,11 +274,12 @@ def test_an_unanswered_forward_is_decided_by_the_new_nodes_owner(dbaas, sdl_ns, 
         assert r1.forward("ue-1", ["s1"], CELL_B, 12.0) == "x0"
         if how == "lease_gone":
             g0.leases.stop()             # x0's lease on A is gone: no need to wait for the time
-        assert _within(lambda: late1 == [("ue-1", CELL_B, 12.0)], 5.0), late1
+        # lease_gone: decided on the lease's end, within a third of the time-out
+        assert _within(lambda: late1 == [("ue-1", CELL_B, 12.0)], 20.0), late1
         took = time.monotonic() - t0
-        assert took < (1.0 if how == "lease_gone" else 1.5), took
-        if how == "timeout":
-            assert took >= 0.3
+        if how == "timeout":             # decided by the time-out: x0 still holds A's lease
+            assert took >= timeout_s, took
+            assert g1.leases.holders([NODE_A]) == {NODE_A: "x0"}
         assert r1.counts["unanswered"] == 1 and r1.holds("s1") is None
         # decided here: the take-over, a fallback under a new generation
         view1["ue-1"] = (CELL_B, 12.0)

@@ -218,3 +218,33 @@ def test_control_orders_are_held_to_their_message_limit(agent):
     assert outs[1].reply is None and "RESOURCE_EXHAUSTED" in outs[1].error \
         and "Sent message larger than max" in outs[1].error, outs[1].error
     assert agent.order.get_nowait() == ("Cancel", "s1", 3) and agent.order.empty()
+
+
+def test_close_waits_for_queued_calls_at_most_close_wait_s(agent):
+    """A shutdown's share (xapp.main --shutdown-s): a Commit the target still moves (60 s
+    deadline) does not hold close(); the call in flight ends CANCELLED (not retried), the one
+    queued behind it ends with an error without being sent."""
+    c = _client(agent, close_wait_s=0.3)
+    slow = c.commit("edge-a", "s1", 1, "edge-b")
+    behind = c.cancel("edge-a", "s1", 2)
+    assert agent.order.get(timeout=5) == ("Commit", "s1", 1)
+    t0 = time.monotonic()
+    c.close()
+    assert 0.3 <= time.monotonic() - t0 < 10.0      # waited its share, not the Commit's 60 s
+    out = slow.result(timeout=10)
+    assert not out.ok and "CANCELLED" in out.error and out.attempts == 1, out
+    agent.release.set()
+    assert not behind.result(timeout=5).ok and agent.order.empty()   # ended, never sent
+
+
+def test_a_call_that_fails_outside_grpc_still_ends_its_future():
+    """A fault in a call (here: the channel cannot be made) ends the call's Future with the
+    error, so the session's next call runs and close() does not wait for it forever."""
+    def no_channel(address, options=None):
+        raise RuntimeError("no channel")
+    c = PolicyClient({"edge-a": AgentEndpoint("edge-a", "127.0.0.1:1", "127.0.0.1:1")},
+                     channel_factory=no_channel)
+    first = c.trigger("edge-a", "s1", 1, "edge-a").result(timeout=5)
+    assert not first.ok and "no channel" in first.error
+    assert not c.cancel("edge-a", "s1", 2).result(timeout=5).ok    # the next one ran too
+    c.close()

@@ -130,7 +130,11 @@ def test_a_live_recording_replays_in_test_mode_to_the_same_decisions(tmp_path):
         assert len(recorded) == n_src, (tmp_path / "live.log").read_text()[-2000:]
         time.sleep(1.0)                          # the last reports' cycle
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        try:                                     # within --shutdown-s (20 s), else it names the step
+            rc = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        assert rc == 0, (rc, (tmp_path / "live.log").read_text()[-3000:])
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -7,7 +7,8 @@ The environment is the container's (``CONFIG_FILE``, ``DBAAS_SERVICE_HOST``/``PO
 ``PALLAS_TEST_RMR_INFLOW=TRACE``: the E2 trace's records arrive at RMR one by one, at their
 recorded pace (``PALLAS_TEST_RMR_INFLOW_SPEED`` times faster, default 1), starting
 ``PALLAS_TEST_RMR_INFLOW_DELAY_S`` (default 1) seconds after start, as an E2 termination would
-deliver them. The exit status is pallas-xapp's.
+deliver them. ``PALLAS_TEST_HANG_POLICY_CLOSE=1``: the policy client's close never returns (a
+shutdown step that hangs, for ``--shutdown-s``). The exit status is pallas-xapp's.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def main() -> int:
         delay = float(os.environ.get("PALLAS_TEST_RMR_INFLOW_DELAY_S", "1"))
         speed = float(os.environ.get("PALLAS_TEST_RMR_INFLOW_SPEED", "1"))
         threading.Thread(target=_inflow, args=(lib, trace, delay, speed), daemon=True).start()
+    if os.environ.get("PALLAS_TEST_HANG_POLICY_CLOSE"):
+        from xapp.policy import PolicyClient
+        PolicyClient.close = lambda self: threading.Event().wait()
     from xapp.main import main as xapp_main
     return xapp_main(sys.argv[1:])
 
