@@ -210,6 +210,7 @@ class Soak:
         # commit or cancel must have released, (session, epoch, agent index); those found still
         # holding the session's attempt of that epoch lease_s + 2 s later
         self.multi: Counter = Counter()
+        self.trigger_refused: Counter = Counter()      # status: message of a non-OK Trigger
         self.released: list[tuple[str, int, int]] = []
         self.holding_after: list[tuple] = []
         self._checks: set[asyncio.Task] = set()
@@ -550,8 +551,10 @@ class Soak:
         for rank, t in enumerate(targets):
             rep = await cur.migration.trigger(sid, epoch, t.endpoint, split_tokens=split,
                                               scheme=pb.SCHEME_PALLAS, rank=rank)
-            self.multi[f"trigger rank {rank} " + ("ok" if rep.status == pb.STATUS_OK
-                                                  else pb.Status.Name(rep.status))] += 1
+            ok = rep.status == pb.STATUS_OK
+            self.multi[f"trigger rank {rank} " + ("ok" if ok else pb.Status.Name(rep.status))] += 1
+            if not ok:
+                self.trigger_refused[f"{pb.Status.Name(rep.status)}: {rep.message}"[:90]] += 1
 
     def _watch_released(self, sid: str, epoch: int, targets) -> None:
         """``targets`` must hold nothing of ``sid``'s ``epoch`` (no inbound attempt, so no
@@ -815,6 +818,7 @@ class Soak:
             if a.targets > 1:
                 report["multi_target"] = {
                     "targets": a.targets, "hops": dict(sorted(self.multi.items())),
+                    "triggers_not_ok": dict(self.trigger_refused.most_common(10)),
                     "released_targets_checked": len(self.released),
                     "holding_after_lease": self.holding_after[:30],
                     "holding_after_lease_n": len(self.holding_after),
