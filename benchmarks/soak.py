@@ -56,7 +56,9 @@ the UE goes: the rank-0 target with probability 0.6, another prepared one otherw
 5% of the ``pallas`` and ``retarget-trigger`` hops (and every ``retarget-commit``) an agent
 no Trigger named (the engine falls back to ctHO there and releases every preparation; with
 ``--agents`` at K + 1 such a hop prepares K - 1, leaving one agent unprepared). A fault hits
-the target the Commit names (always a prepared one). After
+the target the Commit names (always a prepared one). A hop prepares only the agents up: while
+an engine is replaced (``--max-kills``), ``--agents`` K + 1 leaves K - 1 (the report counts hops
+by targets prepared); ``--agents`` K + 2 keeps K through a replacement. After
 an OK commit every other prepared target, after a Cancel or a newer epoch's Triggers every
 superseded one, must hold nothing of that epoch ``lease_s`` + 2 s later (no inbound attempt,
 hence no reservation) and at the end; the agents' lease counters (granted, renewed,
