@@ -49,6 +49,21 @@ drawn by pallas_eval.soak_faults.FaultSchedule), each a Pallas hop (Trigger, Com
 - ``peer-restart``: the target agent stopped and a new one started on its ports and vLLM
   between Trigger and Commit (sessions it served then are lost with it: counted apart).
 
+``--targets K`` (issue 45; default 1: one target per hop, as above): with K >= 2 every
+Pallas-style hop (``pallas``, ``cancel``, both retargets and every fault hop) Triggers one epoch
+at K distinct agents up (ranks 0..K-1, pallas_eval.soak_faults.plan_targets) and commits where
+the UE goes: the rank-0 target with probability 0.6, another prepared one otherwise, and in
+5% of the ``pallas`` and ``retarget-trigger`` hops (and every ``retarget-commit``) an agent
+no Trigger named (the engine falls back to ctHO there and releases every preparation; with
+``--agents`` at K + 1 such a hop prepares K - 1, leaving one agent unprepared). A fault hits
+the target the Commit names (always a prepared one). A hop prepares only the agents up: while
+an engine is replaced (``--max-kills``), ``--agents`` K + 1 leaves K - 1 (the report counts hops
+by targets prepared); ``--agents`` K + 2 keeps K through a replacement. After
+an OK commit every other prepared target, after a Cancel or a newer epoch's Triggers every
+superseded one, must hold nothing of that epoch ``lease_s`` + 2 s later (no inbound attempt,
+hence no reservation) and at the end; the agents' lease counters (granted, renewed,
+committed, released, expired, evicted; printed with every run) must balance with none held.
+
 Every session ends as (pallas_eval.soak_faults.classify) exact, failed with a reason, short
 (fewer tokens than asked, no reason: must be 0), mismatch (must be 0) or hung (no end within
 ``--end-bound-s`` of its last token: must be 0); a sampler records every agent's copy of every
@@ -86,7 +101,9 @@ from agent.session import SamplingSpec, Session, SessionState  # noqa: E402
 from pallas_eval.localca import LocalCA  # noqa: E402
 from pallas_common.tls import LinkSecurity  # noqa: E402
 from pallas_eval.models import build_model  # noqa: E402
-from pallas_eval.soak_faults import KILLS, FaultSchedule, classify, decoding_at_once  # noqa: E402
+from pallas_eval.soak_faults import (KILLS, LEASE_EVENTS, FaultSchedule, HopPlan,  # noqa: E402
+                                     classify, decoding_at_once, lease_report, plan_targets)
+from prometheus_client import REGISTRY  # noqa: E402
 from tests.faults import engine_core, hold_back  # noqa: E402
 
 BS = 32
@@ -94,6 +111,7 @@ PROMPT_LENS = (20, 31, 32, 33, 63, 64, 65, 96, 97, 150, 255, 256, 257, 400)
 KINDS = {  # kind -> weight
     "pallas": 4, "full-copy": 1, "recomputation": 1, "ctho": 1, "detour": 1, "cancel": 1,
     "retarget-trigger": 1, "retarget-commit": 1}
+MULTI = ("pallas", "cancel", "retarget-trigger", "retarget-commit")   # Trigger: K targets
 REACTIVE = {"full-copy": pb.SCHEME_FULL_COPY, "recomputation": pb.SCHEME_RECOMPUTATION,
             "ctho": pb.SCHEME_CTHO, "detour": pb.SCHEME_DETOUR}
 
@@ -128,6 +146,13 @@ def _type_counts() -> Counter:
     """Live objects tracked by the garbage collector, by type name."""
     gc.collect()
     return Counter(type(o).__name__ for o in gc.get_objects())
+
+
+def _lease_counts() -> dict[str, float]:
+    """The agents' lease counters (agent.obs's ``pallas_lease_events``: one registry for every
+    agent of this process)."""
+    return {e: REGISTRY.get_sample_value("pallas_lease_events_total", {"event": e}) or 0.0
+            for e in LEASE_EVENTS}
 
 
 def _rss_mib() -> float:
@@ -183,6 +208,15 @@ class Soak:
         self.cpu_gone: Counter = Counter()             # CPU s of vLLM servers replaced
         self.logs: list[str] = []                      # every vLLM server's log
         self._bg: set[asyncio.Task] = set()
+        # --targets K >= 2: hops by what was prepared and where the UE went; every target a
+        # commit or cancel must have released, (session, epoch, agent index); those found still
+        # holding the session's attempt of that epoch lease_s + 2 s later
+        self.multi: Counter = Counter()
+        self.trigger_refused: Counter = Counter()      # status: message of a non-OK Trigger
+        self.released: list[tuple[str, int, int]] = []
+        self.holding_after: list[tuple] = []
+        self._checks: set[asyncio.Task] = set()
+        self.leases0: dict[str, float] = {}
 
     # ------------------------------------------------------------------ set-up
     async def start(self) -> None:
@@ -372,8 +406,11 @@ class Soak:
 
     async def _fault_hop(self, kind: str, cur: Agent, s: Session, epoch: int, prompt_len: int
                          ) -> tuple[Agent, int, str]:
-        """One Pallas hop from ``cur`` with the fault ``kind`` (see the module)."""
-        tgt = self.rng.choice([a for a in self._live() if a is not cur])
+        """One Pallas hop from ``cur`` with the fault ``kind`` (see the module); with
+        ``--targets`` K >= 2 the Triggers name K targets and the fault hits the one the Commit
+        names (a prepared one)."""
+        plan = self._plan(cur, unprepared=False) if self.args.targets > 1 else None
+        tgt = plan.commit if plan else self.rng.choice([a for a in self._live() if a is not cur])
         ti, ci = self._i(tgt), self._i(cur)
         self.tally.faults[kind] += 1
         down = ci if kind == "kill-source" else ti
@@ -381,20 +418,24 @@ class Soak:
             self.up[down] = False     # no other hop goes there, no other kill or restart
         replacing: list[bool] = []   # set by _faulty once a replacement runs (it brings it up)
         try:
-            return await self._faulty(kind, cur, tgt, ci, ti, s, epoch, prompt_len, replacing)
+            return await self._faulty(kind, cur, tgt, ci, ti, s, epoch, prompt_len, replacing,
+                                      plan)
         finally:
             if (kind in KILLS or kind == "peer-restart") and not replacing:
                 self.up[down] = True  # the fault was not carried out (or the restart is done)
 
     async def _faulty(self, kind: str, cur: Agent, tgt: Agent, ci: int, ti: int, s: Session,
-                      epoch: int, prompt_len: int, replacing: list[bool]
-                      ) -> tuple[Agent, int, str]:
+                      epoch: int, prompt_len: int, replacing: list[bool],
+                      plan: HopPlan | None = None) -> tuple[Agent, int, str]:
         sid = s.session_id
         n_now = prompt_len + len(s.output_token_ids)
         split = max(BS, n_now // BS * BS) if kind == "bad-block" else \
             self.rng.choice((0, n_now // BS * BS))
-        rep = await cur.migration.trigger(sid, epoch, tgt.endpoint, split_tokens=split,
-                                          scheme=pb.SCHEME_PALLAS)
+        if plan is not None:
+            await self._trigger_at(cur, sid, epoch, plan.prepared, split)
+        else:
+            await cur.migration.trigger(sid, epoch, tgt.endpoint, split_tokens=split,
+                                        scheme=pb.SCHEME_PALLAS)
         ue = self._commit_point(s, prompt_len)
         if ue > 0:
             await s.wait_tokens(ue - 1, 120)
@@ -434,12 +475,7 @@ class Soak:
                 await self._unfill(tgt, busy)
             if locked is not None:
                 locked.release()
-        ok = rep.status == pb.STATUS_OK
-        self._count(kind, ok)
-        if not ok:
-            self.tally.refused.append((kind, pb.Status.Name(rep.status), rep.message[:300]))
-        else:
-            self._migrated()
+        ok = self._outcome(kind, rep, sid, epoch, plan)
         moved = ok and s.state == SessionState.HANDED_OVER
         if kind == "kill-target":
             t = tgt.sessions.get(sid) if moved else None
@@ -467,6 +503,8 @@ class Soak:
     async def _hop(self, kind: str, cur: Agent, s: Session, epoch: int, prompt_len: int
                    ) -> tuple[Agent, int, str]:
         """One hop of ``kind`` from ``cur``; returns (agent serving after it, epoch used, outcome)."""
+        if self.args.targets > 1 and kind in MULTI:
+            return await self._multi_hop(kind, cur, s, epoch, prompt_len)
         sid = s.session_id
         others = [a for a in self._live() if a is not cur]
         tgt = self.rng.choice(others)
@@ -496,14 +534,106 @@ class Soak:
         if ue > 0:
             await s.wait_tokens(ue - 1, 120)  # [] if it ends first: the commit then takes it as is
         rep = await mig.commit(sid, epoch, tgt.endpoint, scheme, ue_tokens=ue)
+        ok = self._outcome(kind, rep)
+        moved = ok and kind != "detour" and s.state == SessionState.HANDED_OVER
+        return (tgt if moved else cur), epoch + 1, "committed" if ok else pb.Status.Name(rep.status)
+
+    # ------------------------------------------------------------------ --targets K >= 2
+    def _plan(self, cur: Agent, unprepared: bool | None = None) -> HopPlan:
+        """Draw a multi-target hop from ``cur`` among the agents up (pallas_eval.soak_faults.
+        plan_targets) and count how many targets it prepares."""
+        plan = plan_targets(self.rng, [a for a in self._live() if a is not cur],
+                            self.args.targets, unprepared=unprepared)
+        self.multi[f"prepared {len(plan.prepared)}"] += 1
+        return plan
+
+    async def _trigger_at(self, cur: Agent, sid: str, epoch: int, targets: tuple, split: int
+                          ) -> None:
+        """Trigger ``sid`` of ``epoch`` at each of ``targets``, ``targets[r]`` with rank r."""
+        for rank, t in enumerate(targets):
+            rep = await cur.migration.trigger(sid, epoch, t.endpoint, split_tokens=split,
+                                              scheme=pb.SCHEME_PALLAS, rank=rank)
+            ok = rep.status == pb.STATUS_OK
+            self.multi[f"trigger rank {rank} " + ("ok" if ok else pb.Status.Name(rep.status))] += 1
+            if not ok:
+                self.trigger_refused[f"{pb.Status.Name(rep.status)}: {rep.message}"[:90]] += 1
+
+    def _watch_released(self, sid: str, epoch: int, targets) -> None:
+        """``targets`` must hold nothing of ``sid``'s ``epoch`` (no inbound attempt, so no
+        reservation either) once a Release had its time: checked ``lease_s`` + 2 s from now (a
+        lost Release is then covered by the lease's expiry; a later hop's newer epoch there is
+        not this one); each is checked again at the end."""
+        idx = [self._i(t) for t in targets]
+        self.released.extend((sid, epoch, i) for i in idx)
+
+        async def check() -> None:
+            await asyncio.sleep(self.args.lease_s + 2.0)
+            for i in idx:
+                inb = self.agents[i].migration.ctx.inbound.get(sid)
+                if inb is not None and inb.epoch == epoch:
+                    self.holding_after.append((sid[:12], epoch, self.agents[i].cfg.agent_id,
+                                               inb.state.value, self.hist.get(sid, [])[-3:]))
+
+        task = asyncio.get_running_loop().create_task(check())
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    def _outcome(self, kind: str, rep: pb.ControlReply, sid: str = "", epoch: int = 0,
+                 plan: HopPlan | None = None) -> bool:
+        """Count a hop's Commit reply (a migration when OK, else a refusal); with a
+        multi-target ``plan``, where it went (:meth:`_committed`). Returns whether OK."""
         ok = rep.status == pb.STATUS_OK
         self._count(kind, ok)
         if not ok:
             self.tally.refused.append((kind, pb.Status.Name(rep.status), rep.message[:300]))
-        if ok:
+        else:
             self._migrated()
-        moved = ok and kind != "detour" and s.state == SessionState.HANDED_OVER
-        return (tgt if moved else cur), epoch + 1, "committed" if ok else pb.Status.Name(rep.status)
+        if plan is not None:
+            self._committed(sid, epoch, plan, ok)
+        return ok
+
+    def _committed(self, sid: str, epoch: int, plan: HopPlan, ok: bool) -> None:
+        """Count where a multi-target commit went; after an OK every other target (all of
+        them after a fallback to an unprepared agent) must be released."""
+        where = "an unprepared agent" if plan.rank is None else f"rank {plan.rank}"
+        self.multi[f"commit at {where} " + ("ok" if ok else "not ok")] += 1
+        if ok:
+            self._watch_released(sid, epoch, plan.released)
+
+    async def _multi_hop(self, kind: str, cur: Agent, s: Session, epoch: int, prompt_len: int
+                         ) -> tuple[Agent, int, str]:
+        """One Pallas-style hop with ``--targets`` K >= 2 (see the module): Triggers of one
+        epoch at K targets (ranks 0..K-1), then ``cancel``: Cancel (every target released);
+        ``retarget-trigger``: a newer epoch's Triggers at K targets drawn again (the first ones
+        superseded); ``retarget-commit``: the Commit at an agent no Trigger named; else the
+        Commit where :func:`plan_targets` sends the UE."""
+        sid, mig = s.session_id, cur.migration
+        split = self.rng.choice((0, (prompt_len + len(s.output_token_ids)) // BS * BS))
+        # the commit of a cancel and a retarget-trigger's first epoch is never made: K prepared
+        plan = self._plan(cur, unprepared={"retarget-commit": True, "pallas": None}.get(kind, False))
+        await self._trigger_at(cur, sid, epoch, plan.prepared, split)
+        if kind == "cancel":
+            await asyncio.sleep(self.rng.uniform(0.0, 0.15))
+            rep = await mig.cancel(sid, epoch, "soak")
+            ok = rep.status == pb.STATUS_OK and s.state != SessionState.HANDED_OVER
+            self._count(kind, ok)
+            if ok:
+                self._watch_released(sid, epoch, plan.prepared)
+            return cur, epoch + 1, "cancelled"
+        if kind == "retarget-trigger":
+            await asyncio.sleep(self.rng.uniform(0.0, 0.1))
+            self._watch_released(sid, epoch, plan.prepared)   # superseded by the newer epoch
+            epoch += 1
+            plan = self._plan(cur)
+            await self._trigger_at(cur, sid, epoch, plan.prepared, split)
+        ue = self._commit_point(s, prompt_len)
+        if ue > 0:
+            await s.wait_tokens(ue - 1, 120)
+        rep = await mig.commit(sid, epoch, plan.commit.endpoint, pb.SCHEME_PALLAS, ue_tokens=ue)
+        ok = self._outcome(kind, rep, sid, epoch, plan)
+        moved = ok and s.state == SessionState.HANDED_OVER
+        return (plan.commit if moved else cur), epoch + 1, \
+            "committed" if ok else pb.Status.Name(rep.status)
 
     def _migrated(self) -> None:
         self.tally.migrations += 1
@@ -636,6 +766,7 @@ class Soak:
                     **{f"vllm-{i}": (_cpu_s([srv.proc.pid]) if srv.proc else 0.0)
                        + self.cpu_gone[f"vllm-{i}"] for i, srv in enumerate(self.servers)}}
         cpu0 = cpu_now()
+        self.leases0 = _lease_counts()
         sampler = asyncio.create_task(self._sampler()) if a.faults else None
         self.tally.rss_mib["start"] = round(_rss_mib(), 1)
         t0 = time.monotonic()
@@ -649,6 +780,8 @@ class Soak:
             wall_all = time.monotonic() - t0
             if sampler is not None:
                 sampler.cancel()
+            if self._checks:   # the last commits' other targets: each checked lease_s + 2 s on
+                await asyncio.gather(*list(self._checks))
             # Settle: every session ended; the housekeeping's expiry has had its period.
             await asyncio.sleep(max(2.0, a.lease_s / 2))
             for agent in self.agents:
@@ -679,7 +812,21 @@ class Soak:
                 "live_objects_grown_middle_to_end": {t: d for d, t in grew if d > 0},
                 "cpu_share_of_wall": {k: round(v / wall, 2) for k, v in cpu.items()},
                 "agents": a.agents, "concurrency": a.concurrency, "seed": a.seed,
+                "leases": lease_report(self.leases0, _lease_counts(),
+                                       REGISTRY.get_sample_value("pallas_leases_held") or 0.0),
+                "wasted_prefill_tokens": REGISTRY.get_sample_value(
+                    "pallas_wasted_prefill_tokens_total") or 0.0,
             }
+            if a.targets > 1:
+                report["multi_target"] = {
+                    "targets": a.targets, "hops": dict(sorted(self.multi.items())),
+                    "triggers_not_ok": dict(self.trigger_refused.most_common(10)),
+                    "released_targets_checked": len(self.released),
+                    "holding_after_lease": self.holding_after[:30],
+                    "holding_after_lease_n": len(self.holding_after),
+                    "holding_at_end": sorted({
+                        (sid[:12], e, self.agents[i].cfg.agent_id) for sid, e, i in self.released
+                        if sid in self.agents[i].migration.ctx.inbound})[:30]}
             if a.tracemalloc:
                 report["traced_growth_middle_to_end"] = growth
             if a.faults:
@@ -732,6 +879,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease-s", type=float, default=10.0)
     p.add_argument("--session-ttl-s", type=float, default=5.0,
                    help="the agents forget ended sessions after this long (housekeeping)")
+    p.add_argument("--targets", type=int, default=1,
+                   help="K: every Pallas-style hop Triggers K targets of one epoch (issue 45; "
+                        "1: one target, as before); <= --agents - 1")
     p.add_argument("--seed", type=int, default=12)
     p.add_argument("--json", help="also write the report here")
     p.add_argument("--faults", action="store_true",
@@ -750,6 +900,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.agents < 2:
         p.error("--agents must be >= 2")
+    if not 1 <= args.targets <= args.agents - 1:
+        p.error(f"--targets must be in 1..--agents - 1 ({args.agents - 1}), got {args.targets}")
     report = asyncio.run(Soak(args).run())
     text = json.dumps(report, indent=1, default=str)
     print(text)
@@ -757,6 +909,17 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(text)
     leaked = sum(report["leaked_kv_blocks"])
     held = any(any(v for v in h.values()) for h in report["held_end"])
+    ls, mt = report["leases"], report.get("multi_target")
+    print(f"\nleases (every agent): granted {ls['granted']}, renewed {ls['renewed']}, committed "
+          f"{ls['committed']}, released {ls['released']}, expired {ls['expired']}, evicted "
+          f"{ls['evicted']}, held at the end {ls['held_end']}, balanced {ls['balanced']}; "
+          f"wasted prefill tokens {report['wasted_prefill_tokens']:.0f}")
+    leases_bad = ls["held_end"] or not ls["balanced"]
+    if mt is not None:
+        print(f"targets K={mt['targets']}: {mt['hops']}; released targets checked "
+              f"{mt['released_targets_checked']}, still holding lease_s + 2 s later "
+              f"{mt['holding_after_lease_n']}, at the end {len(mt['holding_at_end'])}")
+        leases_bad = leases_bad or mt["holding_after_lease_n"] or mt["holding_at_end"]
     f = report.get("faults")
     if f is not None:
         print(f"\nfaults: {f['injected_total']} injected {f['injected']} "
@@ -766,7 +929,7 @@ def main(argv: list[str] | None = None) -> int:
               f"lost to an agent restart {f['lost_to_agent_restart']}; restarts "
               f"{len(f['restarts'])}; migrations by kind/outcome {report['ops']}")
         bad = (f["short_no_error"] or f["never_ended"] or f["two_holders"] or f["mismatched"]
-               or leaked or held or report["failures"])
+               or leaked or held or report["failures"] or leases_bad)
         print(f"soak --faults: {report['migrations']} migrations in {report['wall_s']} s, "
               f"{report['sessions']} sessions, leaked KV blocks {leaked}, agents holding "
               f"anything: {held}, CPU s {report['cpu_s']}")
@@ -776,7 +939,8 @@ def main(argv: list[str] | None = None) -> int:
           f"mismatches {len(report['mismatches'])}, failures {len(report['failures'])}, "
           f"leaked KV blocks {leaked}, agents holding anything: {held}, "
           f"RSS MiB {report['rss_mib']}, CPU s {report['cpu_s']}")
-    return 0 if not report["mismatches"] and not leaked and not held and not report["failures"] else 1
+    return 0 if not report["mismatches"] and not leaked and not held and not report["failures"] \
+        and not leases_bad else 1
 
 
 if __name__ == "__main__":

@@ -607,12 +607,18 @@ class Target:
     async def expire(self, now: float | None = None) -> int:
         """Drop prepared attempts whose lease ran out (no message from their source for
         ``lease_s``); returns how many were dropped (a lost Release or a dead source frees the
-        target this way)."""
+        target this way). Each is re-read before it is dropped: a renewal, a Sync or a Release
+        that came while an earlier one was dropped keeps it or already ended it."""
         now = time.monotonic() if now is None else now
-        stale = [i for i in self.ctx.inbound.values() if i.state == TargetState.PREPARING
-                 and now - i.touched > self.ctx.cfg.lease_s]
-        for inb in stale:
+        stale = [(i, i.touched) for i in self.ctx.inbound.values()
+                 if i.state == TargetState.PREPARING and now - i.touched > self.ctx.cfg.lease_s]
+        n = 0
+        for inb, seen in stale:
+            if inb.touched != seen or inb.state != TargetState.PREPARING \
+                    or self.ctx.inbound.get(inb.session_id) is not inb:
+                continue
             log.info("lease_expired", session=inb.session_id, epoch=inb.epoch,
                      silent_s=round(now - inb.touched, 3))
             await self.drop_inbound(inb, "lease expired: source silent", event="expired")
-        return len(stale)
+            n += 1
+        return n

@@ -6,7 +6,10 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from pallas_eval.soak_faults import KILLS, FaultSchedule, classify, decoding_at_once
+import pytest
+
+from pallas_eval.soak_faults import (KILLS, FaultSchedule, classify, decoding_at_once,
+                                     lease_report, plan_targets)
 
 REF = [5, 6, 7, 8, 9]
 
@@ -46,3 +49,46 @@ def test_two_copies_publishing_at_once_are_caught_a_handover_or_a_frozen_source_
     same = [("s5", "a", True, 1, 2), ("s5", "a", True, 0, 3)]             # two copies, one agent
     assert decoding_at_once(handover + frozen + both + idle + same) == {"s3"}
     assert decoding_at_once([]) == set()
+
+
+def test_a_multi_target_hop_prepares_k_distinct_targets_and_commits_mostly_at_rank_0():
+    rng, others = random.Random(4), ["a", "b", "c", "d"]
+    plans = [plan_targets(rng, others, 3, p_first=0.6, p_unprepared=0.1) for _ in range(4000)]
+    ranks = Counter(p.rank for p in plans)
+    for p in plans:
+        assert len(p.prepared) == 3 == len(set(p.prepared)) and set(p.prepared) <= set(others)
+        assert p.commit in others and p.commit not in p.released
+        assert len(p.released) == (3 if p.rank is None else 2)
+    assert 0.08 < ranks[None] / 4000 < 0.12                      # unprepared: all released
+    assert 0.6 * 0.9 * 0.93 < ranks[0] / 4000 < 0.6 * 0.9 * 1.07
+    assert abs(ranks[1] - ranks[2]) < 0.15 * ranks[1]            # the other ranks uniformly
+    assert {p.prepared[0] for p in plans} == set(others)         # every agent gets rank 0
+
+
+def test_a_multi_target_hop_with_few_agents_prepares_what_there_is():
+    rng = random.Random(5)
+    solo = plan_targets(rng, ["a"], 2, p_unprepared=1.0)      # one agent up: no fallback possible
+    assert solo.prepared == ("a",) and solo.commit == "a" and solo.rank == 0
+    two = [plan_targets(rng, ["a", "b"], 2, p_unprepared=0.0, p_first=0.0) for _ in range(50)]
+    assert all(p.rank == 1 and len(p.prepared) == 2 for p in two)   # p_first takes effect
+    fb = plan_targets(rng, ["a", "b"], 2, unprepared=True)    # K-1 prepared, the other reached
+    assert len(fb.prepared) == 1 and fb.rank is None and fb.released == fb.prepared
+    one = plan_targets(rng, ["a", "b", "c"], 1, unprepared=False)
+    assert len(one.prepared) == 1 and one.commit == one.prepared[0]
+    for bad in ({"k": 0}, {"k": 2, "p_first": 1.5}, {"k": 2, "p_unprepared": -0.1}):
+        with pytest.raises(ValueError):
+            plan_targets(rng, ["a", "b"], **bad)
+    with pytest.raises(ValueError):
+        plan_targets(rng, [], 2)
+
+
+def test_the_lease_report_counts_the_run_and_finds_a_lease_that_never_ended():
+    before = {"granted": 5, "renewed": 2, "released": 5}
+    after = {"granted": 15, "renewed": 40, "committed": 4, "released": 9, "expired": 1,
+             "evicted": 1}
+    r = lease_report(before, after, 0)
+    assert r == {"granted": 10, "renewed": 38, "committed": 4, "released": 4, "expired": 1,
+                 "evicted": 1, "held_end": 0, "balanced": True}
+    assert lease_report(before, after, 1)["balanced"] is False     # one held too many
+    assert lease_report(before, {**after, "granted": 16}, 0)["balanced"] is False  # one lost
+    assert lease_report(before, {**after, "granted": 16}, 1)["balanced"] is True   # still held

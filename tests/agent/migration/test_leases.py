@@ -64,6 +64,31 @@ def test_a_renewal_moves_the_lease_on_and_silence_past_it_expires_it():
     assert delta(before) == {"granted": 1, "renewed": 1, "expired": 1, "wasted": 64}
 
 
+def test_a_renewal_that_comes_while_the_expiry_drops_another_lease_keeps_its_own():
+    """Found by ``soak.py --faults --targets 2``: after a 10 s stall of the agents' process the
+    housekeeping found two leases silent past ``lease_s``; the source's renewal of the second
+    came while the first was being dropped, and the second was expired anyway (logged
+    ``silent_s=-0.736``). The expiry re-reads each lease before it drops it."""
+    async def run():
+        m, hub, eng = _engine(lease_s=1.0)
+        for sid in ("s", "t"):
+            assert (await m.target.on_prepare(_prep(sid=sid, expected=BLOCK))).status == pb.STATUS_OK
+        await asyncio.sleep(0)
+        later = max(i.touched for i in m.ctx.inbound.values()) + 1.0 + 1e-3
+        drop = m.target.drop_inbound
+
+        async def renewing_t(inb, reason, event="released"):   # "t" renewed meanwhile
+            if inb.session_id == "s":
+                assert (await m.target.on_renew(_renew("t"))).status == pb.STATUS_OK
+            return await drop(inb, reason, event)
+
+        m.target.drop_inbound = renewing_t
+        n = await m.target.expire(now=later)
+        return n, sorted(m.ctx.inbound)
+
+    assert asyncio.run(run()) == (1, ["t"])
+
+
 def test_every_message_of_the_attempt_renews_it():
     async def run():
         m, hub, eng = _engine(lease_s=1.0)
