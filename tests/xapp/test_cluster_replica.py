@@ -14,12 +14,11 @@ import copy
 import json
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from xapp.cluster.leases import Heartbeat
+from xapp.cluster.leases import Heartbeat, LeaseCounters
 from xapp.cluster.replica import ClusterReplica
 from xapp.config import load_controls
 from xapp.e2.transport import RIC_INDICATION, RmrMessage
@@ -38,21 +37,11 @@ def _config(nodes=NODES, **cluster):
     return load_controls(c)
 
 
-@dataclass
-class _Counters:
-    claims: int = 0
-    releases: int = 0
-    losses: int = 0
-    records_handed_over: int = 0
-    cas_conflicts: int = 0
-    writes_refused: dict = field(default_factory=dict)
-
-
 class FakeLeases:
     """A lease store without SDL: ``held`` is what the next heartbeat leaves owned."""
 
     def __init__(self, me="xapp-0", nodes=NODES):
-        self.me, self.nodes, self.counters = me, tuple(nodes), _Counters()
+        self.me, self.nodes, self.counters = me, tuple(nodes), LeaseCounters()
         self.held: set[str] = set()
         self._owned: set[str] = set()
         self.beats = 0

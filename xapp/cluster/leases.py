@@ -102,7 +102,9 @@ class _Held:
 
 
 @dataclass
-class _Counters:
+class LeaseCounters:
+    """What a replica's leases and session records did since it started (the metrics read them)."""
+
     claims: int = 0
     releases: int = 0
     losses: int = 0
@@ -151,7 +153,7 @@ class NodeLeases:
         self.max_claims, self.max_releases = int(max_claims), int(max_releases)
         self.clock = clock
         self.membership = Membership(replica_id, lease_s if join_delay_s is None else join_delay_s)
-        self.counters = _Counters()
+        self.counters = LeaseCounters()
         self._held: dict[str, _Held] = {}
         self._mu = threading.Lock()
         self._alive: Any = None   # this replica's liveness lock
