@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run N xApp replicas (test mode, controls.cluster enabled, --replica-id xapp-0..N-1) "
                         "sharing the E2 nodes through a private redis-server (docs/scale-out.md; needs "
                         "redis-server); default 1: one xApp")
+    r.add_argument("--kill-replica", default=None, metavar="I@T",
+                   help="with --xapp-replicas N: SIGKILL replica I (0..N-1) T seconds of trace time after the "
+                        "replay's start (its leases left to expire); the summary reports the fail-over "
+                        "(pallas_eval.failover)")
     _add_experiment_parser(sub)
     rep = sub.add_parser("report", help="render replay runs' summary.json as a Markdown results page")
     rep.add_argument("runs", nargs="+", help="pallas replay output folders (each holds summary.json)")
@@ -229,7 +233,23 @@ def options_from_args(a: argparse.Namespace) -> rp.ReplayOptions:
                             simulate_only=a.simulate, rates=a.rates, xapp_python=a.xapp_python, lead_s=a.lead_s,
                             tls=not a.insecure, first_session_spread_s=a.first_session_spread_s,
                             seeds=_seeds(a.seeds), xapp_controls=xapp_overlay(a.xapp_profile, a.xapp_set),
-                            xapp_replicas=a.xapp_replicas)
+                            xapp_replicas=a.xapp_replicas, kill_replica=_kill(a))
+
+
+def _kill(a: argparse.Namespace):
+    """``--kill-replica I@T`` as a pallas_eval.failover.KillSpec (None without it). Raises
+    SystemExit with one line for a malformed one, I not below --xapp-replicas, T not > 0 or,
+    for a generated drive, not before its --duration-s."""
+    if a.kill_replica is None:
+        return None
+    from pallas_eval.failover import check_within, parse_kill
+    try:
+        k = parse_kill(a.kill_replica, a.xapp_replicas)
+        if not a.trace:
+            check_within(k, a.duration_s)
+    except ValueError as exc:
+        raise SystemExit(f"pallas replay: {exc}") from None
+    return k
 
 
 def xapp_overlay(profiles: Sequence[str], settings: Sequence[str]) -> dict:

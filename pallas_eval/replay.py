@@ -26,8 +26,10 @@ import json
 import math
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -99,6 +101,9 @@ class ReplayOptions:
     #: xApp replicas (issue 46, pallas_eval.replicas): 1 = one xApp as ever; N > 1 = N test-mode
     #: processes with controls.cluster enabled on a private redis-server
     xapp_replicas: int = 1
+    #: with several replicas, replica ``kill_replica.replica`` is SIGKILLed ``kill_replica.at_s``
+    #: seconds of trace time after the replay's start (pallas_eval.failover.KillSpec); None: none
+    kill_replica: Any = None
     # ... and extra options of the generated drive (python -m pallas_eval.prepare --generate ...,
     # e.g. ("--isd-m", "100") or ("--convoy",)).
     generate_args: tuple[str, ...] = ()
@@ -116,6 +121,9 @@ class SchemeRun:
     errors: list[str]
     offset: float
     cpu: dict[str, float] = field(default_factory=dict)
+    #: the replica killed mid-run (``--kill-replica``): {"replica", "t" (wall time of the
+    #: SIGKILL), "lease_s", "heartbeat_s"}; {} when none was
+    kill: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -426,6 +434,8 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
            "--start-at", f"{start_at:.6f}", "--events", str(events), "--nrt", str(opts.out_dir / "input" / "nrt.json"),
            "--linger-s", "5"] + (["--tls"] if opts.tls else ["--insecure"]) + list(opts.xapp_args)
     xapps = _start_xapps(sup, scheme, cmd, events, n_xapps)
+    kill: dict[str, Any] = {}
+    timer = _kill_timer(opts, xapps, start_at, desc, kill)
     if cpu is not None:
         for name, child, _ in xapps:
             cpu.add(name, child.popen.pid)
@@ -458,7 +468,11 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
             t.cancel()
 
     snap0 = cpu.snapshot() if cpu is not None else None
-    outcomes = asyncio.run(main())
+    try:
+        outcomes = asyncio.run(main())
+    finally:
+        if timer is not None:
+            timer.cancel()
     cpu_share = {}
     if cpu is not None:
         from pallas_eval.cpu import cpu_share as share
@@ -490,7 +504,72 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
     for e in evs:
         if e.get("kind") == "late_start":
             errors.append(f"the xApp started {e.get('late_s', 0):.2f} s after the replay's start (raise start_delay_s)")
-    return SchemeRun(scheme, start_at, sessions, specs, evs, errors, offset, cpu_share)
+    if opts.kill_replica is not None and not kill:
+        errors.append(f"--kill-replica {opts.kill_replica}: the replica was not killed (it had ended)")
+    return SchemeRun(scheme, start_at, sessions, specs, evs, errors, offset, cpu_share, kill)
+
+
+def _kill_timer(opts: ReplayOptions, xapps: Sequence[tuple[str, Any, Path | None]], start_at: float,
+                desc: dict, kill: dict[str, Any]) -> threading.Timer | None:
+    """With ``opts.kill_replica`` (pallas_eval.failover.KillSpec), a started timer that
+    SIGKILLs that replica's process group at ``start_at + at_s`` (wall time) and fills ``kill``
+    (module pallas_eval.failover's inputs: replica, wall time, the lease time and heartbeat of
+    the replicas' descriptor ``desc``). Its leases are left to expire; a replica that already
+    ended is not killed (``kill`` stays empty). None without a kill."""
+    k = opts.kill_replica
+    if k is None:
+        return None
+    from pallas_eval.replicas import replica_id
+    rid = replica_id(k.replica)
+    child = next(c for name, c, _ in xapps if name == rid)
+    cluster = desc["controls"].get("cluster") or {}
+
+    def fire() -> None:
+        if not child.alive():
+            return
+        t = time.time()
+        try:
+            os.killpg(child.pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        kill.update(replica=rid, t=t, lease_s=float(cluster.get("lease_s", 0.0)),
+                    heartbeat_s=float(cluster.get("heartbeat_s", 0.0)))
+        log.info("replica killed", replica=rid, at_s=round(t - start_at, 3))
+
+    timer = threading.Timer(max(0.0, start_at + float(k.at_s) - time.time()), fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def trace_indications(path: str | Path, offset: float) -> dict[str, list[float]]:
+    """E2 node -> wall times (the record's time + ``offset``) of the trace's RIC indications
+    (RMR type 12050), in order: what every test-mode replica is fed (xapp.e2.trace)."""
+    from xapp.e2.trace import read_trace
+    out: dict[str, list[float]] = {}
+    for r in read_trace(path):
+        if r.mtype == 12050:
+            out.setdefault(r.e2_node, []).append(r.time + offset)
+    return out
+
+
+def failover_of(run: SchemeRun, plan: dict, rows: Sequence[HandoverRow]) -> dict | None:
+    """The fail-over report (pallas_eval.failover.failover_report) of a run in which a replica
+    was killed, from its events, the trace's indications and its per-handover ``rows``; None
+    for a run without a kill."""
+    if not run.kill:
+        return None
+    from pallas_eval.failover import failover_report
+    t_kill = float(run.kill["t"])
+    seen = {s.session_id: {"error": s.error,
+                           "agents_after_kill": sorted({a for t, a in zip(s.times, s.agents) if t >= t_kill})}
+            for s in run.sessions}
+    return failover_report(run.events, killed=run.kill["replica"], t_kill=t_kill, start_at=run.start_at,
+                           lease_s=run.kill["lease_s"], heartbeat_s=run.kill["heartbeat_s"],
+                           indications=trace_indications(plan["trace"], run.offset),
+                           rows=[(r.ue_id, r.time_s + run.start_at, r.session_id, r.outcome) for r in rows
+                                 if r.scheme == run.scheme],
+                           sessions=seen)
 
 
 def _start_xapps(sup: Supervisor, scheme: str, cmd: list[str], events: Path,

@@ -22,6 +22,7 @@ import numpy as np
 from pallas_common.schemes import spec_for
 from pallas_eval import replay as rp
 from pallas_eval.experiments import presets as PR
+from pallas_eval.failover import check_within, failover_lines
 from pallas_eval.lengths import LengthSampler, ue_session_stream
 from pallas_eval.ues import first_session_delay
 from pallas_eval.results_page import provenance
@@ -179,6 +180,11 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
         con.print(f"input{f' (seed {sd})' if opts.seeds else ''}: {plan['source']}: {len(plan['ues'])} UE(s), "
                   f"{len(plan['handovers'])} handover(s), {len(plan['cells'])} cell(s), "
                   f"{plan['t_last'] - plan['t_first']:.0f} s")
+        if opts.kill_replica is not None:
+            try:
+                check_within(opts.kill_replica, float(plan["t_last"]) - float(plan["t_first"]))
+            except ValueError as e:
+                raise SystemExit(f"pallas replay: {e}") from None
         mapping = rp.server_map(plan, opts.servers)
         hard = [(h[2], h[3]) for h in plan["handovers"]]
         con.print(f"cells -> servers: {', '.join(f'{c}->edge-{i}' for c, i in sorted(mapping.items()))}"
@@ -265,6 +271,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     leftover = sup.leftovers()
 
     rows_all, summaries, sit_by, itl_by, gaps_by, post_by = [], [], {}, {}, {}, {}
+    failovers: dict[str, list[dict]] = {}     # scheme -> one report per run with a replica killed
     for sch in schemes:     # the seeds' runs of a scheme pooled
         mine = [r for r in runs if r.scheme == sch]
         rows, sits = [], []
@@ -273,6 +280,9 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
             rw, st = rp.handover_rows(r, pl, mp, servers)
             rows += rw
             sits += st
+            fo = rp.failover_of(r, pl, rw)
+            if fo is not None:
+                failovers.setdefault(sch, []).append(fo)
         sessions = [s for r in mine for s in r.sessions]
         gaps_by[sch] = gap_between_tokens(sits)
         post_by[sch] = post_handover_itls(sessions, sits)
@@ -342,6 +352,10 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
     con.print(regime.describe())
     if pacing:
         con.print(("[green]" if pacing["held"] else "[red]") + pacing["verdict"] + "[/]")
+    for sch, reps in failovers.items():
+        for rep in reps:
+            for line in failover_lines(rep):
+                con.print(f"{sch}: {line}", markup=False)
     errors: dict[str, list] = {}
     for r in runs:
         if r.errors:
@@ -358,7 +372,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                                       "simulated": sim, "live_vs_model": vs_model,
                                       "itl_by_relay_hops": {sch: {str(k): itl_stats(g) for k, g in v.items()} for sch, v in hop_itls.items()},
                                       "itl_after_handover": {sch: itl_stats(g) for sch, g in post_by.items()},
-                                      "preparation": prep,
+                                      "preparation": prep, "failover": failovers,
                                       "agent_counters": counters, "errors": errors,
                                       "leftover_pids": sorted(leftover), "wall_s": time.time() - t_start,
                                       "load_avg_end": round(os.getloadavg()[0], 2)})
@@ -371,6 +385,7 @@ def run_replay(opts: rp.ReplayOptions, con) -> dict:
                   [float(h[1]) - float(plan["t_first"]) for h in plan["handovers"] if h[0] == ue0], t0=0.0)
     con.print(f"wrote {out}/handovers.csv, summary.csv, summary.json, sit_cdf.png, itl_cdf.png, timeline.png")
     return {**result, "summary": [s.as_dict() for s in summaries], "leftover_pids": sorted(leftover),
+            "failover": failovers,
             "pacing": pacing, "cpu": {r.scheme: r.cpu for r in runs},
             "started_pids": sorted(sup.started_pids), "runs": runs, "rows": rows_all, "errors": errors}
 

@@ -70,16 +70,22 @@ def replica_commands(argv: Sequence[str], n: int) -> list[tuple[str, list[str], 
 def merge_events(files: Sequence[tuple[str, Path]]) -> list[dict[str, Any]]:
     """The events of every replica (``[(replica id, events file)]``; a missing file: none),
     each tagged with its ``replica``, in the order of their wall time ``t`` (s since 1970;
-    ties keep each file's order)."""
+    ties keep each file's order). A file's last line cut short (a replica killed while writing
+    it, ``--kill-replica``) is left out; a bad line elsewhere raises ValueError."""
     evs: list[tuple[float, int, dict]] = []
     for rid, path in files:
         if not Path(path).exists():
             continue
-        for line in Path(path).read_text().splitlines():
-            if line.strip():
+        lines = [x for x in Path(path).read_text().splitlines() if x.strip()]
+        for k, line in enumerate(lines):
+            try:
                 e = json.loads(line)
-                e["replica"] = rid
-                evs.append((float(e.get("t") or 0.0), len(evs), e))
+            except ValueError:
+                if k == len(lines) - 1:
+                    continue
+                raise
+            e["replica"] = rid
+            evs.append((float(e.get("t") or 0.0), len(evs), e))
     return [e for _, _, e in sorted(evs, key=lambda x: (x[0], x[1]))]
 
 

@@ -200,6 +200,10 @@ def render_run(data: Mapping[str, Any], title: str) -> str:
     pacing = data.get("pacing") or {}
     if pacing.get("verdict"):
         lines += [f"Pacing: {pacing['verdict']}", ""]
+    for sch, reps in sorted((data.get("failover") or {}).items()):   # pallas replay --kill-replica
+        from pallas_eval.failover import failover_lines
+        for rep in reps:
+            lines += [f"- {sch}: {line.strip()}" for line in failover_lines(rep)] + [""]
     errs = data.get("errors") or {}
     if errs:
         lines += [f"Errors: {sum(len(v) for v in errs.values())} (in summary.json)", ""]

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from pallas_common.tls import LinkSecurity
     from pallas_proto import pallas_pb2 as pb
     from xapp.cluster.arrivals import ArrivalRelay
+    from xapp.cluster.leases import Heartbeat
     from xapp.cluster.replica import ClusterReplica
     from xapp.cluster.sessions import SessionGuard
     from xapp.e2.ingest import IngestConfig
@@ -147,6 +148,7 @@ class PallasXapp:
         self.cluster = cluster
         if cluster is not None:
             cluster.attach(lambda: self.config, subscriptions)
+            cluster.on_beat = self._lease_event
             self.control.arrivals = True     # a handover may start at another replica's node
         self.relay = self._arrival_relay(cluster)
         self.handlers[RIC_INDICATION] = IndicationHandler(self.control, None if cluster is None else cluster.admit)
@@ -181,6 +183,13 @@ class PallasXapp:
         relay.attach(self.control.on_forwarded, self.control.on_unanswered)
         self.control.relay = self.guard.relay = cluster.relay = relay
         return relay
+
+    def _lease_event(self, hb: Heartbeat) -> None:
+        """A ``lease`` event (nodes claimed, released, lost, owned) for a heartbeat that changed
+        the nodes this replica owns: the replay times a fail-over from them (pallas_eval.failover)."""
+        fields = hb.changes()
+        if fields is not None:
+            self.events.write("lease", **fields)
 
     def _ue_view(self, ue_id: str) -> tuple[int, float] | None:
         """(serving cell, trace time of the latest report) of a UE this xApp tracks, or None."""

@@ -63,7 +63,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import structlog
 
@@ -489,9 +489,22 @@ def run_test(b: Built, a: argparse.Namespace, done: threading.Event) -> int:
     while not done.is_set() and time.time() < end:
         done.wait(0.1)
     events.write("end", delivered=transport.delivered, ingest=dict(app.ingest.stats), cycles=app.cycles,
-                 predictions_held=getattr(b.hold, "held", 0))
+                 predictions_held=getattr(b.hold, "held", 0), **_cluster_end(app))
     app.stop()
     return 0
+
+
+def _cluster_end(app: Any) -> dict[str, Any]:
+    """A replica's part of the ``end`` event (``{}`` without ``controls.cluster``): per E2 node
+    the indications it handled and dropped (not owned), its lease counters, the nodes it owns."""
+    if app.cluster is None:
+        return {}
+    from xapp.e2.transport import RIC_INDICATION
+    c = app.cluster.leases.counters
+    handler = app.handlers.get(RIC_INDICATION)
+    return {"cluster": {"admitted": dict(getattr(handler, "admitted", {})),
+                        "dropped": dict(app.cluster.dropped), "owned": list(app.cluster.leases.owned()),
+                        "claims": c.claims, "releases": c.releases, "losses": c.losses}}
 
 
 def run_live(b: Built, a: argparse.Namespace, done: threading.Event) -> int:

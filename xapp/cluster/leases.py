@@ -93,6 +93,15 @@ class Heartbeat:
     live: tuple[str, ...] = ()
     seen: tuple[str, ...] = ()
 
+    def changes(self) -> dict[str, list[str]] | None:
+        """The fields of a ``lease`` event (``claimed``, ``released``, ``lost``, ``owned``: lists
+        of node ids) when this heartbeat changed the owned set, else None. The replay reads them
+        to time a fail-over (``pallas_eval.failover``)."""
+        if not (self.claimed or self.released or self.lost):
+            return None
+        return {"claimed": list(self.claimed), "released": list(self.released),
+                "lost": list(self.lost), "owned": list(self.owned)}
+
 
 @dataclass
 class _Held:

@@ -89,6 +89,9 @@ class ClusterReplica:
         self.resyncs = 0                        # subscriptions.sync calls for a new owned set
         #: the replica's ``xapp.cluster.arrivals.ArrivalRelay`` (set by the xApp), for metrics
         self.relay: Any = None
+        #: called with every heartbeat SDL answered, on the heartbeat thread (set by the xApp:
+        #: its ``lease`` events); an exception there is logged, never raised
+        self.on_beat: Callable[[Heartbeat], None] | None = None
         self._config: Callable[[], XappConfig] | None = None
         self._subscriptions: SubscriptionPort | None = None
         self._synced: frozenset[str] | None = None   # the owned set the subscriptions follow
@@ -171,6 +174,11 @@ class ClusterReplica:
         except Exception as e:   # SDL unreachable: leases run out by this replica's clock
             self.heartbeat_failures += 1
             log.error("heartbeat_failed", replica=self.replica_id, error=repr(e))
+        if hb is not None and self.on_beat is not None:
+            try:
+                self.on_beat(hb)
+            except Exception as e:
+                log.error("on_beat_failed", replica=self.replica_id, error=repr(e))
         if self._subscriber is not None:
             self._wake.set()
         else:
