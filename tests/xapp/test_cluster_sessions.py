@@ -131,6 +131,19 @@ class _Machine:
         self.ue_id, self.epoch = "ue-1", epoch
 
 
+class _OneSession:
+    """The engine of one session ``s1``, its epoch moved by the engine's own ``renumber``."""
+
+    from xapp.scheduler.engine import SchedulerEngine
+    renumber = SchedulerEngine.renumber
+
+    def __init__(self, sm):
+        self._slot, self._sm = {"s1": 0}, [sm]
+
+    def session(self, sid):
+        return self._sm[self._slot[sid]]
+
+
 def _replica(rid, node, ns, epoch):
     from xapp.cluster.leases import NodeLeases, open_sdl
     from xapp.cluster.sessions import SessionGuard
@@ -140,7 +153,7 @@ def _replica(rid, node, ns, epoch):
     assert leases.owned() == (node,)        # x0 and x1: rendezvous gives A to x0, B to x1
     sm = _Machine(epoch)
     views: dict[str, tuple[int, float]] = {}
-    engine = SimpleNamespace(session=lambda sid: sm)
+    engine = _OneSession(sm)
     cfg = _config()
     guard = SessionGuard(leases, MemoryStore(), engine, views.get, lambda: cfg, threading.RLock())
     return guard, views, sm

@@ -73,11 +73,12 @@ class SessionGuard:
     Args:
         leases: this replica's :class:`~xapp.cluster.leases.NodeLeases`.
         store: the xApp's epoch store (``xapp.store.XappStore``): the generation it numbers in.
-        engine: the Scheduler Engine (``session(id)`` -> its state machine, KeyError when gone).
+        engine: the Scheduler Engine (``session(id)`` -> its state machine, KeyError when gone;
+            ``renumber``: :meth:`xapp.scheduler.engine.SchedulerEngine.renumber`).
         ue_view: UE id -> (serving cell, time of its latest report) as this replica's
             indications show it, or None for a UE it does not track.
         config_of: the configuration in force (cells -> agents -> E2 nodes).
-        lock: the engine's lock (the state machine's epoch is moved under it).
+        lock: the engine's lock (the state machine's epoch is moved under it, by the engine).
     """
 
     def __init__(self, leases: Any, store: XappStore, engine: Any,
@@ -153,14 +154,12 @@ class SessionGuard:
             return action
         fresh = self.store.allocate_epoch(action.session_id)
         with self._lock:
-            try:
-                sm = self.engine.session(action.session_id)
-            except KeyError:
-                sm = None
-            if sm is not None:
-                # the attempt now runs under ``fresh``; after a commit the next one goes above
-                sm.epoch = fresh if action.rpc == "Trigger" else max(
-                    int(sm.epoch), self.store.allocate_epoch(action.session_id))
+            # a Trigger's attempt now runs under ``fresh``; after a commit the next one goes above
+            if action.rpc == "Trigger":
+                self.engine.renumber(action.session_id, fresh)
+            else:
+                self.engine.renumber(action.session_id, self.store.allocate_epoch(action.session_id),
+                                     next_above=True)
         self.renumbered += 1
         log.info("order_renumbered", session=action.session_id, rpc=action.rpc,
                  epoch=action.epoch, fresh=fresh, generation=self.store.generation)

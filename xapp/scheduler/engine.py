@@ -327,6 +327,20 @@ class SchedulerEngine:
         """The state machine of ``session_id`` (KeyError if unknown)."""
         return self._sm[self._slot[session_id]]  # type: ignore[return-value]
 
+    def renumber(self, session_id: str, epoch: int, *, next_above: bool = False) -> bool:
+        """Move ``session_id``'s state machine to migration epoch ``epoch``, given to one of its
+        orders outside the engine (a scale-out take-over, docs/scale-out.md §3 rule 3): the
+        attempt runs under it (its later Commit or Cancel carries it); ``next_above``: an
+        attempt ended with that order (a fallback Commit), so only the next attempt's epoch is
+        raised to at least ``epoch``, never lowered. Returns False for a session not tracked.
+        Call under the lock the engine's callers share."""
+        slot = self._slot.get(session_id)
+        sm = None if slot is None else self._sm[slot]
+        if sm is None:
+            return False
+        sm.epoch = max(int(sm.epoch), int(epoch)) if next_above else int(epoch)
+        return True
+
     def sessions_of(self, ue_id: str) -> list[SessionMigration]:
         """The state machines of ``ue_id``'s sessions."""
         return [self._sm[s] for s in self._ue_slots.get(ue_id, ())]  # type: ignore[misc]
