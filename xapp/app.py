@@ -182,10 +182,11 @@ class PallasXapp:
         self.control.relay = self.guard.relay = cluster.relay = relay
         return relay
 
-    def _ue_view(self, ue_id: str) -> tuple[int, float] | None:
-        """(serving cell, trace time of the latest report) of a UE this xApp tracks, or None."""
+    def _ue_view(self, ue_id: str) -> tuple[int, float, str] | None:
+        """(serving cell, trace time of the latest report, the E2 node (MEID) it came from, ""
+        when unknown) of a UE this xApp tracks, or None."""
         ue = self.control.ues.get(ue_id)
-        return None if ue is None else (ue.serving_cell, ue.last_heard)
+        return None if ue is None else (ue.serving_cell, ue.last_heard, ue.e2_node)
 
     @staticmethod
     def _endpoints(config: XappConfig) -> dict[str, AgentEndpoint]:

@@ -46,8 +46,9 @@ _PASS_STATES = frozenset({SessionState.NEW, SessionState.SERVING, SessionState.M
 @dataclass
 class UEState:
     """What the xApp knows of one UE: its serving cell and since when, when it was last heard
-    (trace clock), its S-NSSAI (``"SST"`` or ``"SST-SD"``; None while unknown), and the handover
-    time its latest prediction gave (trace clock, NaN: none)."""
+    (trace clock), its S-NSSAI (``"SST"`` or ``"SST-SD"``; None while unknown), the handover
+    time its latest prediction gave (trace clock, NaN: none), and the E2 node (RMR MEID) its
+    latest report came from ("" when unknown: a view forwarded by another replica)."""
 
     ue_id: str
     serving_cell: int = -1
@@ -56,6 +57,7 @@ class UEState:
     last_heard: float = float("nan")
     snssai: str | None = None
     predicted_t_ho: float = float("nan")
+    e2_node: str = ""
 
 
 class ControlLoop:
@@ -122,7 +124,8 @@ class ControlLoop:
         with self._lock:
             ue = self.ues.get(r.ue_id)
             if ue is None:
-                self.ues[r.ue_id] = UEState(r.ue_id, r.serving_cell, r.time, last_heard=r.time, snssai=snssai)
+                self.ues[r.ue_id] = UEState(r.ue_id, r.serving_cell, r.time, last_heard=r.time, snssai=snssai,
+                                            e2_node=r.e2_node)
                 self._bound()
                 arrived = self.arrivals and self._arrived(r.ue_id, r.serving_cell)
                 if not arrived:
@@ -142,6 +145,8 @@ class ControlLoop:
         with self._lock:
             self.ues.move_to_end(r.ue_id)
             ue.last_heard = r.time
+            if r.serving_cell >= 0:
+                ue.e2_node = r.e2_node
             if snssai:
                 ue.snssai = snssai
             if r.serving_cell < 0 or r.serving_cell == ue.serving_cell:
@@ -177,7 +182,7 @@ class ControlLoop:
                 if ue is None:
                     ue = self.ues[ue_id] = UEState(ue_id, -1, t, last_heard=t)
                     self._bound()
-                ue.last_heard = t
+                ue.last_heard, ue.e2_node = t, ""    # the new cell's node is the sender's
                 old, predicted, error = self._moved(ue, cell, t)
         if stale:
             self.events.write("arrival_stale", ue=ue_id, trace_t=t, to_cell=cell, sender=sender)
