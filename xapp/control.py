@@ -58,6 +58,8 @@ class UEState:
     snssai: str | None = None
     predicted_t_ho: float = float("nan")
     e2_node: str = ""
+    #: the interval between its two latest reports here (s, trace clock; NaN: one so far)
+    period: float = float("nan")
 
 
 class ControlLoop:
@@ -119,10 +121,18 @@ class ControlLoop:
             self.on_report(r)
 
     def on_report(self, r: MeasurementReport) -> None:
-        """One UE's report: its state is refreshed; a new serving cell is the handover."""
+        """One UE's report: its state is refreshed; a new serving cell is the handover. A
+        replica of a scale-out (:attr:`arrivals`) takes the report of a UE that was away from
+        its E2 nodes (:meth:`away`) as the UE's first report here: its view was stale."""
         snssai = getattr(r, "snssai", None)
         with self._lock:
             ue = self.ues.get(r.ue_id)
+            if ue is not None and self.arrivals and self.away(ue, r.time):
+                snssai = snssai or ue.snssai
+                self.events.write("ue_returned", ue=r.ue_id, trace_t=r.time, to_cell=r.serving_cell,
+                                  last_heard=ue.last_heard, last_cell=ue.serving_cell)
+                del self.ues[r.ue_id]
+                ue = None
             if ue is None:
                 self.ues[r.ue_id] = UEState(r.ue_id, r.serving_cell, r.time, last_heard=r.time, snssai=snssai,
                                             e2_node=r.e2_node)
@@ -144,6 +154,8 @@ class ControlLoop:
             return
         with self._lock:
             self.ues.move_to_end(r.ue_id)
+            if r.time > ue.last_heard:
+                ue.period = r.time - ue.last_heard
             ue.last_heard = r.time
             if r.serving_cell >= 0:
                 ue.e2_node = r.e2_node
@@ -156,6 +168,21 @@ class ControlLoop:
                           predicted_t_ho=None if error is None else predicted, timing_error_s=error,
                           margin_s=self.engine.ho_timing.margin_s)
         self.on_handover(r.ue_id, old, r.serving_cell, r.time)
+
+    #: a UE is away from a replica's E2 nodes when a report comes this many of its report
+    #: intervals after the one before, and at least :attr:`AWAY_MIN_S` (trace clock, s)
+    AWAY_PERIODS = 3.0
+    AWAY_MIN_S = 1.0
+
+    def away(self, ue: UEState, t: float) -> bool:
+        """Whether a report of ``ue`` at trace time ``t`` comes after the UE was away from this
+        replica's E2 nodes: more than ``max(AWAY_MIN_S, AWAY_PERIODS x its report interval)``
+        (an interval not known yet: 1 s) after its last report here. With several replicas
+        (docs/scale-out.md §3 item 0) a replica hears a UE only from the nodes it owns: a UE
+        that went to another replica's node and came back looks, without this, as if it had
+        never left (its old cell, its old sessions' places)."""
+        period = ue.period if ue.period == ue.period else 1.0
+        return t - ue.last_heard > max(self.AWAY_MIN_S, self.AWAY_PERIODS * period)
 
     def _moved(self, ue: UEState, cell: int, t: float) -> tuple[int, float, float | None]:
         """``ue`` is served by ``cell`` from trace time ``t`` (under the engine lock): returns
