@@ -148,6 +148,7 @@ class PallasXapp:
         if cluster is not None:
             cluster.attach(lambda: self.config, subscriptions)
             self.control.arrivals = True     # a handover may start at another replica's node
+            self.engine.follow_moves = True  # another replica may commit a session tracked here
         self.relay = self._arrival_relay(cluster)
         self.handlers[RIC_INDICATION] = IndicationHandler(self.control, None if cluster is None else cluster.admit)
         if a1 is not None:

@@ -303,12 +303,16 @@ class ControlLoop:
         failed one is passed on as finished); a session tracked for the first time is bound to
         the agent in the journal."""
         states = [SessionState.of(s.state) for s in rep.sessions]
-        if any(st not in _PASS_STATES for st in states):
+        # a replica of a scale-out learns from a handed-over copy that another replica moved
+        # the session (SchedulerEngine.follow_moves)
+        passing = _PASS_STATES | ({SessionState.HANDED_OVER}
+                                  if getattr(self.engine, "follow_moves", False) else set())
+        if any(st not in passing for st in states):
             r2 = pb.TelemetryReport()
             r2.CopyFrom(rep)
             del r2.sessions[:]
             for s, st in zip(rep.sessions, states):
-                if st in _PASS_STATES or st is SessionState.FAILED:
+                if st in passing or st is SessionState.FAILED:
                     x = r2.sessions.add()
                     x.CopyFrom(s)
                     if st is SessionState.FAILED:

@@ -2,7 +2,8 @@
 went to another replica's node and came back must not look as if it had never left.
 :meth:`xapp.control.ControlLoop.away` over its inputs, and a replica's control loop (no Redis,
 no relay) taking the returning UE's report as its first: its session, moved to another agent
-meanwhile, is committed back to the cell's agent."""
+meanwhile, is committed back to the cell's agent. A replica's engine following a session that
+another replica committed (the source reports it handed over, the new agent serving it)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,24 @@ def test_one_replica_never_takes_a_gap_for_an_arrival():
     _report(app, 99.0)
     _report(app, 120.0)
     assert "ue_returned" not in [e["kind"] for e in app.events.events]
+
+
+def test_a_replicas_engine_follows_a_move_another_replica_committed():
+    app = _app()
+    app.on_telemetry("edge-b", _telemetry("edge-b", []))
+    app.on_telemetry("edge-a", _telemetry("edge-a", [("s9", "9")]))
+    one = _app()                                              # one xApp: never follows
+    one.on_telemetry("edge-b", _telemetry("edge-b", []))
+    one.on_telemetry("edge-a", _telemetry("edge-a", [("s9", "9")]))
+    app.engine.follow_moves = True                            # as PallasXapp sets it with a cluster
+    for a in (app, one):
+        a.on_telemetry("edge-b", _telemetry("edge-b", [("s9", "9")], state="resumed"))
+        assert a.engine.session("s9").source == "edge-a"      # not before the source says so
+        a.on_telemetry("edge-a", _telemetry("edge-a", [("s9", "9")], state="handed_over"))
+        a.on_telemetry("edge-b", _telemetry("edge-b", [("s9", "9")], state="resumed"))
+    assert app.engine.session("s9").source == "edge-b"
+    assert one.engine.session("s9").source == "edge-a"
+    # the old source's later reports (its stopped copy) move nothing back
+    app.on_telemetry("edge-a", _telemetry("edge-a", [("s9", "9")], state="handed_over"))
+    app.on_telemetry("edge-a", _telemetry("edge-a", [("s9", "9")], state="serving"))
+    assert app.engine.session("s9").source == "edge-b"
