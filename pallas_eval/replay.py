@@ -496,11 +496,16 @@ def run_scheme(sup: Supervisor, opts: ReplayOptions, plan: dict, mapping: dict[i
         if not evs:
             errors.append(XAPP_SILENT + tail_hint(xapps[0][1]))
     else:
-        from pallas_eval.replicas import merge_events
+        from pallas_eval.replicas import epochs_of_two_replicas, merge_events
         evs = merge_events([(name, path) for name, _, path in xapps if path is not None])
         said = {e["replica"] for e in evs}
         errors += [f"{XAPP_SILENT} ({name})" + tail_hint(child)
                    for name, child, path in xapps if path is not None and name not in said]
+        mixed = epochs_of_two_replicas(evs)
+        if mixed:
+            errors.append(f"{len(mixed)} (session, epoch) pairs got orders from two replicas: "
+                          + ", ".join(f"{s} epoch {ep} from {'+'.join(r)}"
+                                      for (s, ep), r in list(mixed.items())[:5]))
     for e in evs:
         if e.get("kind") == "late_start":
             errors.append(f"the xApp started {e.get('late_s', 0):.2f} s after the replay's start (raise start_delay_s)")

@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["REPLAY_CLUSTER", "replica_controls", "replica_commands", "merge_events",
-           "start_dbaas", "replica_id"]
+           "start_dbaas", "replica_id", "epochs_of_two_replicas", "ORDER_KINDS"]
+
+ORDER_KINDS = ("trigger", "commit", "cancel")
+"""The xApp's events of an order sent to an agent (``xapp.dispatch.ActionDispatcher``: written
+once the session's record was written, just before the policy call; a refused order is an
+``order_refused`` instead)."""
 
 REPLAY_CLUSTER = {"enabled": True, "lease_s": 1.5, "heartbeat_s": 0.5, "join_delay_s": 1.0,
                   "max_claims": 64, "max_releases": 16}
@@ -87,6 +92,19 @@ def merge_events(files: Sequence[tuple[str, Path]]) -> list[dict[str, Any]]:
             e["replica"] = rid
             evs.append((float(e.get("t") or 0.0), len(evs), e))
     return [e for _, _, e in sorted(evs, key=lambda x: (x[0], x[1]))]
+
+
+def epochs_of_two_replicas(events: Sequence[dict[str, Any]]) -> dict[tuple[str, int], list[str]]:
+    """The (session, epoch) pairs whose orders (:data:`ORDER_KINDS`) came from more than one
+    replica in ``events`` (:func:`merge_events`' list, each event with its ``replica``), each
+    with the replicas, sorted. Empty when every epoch of every session was ordered by one
+    replica, which the session records and generations guarantee (docs/scale-out.md §3, §5):
+    an agent never gets policies of one epoch from two replicas."""
+    by: dict[tuple[str, int], set[str]] = {}
+    for e in events:
+        if e.get("kind") in ORDER_KINDS and e.get("session") is not None and e.get("epoch") is not None:
+            by.setdefault((str(e["session"]), int(e["epoch"])), set()).add(str(e.get("replica", "")))
+    return {k: sorted(v) for k, v in sorted(by.items()) if len(v) > 1}
 
 
 def start_dbaas(sup: Any, name: str, timeout_s: float = 15.0) -> tuple[Any, int]:

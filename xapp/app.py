@@ -150,6 +150,7 @@ class PallasXapp:
             cluster.attach(lambda: self.config, subscriptions)
             cluster.on_beat = self._lease_event
             self.control.arrivals = True     # a handover may start at another replica's node
+            self.engine.follow_moves = True  # another replica may commit a session tracked here
         self.relay = self._arrival_relay(cluster)
         self.handlers[RIC_INDICATION] = IndicationHandler(self.control, None if cluster is None else cluster.admit)
         if a1 is not None:
@@ -191,10 +192,11 @@ class PallasXapp:
         if fields is not None:
             self.events.write("lease", **fields)
 
-    def _ue_view(self, ue_id: str) -> tuple[int, float] | None:
-        """(serving cell, trace time of the latest report) of a UE this xApp tracks, or None."""
+    def _ue_view(self, ue_id: str) -> tuple[int, float, str] | None:
+        """(serving cell, trace time of the latest report, the E2 node (MEID) it came from, ""
+        when unknown) of a UE this xApp tracks, or None."""
         ue = self.control.ues.get(ue_id)
-        return None if ue is None else (ue.serving_cell, ue.last_heard)
+        return None if ue is None else (ue.serving_cell, ue.last_heard, ue.e2_node)
 
     @staticmethod
     def _endpoints(config: XappConfig) -> dict[str, AgentEndpoint]:

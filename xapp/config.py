@@ -193,6 +193,10 @@ class ClusterConfig:
     (:meth:`problems`); ``join_delay_s``: how long a starting replica must be seen live before
     nodes are given up to it (s; None: ``lease_s``); ``max_claims`` / ``max_releases``: nodes
     claimed / given up per heartbeat (:func:`xapp.cluster.ownership.plan_leases`).
+    ``nodes``: the E2 nodes shared (docs/scale-out.md §2): ``"ric"``, the RIC's (the trace's
+    in test mode; live, the E2 manager's list at ``e2mgr_url``, read every
+    ``nodes_refresh_s`` with a timeout of ``e2mgr_timeout_s``), or ``"configured"``, the
+    agents' ``e2_node_id`` (:attr:`XappConfig.e2_nodes`).
     """
 
     enabled: bool = False
@@ -201,6 +205,10 @@ class ClusterConfig:
     join_delay_s: float | None = None
     max_claims: int = 16
     max_releases: int = 4
+    nodes: str = "ric"
+    e2mgr_url: str = "http://service-ricplt-e2mgr-http.ricplt:3800/v1/nodeb/states"
+    e2mgr_timeout_s: float = 2.0
+    nodes_refresh_s: float = 10.0
 
     #: renewals per lease time at least: a lease survives one late heartbeat and one slow SDL answer
     MIN_BEATS_PER_LEASE = 3
@@ -425,7 +433,11 @@ def _cluster(c: Mapping[str, Any]) -> ClusterConfig:
                          heartbeat_s=float(c.get("heartbeat_s", d.heartbeat_s)),
                          join_delay_s=None if jd is None else float(jd),
                          max_claims=int(c.get("max_claims", d.max_claims)),
-                         max_releases=int(c.get("max_releases", d.max_releases)))
+                         max_releases=int(c.get("max_releases", d.max_releases)),
+                         nodes=str(c.get("nodes", d.nodes)),
+                         e2mgr_url=str(c.get("e2mgr_url", d.e2mgr_url)),
+                         e2mgr_timeout_s=float(c.get("e2mgr_timeout_s", d.e2mgr_timeout_s)),
+                         nodes_refresh_s=float(c.get("nodes_refresh_s", d.nodes_refresh_s)))
 
 
 def from_descriptor(descriptor: Any, *, schema_path: str | os.PathLike | None = None) -> XappConfig:

@@ -46,8 +46,9 @@ _PASS_STATES = frozenset({SessionState.NEW, SessionState.SERVING, SessionState.M
 @dataclass
 class UEState:
     """What the xApp knows of one UE: its serving cell and since when, when it was last heard
-    (trace clock), its S-NSSAI (``"SST"`` or ``"SST-SD"``; None while unknown), and the handover
-    time its latest prediction gave (trace clock, NaN: none)."""
+    (trace clock), its S-NSSAI (``"SST"`` or ``"SST-SD"``; None while unknown), the handover
+    time its latest prediction gave (trace clock, NaN: none), and the E2 node (RMR MEID) its
+    latest report came from ("" when unknown: a view forwarded by another replica)."""
 
     ue_id: str
     serving_cell: int = -1
@@ -56,6 +57,9 @@ class UEState:
     last_heard: float = float("nan")
     snssai: str | None = None
     predicted_t_ho: float = float("nan")
+    e2_node: str = ""
+    #: the interval between its two latest reports here (s, trace clock; NaN: one so far)
+    period: float = float("nan")
 
 
 class ControlLoop:
@@ -117,12 +121,21 @@ class ControlLoop:
             self.on_report(r)
 
     def on_report(self, r: MeasurementReport) -> None:
-        """One UE's report: its state is refreshed; a new serving cell is the handover."""
+        """One UE's report: its state is refreshed; a new serving cell is the handover. A
+        replica of a scale-out (:attr:`arrivals`) takes the report of a UE that was away from
+        its E2 nodes (:meth:`away`) as the UE's first report here: its view was stale."""
         snssai = getattr(r, "snssai", None)
         with self._lock:
             ue = self.ues.get(r.ue_id)
+            if ue is not None and self.arrivals and self.away(ue, r.time):
+                snssai = snssai or ue.snssai
+                self.events.write("ue_returned", ue=r.ue_id, trace_t=r.time, to_cell=r.serving_cell,
+                                  last_heard=ue.last_heard, last_cell=ue.serving_cell)
+                del self.ues[r.ue_id]
+                ue = None
             if ue is None:
-                self.ues[r.ue_id] = UEState(r.ue_id, r.serving_cell, r.time, last_heard=r.time, snssai=snssai)
+                self.ues[r.ue_id] = UEState(r.ue_id, r.serving_cell, r.time, last_heard=r.time, snssai=snssai,
+                                            e2_node=r.e2_node)
                 self._bound()
                 arrived = self.arrivals and self._arrived(r.ue_id, r.serving_cell)
                 if not arrived:
@@ -141,7 +154,11 @@ class ControlLoop:
             return
         with self._lock:
             self.ues.move_to_end(r.ue_id)
+            if r.time > ue.last_heard:
+                ue.period = r.time - ue.last_heard
             ue.last_heard = r.time
+            if r.serving_cell >= 0:
+                ue.e2_node = r.e2_node
             if snssai:
                 ue.snssai = snssai
             if r.serving_cell < 0 or r.serving_cell == ue.serving_cell:
@@ -151,6 +168,21 @@ class ControlLoop:
                           predicted_t_ho=None if error is None else predicted, timing_error_s=error,
                           margin_s=self.engine.ho_timing.margin_s)
         self.on_handover(r.ue_id, old, r.serving_cell, r.time)
+
+    #: a UE is away from a replica's E2 nodes when a report comes this many of its report
+    #: intervals after the one before, and at least :attr:`AWAY_MIN_S` (trace clock, s)
+    AWAY_PERIODS = 3.0
+    AWAY_MIN_S = 1.0
+
+    def away(self, ue: UEState, t: float) -> bool:
+        """Whether a report of ``ue`` at trace time ``t`` comes after the UE was away from this
+        replica's E2 nodes: more than ``max(AWAY_MIN_S, AWAY_PERIODS x its report interval)``
+        (an interval not known yet: 1 s) after its last report here. With several replicas
+        (docs/scale-out.md §3 item 0) a replica hears a UE only from the nodes it owns: a UE
+        that went to another replica's node and came back looks, without this, as if it had
+        never left (its old cell, its old sessions' places)."""
+        period = ue.period if ue.period == ue.period else 1.0
+        return t - ue.last_heard > max(self.AWAY_MIN_S, self.AWAY_PERIODS * period)
 
     def _moved(self, ue: UEState, cell: int, t: float) -> tuple[int, float, float | None]:
         """``ue`` is served by ``cell`` from trace time ``t`` (under the engine lock): returns
@@ -177,7 +209,7 @@ class ControlLoop:
                 if ue is None:
                     ue = self.ues[ue_id] = UEState(ue_id, -1, t, last_heard=t)
                     self._bound()
-                ue.last_heard = t
+                ue.last_heard, ue.e2_node = t, ""    # the new cell's node is the sender's
                 old, predicted, error = self._moved(ue, cell, t)
         if stale:
             self.events.write("arrival_stale", ue=ue_id, trace_t=t, to_cell=cell, sender=sender)
@@ -271,12 +303,16 @@ class ControlLoop:
         failed one is passed on as finished); a session tracked for the first time is bound to
         the agent in the journal."""
         states = [SessionState.of(s.state) for s in rep.sessions]
-        if any(st not in _PASS_STATES for st in states):
+        # a replica of a scale-out learns from a handed-over copy that another replica moved
+        # the session (SchedulerEngine.follow_moves)
+        passing = _PASS_STATES | ({SessionState.HANDED_OVER}
+                                  if getattr(self.engine, "follow_moves", False) else set())
+        if any(st not in passing for st in states):
             r2 = pb.TelemetryReport()
             r2.CopyFrom(rep)
             del r2.sessions[:]
             for s, st in zip(rep.sessions, states):
-                if st in _PASS_STATES or st is SessionState.FAILED:
+                if st in passing or st is SessionState.FAILED:
                     x = r2.sessions.add()
                     x.CopyFrom(s)
                     if st is SessionState.FAILED:

@@ -153,12 +153,33 @@ def replica_id(flag: str | None) -> str:
     return socket.gethostname()
 
 
-def open_cluster(config: XappConfig, flag: str | None, registry=None):
+def node_source(config: XappConfig, trace: str | None):
+    """Where a replica's shared E2 nodes come from (``controls.cluster.nodes``, docs/scale-out.md
+    §2): ``configured``: None (the configuration's ``e2_nodes``); ``ric``: the E2 nodes sending
+    indications in ``trace`` (test mode), else the E2 manager's list (live). Raises
+    :class:`StartRefused` for a trace that cannot be read."""
+    from xapp.cluster.nodes import E2mgrNodes, StaticNodes, trace_nodes
+    c = config.cluster
+    if c.nodes == "configured":
+        return None
+    if trace:
+        try:
+            return StaticNodes(trace_nodes(trace))
+        except (OSError, ValueError) as e:
+            raise StartRefused(f"controls.cluster.nodes: the trace's E2 nodes: {e}") from None
+    try:
+        return E2mgrNodes(c.e2mgr_url, timeout_s=c.e2mgr_timeout_s)
+    except ValueError as e:
+        raise StartRefused(f"controls.cluster.e2mgr_url: {e}") from None
+
+
+def open_cluster(config: XappConfig, flag: str | None, registry=None, trace: str | None = None):
     """The :class:`xapp.cluster.replica.ClusterReplica` of ``controls.cluster`` (None when it
     is disabled): E2 node leases in SDL (DBAAS_SERVICE_HOST / _PORT, namespace
-    ``controls.sdl.namespace``) under :func:`replica_id`. Raises :class:`StartRefused` (one
-    line) for a heartbeat too slow for the lease time, a replica id SDL keys cannot hold, or
-    SDL not configured or not answering."""
+    ``controls.sdl.namespace``) under :func:`replica_id`, over the E2 nodes of
+    :func:`node_source` (``trace``: test mode's trace). Raises :class:`StartRefused` (one
+    line) for a heartbeat too slow for the lease time, a replica id SDL keys cannot hold,
+    SDL not configured or not answering, or a node source that cannot be read."""
     c = config.cluster
     if not c.enabled:
         return None
@@ -168,6 +189,7 @@ def open_cluster(config: XappConfig, flag: str | None, registry=None):
     from xapp.cluster.leases import LeaseError, NodeLeases, open_sdl
     from xapp.cluster.replica import ClusterReplica
     from xapp.store import DEFAULT_NAMESPACE
+    source = node_source(config, trace)
     rid = replica_id(flag)
     ns = (config.controls.get("sdl") or {}).get("namespace", DEFAULT_NAMESPACE)
     sdl = None
@@ -175,7 +197,8 @@ def open_cluster(config: XappConfig, flag: str | None, registry=None):
         sdl = open_sdl()
         if not sdl.is_active():
             raise LeaseError("SDL (DBaaS) does not answer")
-        leases = NodeLeases(sdl, rid, config.e2_nodes, namespace=ns, lease_s=c.lease_s,
+        # with a source, the set is read at ClusterReplica.start, before the first heartbeat
+        leases = NodeLeases(sdl, rid, config.e2_nodes if source is None else (), namespace=ns, lease_s=c.lease_s,
                             max_claims=c.max_claims, max_releases=c.max_releases,
                             join_delay_s=c.join_delay_s)
     except Exception as e:      # LeaseError; ricsdl: backend unreachable, bad DBAAS_SERVICE_PORT
@@ -185,7 +208,8 @@ def open_cluster(config: XappConfig, flag: str | None, registry=None):
         raise StartRefused(f"controls.cluster: {what}{e}") from None
     log.info("cluster_replica", replica=rid, namespace=ns, nodes=len(leases.nodes),
              lease_s=c.lease_s, heartbeat_s=c.heartbeat_s)
-    return ClusterReplica(leases, heartbeat_s=c.heartbeat_s, registry=registry)
+    return ClusterReplica(leases, heartbeat_s=c.heartbeat_s, registry=registry, nodes=source,
+                          refresh_s=c.nodes_refresh_s)
 
 
 def _with_scheme(cfg, scheme: str | None):
@@ -403,7 +427,8 @@ def build_xapp(config: XappConfig, mode: str, a: argparse.Namespace) -> Built:
     except StoreError as e:
         raise StartRefused(f"store: {e}") from None
     try:
-        cluster = open_cluster(config, a.replica_id, None if mode == "test" else _default_registry())
+        cluster = open_cluster(config, a.replica_id, None if mode == "test" else _default_registry(),
+                               trace=a.trace if mode == "test" else None)
     except StartRefused:
         store.close()
         raise

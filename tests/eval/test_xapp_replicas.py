@@ -75,6 +75,22 @@ def test_the_replicas_events_merge_in_time_order(tmp_path):
     assert [(e["kind"], e["replica"]) for e in evs] == [("x", "xapp-0"), ("y", "xapp-1"), ("z", "xapp-0")]
 
 
+def test_an_epoch_ordered_by_two_replicas_is_found_in_the_merged_events():
+    from pallas_eval.replicas import epochs_of_two_replicas
+    evs = [{"kind": "trigger", "session": "s1", "epoch": 7, "replica": "xapp-0"},
+           {"kind": "commit", "session": "s1", "epoch": 7, "replica": "xapp-0"},   # same replica
+           {"kind": "commit", "session": "s1", "epoch": 9, "replica": "xapp-1"},   # a new epoch
+           {"kind": "trigger", "session": "s2", "epoch": 3, "replica": "xapp-2"},
+           {"kind": "order_refused", "session": "s2", "epoch": 3, "replica": "xapp-1"},  # not sent
+           {"kind": "reply", "session": "s2", "epoch": 3, "replica": "xapp-0"},    # not an order
+           {"kind": "arrival", "ue": "u", "replica": "xapp-1"}]
+    assert epochs_of_two_replicas(evs) == {}
+    evs.append({"kind": "cancel", "session": "s2", "epoch": 3, "replica": "xapp-0"})
+    evs.append({"kind": "commit", "session": "s1", "epoch": 7, "replica": "xapp-2"})
+    assert epochs_of_two_replicas(evs) == {("s1", 7): ["xapp-0", "xapp-2"],
+                                           ("s2", 3): ["xapp-0", "xapp-2"]}
+
+
 _FAKE_XAPP = """
 import json, os, sys, time
 ev = sys.argv[sys.argv.index("--events") + 1]

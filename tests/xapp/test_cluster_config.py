@@ -36,12 +36,20 @@ def test_every_key_is_read():
     cfg = load_controls(_controls(enabled=True, lease_s=6, heartbeat_s=1.5, join_delay_s=0,
                                   max_claims=2, max_releases=1)).cluster
     assert cfg == ClusterConfig(True, 6.0, 1.5, 0.0, 2, 1)
+    assert (cfg.nodes, cfg.e2mgr_timeout_s, cfg.nodes_refresh_s) == ("ric", 2.0, 10.0)
+    assert cfg.e2mgr_url == "http://service-ricplt-e2mgr-http.ricplt:3800/v1/nodeb/states"
+    cfg = load_controls(_controls(nodes="configured", e2mgr_url="https://e2mgr.ric:3800/v1/nodeb/states",
+                                  e2mgr_timeout_s=0.5, nodes_refresh_s=30)).cluster
+    assert (cfg.nodes, cfg.e2mgr_url, cfg.e2mgr_timeout_s, cfg.nodes_refresh_s) == \
+        ("configured", "https://e2mgr.ric:3800/v1/nodeb/states", 0.5, 30.0)
     assert isinstance(cfg.lease_s, float) and isinstance(cfg.max_claims, int)
 
 
 @pytest.mark.parametrize("key, value", [("lease_s", 0), ("heartbeat_s", -1.0), ("max_claims", 0),
                                         ("max_releases", 1.5), ("enabled", "yes"),
-                                        ("join_delay_s", -0.1), ("lease", 3.0)])
+                                        ("join_delay_s", -0.1), ("lease", 3.0),
+                                        ("nodes", "agents"), ("e2mgr_url", "e2mgr:3800"),
+                                        ("e2mgr_timeout_s", 0), ("nodes_refresh_s", -1)])
 def test_the_schema_refuses_a_bad_value_by_its_path(key, value):
     with pytest.raises(ConfigError) as e:
         load_controls(_controls(**{key: value}))
@@ -106,8 +114,10 @@ def test_the_replica_id_is_the_flag_else_the_pod_name(monkeypatch):
 def test_the_cluster_knobs_reach_the_leases(dbaas, sdl_ns, monkeypatch):
     """With SDL reachable, build_xapp wires a ClusterReplica whose leases carry every knob."""
     from xapp.main import StartRefused, build_parser, open_cluster
+    from xapp.cluster.nodes import E2mgrNodes
     c = _controls(enabled=True, lease_s=0.9, heartbeat_s=0.3, join_delay_s=0.25, max_claims=3,
-                  max_releases=2)
+                  max_releases=2, e2mgr_url="http://e2mgr.example:3800/v1/nodeb/states",
+                  e2mgr_timeout_s=0.7, nodes_refresh_s=4.5)
     c["sdl"] = {"store": "sdl", "namespace": sdl_ns}
     cfg = load_controls(c)
     monkeypatch.setenv("POD_NAME", "pallas-xapp-7")
@@ -117,7 +127,16 @@ def test_the_cluster_knobs_reach_the_leases(dbaas, sdl_ns, monkeypatch):
         assert (rep.replica_id, lz.ns, lz.lease_s, lz.max_claims, lz.max_releases) == \
             ("pallas-xapp-7", sdl_ns, 0.9, 3, 2)
         assert lz.membership.join_delay_s == 0.25 and rep.heartbeat_s == 0.3
-        assert lz.nodes == tuple(sorted(cfg.e2_nodes))
+        # live, nodes = ric: the E2 manager's list, read at start (none yet)
+        assert isinstance(rep.source, E2mgrNodes) and lz.nodes == ()
+        assert (rep.source.url, rep.source.timeout_s, rep.refresh_s) == \
+            ("http://e2mgr.example:3800/v1/nodeb/states", 0.7, 4.5)
+    finally:
+        rep.leases.sdl.close()
+    c["cluster"]["nodes"] = "configured"
+    rep = open_cluster(load_controls(c), "x")
+    try:
+        assert rep.source is None and rep.leases.nodes == tuple(sorted(cfg.e2_nodes))
     finally:
         rep.leases.sdl.close()
     with pytest.raises(StartRefused, match="replica id"):

@@ -68,7 +68,11 @@ def _config(ns: str):
     from xapp.config import load_controls
     c = copy.deepcopy(json.loads((REPO / "descriptors" / "config-file.json").read_text())["controls"])
     c["scheme"] = "pallas"
-    c["agents"] = {AGENTS[i]: {"e2_node_id": NODES[i], "control_address": f"127.0.0.1:{1 + i}",
+    # agent i names node i+3, not the node of its cell (NODES[i], the MEID of cell i's
+    # indications): an agent's edge serves cells of other E2 nodes too, and the replicas must
+    # key everything by the MEID (docs/scale-out.md §2-§3), never by the agent's e2_node_id
+    c["agents"] = {AGENTS[i]: {"e2_node_id": NODES[(i + 3) % N_NODES],
+                               "control_address": f"127.0.0.1:{1 + i}",
                                "peer_address": f"127.0.0.1:{1001 + i}"} for i in range(N_NODES)}
     c["cells"] = {str(CELLS[i]): AGENTS[i] for i in range(N_NODES)}
     c["sdl"] = {"store": "memory", "namespace": ns}

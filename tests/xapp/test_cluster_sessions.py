@@ -131,6 +131,19 @@ class _Machine:
         self.ue_id, self.epoch = "ue-1", epoch
 
 
+class _OneSession:
+    """The engine of one session ``s1``, its epoch moved by the engine's own ``renumber``."""
+
+    from xapp.scheduler.engine import SchedulerEngine
+    renumber = SchedulerEngine.renumber
+
+    def __init__(self, sm):
+        self._slot, self._sm = {"s1": 0}, [sm]
+
+    def session(self, sid):
+        return self._sm[self._slot[sid]]
+
+
 def _replica(rid, node, ns, epoch):
     from xapp.cluster.leases import NodeLeases, open_sdl
     from xapp.cluster.sessions import SessionGuard
@@ -140,7 +153,7 @@ def _replica(rid, node, ns, epoch):
     assert leases.owned() == (node,)        # x0 and x1: rendezvous gives A to x0, B to x1
     sm = _Machine(epoch)
     views: dict[str, tuple[int, float]] = {}
-    engine = SimpleNamespace(session=lambda sid: sm)
+    engine = _OneSession(sm)
     cfg = _config()
     guard = SessionGuard(leases, MemoryStore(), engine, views.get, lambda: cfg, threading.RLock())
     return guard, views, sm
@@ -294,3 +307,33 @@ def test_an_unanswered_forward_is_decided_by_the_new_nodes_owner(dbaas, sdl_ns, 
         for g in (g0, g1):
             g.leases.stop()
             g.leases.sdl.close()
+
+
+def test_the_writer_node_is_the_meid_of_the_ues_latest_report():
+    """The record is written for the E2 node the UE's report came from (its RMR MEID, the name
+    the leases and admit() use), not for the e2_node_id of the cell's agent: an agent's edge
+    serves cells of several E2 nodes. Without a MEID (a forwarded view, a two-field view) the
+    cell's agent's node stands in."""
+    from xapp.cluster.sessions import view_node
+    cfg = _config()
+    meid = "gnb_001_01_00040000"         # a trace node no agent names
+    assert view_node((CELL_B, 1.0, meid), cfg) == meid
+    assert view_node((CELL_B, 1.0, ""), cfg) == view_node((CELL_B, 1.0), cfg) == NODE_B
+    assert view_node((0xC01, 1.0), cfg) is None          # a cell of no agent, no MEID
+
+
+def test_a_replica_writes_for_the_meid_it_owns_whatever_agent_serves_the_cell(dbaas, sdl_ns):
+    g0, view0, _ = _replica("x0", NODE_A, sdl_ns, 1)
+    try:
+        # the UE's report came from NODE_A (owned) while its cell's agent names NODE_B
+        view0["ue-1"] = (CELL_B, 10.0, NODE_A)
+        trig = TriggerAction("s1", 1, "edge-b", "edge-a", 1012.0, 2.0, 256)
+        assert g0.check(trig) == (trig, "")
+        rec = g0.leases.read_session("s1")
+        assert (rec.owner, rec.node, rec.seen) == ("x0", NODE_A, 10.0)
+        # a report from a node x0 does not hold: refused, though the cell's agent names NODE_A
+        view0["ue-1"] = (CELL_A, 11.0, NODE_B)
+        assert g0.check(CancelAction("s1", 1, "edge-b", "edge-a", "x")) == (None, "not_owner")
+    finally:
+        g0.leases.stop()
+        g0.leases.sdl.close()

@@ -104,11 +104,14 @@ def test_a_reload_adds_and_removes_subscriptions():
 
 def test_a_replica_subscribes_only_to_the_e2_nodes_it_owns():
     """Scale-out (docs/scale-out.md): sync with the nodes whose lease the replica holds; a
-    node given up or lost is unsubscribed, a node claimed is subscribed."""
+    node given up or lost is unsubscribed, a node claimed is subscribed, whether an agent names
+    it or not (the shared nodes are the RIC's, §2)."""
     sm = FakeSubmgr()
     mgr = SubscriptionManager(sm)
     cfg = _config({"a": "gnb_a", "b": "gnb_b", "c": "gnb_c"})
-    mgr.sync(cfg, owned={"gnb_a", "gnb_b", "gnb_x"})  # gnb_x: not configured, not subscribed
+    mgr.sync(cfg, owned={"gnb_a", "gnb_b", "gnb_x"})  # gnb_x: the RIC's, no agent of its own
+    assert sorted(sm.live.values()) == ["gnb_a", "gnb_b", "gnb_x"]
+    mgr.sync(cfg, owned={"gnb_a", "gnb_b"})
     assert sorted(sm.live.values()) == ["gnb_a", "gnb_b"]
     sm.calls.clear()
     mgr.sync(cfg, owned={"gnb_b", "gnb_c"})           # gave up gnb_a, claimed gnb_c

@@ -11,10 +11,16 @@ counted: during a hand-over the subscription manager may still deliver a node's 
 its old owner, since it merges identical subscriptions) and exports the lease counters as
 Prometheus metrics.
 
+    start:             nodes := source.nodes() (before the first heartbeat)
     heartbeat thread:  NodeLeases.heartbeat() --wakes--> subscriber thread
-    subscriber thread: owned set changed --> subscriptions.sync(config, owned)
+    subscriber thread: every refresh_s: nodes := source.nodes() (None: kept);
+                       owned set changed --> subscriptions.sync(config, owned)
     RMR thread:        RIC_INDICATION --admit(MEID)--> control loop | dropped, counted
-    reconfigure:       nodes := config.e2_nodes; subscriptions.sync(config, owned)
+    reconfigure:       no source: nodes := config.e2_nodes; subscriptions.sync(config, owned)
+
+The shared E2 nodes come from a :class:`xapp.cluster.nodes.NodeSource` (the RIC's nodes: the
+trace's in test mode, e2mgr's live; docs/scale-out.md §2), named as the indications' MEIDs;
+without one, from the configuration (``XappConfig.e2_nodes``), as before.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from xapp.cluster.leases import Heartbeat
+    from xapp.cluster.nodes import NodeSource
     from xapp.config import XappConfig
     from xapp.ports import SubscriptionPort
 
@@ -67,6 +74,10 @@ class ClusterReplica:
         heartbeat_s: heartbeat period (s; ``controls.cluster.heartbeat_s``).
         registry: a prometheus-client registry to export the metrics on (:meth:`collect`), or None.
         clock: monotonic clock (s) pacing the heartbeat.
+        nodes: where the shared E2 node set comes from (:class:`xapp.cluster.nodes.NodeSource`),
+            read at :meth:`start` and every ``refresh_s`` on the subscriber thread; None: the
+            configuration's ``e2_nodes``, set by :meth:`follow`.
+        refresh_s: how often ``nodes`` is read again (s, > 0).
 
     :meth:`attach` (by :class:`xapp.app.PallasXapp`) gives it the configuration in force and the
     subscription manager; :meth:`start` / :meth:`stop` run and end the heartbeat thread.
@@ -77,9 +88,16 @@ class ClusterReplica:
 
     def __init__(self, leases: LeaseStore, *, heartbeat_s: float,
                  registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 nodes: NodeSource | None = None, refresh_s: float = 10.0) -> None:
         if not heartbeat_s > 0:
             raise ValueError(f"heartbeat_s {heartbeat_s} must be > 0")
+        if not refresh_s > 0:
+            raise ValueError(f"refresh_s {refresh_s} must be > 0")
+        self.source = nodes
+        self.refresh_s = float(refresh_s)
+        self.node_refreshes = 0                 # reads of the source that changed the set
+        self._next_refresh = float("-inf")
         self.leases = leases
         self.heartbeat_s = float(heartbeat_s)
         self.clock = clock
@@ -131,11 +149,37 @@ class ClusterReplica:
         return False
 
     def follow(self, config: XappConfig) -> None:
-        """A new configuration (descriptor reload, A1): share its E2 nodes from the next
-        heartbeat (nodes no longer configured are given up then) and make the subscriptions
-        those of ``config`` at the nodes owned now."""
-        self.leases.nodes = tuple(sorted(set(config.e2_nodes)))
+        """A new configuration (descriptor reload, A1): without a node source, share its E2
+        nodes from the next heartbeat (nodes no longer configured are given up then); make the
+        subscriptions those of ``config`` at the nodes owned now."""
+        if self.source is None:
+            self.leases.nodes = tuple(sorted(set(config.e2_nodes)))
         self.sync_subscriptions(config, force=True)
+
+    def refresh_nodes(self, *, force: bool = False) -> bool:
+        """Read the node source (when one is given and ``refresh_s`` has passed since the last
+        read, or ``force``) and share its set from the next heartbeat (nodes gone from it are
+        given up then). Never on the RMR thread: the source may block up to its timeout.
+        Returns whether the set changed; a source that does not know (None) or fails keeps it."""
+        if self.source is None:
+            return False
+        now = self.clock()
+        if not force and now < self._next_refresh:
+            return False
+        self._next_refresh = now + self.refresh_s
+        try:
+            got = self.source.nodes()
+        except Exception as e:
+            log.error("node_source_failed", replica=self.replica_id, error=repr(e))
+            return False
+        if got is None or tuple(got) == tuple(self.leases.nodes):
+            return False
+        log.info("shared_nodes", replica=self.replica_id, nodes=len(got),
+                 added=len(set(got) - set(self.leases.nodes)),
+                 removed=len(set(self.leases.nodes) - set(got)))
+        self.leases.nodes = tuple(got)
+        self.node_refreshes += 1
+        return True
 
     def sync_subscriptions(self, config: XappConfig | None = None, *, force: bool = False) -> bool:
         """Sync the subscriptions with the nodes owned now (``config``: default the one in
@@ -191,6 +235,7 @@ class ClusterReplica:
         unowned nodes before its transport starts."""
         if self._thread is not None or self._stop.is_set():
             return
+        self.refresh_nodes(force=True)
         self._subscriber = threading.Thread(target=self._subscribe_loop,
                                             name=f"cluster-subs-{self.replica_id}", daemon=True)
         self._subscriber.start()
@@ -214,6 +259,7 @@ class ClusterReplica:
             self._wake.wait()
             self._wake.clear()
             if not self._stop.is_set():
+                self.refresh_nodes()
                 self.sync_subscriptions()
 
     def _give_up(self) -> None:

@@ -5,10 +5,10 @@ before it leaves the replica: the session's record is written through
 :meth:`xapp.cluster.leases.NodeLeases.write_session` first, and an order whose write is refused
 is not sent. The rules, in order:
 
-1. **Who writes.** The writer's E2 node is the node of the UE's serving cell as this replica's
-   indications show it (after a handover: the new cell's node, whose owner is the replica that
-   saw the handover), else, for a UE this replica does not track, the source agent's E2 node
-   (``controls.agents[..].e2_node_id``). The writer must hold that node's lease (``not_owner``).
+1. **Who writes.** The writer's E2 node is the E2 node (RMR MEID) of the UE's latest report as
+   this replica's indications show it, the name its lease and its indications carry (after a
+   handover: the new cell's node, whose owner is the replica that saw the handover), else, for
+   a UE this replica does not track, the source agent's E2 node (``controls.agents[..].e2_node_id``). The writer must hold that node's lease (``not_owner``).
 2. **Take-over.** A record last written by another replica is taken over only with a view of the
    UE at least as recent as the record's (``seen``, the time of the UE's latest report; else
    ``moved``): the replica that saw the UE arrive decides, the one that lost it goes quiet.
@@ -60,10 +60,21 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("pallas.xapp.cluster")
 
-__all__ = ["SessionGuard", "PHASE_OF"]
+__all__ = ["SessionGuard", "PHASE_OF", "view_node"]
 
 PHASE_OF = {"Trigger": "preparing", "Commit": "committing", "Cancel": "cancelled"}
 """The migration state a session's record carries after each kind of order."""
+
+
+def view_node(view: tuple, config: XappConfig) -> str | None:
+    """The E2 node a UE's ``view`` (serving cell, report time[, MEID]) puts it at, spelled as
+    the leases and the indications spell it: the MEID of the UE's latest report; without one
+    (a view forwarded by another replica, or a view of two fields), the ``e2_node_id`` of the
+    agent of the serving cell; None when neither is known."""
+    if len(view) > 2 and view[2]:
+        return str(view[2])
+    ep = config.agent_for_cell(view[0])
+    return ep.e2_node_id if ep is not None and ep.e2_node_id else None
 
 
 class SessionGuard:
@@ -73,15 +84,17 @@ class SessionGuard:
     Args:
         leases: this replica's :class:`~xapp.cluster.leases.NodeLeases`.
         store: the xApp's epoch store (``xapp.store.XappStore``): the generation it numbers in.
-        engine: the Scheduler Engine (``session(id)`` -> its state machine, KeyError when gone).
-        ue_view: UE id -> (serving cell, time of its latest report) as this replica's
-            indications show it, or None for a UE it does not track.
+        engine: the Scheduler Engine (``session(id)`` -> its state machine, KeyError when gone;
+            ``renumber``: :meth:`xapp.scheduler.engine.SchedulerEngine.renumber`).
+        ue_view: UE id -> (serving cell, time of its latest report[, the E2 node (RMR MEID)
+            that report came from, "" when unknown]) as this replica's indications show it, or
+            None for a UE it does not track (:func:`view_node`).
         config_of: the configuration in force (cells -> agents -> E2 nodes).
-        lock: the engine's lock (the state machine's epoch is moved under it).
+        lock: the engine's lock (the state machine's epoch is moved under it, by the engine).
     """
 
     def __init__(self, leases: Any, store: XappStore, engine: Any,
-                 ue_view: Callable[[str], tuple[int, float] | None],
+                 ue_view: Callable[[str], tuple | None],
                  config_of: Callable[[], XappConfig], lock: threading.RLock) -> None:
         self.leases, self.store, self.engine = leases, store, engine
         self.ue_view, self.config_of, self._lock = ue_view, config_of, lock
@@ -102,9 +115,8 @@ class SessionGuard:
             ue = ""
         view = self.ue_view(ue) if ue else None
         if view is not None:
-            ep = cfg.agent_for_cell(view[0])
-            if ep is not None and ep.e2_node_id:
-                node = ep.e2_node_id
+            node = view_node(view, cfg)
+            if node:
                 if (rec is not None and rec.owner == self.leases.me and rec.node != node
                         and self.relay is not None and self.relay.decides_from(ue, view[1])
                         and self.leases.owns(rec.node)):
@@ -153,14 +165,12 @@ class SessionGuard:
             return action
         fresh = self.store.allocate_epoch(action.session_id)
         with self._lock:
-            try:
-                sm = self.engine.session(action.session_id)
-            except KeyError:
-                sm = None
-            if sm is not None:
-                # the attempt now runs under ``fresh``; after a commit the next one goes above
-                sm.epoch = fresh if action.rpc == "Trigger" else max(
-                    int(sm.epoch), self.store.allocate_epoch(action.session_id))
+            # a Trigger's attempt now runs under ``fresh``; after a commit the next one goes above
+            if action.rpc == "Trigger":
+                self.engine.renumber(action.session_id, fresh)
+            else:
+                self.engine.renumber(action.session_id, self.store.allocate_epoch(action.session_id),
+                                     next_above=True)
         self.renumbered += 1
         log.info("order_renumbered", session=action.session_id, rpc=action.rpc,
                  epoch=action.epoch, fresh=fresh, generation=self.store.generation)

@@ -302,17 +302,18 @@ Key = tuple[str, int]
 """A wanted subscription: (E2 node id, RAN function id)."""
 
 
-def wanted_subscriptions(config: Any) -> dict[Key, dict]:
+def wanted_subscriptions(config: Any, nodes: Collection[str] | None = None) -> dict[Key, dict]:
     """The ``SubscriptionParams`` the configuration wants, by (E2 node, RAN function): E2SM-RC
-    REPORT Style 1 message copy at every E2 node of the configured agents, for each RC RAN
-    function (``controls.e2.ran_functions``), with the xApp's client endpoint."""
+    REPORT Style 1 message copy at every E2 node of ``nodes`` (None: of the configured
+    agents, ``config.e2_nodes``), for each RC RAN function (``controls.e2.ran_functions``),
+    with the xApp's client endpoint."""
     e2 = config.e2
     trigger, actions = rc_message_copy_details()
     rc_ids = getattr(e2, "rc_ran_function_ids", None) or (getattr(e2, "rc_ran_function_id", 3),)
     return {(node, int(rf)): subscription_params(
                 host=e2.client_host, http_port=e2.client_http_port, rmr_port=e2.client_rmr_port,
                 meid=node, ran_function_id=int(rf), event_trigger=trigger, actions=actions)
-            for node in config.e2_nodes for rf in rc_ids}
+            for node in (config.e2_nodes if nodes is None else sorted(nodes)) for rf in rc_ids}
 
 
 class SubscriptionManager:
@@ -341,13 +342,10 @@ class SubscriptionManager:
         """Make the subscriptions those of ``config``: delete the ones no longer wanted (or whose
         parameters changed), subscribe the new ones now (a failure goes to the retry list).
         ``owned``: with several replicas (docs/scale-out.md), the E2 nodes this replica holds
-        the lease of; the subscriptions of every other node are deleted or not made (None:
-        every configured node). Returns submgr's answers to the subscriptions made by this
-        call."""
-        wanted = wanted_subscriptions(config)
-        if owned is not None:
-            keep = set(owned)
-            wanted = {k: p for k, p in wanted.items() if k[0] in keep}
+        the lease of (the RIC's nodes, configured or not: §2): exactly those are subscribed to,
+        every other node's subscriptions deleted or not made (None: every configured node).
+        Returns submgr's answers to the subscriptions made by this call."""
+        wanted = wanted_subscriptions(config, owned)
         with self._lock:
             for key in [k for k, (_, p) in self.active.items() if wanted.get(k) != p]:
                 self._delete(key)

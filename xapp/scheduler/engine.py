@@ -95,6 +95,11 @@ class SchedulerEngine:
         self._horizon = _horizon(cfg, self._params)
         self.ho_timing = HandoverTimingError(cfg.ho_timing_quantile, cfg.ho_timing_max_margin_s,
                                              cfg.ho_timing_window)
+        #: a replica of a scale-out (docs/scale-out.md §3): another replica may commit a session
+        #: this engine tracks; its move is then followed from the agents' telemetry
+        #: (:meth:`_follow_move`). False (one xApp): a session moves only by this engine's orders.
+        self.follow_moves = False
+        self._left: dict[str, str] = {}     # session -> the source that reported it handed over
         # Sessions: a slot each; arrays indexed by slot.
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
@@ -305,6 +310,7 @@ class SchedulerEngine:
         sm = self._sm[slot]
         actions = sm.end(reason) if sm is not None else []
         del self._slot[session_id]
+        self._left.pop(session_id, None)
         if sm is not None:
             slots = self._ue_slots.get(sm.ue_id, [])
             if slot in slots:
@@ -326,6 +332,36 @@ class SchedulerEngine:
     def session(self, session_id: str) -> SessionMigration:
         """The state machine of ``session_id`` (KeyError if unknown)."""
         return self._sm[self._slot[session_id]]  # type: ignore[return-value]
+
+    def _follow_move(self, sm: SessionMigration, agent: str, state: SessionState) -> None:
+        """With :attr:`follow_moves`: a session's source reporting it ``handed_over`` while this
+        engine has no attempt of its own in flight was moved by another replica's commit; the
+        next agent to report it serving (``new``, ``serving``, ``resumed``) is its source from
+        then on. One xApp's own commit moves the source before the old one says so."""
+        sid = sm.session_id
+        if agent == sm.source and state is SessionState.HANDED_OVER:
+            self._left[sid] = agent
+        elif (sid in self._left and agent != sm.source
+              and state in (SessionState.NEW, SessionState.SERVING, SessionState.RESUMED)
+              and sm.state not in (MigrationState.PLANNED, MigrationState.PREPARING)):
+            del self._left[sid]
+            log.info("session_moved_elsewhere", session=sid, source=sm.source, now_at=agent)
+            sm.source, sm.relay_hops = agent, 0
+            self._source[self._slot[sid]] = self._agent(agent)
+
+    def renumber(self, session_id: str, epoch: int, *, next_above: bool = False) -> bool:
+        """Move ``session_id``'s state machine to migration epoch ``epoch``, given to one of its
+        orders outside the engine (a scale-out take-over, docs/scale-out.md §3 rule 3): the
+        attempt runs under it (its later Commit or Cancel carries it); ``next_above``: an
+        attempt ended with that order (a fallback Commit), so only the next attempt's epoch is
+        raised to at least ``epoch``, never lowered. Returns False for a session not tracked.
+        Call under the lock the engine's callers share."""
+        slot = self._slot.get(session_id)
+        sm = None if slot is None else self._sm[slot]
+        if sm is None:
+            return False
+        sm.epoch = max(int(sm.epoch), int(epoch)) if next_above else int(epoch)
+        return True
 
     def sessions_of(self, ue_id: str) -> list[SessionMigration]:
         """The state machines of ``ue_id``'s sessions."""
@@ -353,6 +389,10 @@ class SchedulerEngine:
         actions: list[Action] = []
         for s in samples:
             slot = self._slot.get(s.session_id)
+            if s.state is SessionState.HANDED_OVER:      # passed on only with follow_moves
+                if slot is not None and self.follow_moves:
+                    self._follow_move(self._sm[slot], agent, s.state)  # type: ignore[arg-type]
+                continue
             if s.state is SessionState.FINISHED:
                 # Only the agent serving the session ends it: after a commit the old source
                 # reports its stopped copy as finished while the new one decodes on.
@@ -372,6 +412,8 @@ class SchedulerEngine:
                 if model is not None and self._model[slot] is None:
                     self._model[slot] = model
             sm = self._sm[self._slot[s.session_id]]
+            if sm is not None and self.follow_moves:
+                self._follow_move(sm, agent, s.state)
             if sm is not None and sm.source == agent and sm.state is not MigrationState.PREPARING \
                     and s.epoch >= sm.epoch:
                 sm.epoch = s.epoch + 1
