@@ -491,6 +491,8 @@ class Source:
         out, prepared = got
         n = s.num_tokens
         choice, r_p = await self._choose(out, n) if prepared else (None, 0.0)
+        if not out.live:
+            return self._outlived(out, scheme)
         if s.held_error is not None:
             log.warning("commit_after_source_failure", session=s.session_id, epoch=epoch,
                         error=s.held_error[0])
@@ -521,6 +523,18 @@ class Source:
                 goodput_bytes_per_s=out.client.goodput_bytes_per_s,
                 waited_s=time.monotonic() - t_sync))
         return r
+
+    def _outlived(self, out: Outbound, scheme: int) -> pallas_pb2.ControlReply:
+        """A commit whose attempt ended while it waited before the freeze took hold of it (its
+        stream or lease lost, found by ``soak.py --faults --targets 2``: ``failed ->
+        committing`` was raised after :meth:`_choose`): nothing was shipped nor synced, the
+        target's hold is released in the background (it may still hold the prepared state),
+        and the reply is :meth:`ended_reply`'s (the caller unfreezes; a retry prepares anew)."""
+        log.warning("commit_attempt_ended", session=out.session.session_id, epoch=out.epoch,
+                    peer=out.target.address, state=out.state.value, error=out.error)
+        self.ctx.spawn(self._release(out, f"attempt {out.state.value} before the commit: {out.error}"),
+                       f"release-ended-{out.session.session_id}-{out.epoch}-{out.target.address}")
+        return self.ended_reply(out, "before the commit took hold of it", scheme)
 
     async def _attempt_for(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
                            split: int | None, ship: Ship, scheme: int, deadline: float

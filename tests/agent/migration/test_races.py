@@ -119,3 +119,40 @@ def test_a_trigger_whose_attempt_is_abandoned_while_its_prepare_runs_answers_rej
     rep, state, held = asyncio.run(run())
     assert rep.status == pb.STATUS_REJECTED and "agent draining" in rep.message, rep
     assert state == SessionState.SERVING and held == []
+
+
+def test_a_commit_racing_its_attempts_lost_lease_answers_non_ok_and_serves_on():
+    """The commit asks the prepared target's progress (the commit-time choice) and, while it
+    waits, the target evicts the attempt and the source's renewal finds the lease gone (the
+    attempt FAILED). The commit answers STATUS_REJECTED naming the loss (it raised ``failed
+    -> committing`` before), sends no Sync, and the session serves on here, unfrozen."""
+    async def run():
+        src, tgt, h, server, ep, s = await _pair(hold=("progress",))
+        try:
+            assert (await src.trigger("s", 1, ep, split_tokens=96)).status == pb.STATUS_OK
+            out = src.ctx.outbound.at("s", ep.address)
+            call = asyncio.ensure_future(src.commit("s", 1, ep))
+            await h.entered["progress"].wait()
+            frozen = s.state
+            changed = out.changed
+            await tgt.target.drop_inbound(tgt.ctx.inbound["s"], "full", event="evicted")
+            out.renew_now.set()                       # the renewal finds no lease: FAILED
+            await changed.wait()
+            lost = out.state
+            h.go["progress"].set()
+            rep = await call
+            # the commit's background Release, if it started one
+            await asyncio.gather(*[t for t in src.ctx.tasks if t.get_name().startswith("release-")])
+            released = [r[0].reason for r in h.releases]
+            return (rep, frozen, lost, s.state, s.frozen_at, tgt.ctx.sessions.get("s"),
+                    len(src.ctx.outbound), released)
+        finally:
+            await _close(src, tgt, server)
+
+    rep, frozen, lost, state, frozen_at, synced, outbound, released = asyncio.run(run())
+    assert frozen == SessionState.COMMITTING and lost == SourceState.FAILED
+    assert rep.status == pb.STATUS_REJECTED and "IllegalTransition" not in rep.message, rep
+    assert "lease lost" in rep.message and "before the commit" in rep.message, rep.message
+    assert rep.state == pb.SESSION_SERVING and state == SessionState.SERVING
+    assert frozen_at is None and synced is None and outbound == 0
+    assert len(released) == 1 and "before the commit" in released[0], released
