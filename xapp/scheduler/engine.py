@@ -68,6 +68,10 @@ CYCLE_SECONDS = Histogram("pallas_scheduler_cycle_seconds", "Time of one Schedul
                           buckets=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.3, 1.0))
 ADMISSION_REFUSED = Counter("pallas_scheduler_admission_refused_total",
                             "Triggers deferred because admission at the target failed")
+EXTRA_TARGETS = Counter("pallas_scheduler_extra_targets_total",
+                        "Extra targets (beside a UE's primary, issue 45) by event: prepared "
+                        "(their Trigger sent) or dropped (withdrawn by a targeted Cancel when "
+                        "they left the target choice)", ["event"])
 
 
 class SchedulerEngine:
@@ -722,14 +726,19 @@ class SchedulerEngine:
 
     # -- metrics ------------------------------------------------------------------------------
     def _count(self, actions: Iterable[Action]) -> None:
-        """Count the actions emitted; a cancel frees its session's reservations (a targeted
-        one, that target's alone)."""
+        """Count the actions emitted (``pallas_scheduler_actions_total``; an extra target's
+        Trigger and a targeted Cancel also in ``pallas_scheduler_extra_targets_total``); a
+        cancel frees its session's reservations (a targeted one, that target's alone)."""
         for a in actions:
             if isinstance(a, TriggerAction):
                 ACTIONS.labels("trigger", pallas_pb2.Scheme.Name(a.scheme)).inc()
+                if a.rank > 0:
+                    EXTRA_TARGETS.labels("prepared").inc()
             elif isinstance(a, CancelAction):
                 self._release(a.session_id, a.target if a.only_target else None)
                 ACTIONS.labels("cancel", "").inc()
+                if a.only_target:
+                    EXTRA_TARGETS.labels("dropped").inc()
             elif isinstance(a, CommitAction):
                 ACTIONS.labels("commit", pallas_pb2.Scheme.Name(a.scheme)).inc()
 

@@ -222,12 +222,20 @@ def test_an_extra_that_leaves_the_choice_is_cancelled_alone_and_the_epoch_goes_o
     """Issue 45: c (rank 1) falls below the probability floor while the primary b holds: the
     cycle sends a targeted Cancel of epoch 1 naming c (only c's reservation freed); c is not
     prepared again under the epoch, a handover to b is still a prepared commit."""
+    from prometheus_client import REGISTRY
+
+    def extras():
+        return {e: REGISTRY.get_sample_value("pallas_scheduler_extra_targets_total", {"event": e}) or 0.0
+                for e in ("prepared", "dropped")}
+
+    before = extras()
     eng = engine(k2(cfg, targets_p_floor=0.2))
     predict(eng)
     t, acts = run(eng)
     assert [(a.target, a.rank) for a in acts] == [("b", 0), ("c", 1)]
     assert predict(eng, "b", [("b", 0.85), ("c", 0.1)]) == []
     acts = eng.cycle(t + 0.1)
+    assert {k: v - before[k] for k, v in extras().items()} == {"prepared": 1, "dropped": 1}
     assert acts == [CancelAction("s1", 1, "a", "c", "left the target choice", only_target=True)]
     req = acts[0].to_proto("c:1")
     assert req.HasField("target") and (req.target.agent_id, req.target.address) == ("c", "c:1")
