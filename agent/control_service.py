@@ -103,7 +103,8 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
         return self._done("trigger", rep)
 
     async def Cancel(self, request: pallas_pb2.CancelRequest, context) -> pallas_pb2.ControlReply:
-        """Cancel the attempt of ``request.epoch``. At the source the target is told to release
+        """Cancel the attempt of ``request.epoch`` (at ``request.target`` only, when set: the
+        epoch's other targets stay prepared). At the source the target is told to release
         all it holds; at the target (an agent holding an attempt prepared here for the session,
         of this epoch or older) the attempt is released here too, so an xApp that restarted
         cleans both ends even when the source can no longer reach the target (issue 16)."""
@@ -111,9 +112,11 @@ class ControlService(pallas_pb2_grpc.ControlServicer):
 
     async def _cancel(self, request: pallas_pb2.CancelRequest) -> pallas_pb2.ControlReply:
         sid, epoch = request.session_id, int(request.epoch)
-        rep = await self.migration.cancel(sid, epoch, request.reason)
-        if self.migration.ctx.inbound.get(sid) is None:
-            return rep
+        target = request.target if request.HasField("target") and request.target.address else None
+        rep = await self.migration.cancel(sid, epoch, request.reason, target=target)
+        if self.migration.ctx.inbound.get(sid) is None or (
+                target is not None and target.agent_id != self.migration.ctx.agent_id):
+            return rep   # nothing prepared here, or a targeted Cancel naming another agent
         rel = await self.migration.target.on_release(pallas_pb2.ReleaseRequest(
             session_id=sid, epoch=epoch, reason=request.reason or "cancelled by the xApp"),
             undo_resume=False)

@@ -103,6 +103,9 @@ def wasted_preparation(events: Sequence[Mapping[str, Any]], ue_hours: float,
         if kind == "trigger":
             trig[key] = e
         elif kind == "cancel":
+            if e.get("only_target") and key in trig \
+                    and e.get("target_agent") != trig[key].get("target_agent"):
+                continue   # a targeted Cancel withdrew another target of the epoch
             ends.setdefault(key, _f(e.get("trace_t")))
         elif kind == "commit":
             commits_by_session.setdefault(key[0], []).append(_f(e.get("trace_t")))

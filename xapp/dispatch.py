@@ -158,7 +158,8 @@ class ActionDispatcher:
 
     def _cancel(self, a: CancelAction, now: float, ho: Handover | None) -> None:
         self.events.write("cancel", session=a.session_id, epoch=a.epoch, trace_t=now - self._offset(),
-                          source_agent=a.source, target_agent=a.target, reason=a.reason)
+                          source_agent=a.source, target_agent=a.target, reason=a.reason,
+                          only_target=a.only_target)
 
     def _commit(self, a: CommitAction, now: float, ho: Handover | None) -> None:
         with self._lock:
@@ -196,8 +197,10 @@ class ActionDispatcher:
                 return
             if out.kind != "Trigger":        # a trigger stays until its commit or cancel
                 del mine[(out.kind, out.epoch, out.target)]
-                for key in [k for k in mine if k[0] == "Trigger" and k[1] == out.epoch]:
-                    del mine[key]            # every target's trigger of the epoch
+                for key in [k for k in mine if k[0] == "Trigger" and k[1] == out.epoch
+                            and (not out.target or k[2] == out.target)]:
+                    del mine[key]            # every target's trigger of the epoch (a targeted
+                                             # Cancel's: that target's alone)
             if not mine:
                 self.pending.pop(out.session_id, None)
         reply = r if r is not None else pb.ControlReply(status=pb.STATUS_ERROR, message=out.error)
@@ -223,6 +226,7 @@ class ActionDispatcher:
 
 
 def _key(a: Action) -> tuple[str, int, str]:
-    """An action's key in :attr:`ActionDispatcher.pending`: (rpc, epoch, the Trigger's target
-    or "") as a reply (``CallOutcome``: kind, epoch, target) names it."""
-    return (a.rpc, a.epoch, a.target if isinstance(a, TriggerAction) else "")
+    """An action's key in :attr:`ActionDispatcher.pending`: (rpc, epoch, the Trigger's or the
+    targeted Cancel's target, or "") as a reply (``CallOutcome``: kind, epoch, target) names it."""
+    named = isinstance(a, TriggerAction) or (isinstance(a, CancelAction) and a.only_target)
+    return (a.rpc, a.epoch, a.target if named else "")

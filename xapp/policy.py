@@ -75,8 +75,8 @@ class AgentEndpoint:
 @dataclass
 class CallOutcome:
     """What a policy call came to: the reply (None if it never got one), the error, attempts.
-    ``target``: the agent a Trigger prepares (one epoch may prepare several: issue 45), else
-    ""."""
+    ``target``: the agent a Trigger prepares (one epoch may prepare several: issue 45) or a
+    targeted Cancel withdraws, else ""."""
 
     kind: str
     agent_id: str
@@ -92,6 +92,15 @@ class CallOutcome:
     @property
     def ok(self) -> bool:
         return self.reply is not None and self.reply.status == pb.STATUS_OK
+
+
+def _target_of(kind: str, request) -> str:
+    """The target agent a call names, as its outcome and its reply cache key it: a Trigger's
+    target, a targeted Cancel's (``CancelRequest.target``, issue 45: Cancels of one epoch at
+    different targets, and the epoch's untargeted Cancel, are different calls); "" otherwise."""
+    if kind == "Trigger" or (kind == "Cancel" and request.HasField("target")):
+        return request.target.agent_id
+    return ""
 
 
 class PolicyClient:
@@ -127,9 +136,10 @@ class PolicyClient:
         self._channels: dict[str, tuple[str, grpc.Channel, pbg.ControlStub]] = {}
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="policy")
         self._tails: dict[str, Future] = {}       # session -> its last call's Future
-        # (kind, agent, session, epoch, Trigger's target) -> outcome: the same order sent to two
-        # agents (a Cancel at the source and at the target) is two calls, each answered by its
-        # agent; Triggers of one epoch at several targets (issue 45) are one call each.
+        # (kind, agent, session, epoch, the target named: _target_of) -> outcome: the same order
+        # sent to two agents (a Cancel at the source and at the target) is two calls, each
+        # answered by its agent; Triggers (and targeted Cancels) of one epoch at several targets
+        # (issue 45) are one call each.
         self._done: OrderedDict[tuple[str, str, str, int, str], CallOutcome] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
@@ -162,7 +172,7 @@ class PolicyClient:
                 del self._done[key]
 
     def _call(self, kind: str, agent_id: str, request) -> CallOutcome:
-        target = request.target.agent_id if kind == "Trigger" else ""
+        target = _target_of(kind, request)
         key = (kind, agent_id, request.session_id, int(request.epoch), target)
         with self._lock:
             prev = self._done.get(key)
@@ -221,7 +231,7 @@ class PolicyClient:
                 log.error("policy call failed", kind=kind, agent=agent_id, error=repr(e))
                 if out is None:
                     out = CallOutcome(kind, agent_id, sid, int(request.epoch), None, repr(e),
-                                      target=request.target.agent_id if kind == "Trigger" else "")
+                                      target=_target_of(kind, request))
             finally:
                 with self._lock:
                     if self._tails.get(sid) is done:
@@ -233,7 +243,7 @@ class PolicyClient:
                 self._pool.submit(run)
             except RuntimeError as e:   # the pool is shut down: the call is not made
                 done.set_result(CallOutcome(kind, agent_id, sid, int(request.epoch), None, str(e),
-                                            target=request.target.agent_id if kind == "Trigger" else ""))
+                                            target=_target_of(kind, request)))
 
         with self._lock:
             prev = self._tails.get(sid)

@@ -452,7 +452,8 @@ class MigrationJournal:
       Trigger of rank > 0, an extra target of the epoch, adds nothing to it), a
       Commit a ``committing`` one (a Cancel changes nothing: the record stays until the agent
       answers, so a restart in between cancels again, which the agents treat as a repeat);
-    - :meth:`replied` with each outcome: an answered Cancel or Commit ends the record of its
+    - :meth:`replied` with each outcome: an answered Cancel (naming no target: a targeted
+      one withdraws an extra target and changes nothing) or Commit ends the record of its
       epoch (an unanswered call leaves it for the recovery; a Cancel sent to several agents,
       :meth:`cancelling`, ends it once every one of them answered); a Commit answered OK
       rebinds the session to the actual target, or, for Detour, adds a relay hop;
@@ -524,6 +525,8 @@ class MigrationJournal:
         """Record an agent's answer (no reply: nothing changes)."""
         if outcome.reply is None or outcome.kind not in ("Cancel", "Commit"):
             return
+        if outcome.kind == "Cancel" and outcome.target:
+            return   # a targeted Cancel (an extra target withdrawn): the epoch's record stays
         key = (outcome.session_id, int(outcome.epoch))
         if outcome.kind == "Cancel":
             with self._lock:

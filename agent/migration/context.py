@@ -76,6 +76,9 @@ class Entry:
     """The ledger's record of one (session, epoch): its closure and its calls' replies."""
 
     closed: str = ""  # "" | "cancelled" | "committed"
+    # PeerTransfer addresses of targets a targeted Cancel dropped from the epoch (issue 45):
+    # a Trigger naming one of them again under this epoch is refused
+    dropped: set[str] = dataclasses.field(default_factory=set)
     replies: dict[str, asyncio.Future] = dataclasses.field(default_factory=dict)
 
 

@@ -180,6 +180,10 @@ class MigrationEngine:
         async def work(s: Session) -> pallas_pb2.ControlReply:
             if s.state == SessionState.FAILED:
                 return self.failed_reply(s, epoch, value)
+            if target.address in self.ctx.ledger.entry(session_id, epoch).dropped:
+                return self.ctx.reply(S.STATUS_STALE_EPOCH, s, epoch, scheme=value,
+                                      message=f"target {target.address} was cancelled in epoch "
+                                              f"{epoch}; a new epoch prepares it again")
             await self._abandon_current(s, f"superseded by epoch {epoch}",
                                         keep=lambda o: o.epoch == epoch and o.proactive
                                         and o.target.address != target.address)
@@ -200,10 +204,15 @@ class MigrationEngine:
 
         return await self._once(f"trigger@{target.address}", session_id, epoch, work)
 
-    async def cancel(self, session_id: str, epoch: int, reason: str = "") -> pallas_pb2.ControlReply:
-        """Abandon the attempts of ``epoch`` (every target's: CancelRequest names none): each
-        target releases all it holds; decoding here never stops. OK also when nothing was
-        prepared."""
+    async def cancel(self, session_id: str, epoch: int, reason: str = "", *,
+                     target: pallas_pb2.PeerEndpoint | None = None) -> pallas_pb2.ControlReply:
+        """Abandon the attempts of ``epoch``: every target's when ``target`` is None or has no
+        address (the epoch is closed), else only the attempt at ``target``
+        (:meth:`cancel_target`). Each target abandoned releases all it holds; decoding here
+        never stops. OK also when nothing was prepared."""
+        if target is not None and target.address:
+            return await self.cancel_target(session_id, epoch, target.address, reason)
+
         async def work(s: Session) -> pallas_pb2.ControlReply:
             self.ctx.ledger.entry(session_id, epoch).closed = "cancelled"
             outs = await self._abandon_current(s, reason or "cancelled")
@@ -218,6 +227,35 @@ class MigrationEngine:
                                   + (f" at {len(outs)} targets" if len(outs) > 1 else ""))
 
         return await self._once("cancel", session_id, epoch, work, allow_closed=("cancelled",))
+
+    async def cancel_target(self, session_id: str, epoch: int, address: str,
+                            reason: str = "") -> pallas_pb2.ControlReply:
+        """A targeted Cancel (``CancelRequest.target``, issue 45): the attempt of ``epoch`` (or
+        an older one) at the target at ``address`` is abandoned, the target releasing what it
+        holds; the session's other targets stay prepared and the epoch stays open (a Commit of
+        it may still name any of them). The target is dropped from the epoch: a Trigger naming
+        it again under ``epoch`` is STATUS_STALE_EPOCH (the xApp prepares it again only under
+        a new epoch, docs/model.md §5), and a Commit there is reactive. OK also when nothing
+        was prepared there; repeated, it answers as the first time."""
+        async def work(s: Session) -> pallas_pb2.ControlReply:
+            e = self.ctx.ledger.entry(session_id, epoch)
+            e.dropped.add(address)
+            e.replies.pop(f"trigger@{address}", None)  # a repeat of that Trigger is refused now
+            why = reason or "cancelled"
+            outs = await self._abandon_current(
+                s, why, keep=lambda o: o.target.address != address or o.epoch > epoch)
+            left = sum(o.live for o in self.ctx.outbound.of(session_id))
+            for o in outs:
+                MIGRATIONS.labels("source", scheme_name(o.scheme), "cancelled").inc()
+            log.info("cancelled_target", session=session_id, epoch=epoch, peer=address,
+                     reason=reason, abandoned=len(outs), left=left)
+            what = (f"epoch {epoch} cancelled at {address} ({reason or 'no reason given'})"
+                    if outs else f"nothing prepared at {address} in epoch {epoch}")
+            return self.ctx.reply(S.STATUS_OK, s, epoch, message=f"{what}; {left} other "
+                                  f"target(s) stay prepared")
+
+        return await self._once(f"cancel@{address}", session_id, epoch, work,
+                                allow_closed=("cancelled",))
 
     async def commit(self, session_id: str, epoch: int, actual_target: pallas_pb2.PeerEndpoint,
                      scheme: int | str | None = None, *, ue_tokens: int | None = None

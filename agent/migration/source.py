@@ -126,14 +126,15 @@ class Source:
         if s.state == SessionState.MIGRATING and not any(o.live for o in self.ctx.outbound.of(s.session_id)):
             s.set_state(SessionState.SERVING)
 
-    def _stop(self, out: Outbound) -> bool:
+    def _stop(self, out: Outbound, reason: str = "") -> bool:
         """The local half of :meth:`abandon` (no RPC): returns whether the target is to be
-        released (False for an attempt already ended)."""
+        released (False for an attempt already ended). ``reason`` is kept as ``out.error``."""
         sid = out.session.session_id
         self.ctx.outbound.discard(out)
         if out.state in (SourceState.CANCELLED, SourceState.COMMITTED, SourceState.FAILED):
             return False
         out.to(SourceState.CANCELLED)
+        out.error = out.error or reason
         self.ctx.hub.stop_export(sid, out.target.address)
         if out.stream is not None:
             out.stream.abort()
@@ -142,7 +143,7 @@ class Source:
 
     async def abandon(self, out: Outbound, reason: str) -> None:
         """Stop an attempt: no more export for it, its stream cancelled, its target released."""
-        if not self._stop(out):
+        if not self._stop(out, reason):
             return
         await self._release(out, reason)
 
@@ -159,7 +160,7 @@ class Source:
         target ever resumes; the others never did, so their Release undoes nothing). Returns them."""
         outs = [o for o in self.ctx.outbound.of(s.session_id) if o is not keep]
         for o in outs:
-            if self._stop(o):
+            if self._stop(o, reason):
                 self.ctx.spawn(self._release(o, reason),
                                f"release-{s.session_id}-{o.epoch}-{o.target.address}")
         return outs
@@ -180,7 +181,15 @@ class Source:
         p = s.num_tokens if split_tokens <= 0 else min(split_tokens, s.num_tokens)
         return p // bs * bs
 
-    async def _prepare(self, out: Outbound) -> pallas_pb2.PrepareReply:
+    async def _prepare(self, out: Outbound) -> pallas_pb2.PrepareReply | None:
+        """Send ``out``'s Prepare and move the attempt by the answer: PREPARED (its lease
+        renewed from now on) or FAILED. Returns the target's answer, or None when the attempt
+        ended here while the target prepared it (a session failing here or a newer call
+        abandoned it: ``out.error`` says why). The Release that ended it may have reached the
+        target before the Prepare did, so an attempt the target admitted is released again
+        here, before the return (found by ``soak.py --faults --targets 2``: a Trigger racing a
+        source engine kill raised ``cancelled -> prepared`` and the target kept the lease
+        until it expired)."""
         s = out.session
         ident = self.ctx.identity()
         req = pallas_pb2.PrepareRequest(
@@ -189,6 +198,14 @@ class Source:
             expected_kv_bytes=int((s.num_tokens + s.remaining_tokens) * ident.kv_bytes_per_token),
             scheme=out.scheme, ue_id=s.ue_id, rank=out.rank)
         rep = await out.client.prepare(req)
+        if out.state != SourceState.PLANNED:
+            if rep.status == S.STATUS_OK:
+                await self._release(out, f"attempt {out.state.value} while the target prepared "
+                                         f"it: {out.error or 'no reason recorded'}")
+            log.info("prepare_outlived", session=s.session_id, epoch=out.epoch,
+                     peer=out.target.address, state=out.state.value, error=out.error,
+                     target_status=S.Status.Name(rep.status))
+            return None
         if rep.status == S.STATUS_OK:
             out.to(SourceState.PREPARED)
             out.t_prepared = time.monotonic()
@@ -255,10 +272,13 @@ class Source:
         try:
             rep = await self._prepare(out)
         except Exception as exc:
-            out.to(SourceState.FAILED)
+            if out.state == SourceState.PLANNED:
+                out.to(SourceState.FAILED)
             self.ctx.outbound.discard(out)
             log.warning("prepare_failed", session=sid, epoch=epoch, error=repr(exc))
             return self.ctx.reply(S.STATUS_ERROR, s, epoch, message=f"prepare failed: {exc!r}")
+        if rep is None:
+            return self.ended_reply(out)
         if rep.status != S.STATUS_OK:
             self.ctx.outbound.discard(out)
             return self.ctx.reply(rep.status, s, epoch, message=rep.message)
@@ -270,6 +290,24 @@ class Source:
         log.info("triggered", session=sid, epoch=epoch, peer=target.address, split=split,
                  stream=stream_suffix, rank=rank, attempts=len(self.ctx.outbound.of(sid)))
         return self.ctx.reply(S.STATUS_OK, s, epoch, split=split, scheme=scheme)
+
+    def ended_reply(self, out: Outbound, when: str = "while the target prepared it",
+                    scheme: int = 0) -> pallas_pb2.ControlReply:
+        """The non-OK reply of a call whose attempt ``out`` ended under it (``when``), never
+        by a call holding the session's lock: a session that failed here meanwhile is
+        STATUS_ERROR naming the failure, any other end (the attempt's stream or lease lost, the
+        agent closing) STATUS_REJECTED; the message names the attempt's end (``out.error``).
+        The session serves on here unless it failed."""
+        s = out.session
+        why = out.error or "no reason recorded"
+        if s.state == SessionState.FAILED:
+            return self.ctx.reply(S.STATUS_ERROR, s, out.epoch, scheme=scheme,
+                                  message=f"session failed at agent {self.ctx.agent_id} "
+                                          f"{when}: {s.error or why}; attempt at "
+                                          f"{out.target.address} {out.state.value}")
+        return self.ctx.reply(S.STATUS_REJECTED, s, out.epoch, scheme=scheme,
+                              message=f"attempt at {out.target.address} {out.state.value} "
+                                      f"{when}: {why}; the session serves on here")
 
     async def split_for_ctho(self, s: Session, target: pallas_pb2.PeerEndpoint) -> int:
         """ctHO's split p (docs/model.md §6) with the *target's* measured r_p (asked with a
@@ -453,6 +491,8 @@ class Source:
         out, prepared = got
         n = s.num_tokens
         choice, r_p = await self._choose(out, n) if prepared else (None, 0.0)
+        if not out.live:
+            return self._outlived(out, scheme)
         if s.held_error is not None:
             log.warning("commit_after_source_failure", session=s.session_id, epoch=epoch,
                         error=s.held_error[0])
@@ -484,6 +524,18 @@ class Source:
                 waited_s=time.monotonic() - t_sync))
         return r
 
+    def _outlived(self, out: Outbound, scheme: int) -> pallas_pb2.ControlReply:
+        """A commit whose attempt ended while it waited before the freeze took hold of it (its
+        stream or lease lost, found by ``soak.py --faults --targets 2``: ``failed ->
+        committing`` was raised after :meth:`_choose`): nothing was shipped nor synced, the
+        target's hold is released in the background (it may still hold the prepared state),
+        and the reply is :meth:`ended_reply`'s (the caller unfreezes; a retry prepares anew)."""
+        log.warning("commit_attempt_ended", session=out.session.session_id, epoch=out.epoch,
+                    peer=out.target.address, state=out.state.value, error=out.error)
+        self.ctx.spawn(self._release(out, f"attempt {out.state.value} before the commit: {out.error}"),
+                       f"release-ended-{out.session.session_id}-{out.epoch}-{out.target.address}")
+        return self.ended_reply(out, "before the commit took hold of it", scheme)
+
     async def _attempt_for(self, s: Session, epoch: int, target: pallas_pb2.PeerEndpoint,
                            split: int | None, ship: Ship, scheme: int, deadline: float
                            ) -> tuple[Outbound, bool] | pallas_pb2.ControlReply:
@@ -511,6 +563,8 @@ class Source:
             self.ctx.outbound.discard(out)
             return self.ctx.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
                                   message=f"prepare at the target failed: {exc!r}")
+        if rep is None:
+            return self.ended_reply(out, scheme=scheme)
         if rep.status != S.STATUS_OK:  # any refusal there is REJECTED here (not the xApp's
             self.ctx.outbound.discard(out)  # stale epoch): the session stays here
             return self.ctx.reply(S.STATUS_REJECTED, s, epoch, scheme=scheme,

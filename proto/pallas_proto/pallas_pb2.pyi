@@ -118,14 +118,16 @@ class TriggerRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., target: _Optional[_Union[PeerEndpoint, _Mapping]] = ..., split_tokens: _Optional[int] = ..., predicted_handover_time: _Optional[float] = ..., scheme: _Optional[_Union[Scheme, str]] = ..., window_s: _Optional[float] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
-    __slots__ = ("session_id", "epoch", "reason")
+    __slots__ = ("session_id", "epoch", "reason", "target")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     epoch: int
     reason: str
-    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    target: PeerEndpoint
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., target: _Optional[_Union[PeerEndpoint, _Mapping]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("session_id", "epoch", "actual_target", "scheme", "handover_time")

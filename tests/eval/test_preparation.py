@@ -53,6 +53,17 @@ def test_unused_warm_ups_and_what_they_held():
     assert "predicted 1 (prepared 1)" in lines[0] and "never used 1 of 2" in lines[1]
 
 
+def test_a_targeted_cancel_of_another_target_does_not_end_the_kept_warm_up():
+    """A Cancel naming another target of the epoch (issue 45: an extra withdrawn) leaves the
+    epoch's warm-up held; one naming its target ends it."""
+    ev = [_trig("b", 1, 20.0, "edge-2"),
+          {"kind": "cancel", "session": "b", "epoch": 1, "trace_t": 22.0, "only_target": True,
+           "target_agent": "edge-3"},
+          {"kind": "cancel", "session": "b", "epoch": 1, "trace_t": 25.0, "only_target": True,
+           "target_agent": "edge-2"}]
+    assert math.isclose(wasted_preparation(ev, ue_hours=1.0, end_t=50.0).held_s, 5.0)
+
+
 def test_ue_hours_sums_each_ues_span():
     assert math.isclose(ue_hours({"ues": [{"start": 0.0, "end": 1800.0}, {"start": 100.0, "end": 1900.0}]}), 1.0)
     assert ue_hours({}) == 0.0

@@ -168,6 +168,9 @@ def test_the_new_nodes_owner_takes_the_record_over_under_a_new_generation(dbaas,
         assert g0.check(trig) == (trig, "")                       # r0 writes the record first
         rec = g0.leases.read_session("s1")
         assert (rec.owner, rec.node, rec.epoch, rec.data["phase"]) == ("x0", NODE_A, 1, "preparing")
+        drop = CancelAction("s1", 1, "edge-a", "edge-c", "left the target choice", only_target=True)
+        assert g0.check(drop) == (drop, "")                       # an extra withdrawn alone:
+        assert g0.leases.read_session("s1").data["phase"] == "preparing"   # the epoch goes on
 
         # r1 saw the UE arrive at B; its engine commits by the fallback under epoch 2 (its
         # report of the agent's epoch 1, plus one): inside r0's generation 0

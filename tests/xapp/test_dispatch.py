@@ -1,5 +1,6 @@
 """ActionDispatcher: a trigger goes out with what the engine decided (xapp/dispatch.py)."""
 
+import dataclasses
 import math
 import threading
 from types import SimpleNamespace
@@ -69,12 +70,16 @@ def test_the_policy_client_sends_each_action_as_built():
     client._submit = lambda kind, agent, req: sent.append((kind, agent, req))
     trig = _trigger(predicted_sit_s=0.1, predicted_early_s=0.2)
     commit = CommitAction("s1", 2, "a", "b", "b", pb.SCHEME_PALLAS, 1010.5)
-    for a in (trig, CancelAction("s1", 2, "a", "b", "mispredicted"), commit):
+    for a in (trig, CancelAction("s1", 2, "a", "b", "mispredicted"), commit,
+              CancelAction("s1", 2, "a", "b", "left", only_target=True)):
         client.send(a)
-    assert [(k, agent) for k, agent, _ in sent] == [("Trigger", "a"), ("Cancel", "a"), ("Commit", "a")]
+    assert [(k, agent) for k, agent, _ in sent] == [("Trigger", "a"), ("Cancel", "a"), ("Commit", "a"),
+                                                    ("Cancel", "a")]
     assert sent[0][2] == trig.to_proto("127.0.0.1:1002")
     assert sent[1][2] == pb.CancelRequest(session_id="s1", epoch=2, reason="mispredicted")
     assert sent[2][2] == commit.to_proto("127.0.0.1:1002")
+    assert sent[3][2] == pb.CancelRequest(session_id="s1", epoch=2, reason="left", target=pb.PeerEndpoint(
+        agent_id="b", address="127.0.0.1:1002"))   # targeted: the target's PeerTransfer address
     assert client.trigger("a", "s1", 2, "b", window_s=3.0, predicted_handover_time=1010.0) is None
     assert sent[-1][2].target.address == "127.0.0.1:1002" and sent[-1][2].window_s == 3.0
     try:
@@ -132,3 +137,26 @@ def test_the_policy_client_refuses_what_is_not_an_action():
         raise AssertionError("a non-action must raise TypeError")
     finally:
         client.close()
+
+
+def test_a_targeted_cancels_reply_ends_that_targets_trigger_alone():
+    """Issue 45: the reply to a Cancel naming c drops c's pending Trigger only; b's stays until
+    the epoch's commit or untargeted cancel, and the cancel event says it was targeted."""
+    from pallas_proto import pallas_pb2 as pb
+    from xapp.policy import CallOutcome
+    from xapp.scheduler import CancelAction
+
+    events, policy = EventLog(), _Policy()
+    policy.send = lambda a: None
+    replies = []
+    d = _dispatcher(policy, events)
+    d.engine.on_reply = lambda a, r: replies.append((a, r.status)) or []
+    extra = dataclasses.replace(_trigger(rank=1), target="c")
+    cancel = CancelAction("s1", 2, "a", "c", "left the target choice", only_target=True)
+    d.send([_trigger(), extra, cancel])
+    ok = pb.ControlReply(status=pb.STATUS_OK)
+    d.on_reply(CallOutcome("Cancel", "a", "s1", 2, ok, target="c"))
+    assert sorted(d.pending["s1"]) == [("Trigger", 2, "b")]
+    assert replies == [(cancel, pb.STATUS_OK)]
+    (ev,) = [e for e in events.events if e["kind"] == "cancel"]
+    assert ev["only_target"] is True and ev["target_agent"] == "c"

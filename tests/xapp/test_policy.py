@@ -151,6 +151,27 @@ def test_triggers_of_one_epoch_at_two_targets_are_two_calls(agent):
     assert agent.order.empty()
 
 
+def test_targeted_cancels_of_one_epoch_and_its_untargeted_cancel_are_separate_calls(agent):
+    """Issue 45: a Cancel naming a target (an extra withdrawn) is a call of its own, cached per
+    target, so neither a Cancel at another target nor the epoch's untargeted Cancel is
+    answered from its cache; each outcome names what it cancelled."""
+    from xapp.scheduler import CancelAction
+
+    eps = {n: AgentEndpoint(n, agent.address, f"127.0.0.1:{i + 1}")
+           for i, n in enumerate(("edge-a", "edge-b", "edge-c"))}
+    c = PolicyClient(eps)
+    try:
+        outs = [c.send(CancelAction("s1", 3, "edge-a", t, "x", only_target=True)).result(timeout=5)
+                for t in ("edge-c", "edge-b", "edge-c")]
+        outs.append(c.cancel("edge-a", "s1", 3, "withdrawn").result(timeout=5))
+    finally:
+        c.close()
+    assert [(o.target, o.cached) for o in outs] == [("edge-c", False), ("edge-b", False),
+                                                    ("edge-c", True), ("", False)]
+    assert [agent.order.get_nowait() for _ in range(3)] == [("Cancel", "s1", 3)] * 3
+    assert agent.order.empty()
+
+
 def test_an_agents_address_change_is_followed(agent):
     c = _client(agent)
     agent.release.set()

@@ -211,6 +211,10 @@ def test_the_journal_records_orders_and_replies_for_the_restart(make_store):
                                               pb.SCHEME_CTHO, 0)
 
     j.sent(TriggerAction("s2", 1, "edge-a", "edge-c", 1010.0, 0.5, 32))
+    j.sent(CancelAction("s2", 1, "edge-a", "edge-d", "left", only_target=True))
+    j.replied(CallOutcome("Cancel", "edge-a", "s2", 1, pb.ControlReply(status=pb.STATUS_OK),
+                          target="edge-d"))   # an extra target withdrawn: the epoch's record stays
+    assert st.migration("s2").phase == "preparing"
     j.sent(CancelAction("s2", 1, "edge-a", "edge-c", "target changed"))
     assert [s.action for s in recovery_plan(st)] == ["cancel"]
     j.replied(ok("Cancel", "s2", 1))

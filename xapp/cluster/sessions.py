@@ -63,7 +63,8 @@ log = structlog.get_logger("pallas.xapp.cluster")
 __all__ = ["SessionGuard", "PHASE_OF", "view_node"]
 
 PHASE_OF = {"Trigger": "preparing", "Commit": "committing", "Cancel": "cancelled"}
-"""The migration state a session's record carries after each kind of order."""
+"""The migration state a session's record carries after each kind of order (a targeted Cancel,
+which withdraws one extra target while the epoch goes on, leaves it ``preparing``)."""
 
 
 def view_node(view: tuple, config: XappConfig) -> str | None:
@@ -143,7 +144,8 @@ class SessionGuard:
                 return None, self._refuse(action, "no_node", "source agent has no E2 node")
             if rec is not None and rec.owner != self.leases.me:
                 action = self._take_over(action, rec.epoch)
-            data = {"rpc": action.rpc, "phase": PHASE_OF[action.rpc], "source": action.source,
+            phase = "preparing" if getattr(action, "only_target", False) else PHASE_OF[action.rpc]
+            data = {"rpc": action.rpc, "phase": phase, "source": action.source,
                     "target": getattr(action, "actual_target", None) or action.target,
                     "ue": ue}
             self.leases.write_session(action.session_id, node, epoch=int(action.epoch),

@@ -28,7 +28,10 @@ Per cycle (:meth:`SchedulerEngine.cycle`):
    (:meth:`SessionMigration.trigger_extra`). A FULL target is prepared with the session's
    scheme; a PREFIX one with ``SCHEME_NO_SM`` (prefix warm-up, no suffix stream) when the
    session's scheme is Pallas, and not at all under any other scheme (the agents' other
-   proactive schemes have no prefix-only form). With K = 1 nothing of this runs.
+   proactive schemes have no prefix-only form). An extra target already prepared that the
+   choice no longer names (its UE's candidates now its primary alone included) is dropped by a
+   targeted Cancel (:meth:`SessionMigration.drop_extra`); the primary holds by step 3's rule.
+   With K = 1 nothing of this runs.
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ CYCLE_SECONDS = Histogram("pallas_scheduler_cycle_seconds", "Time of one Schedul
                           buckets=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.3, 1.0))
 ADMISSION_REFUSED = Counter("pallas_scheduler_admission_refused_total",
                             "Triggers deferred because admission at the target failed")
+EXTRA_TARGETS = Counter("pallas_scheduler_extra_targets_total",
+                        "Extra targets (beside a UE's primary, issue 45) by event: prepared "
+                        "(their Trigger sent) or dropped (withdrawn by a targeted Cancel when "
+                        "they left the target choice)", ["event"])
 
 
 class SchedulerEngine:
@@ -546,7 +553,7 @@ class SchedulerEngine:
                                   & (self._t_ho[:n] - ahead <= self._horizon))
             if cand.size:
                 actions = self._decide(cand, now, ahead)
-            if self.cfg.targets_k > 1 and self._cands:
+            if self.cfg.targets_k > 1:
                 actions += self._extend(now, ahead)
         CYCLE_SECONDS.observe(time.perf_counter() - t0)
         self._count(actions)
@@ -618,9 +625,14 @@ class SchedulerEngine:
         actions: list[Action] = []
         for slot in slots.tolist():
             sm = self._sm[slot]
-            if sm is None or sm.ue_id not in self._cands or len(sm.prepared) >= self.cfg.targets_k:
+            if sm is None:
                 continue
-            actions += self._extend_one(slot, sm, self._cands[sm.ue_id], now, ahead)
+            cands = self._cands.get(sm.ue_id)
+            if cands is None:                  # the primary alone is a candidate now
+                actions += [sm.drop_extra(t, "left the target choice: one candidate left")
+                            for t in sm.extras]
+            elif len(sm.prepared) < self.cfg.targets_k or sm.extras:
+                actions += self._extend_one(slot, sm, cands, now, ahead)
         return actions
 
     def _extend_one(self, slot: int, sm: SessionMigration, cands: tuple[tuple[str, float], ...],
@@ -630,12 +642,16 @@ class SchedulerEngine:
         session's K_curr and T_remain_hat; a chosen target not yet prepared is triggered once
         its own window is reached and admission passes (memory for its level: S_kv(K_HO) for
         FULL, S_kv(L_hist) for PREFIX). A refusal defers that target alone; a target whose
-        agent refused this epoch's Trigger (``SessionMigration.declined``) is not asked again."""
+        agent refused this epoch's Trigger (``SessionMigration.declined``) is not asked again.
+        An extra target prepared before that the choice no longer names is dropped (a targeted
+        CancelAction, :meth:`SessionMigration.drop_extra`), before any is added."""
         cands = tuple((a, p) for a, p in cands if a != sm.source)
         cfg = self.cfg
-        if sm.t_ho is None or not cands or cands[0][1] >= cfg.targets_split or not any(
+        if sm.t_ho is None:
+            return []
+        if not sm.extras and (not cands or cands[0][1] >= cfg.targets_split or not any(
                 a not in sm.prepared and a not in sm.declined and p >= cfg.targets_p_floor
-                for a, p in cands):
+                for a, p in cands)):
             return []                          # nothing the choice could add (cheap test first)
         r_d = float(self.telemetry.decode.read(self._decode_slot[slot:slot + 1], now)[0])
         k_curr = self._tokens[slot] + min(r_d * max(now - self._tokens_time[slot], 0.0),
@@ -647,7 +663,9 @@ class SchedulerEngine:
         choice = choose_targets([Candidate(a, p, *rates[a]) for a, p in cands], k_curr=k_curr,
                                 t_remain=t_remain, block_size=block, r_d=r_d, s_kv=s_kv,
                                 c_sync=self.cfg.c_sync_s, **self.cfg.target_choice())
-        actions: list[Action] = []
+        chosen = {plan.target for plan in choice.prepared}
+        actions: list[Action] = [sm.drop_extra(t, "left the target choice")
+                                 for t in sm.extras if t not in chosen]
         for plan in choice.prepared:
             if plan.target in sm.prepared or plan.target in sm.declined \
                     or len(sm.prepared) >= self.cfg.targets_k:
@@ -750,13 +768,19 @@ class SchedulerEngine:
 
     # -- metrics ------------------------------------------------------------------------------
     def _count(self, actions: Iterable[Action]) -> None:
-        """Count the actions emitted; a cancel frees its session's reservation."""
+        """Count the actions emitted (``pallas_scheduler_actions_total``; an extra target's
+        Trigger and a targeted Cancel also in ``pallas_scheduler_extra_targets_total``); a
+        cancel frees its session's reservations (a targeted one, that target's alone)."""
         for a in actions:
             if isinstance(a, TriggerAction):
                 ACTIONS.labels("trigger", pallas_pb2.Scheme.Name(a.scheme)).inc()
+                if a.rank > 0:
+                    EXTRA_TARGETS.labels("prepared").inc()
             elif isinstance(a, CancelAction):
-                self._release(a.session_id)
+                self._release(a.session_id, a.target if a.only_target else None)
                 ACTIONS.labels("cancel", "").inc()
+                if a.only_target:
+                    EXTRA_TARGETS.labels("dropped").inc()
             elif isinstance(a, CommitAction):
                 ACTIONS.labels("commit", pallas_pb2.Scheme.Name(a.scheme)).inc()
 

@@ -31,8 +31,12 @@ prepared under the same epoch (:meth:`SessionMigration.trigger_extra`, a Trigger
 ``rank`` > 0); :attr:`SessionMigration.prepared` names every target prepared under the epoch
 (the primary, ``target``, and the extras). A handover to any of them is a prepared commit
 naming it (the source's agent releases the other attempts); a cancel (new target not prepared,
-withdrawal, refusal of the primary, session end) ends every attempt of the epoch, since a
-CancelRequest names no target. A refused extra is dropped alone (its agent kept nothing).
+withdrawal, refusal of the primary, session end) ends every attempt of the epoch (its
+CancelRequest names no target). A refused extra is dropped alone (its agent kept nothing); an
+extra that leaves the target choice while the primary holds is dropped alone by a targeted
+Cancel (:meth:`SessionMigration.drop_extra`, ``CancelRequest.target``): the epoch stays, and
+the dropped target joins :attr:`SessionMigration.declined` (the agents refuse to prepare it
+again under the epoch).
 """
 
 from __future__ import annotations
@@ -152,21 +156,35 @@ class CancelAction:
     Send to the source agent's Control.Cancel (it stops the stream and has the target release
     what it holds); sending it to the target's Control.Cancel as well is harmless (idempotent)
     and releases the target even if the source is unreachable. The source never stops serving.
+    ``only_target``: the request names ``target`` (``CancelRequest.target``): that target's
+    attempt alone ends and the epoch goes on at the others (issue 45); otherwise it names no
+    target and every target's attempt of the epoch ends.
     """
 
     rpc: ClassVar[str] = "Cancel"
-    peer_field: ClassVar[str | None] = None
 
     session_id: str
     epoch: int
     source: str
     target: str
     reason: str
+    only_target: bool = False
 
-    def to_proto(self) -> pallas_pb2.CancelRequest:
-        """The CancelRequest."""
-        return pallas_pb2.CancelRequest(session_id=self.session_id, epoch=self.epoch,
-                                        reason=self.reason)
+    @property
+    def peer_field(self) -> str | None:
+        """The field naming the agent whose PeerTransfer address the request carries: the
+        target's for a targeted Cancel, else none."""
+        return "target" if self.only_target else None
+
+    def to_proto(self, target_peer_address: str = "") -> pallas_pb2.CancelRequest:
+        """The CancelRequest; a targeted one names ``target`` at ``target_peer_address`` (its
+        PeerTransfer host:port, by which the source's agent finds the attempt)."""
+        req = pallas_pb2.CancelRequest(session_id=self.session_id, epoch=self.epoch,
+                                       reason=self.reason)
+        if self.only_target:
+            req.target.CopyFrom(pallas_pb2.PeerEndpoint(agent_id=self.target,
+                                                        address=target_peer_address))
+        return req
 
 
 @dataclass(frozen=True)
@@ -373,6 +391,26 @@ class SessionMigration:
         act = self._cancel(f"trigger refused: {reason}")
         self._to(MigrationState.CANCELLED, act.reason)
         return [act]
+
+    def drop_extra(self, target: str, reason: str) -> CancelAction:
+        """Withdraw the extra target ``target`` alone (it left the target choice while the
+        primary holds): a targeted CancelAction of the current epoch; ``target`` leaves
+        :attr:`prepared` and joins :attr:`declined` (not prepared again under the epoch: the
+        agents refuse it, docs/model.md §5). The epoch and the state stay.
+
+        Raises InvalidTransition outside PREPARING, and ValueError for the primary or a target
+        not prepared under the epoch.
+        """
+        if self.state is not MigrationState.PREPARING:
+            raise InvalidTransition(f"drop of an extra target in state {self.state.value}")
+        if target == self.target or target not in self.prepared:
+            raise ValueError(f"session {self.session_id}: {target!r} is not an extra target")
+        del self.prepared[target]
+        self.declined.add(target)
+        log.debug("migration_extra_dropped", session=self.session_id, epoch=self.epoch,
+                  target=target, reason=reason)
+        return CancelAction(self.session_id, self.epoch, self.source, target, reason,
+                            only_target=True)
 
     def handover(self, actual_target: str, now: float, target_can_serve: bool,
                  rates: DecidedRates = DecidedRates()) -> list[Action]:

@@ -227,3 +227,78 @@ def test_the_export_lasts_while_any_holder_wants_it_with_every_holders_flags():
     hub.export("s", 1, 0, key="B")
     hub.stop_export("s")                     # None: every holder
     assert "s" not in hub._exports and "s" not in hub._holders
+
+
+def test_a_targeted_cancel_releases_that_target_alone_and_the_epoch_goes_on():
+    """CancelRequest.target set (issue 45: an extra target that stopped being a candidate):
+    only its attempt ends and its target is released; the other target streams on, the
+    session stays MIGRATING and a Commit of the epoch there is a prepared one."""
+    async def run():
+        m, hub, s, peers = await _two()
+        (a, ea, _), (b, eb, _) = peers
+        try:
+            r = await m.cancel("s", 1, "dropped out of the choice", target=eb)
+            after = ([(o.target.agent_id, o.state) for o in m.ctx.outbound.of("s")], s.state,
+                     list(a.ops()), list(b.ops()))
+            _blocks(m, 3)
+            assert await _until(lambda: ("block", 3) in a.calls)
+            c = await m.commit("s", 1, ea)
+        finally:
+            await _close(m, peers)
+        assert r.status == pb.STATUS_OK and "cancelled at " + eb.address in r.message, r
+        assert "1 other target(s) stay prepared" in r.message
+        assert after == ([("A", SourceState.STREAMING)], SessionState.MIGRATING, ["prepare"],
+                         ["prepare", "release"])
+        (rel,) = [c[1] for c in b.calls if c[0] == "release"]
+        assert rel.epoch == 1 and rel.reason == "dropped out of the choice"
+        assert ("block", 3) not in b.calls
+        assert c.status == pb.STATUS_OK and "fallback" not in c.message, c
+        assert a.ops().count("sync") == 1 and "sync" not in b.ops()
+    asyncio.run(run())
+
+
+def test_a_dropped_target_is_not_prepared_again_under_its_epoch_and_a_full_cancel_still_works():
+    """The epoch rule for a targeted Cancel: a Trigger naming the dropped target again under
+    the epoch is STALE_EPOCH (it prepared nothing: one Prepare there in all); the targeted
+    Cancel repeated answers as the first time; an untargeted Cancel (no target: as before the
+    field existed) then ends the other target's attempt and closes the epoch."""
+    async def run():
+        m, hub, s, peers = await _two()
+        (a, ea, _), (b, eb, _) = peers
+        try:
+            first = await m.cancel("s", 1, "dropped", target=eb)
+            again = await m.trigger("s", 1, eb, split_tokens=96, rank=1)
+            repeat = await m.cancel("s", 1, "dropped", target=eb)
+            full = await m.cancel("s", 1, "prediction withdrawn")
+            held = m.held()
+        finally:
+            await _close(m, peers)
+        assert again.status == pb.STATUS_STALE_EPOCH and "new epoch" in again.message, again
+        assert b.ops() == ["prepare", "release"]
+        assert repeat == first
+        assert full.status == pb.STATUS_OK and a.ops()[-1] == "release"
+        assert held["outbound"] == 0 and s.state == SessionState.SERVING
+    asyncio.run(run())
+
+
+def test_the_control_service_passes_the_cancels_target_and_its_absence_on():
+    """ControlService.Cancel: a CancelRequest with ``target`` cancels that target alone; one
+    without (an older xApp's) cancels every target of the epoch."""
+    from agent.control_service import ControlService
+
+    async def run():
+        m, hub, s, peers = await _two()
+        (a, ea, _), (b, eb, _) = peers
+        svc = ControlService(m, agent_id=m.ctx.agent_id)
+        try:
+            one = await svc.Cancel(pb.CancelRequest(session_id="s", epoch=1, reason="x",
+                                                    target=eb), None)
+            left = [o.target.agent_id for o in m.ctx.outbound.of("s")]
+            every = await svc.Cancel(pb.CancelRequest(session_id="s", epoch=1, reason="y"), None)
+            return one, left, every, len(m.ctx.outbound), a.ops(), b.ops()
+        finally:
+            await _close(m, peers)
+
+    one, left, every, n, a_ops, b_ops = asyncio.run(run())
+    assert one.status == every.status == pb.STATUS_OK and left == ["A"] and n == 0
+    assert a_ops[-1] == b_ops[-1] == "release" and b_ops.count("release") == 1

@@ -216,3 +216,67 @@ def test_trigger_extra_refuses_what_the_state_does_not_allow():
         with pytest.raises(ValueError):
             sm.trigger_extra(target, rank, 1.0, 16)
     assert sm.trigger_extra("c", 2, 1.0, 16).rank == 2 and sm.extras == {"c": PreparedTarget("c", 2, PALLAS)}
+
+
+def test_an_extra_that_leaves_the_choice_is_cancelled_alone_and_the_epoch_goes_on(cfg):
+    """Issue 45: c (rank 1) falls below the probability floor while the primary b holds: the
+    cycle sends a targeted Cancel of epoch 1 naming c (only c's reservation freed); c is not
+    prepared again under the epoch, a handover to b is still a prepared commit."""
+    from prometheus_client import REGISTRY
+
+    def extras():
+        return {e: REGISTRY.get_sample_value("pallas_scheduler_extra_targets_total", {"event": e}) or 0.0
+                for e in ("prepared", "dropped")}
+
+    before = extras()
+    eng = engine(k2(cfg, targets_p_floor=0.2))
+    predict(eng)
+    t, acts = run(eng)
+    assert [(a.target, a.rank) for a in acts] == [("b", 0), ("c", 1)]
+    assert predict(eng, "b", [("b", 0.85), ("c", 0.1)]) == []
+    acts = eng.cycle(t + 0.1)
+    assert {k: v - before[k] for k, v in extras().items()} == {"prepared": 1, "dropped": 1}
+    assert acts == [CancelAction("s1", 1, "a", "c", "left the target choice", only_target=True)]
+    req = acts[0].to_proto("c:1")
+    assert req.HasField("target") and (req.target.agent_id, req.target.address) == ("c", "c:1")
+    sm = eng.session("s1")
+    assert sm.state is S.PREPARING and sm.epoch == 1 and set(sm.prepared) == {"b"}
+    assert "c" in sm.declined
+    assert eng.reserved_at("c") == 0 and eng.reserved_at("b") > 0
+    predict(eng, "b", CANDS)                             # c is likely again: not this epoch
+    assert eng.cycle(t + 0.2) == []
+    assert eng.on_handover("ue1", "b", T_HO) == [CommitAction("s1", 1, "a", "b", "b", PALLAS, T_HO)]
+
+
+def test_extras_are_cancelled_when_the_primary_is_the_only_candidate_left(cfg):
+    eng, t, _ = triggered_pair(cfg)
+    predict(eng, "b", [("b", 0.9)])                      # one candidate: the UE's cands go
+    assert "ue1" not in eng._cands
+    assert eng.cycle(t + 0.1) == [CancelAction("s1", 1, "a", "c", "left the target choice: one "
+                                               "candidate left", only_target=True)]
+    assert set(eng.session("s1").prepared) == {"b"} and eng.reserved_at("b") > 0
+
+
+def test_the_primary_is_never_cancelled_by_the_choice(cfg):
+    """The choice may name an extra alone (its p above the split); the primary holds by Eq. 9
+    and the extra stays: nothing is cancelled."""
+    eng, t, _ = triggered_pair(cfg)
+    eng.reconfigure(k2(cfg, targets_split=0.9))
+    assert predict(eng, "b", [("c", 0.95), ("b", 0.04)]) == []
+    assert eng.cycle(t + 0.1) == []
+    assert set(eng.session("s1").prepared) == {"b", "c"}
+
+
+def test_drop_extra_refuses_the_primary_an_unprepared_target_and_other_states():
+    sm = SessionMigration("s9", "a")
+    with pytest.raises(InvalidTransition):
+        sm.drop_extra("c", "x")                          # not PREPARING
+    sm.predict("b", T_HO)
+    sm.trigger(T0, 1.0, 16)
+    for target in ("b", "d"):                            # the primary, never prepared
+        with pytest.raises(ValueError):
+            sm.drop_extra(target, "x")
+    sm.trigger_extra("c", 1, 1.0, 16)
+    whole = CancelAction("s9", 1, "a", "b", "x")
+    assert whole.peer_field is None and not whole.to_proto().HasField("target")
+    assert sm.drop_extra("c", "x").peer_field == "target" and sm.epoch == 1
