@@ -425,6 +425,41 @@ def test_a_warmup_running_past_its_estimate_is_finished_not_redone_by_ctho():
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("link_bytes_per_s, option, streamed", [(2048.0, "recompute", 0),
+                                                                 (1e9, "finish", 1)])
+def test_a_finished_warmup_still_chooses_between_shipping_and_recomputing_the_suffix(
+        link_bytes_per_s, option, streamed):
+    """Found in the default replay (paper regime, 2.34 Mbit/s): with the warm-up done there was
+    no choice, and a commit waited for a 64 KiB suffix block still on the link (140-300 ms)
+    where recomputing its tokens fitted in the target's first step. Over a slow link the
+    suffix is recomputed and the stream closed unsent; over a fast one it is shipped."""
+    async def run():
+        m, hub, eng = _engine()
+        target = Target(progress=pb.ProgressReply(status=pb.STATUS_OK, prefix_tokens=96,
+                                                  prefilled_tokens=96, warmup_done=True,
+                                                  prefill_rate=1850.0))
+        server, tgt = await _served(target)
+        m.ctx.peers.get(tgt).bucket.rate = link_bytes_per_s
+        s = _serving(m, n_prompt=100)
+        try:
+            assert (await m.trigger("s", 1, tgt, split_tokens=96)).status == pb.STATUS_OK
+            stream = m.ctx.outbound["s"].stream
+            data = bytes(65536)   # block 3 (tokens 96-127) completes at the commit point
+            m.source.on_local_block(LocalBlock("s", 1, 3, 32, block_crc(data), data, False, 128))
+            s._task = asyncio.ensure_future(asyncio.sleep(0))
+            await asyncio.sleep(0.01)
+            r = await m.commit("s", 1, tgt)
+        finally:
+            await m.close()
+            await server.stop(0)
+        assert r.status == pb.STATUS_OK and r.HasField("choice"), r
+        assert r.choice.option == option and r.choice.handover_tokens == 103, r.choice
+        (sync,) = [c[1] for c in target.calls if c[0] == "sync"]
+        assert sync.streamed_blocks == streamed and sync.split_tokens == 96
+        assert stream.task.done()
+    asyncio.run(run())
+
+
 def test_a_commit_point_behind_the_prepared_split_still_commits():
     """Found by benchmarks/soak.py: the UE's commit point (``ue_tokens``) can lie behind the
     split the trigger prepared (the trigger came at a block boundary the UE had not reached);
