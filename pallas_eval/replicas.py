@@ -31,11 +31,12 @@ once the session's record was written, just before the policy call; a refused or
 ``order_refused`` instead)."""
 
 REPLAY_CLUSTER = {"enabled": True, "lease_s": 1.5, "heartbeat_s": 0.5, "join_delay_s": 1.0,
-                  "max_claims": 64, "max_releases": 16}
+                  "max_claims": 64, "max_releases": 16, "endpoint_host": "service"}
 """``controls.cluster`` of a replay's replicas: leases short enough that replicas started
 together settle their shares within the replay's start delay (``ReplayOptions.start_delay_s``,
-10 s), and a hand-over of a whole share in one heartbeat. ``--xapp-set cluster.KEY=VALUE``
-overrides any of them."""
+10 s), and a hand-over of a whole share in one heartbeat; the subscription endpoint is the
+descriptor's host (test mode subscribes to nothing, and no replica has a pod IP).
+``--xapp-set cluster.KEY=VALUE`` overrides any of them."""
 
 
 def replica_id(i: int) -> str:

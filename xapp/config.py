@@ -197,6 +197,10 @@ class ClusterConfig:
     in test mode; live, the E2 manager's list at ``e2mgr_url``, read every
     ``nodes_refresh_s`` with a timeout of ``e2mgr_timeout_s``), or ``"configured"``, the
     agents' ``e2_node_id`` (:attr:`XappConfig.e2_nodes`).
+    ``endpoint_host``: the host this replica names in its E2 subscriptions' ClientEndpoint
+    (:func:`xapp.cluster.endpoint.replica_host`): ``"service"`` (``client_endpoint.host``,
+    the same for every replica), ``"pod_ip"`` (``$POD_IP``) or a template of ``{replica}`` and
+    ``{service}``; checked at start (``xapp.main``).
     """
 
     enabled: bool = False
@@ -209,6 +213,7 @@ class ClusterConfig:
     e2mgr_url: str = "http://service-ricplt-e2mgr-http.ricplt:3800/v1/nodeb/states"
     e2mgr_timeout_s: float = 2.0
     nodes_refresh_s: float = 10.0
+    endpoint_host: str = "service"
 
     #: renewals per lease time at least: a lease survives one late heartbeat and one slow SDL answer
     MIN_BEATS_PER_LEASE = 3
@@ -437,7 +442,8 @@ def _cluster(c: Mapping[str, Any]) -> ClusterConfig:
                          nodes=str(c.get("nodes", d.nodes)),
                          e2mgr_url=str(c.get("e2mgr_url", d.e2mgr_url)),
                          e2mgr_timeout_s=float(c.get("e2mgr_timeout_s", d.e2mgr_timeout_s)),
-                         nodes_refresh_s=float(c.get("nodes_refresh_s", d.nodes_refresh_s)))
+                         nodes_refresh_s=float(c.get("nodes_refresh_s", d.nodes_refresh_s)),
+                         endpoint_host=str(c.get("endpoint_host", d.endpoint_host)))
 
 
 def from_descriptor(descriptor: Any, *, schema_path: str | os.PathLike | None = None) -> XappConfig:

@@ -227,6 +227,15 @@ class ControlLoop:
         self.events.write("arrival_unanswered", ue=ue_id, trace_t=t, to_cell=cell)
         self.on_handover(ue_id, -1, cell, t)
 
+    def _parked(self, ue_id: str) -> list[str]:
+        """The UE's sessions the engine holds parked (``SchedulerEngine.parked``: handed over
+        by another replica's commit, served where no agent has said yet; under the engine
+        lock). Always empty for one xApp."""
+        parked = getattr(self.engine, "parked", None)
+        if parked is None:
+            return []
+        return [sm.session_id for sm in self.engine.sessions_of(ue_id) if parked(sm.session_id)]
+
     def _arrived(self, ue_id: str, cell: int) -> bool:
         """Whether a UE first heard on ``cell`` has arrived there by a handover this xApp did
         not see (under the engine lock): one of its sessions is served by an agent other than
@@ -331,7 +340,8 @@ class ControlLoop:
             ended = [sid for sid in finishing if not self._tracked(sid)]
             for sid in ended:
                 self.tokens.pop(sid, None)
-            late = [(ue, ho) for ue, ho in self._pending_ho.items() if self.engine.sessions_of(ue)]
+            late = [(ue, ho) for ue, ho in self._pending_ho.items()
+                    if self.engine.sessions_of(ue) and not self._parked(ue)]
             for ue, _ in late:
                 del self._pending_ho[ue]
             stale = [ue for ue, ho in self._pending_ho.items() if self.now() - ho[2] > self.PENDING_HO_S]
@@ -539,7 +549,13 @@ class ControlLoop:
                     self._pending_ho[ue_id] = (prev[0] if prev else from_cell, to_cell, t)
                 return
             actions = self.engine.on_handover(ue_id, tgt.agent_id, t + self.offset)
-        if not actions:
+            parked = self._parked(ue_id)
+            if parked:      # committed when an agent reports them serving (the pending handover)
+                prev = self._pending_ho.get(ue_id)
+                self._pending_ho[ue_id] = (prev[0] if prev else from_cell, to_cell, t)
+                self.events.write("commit_skipped", ue=ue_id, trace_t=t, from_cell=from_cell, to_cell=to_cell,
+                                  reason="moved by another replica", sessions=parked)
+        if not actions and not parked:
             self.events.write("commit_skipped", ue=ue_id, trace_t=t, from_cell=from_cell, to_cell=to_cell,
                               reason="same server")
         self.dispatcher.send(actions, ho=(ue_id, from_cell, to_cell, t))

@@ -44,7 +44,9 @@ test mode and ``--history`` on the operator's own network (docs/test-mode.md).
 
 Scale-out (docs/scale-out.md): with ``controls.cluster.enabled`` several replicas share the
 configured E2 nodes through leases in SDL (``DBAAS_SERVICE_HOST`` / ``_PORT``, in both modes);
-each subscribes only to the nodes it owns and drops the indications of the others. Its
+each subscribes only to the nodes it owns, naming its own address as the subscriptions'
+host (``controls.cluster.endpoint_host``: the Service, ``$POD_IP`` or a template of
+``{replica}``; :func:`subscription_host`), and drops the indications of the others. Its
 identity: ``--replica-id``, default ``$PALLAS_REPLICA_ID``, ``$POD_NAME`` or ``$HOSTNAME``.
 
 Shape: :func:`main` parses the flags, :func:`build_xapp` composes the parts of the mode (a
@@ -171,6 +173,25 @@ def node_source(config: XappConfig, trace: str | None):
         return E2mgrNodes(c.e2mgr_url, timeout_s=c.e2mgr_timeout_s)
     except ValueError as e:
         raise StartRefused(f"controls.cluster.e2mgr_url: {e}") from None
+
+
+def subscription_host(config: XappConfig, flag: str | None) -> str | None:
+    """The ClientEndpoint host of this replica's E2 subscriptions: with ``controls.cluster``
+    enabled, :func:`xapp.cluster.endpoint.replica_host` of ``cluster.endpoint_host`` for the
+    replica :func:`replica_id` (``$POD_IP`` read from the environment); None when the cluster
+    is disabled or the setting is ``service`` (the descriptor's ``client_endpoint.host``).
+    Raises :class:`StartRefused` (one line) for a setting that gives no usable host."""
+    c = config.cluster
+    if not c.enabled or c.endpoint_host == "service":
+        return None
+    from xapp.cluster.endpoint import EndpointError, replica_host
+    try:
+        host = replica_host(c.endpoint_host, replica=replica_id(flag), service=config.e2.client_host,
+                            environ=os.environ)
+    except EndpointError as e:
+        raise StartRefused(str(e)) from None
+    log.info("subscription_endpoint", host=host, setting=c.endpoint_host)
+    return host
 
 
 def open_cluster(config: XappConfig, flag: str | None, registry=None, trace: str | None = None):
@@ -408,7 +429,8 @@ def build_xapp(config: XappConfig, mode: str, a: argparse.Namespace) -> Built:
     and :class:`xapp.app.PallasXapp` over them. Starts nothing but the event log's
     file. Raises :class:`StartRefused` (one line) for flags of the wrong mode, TLS files absent
     or unusable, an unreadable trace, ``--nrt``, ``--record`` or ``--handovers``, a store
-    that cannot be reached, or a cluster that cannot be joined."""
+    that cannot be reached, a replica endpoint that cannot be resolved
+    (:func:`subscription_host`) or a cluster that cannot be joined."""
     from pallas_common.tls import TlsError
     from xapp.events import EventLog
     from xapp.store import StoreError
@@ -427,6 +449,7 @@ def build_xapp(config: XappConfig, mode: str, a: argparse.Namespace) -> Built:
     except StoreError as e:
         raise StartRefused(f"store: {e}") from None
     try:
+        client_host = subscription_host(config, a.replica_id)
         cluster = open_cluster(config, a.replica_id, None if mode == "test" else _default_registry(),
                                trace=a.trace if mode == "test" else None)
     except StartRefused:
@@ -437,7 +460,7 @@ def build_xapp(config: XappConfig, mode: str, a: argparse.Namespace) -> Built:
     if mode == "test":
         assert first is not None
         return _build_test(config, a, first, common)
-    return _build_live(config, a, recorder, common)
+    return _build_live(config, a, recorder, common, client_host)
 
 
 def _default_registry():
@@ -465,22 +488,23 @@ def _build_test(cfg: XappConfig, a: argparse.Namespace, first: TraceRecord, comm
     return Built("test", cfg, app, transport, common["events"], first=first, start=start, hold=hold)
 
 
-def _build_live(cfg: XappConfig, a: argparse.Namespace, recorder: TraceRecorder | None, common: dict) -> Built:
+def _build_live(cfg: XappConfig, a: argparse.Namespace, recorder: TraceRecorder | None, common: dict,
+                client_host: str | None = None) -> Built:
     """Live mode's parts: RMR (with ``--record``'s tap), the A1 policy handler, the E2
-    subscriptions through submgr, the metrics on prometheus-client's default registry."""
-    from prometheus_client import REGISTRY
-
+    subscriptions through submgr (``client_host``: the replica's own ClientEndpoint host,
+    :func:`subscription_host`), the metrics on prometheus-client's default registry."""
     from xapp.a1 import A1PolicyHandler, default_policy_type_path, load_policy_type
     from xapp.app import PallasXapp
     from xapp.e2.subscription import SubmgrClient, SubscriptionManager
     from xapp.e2.transport import RmrTransport
+    registry = _default_registry()
     transport = RmrTransport(rmr_port=a.rmr_port, use_fake_sdl=bool(os.environ.get("USE_FAKE_SDL")),
-                             registry=REGISTRY, **dict(cfg.e2.rmr))
+                             registry=registry, **dict(cfg.e2.rmr))
     if recorder is not None:
         transport.tap = recorder.on_message
     a1 = A1PolicyHandler(cfg, load_policy_type(default_policy_type_path(cfg.a1.policy_type_id)))
-    subscriptions = SubscriptionManager(SubmgrClient(cfg.e2.submgr_url))
-    app = PallasXapp(cfg, transport, a1=a1, subscriptions=subscriptions, registry=REGISTRY, **common)
+    subscriptions = SubscriptionManager(SubmgrClient(cfg.e2.submgr_url), client_host=client_host)
+    app = PallasXapp(cfg, transport, a1=a1, subscriptions=subscriptions, registry=registry, **common)
     return Built("live", cfg, app, transport, common["events"], a1=a1, recorder=recorder)
 
 

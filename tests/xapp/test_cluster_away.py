@@ -13,7 +13,7 @@ import pytest
 
 from xapp.control import ControlLoop, UEState
 from xapp.tracks import MeasurementReport
-from test_control_memory import CELL_A, _app, _telemetry
+from test_control_memory import CELL_A, CELL_B, _app, _telemetry
 
 
 def test_a_ue_is_away_after_three_of_its_intervals_and_at_least_a_second():
@@ -86,3 +86,28 @@ def test_a_replicas_engine_follows_a_move_another_replica_committed():
     app.on_telemetry("edge-a", _telemetry("edge-a", [("s9", "9")], state="handed_over"))
     app.on_telemetry("edge-a", _telemetry("edge-a", [("s9", "9")], state="serving"))
     assert app.engine.session("s9").source == "edge-b"
+
+
+def test_a_replica_does_not_commit_a_session_another_replica_handed_over():
+    """UE 4 at 78.2 s of the 3-replica default replay (docs/scale-out.md §7): the session's
+    source reported it handed over and no agent reported it serving since; the UE's handover
+    here commits nothing from that source (it answered STATUS_INVALID), it waits as a pending
+    handover until an agent reports the session serving."""
+    app = _app()
+    app.engine.follow_moves = True
+    app.on_telemetry("edge-b", _telemetry("edge-b", []))
+    app.on_telemetry("edge-a", _telemetry("edge-a", [("s4", "4")]))
+    app.on_telemetry("edge-a", _telemetry("edge-a", [("s4", "4")], state="handed_over"))
+    assert app.engine.parked("s4")
+    t = time.time() - app.control.offset
+    app.control.on_handover("4", CELL_A, CELL_B, t)
+    kinds = [e["kind"] for e in app.events.events]
+    skipped, = [e for e in app.events.events if e["kind"] == "commit_skipped"]
+    assert "commit" not in kinds and skipped["reason"] == "moved by another replica" \
+        and skipped["sessions"] == ["s4"]
+    assert "4" in app.control._pending_ho
+    app.on_telemetry("edge-b", _telemetry("edge-b", [("s4", "4")], state="resumed"))
+    assert not app.engine.parked("s4") and app.engine.session("s4").source == "edge-b"
+    assert "4" not in app.control._pending_ho                # replayed: already at edge-b
+    assert "late_session" in [e["kind"] for e in app.events.events]
+    assert "commit" not in [e["kind"] for e in app.events.events]

@@ -25,7 +25,9 @@ def _controls(**cluster) -> dict:
 def test_the_shipped_descriptor_runs_one_replica_and_an_absent_section_means_the_same():
     assert load_controls(CONTROLS).cluster == ClusterConfig(enabled=False, lease_s=3.0,
                                                             heartbeat_s=1.0, max_claims=16,
-                                                            max_releases=4)
+                                                            max_releases=4, endpoint_host="service")
+    assert CONTROLS["cluster"] == {"enabled": False, "lease_s": 3.0, "heartbeat_s": 1.0, "max_claims": 16,
+                                   "max_releases": 4, "endpoint_host": "service"}
     c = copy.deepcopy(CONTROLS)
     del c["cluster"]
     assert load_controls(c).cluster == ClusterConfig()
@@ -91,6 +93,24 @@ def test_pallas_xapp_refuses_a_bad_cluster_in_one_line(run_main, monkeypatch):
     assert rc == 2 and err.strip().count("\n") == 0 and "DBAAS_SERVICE_HOST" in err
     rc, err = run_main({"lease_s": 0})                         # the schema's refusal, by path
     assert rc == 2 and "controls.cluster.lease_s" in err
+
+
+@pytest.mark.parametrize("setting, env, words", [
+    ("pod_ip", {}, "controls.cluster.endpoint_host pod_ip: POD_IP is not set"),
+    ("pod_ip", {"POD_IP": "fd00::7"}, "is IPv6"),
+    ("{pod}.pallas-xapp.ricxapp", {"POD_NAME": "p-0"}, "unknown field {pod}"),
+    ("{replica}.pallas-xapp.ricxapp", {"POD_NAME": "p_0"}, "not an RFC 1123 host name"),
+])
+def test_pallas_xapp_refuses_an_endpoint_host_it_cannot_resolve_in_one_line(run_main, monkeypatch,
+                                                                            setting, env, words):
+    """Checked at start, before SDL is contacted (none is configured here)."""
+    monkeypatch.delenv("DBAAS_SERVICE_HOST", raising=False)
+    for v in ("PALLAS_REPLICA_ID", "POD_NAME", "POD_IP"):
+        monkeypatch.delenv(v, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    rc, err = run_main({"enabled": True, "endpoint_host": setting})
+    assert rc == 2 and err.strip().count("\n") == 0 and words in err, err
 
 
 def test_a_disabled_cluster_touches_no_sdl(run_main, monkeypatch):

@@ -302,16 +302,18 @@ Key = tuple[str, int]
 """A wanted subscription: (E2 node id, RAN function id)."""
 
 
-def wanted_subscriptions(config: Any, nodes: Collection[str] | None = None) -> dict[Key, dict]:
+def wanted_subscriptions(config: Any, nodes: Collection[str] | None = None,
+                         host: str | None = None) -> dict[Key, dict]:
     """The ``SubscriptionParams`` the configuration wants, by (E2 node, RAN function): E2SM-RC
     REPORT Style 1 message copy at every E2 node of ``nodes`` (None: of the configured
     agents, ``config.e2_nodes``), for each RC RAN function (``controls.e2.ran_functions``),
-    with the xApp's client endpoint."""
+    with the xApp's client endpoint; ``host`` replaces its host (a replica's own,
+    ``xapp.cluster.endpoint.replica_host``; None: ``controls.e2.client_endpoint.host``)."""
     e2 = config.e2
     trigger, actions = rc_message_copy_details()
     rc_ids = getattr(e2, "rc_ran_function_ids", None) or (getattr(e2, "rc_ran_function_id", 3),)
     return {(node, int(rf)): subscription_params(
-                host=e2.client_host, http_port=e2.client_http_port, rmr_port=e2.client_rmr_port,
+                host=host or e2.client_host, http_port=e2.client_http_port, rmr_port=e2.client_rmr_port,
                 meid=node, ran_function_id=int(rf), event_trigger=trigger, actions=actions)
             for node in (config.e2_nodes if nodes is None else sorted(nodes)) for rf in rc_ids}
 
@@ -323,12 +325,16 @@ class SubscriptionManager:
     ``unsubscribe(id)``); ``ledger``: the :class:`SubscriptionLedger` the HTTP notification
     path fills. A subscription that fails (submgr unreachable or refusing) is retried after
     ``backoff_s``, doubling up to ``max_backoff_s``, by :meth:`retry_due` (called by the
-    thread of :meth:`start`, or by hand). Thread-safe.
+    thread of :meth:`start`, or by hand). ``client_host``: the ClientEndpoint host of every
+    subscription it makes, whatever the configuration says (a replica's own address,
+    docs/scale-out.md §6; None: ``controls.e2.client_endpoint.host``). Thread-safe.
     """
 
     def __init__(self, client: Any, ledger: SubscriptionLedger | None = None, *, backoff_s: float = 1.0,
-                 max_backoff_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_backoff_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 client_host: str | None = None) -> None:
         self.client = client
+        self.client_host = client_host
         self.ledger = ledger if ledger is not None else SubscriptionLedger()
         self.backoff_s, self.max_backoff_s, self.clock = backoff_s, max_backoff_s, clock
         self._lock = threading.RLock()
@@ -345,7 +351,7 @@ class SubscriptionManager:
         the lease of (the RIC's nodes, configured or not: §2): exactly those are subscribed to,
         every other node's subscriptions deleted or not made (None: every configured node).
         Returns submgr's answers to the subscriptions made by this call."""
-        wanted = wanted_subscriptions(config, owned)
+        wanted = wanted_subscriptions(config, owned, self.client_host)
         with self._lock:
             for key in [k for k, (_, p) in self.active.items() if wanted.get(k) != p]:
                 self._delete(key)

@@ -106,7 +106,9 @@ class SchedulerEngine:
         #: this engine tracks; its move is then followed from the agents' telemetry
         #: (:meth:`_follow_move`). False (one xApp): a session moves only by this engine's orders.
         self.follow_moves = False
-        self._left: dict[str, str] = {}     # session -> the source that reported it handed over
+        # session -> the source that reported it handed over, while no agent reports it serving
+        # since: the session is parked (:meth:`parked`), never committed nor triggered
+        self._left: dict[str, str] = {}
         # Sessions: a slot each; arrays indexed by slot.
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
@@ -340,19 +342,34 @@ class SchedulerEngine:
         """The state machine of ``session_id`` (KeyError if unknown)."""
         return self._sm[self._slot[session_id]]  # type: ignore[return-value]
 
+    def parked(self, session_id: str) -> bool:
+        """Whether ``session_id`` is parked (only with :attr:`follow_moves`): its source
+        reported it handed over, another replica having committed it, and no agent has reported
+        it serving since. Where it is served is unknown, so :meth:`on_handover` does not commit
+        it and :meth:`cycle` does not trigger it (an order to the old source would be refused:
+        STATUS_INVALID, the session is handed over there) until an agent reports it serving
+        (:meth:`_follow_move`) or it is reported finished (removed)."""
+        return session_id in self._left
+
     def _follow_move(self, sm: SessionMigration, agent: str, state: SessionState) -> None:
-        """With :attr:`follow_moves`: a session's source reporting it ``handed_over`` while this
-        engine has no attempt of its own in flight was moved by another replica's commit; the
-        next agent to report it serving (``new``, ``serving``, ``resumed``) is its source from
-        then on. One xApp's own commit moves the source before the old one says so."""
+        """With :attr:`follow_moves`: a session's source reporting it ``handed_over`` was moved
+        by another replica's commit: it is parked (:meth:`parked`); the next other agent to
+        report it serving (``new``, ``serving``, ``resumed``) while this engine has no attempt
+        in flight (not PREPARING) is its source from then on, and a plan made against the old
+        source (PLANNED) is dropped (the next prediction replans from the new one). One xApp's
+        own commit moves the source before the old one says so."""
         sid = sm.session_id
         if agent == sm.source and state is SessionState.HANDED_OVER:
+            if sid not in self._left:
+                log.info("session_parked", session=sid, source=agent, state=sm.state.value)
             self._left[sid] = agent
         elif (sid in self._left and agent != sm.source
               and state in (SessionState.NEW, SessionState.SERVING, SessionState.RESUMED)
-              and sm.state not in (MigrationState.PLANNED, MigrationState.PREPARING)):
+              and sm.state is not MigrationState.PREPARING):
             del self._left[sid]
             log.info("session_moved_elsewhere", session=sid, source=sm.source, now_at=agent)
+            if sm.state is MigrationState.PLANNED:
+                sm.predict(None, None)
             sm.source, sm.relay_hops = agent, 0
             self._source[self._slot[sid]] = self._agent(agent)
 
@@ -371,7 +388,7 @@ class SchedulerEngine:
         return True
 
     def sessions_of(self, ue_id: str) -> list[SessionMigration]:
-        """The state machines of ``ue_id``'s sessions."""
+        """The state machines of ``ue_id``'s sessions (parked ones included, :meth:`parked`)."""
         return [self._sm[s] for s in self._ue_slots.get(ue_id, ())]  # type: ignore[misc]
 
     def __len__(self) -> int:
@@ -402,8 +419,10 @@ class SchedulerEngine:
                 continue
             if s.state is SessionState.FINISHED:
                 # Only the agent serving the session ends it: after a commit the old source
-                # reports its stopped copy as finished while the new one decodes on.
-                if slot is not None and self._sm[slot].source == agent:  # type: ignore[union-attr]
+                # reports its stopped copy as finished while the new one decodes on. A parked
+                # session is served by none this engine knows: any agent's word ends it.
+                if slot is not None and (self._sm[slot].source == agent  # type: ignore[union-attr]
+                                         or s.session_id in self._left):
                     actions += self.remove_session(s.session_id, "session finished")
                 continue
             if slot is None:
@@ -551,6 +570,9 @@ class SchedulerEngine:
             ahead = now + self.ho_timing.margin_s       # plan for the HO coming M early
             cand = np.flatnonzero(self._planned[:n] & self._allowed[:n]
                                   & (self._t_ho[:n] - ahead <= self._horizon))
+            if self._left and cand.size:                      # parked: not triggered
+                cand = np.array([c for c in cand.tolist() if self._sm[c].session_id not in self._left],  # type: ignore[union-attr]
+                                dtype=np.int64)
             if cand.size:
                 actions = self._decide(cand, now, ahead)
             if self.cfg.targets_k > 1:
@@ -625,7 +647,7 @@ class SchedulerEngine:
         actions: list[Action] = []
         for slot in slots.tolist():
             sm = self._sm[slot]
-            if sm is None:
+            if sm is None or sm.session_id in self._left:   # parked: not extended
                 continue
             cands = self._cands.get(sm.ue_id)
             if cands is None:                  # the primary alone is a candidate now
@@ -704,12 +726,18 @@ class SchedulerEngine:
         """E2 shows ``ue_id`` now served by a cell of agent ``actual_target``.
 
         Each of the UE's sessions commits (prepared there) or falls back: the configured
-        fallback if ``actual_target`` passes admission (model and memory), else Detour.
+        fallback if ``actual_target`` passes admission (model and memory), else Detour. A
+        parked session (:meth:`parked`) is left as it is: no commit names a source that handed
+        it over.
         """
         actions: list[Action] = []
         for slot in list(self._ue_slots.get(ue_id, ())):
             sm = self._sm[slot]
             if sm is None:
+                continue
+            if sm.session_id in self._left:
+                log.info("commit_skipped_parked", session=sm.session_id, ue=ue_id,
+                         handed_over_by=self._left[sm.session_id], target=actual_target)
                 continue
             r_d = float(self.telemetry.decode.read(self._decode_slot[slot:slot + 1], now)[0])
             k_now = self._tokens[slot] + min(r_d * max(now - self._tokens_time[slot], 0.0),
