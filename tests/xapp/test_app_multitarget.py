@@ -137,3 +137,24 @@ def test_a_batch_predictors_candidate_arrays_reach_the_engine(app):
     assert a1(app, {"targets_k": 2}) == "OK"
     app.control_cycle()
     assert [t[:2] for t in triggers(app)] == [("edge-b", 0), ("edge-c", 1)]
+
+
+class OwnCellFirst:
+    """A predictor naming a cell of the serving agent first (CELL_A, p 0.6), then CELL_C."""
+
+    def observe(self, r):
+        pass
+
+    def predict(self, track, now):
+        return Prediction(CELL_A, now + 2.0, 0.6, "scripted", candidates=((CELL_A, 0.6), (CELL_C, 0.3)))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_serving_agent_cell_first_prepares_the_next_candidate_with_k2(app, k):
+    app.control.predictor = OwnCellFirst()
+    assert a1(app, {"targets_k": k}) == "OK"
+    app.control_cycle()
+    assert [t[:2] for t in triggers(app)] == ([] if k == 1 else [("edge-c", 0)])
+    app.control.on_handover("7", CELL_A, CELL_C, app.control.now())
+    ev = next(e for e in app.events.events if e["kind"] == "commit")
+    assert ev["prepared"] is (k == 2) and ev["target_agent"] == "edge-c"

@@ -31,7 +31,9 @@ Per cycle (:meth:`SchedulerEngine.cycle`):
    proactive schemes have no prefix-only form). An extra target already prepared that the
    choice no longer names (its UE's candidates now its primary alone included) is dropped by a
    targeted Cancel (:meth:`SessionMigration.drop_extra`); the primary holds by step 3's rule.
-   With K = 1 nothing of this runs.
+   A UE whose predicted target is its session's own agent has that agent counted as one of the
+   K, and its most likely candidate on another agent is the session's primary
+   (:meth:`SchedulerEngine._next_after_own`). With K = 1 nothing of this runs.
 """
 
 from __future__ import annotations
@@ -133,6 +135,9 @@ class SchedulerEngine:
         self._target = np.full(cap, -1, np.int64)     # the state machine's target, -1 none
         self._t_ho = np.full(cap, np.nan)
         self._conf = np.ones(cap)                     # the prediction's calibrated probability
+        # K > 1: the predictor's target is on the session's own agent, so its machine's target
+        # is the best other candidate and that own agent counts as one of the K (set_predictions)
+        self._own_rank0 = np.zeros(cap, bool)
         self.last_window = np.full(cap, np.nan)       # T_w* of the last decision, s
         # Agents: an index each; r_p slot per agent, B slot per (source, target) pair.
         self._agent_idx: dict[str, int] = {}
@@ -247,7 +252,7 @@ class SchedulerEngine:
         cap = self._alive.size
         for name in ("_alive", "_planned", "_preparing", "_allowed", "_tokens", "_tokens_time", "_remaining",
                      "_s_kv", "_block", "_decode_slot", "_source", "_target", "_t_ho", "_conf",
-                     "last_window"):
+                     "_own_rank0", "last_window"):
             a = getattr(self, name)
             setattr(self, name, np.concatenate([a, np.empty(cap, a.dtype)]))
 
@@ -295,7 +300,7 @@ class SchedulerEngine:
             self._ue_slots.setdefault(ue_id, []).append(slot)
             self._index_ue(ue_id)
             self._alive[slot], self._allowed[slot] = True, True
-            self._planned[slot] = self._preparing[slot] = False
+            self._planned[slot] = self._preparing[slot] = self._own_rank0[slot] = False
             self._target[slot], self._t_ho[slot], self.last_window[slot] = -1, np.nan, np.nan
             self._decode_slot[slot] = self.telemetry.decode.slot(session_id)
             self._source[slot] = self._agent(source)
@@ -485,7 +490,7 @@ class SchedulerEngine:
         if not (len(targets) == t_ho.size == conf.size == allow.size == n):
             raise ValueError("set_predictions: sequences of different lengths")
         usable = (conf >= self.min_confidence) & np.isfinite(t_ho)
-        self._set_candidates(ue_ids, candidates, usable)
+        self._set_candidates(ue_ids, candidates, usable, targets)
         actions: list[Action] = []
         agent_idx = self._agent_idx
         for tgt in set(targets) - agent_idx.keys():          # first sight of an agent
@@ -495,10 +500,12 @@ class SchedulerEngine:
         slots = np.array([first.get(u, -1) for u in ue_ids], dtype=np.int64)
         tidx = np.array([agent_idx.get(t, -1) for t in targets], dtype=np.int64)  # None -> -1
         tidx[~usable] = -1
+        ue_row = np.arange(n)                                # each row's index in ue_ids
         if self._ue_multi:                                   # UEs with several sessions
             extra = [(i, s) for i, u in enumerate(ue_ids) for s in self._ue_multi.get(u, ())]
             if extra:
                 rows = np.array([e[0] for e in extra])
+                ue_row = np.concatenate([ue_row, rows])
                 slots = np.concatenate([slots, [e[1] for e in extra]])
                 tidx = np.concatenate([tidx, tidx[rows]])
                 t_ho = np.concatenate([t_ho, t_ho[rows]])
@@ -507,12 +514,17 @@ class SchedulerEngine:
         if self._ue_multi and len(slots) > n:
             conf = np.concatenate([conf, conf[rows]])
         slots, tidx, t_ho, allow, conf = slots[known], tidx[known], t_ho[known], allow[known], conf[known]
+        ue_row = ue_row[known]
         self._allowed[slots] = allow
         self._conf[slots] = conf
         for k in np.flatnonzero(~allow & self._preparing[slots]):   # a rule now forbids it
             actions += self._sm[int(slots[k])].withdraw(  # type: ignore[union-attr]
                 "proactive migration not allowed (proactive rules)")
-        tidx[tidx == self._source[slots]] = -1               # intra-agent HO: nothing to move
+        own = (tidx >= 0) & (tidx == self._source[slots])
+        tidx[own] = -1                                       # intra-agent HO: nothing to move
+        self._own_rank0[slots] = False
+        if self._cands and own.any():                        # K > 1: the next candidate instead
+            self._next_after_own(np.flatnonzero(own), slots, tidx, conf, [ue_ids[i] for i in ue_row.tolist()])
         diff = tidx != self._target[slots]                   # the machine's target changes
         keep = ~diff & (tidx >= 0)
         self._t_ho[slots[keep]] = t_ho[keep]
@@ -530,8 +542,32 @@ class SchedulerEngine:
         self._count(actions)
         return actions
 
-    def _set_candidates(self, ue_ids: Sequence[str], candidates, usable: np.ndarray) -> None:
-        """Keep (K > 1) or forget the UEs' ranked candidates (see :meth:`set_predictions`)."""
+    def _next_after_own(self, rows: np.ndarray, slots: np.ndarray, tidx: np.ndarray, conf: np.ndarray,
+                        row_ue: list[str]) -> None:
+        """K > 1, the rows ``rows`` whose predicted target is their session's own agent (a
+        handover there moves nothing): the machine's target becomes the UE's most likely
+        candidate on another agent (``tidx`` and ``_conf`` of the row set to it, in place), and
+        the own agent counts as one of the K targets (``_own_rank0``), as the top-K candidates
+        name it; t_HO stays the prediction's. Not where the own agent's p (``conf``) is at
+        least ``targets_split`` (a confident prediction keeps its single target, here the
+        free one) or where that candidate's p is below ``targets_p_floor``."""
+        cfg = self.cfg
+        for k in rows.tolist():
+            if conf[k] >= cfg.targets_split:
+                continue
+            slot = int(slots[k])
+            src = self._agents[int(self._source[slot])]
+            best = next(((a, p) for a, p in self._cands.get(row_ue[k], ()) if a != src), None)
+            if best is None or best[1] < cfg.targets_p_floor:
+                continue
+            tidx[k] = self._agent(best[0])
+            self._conf[slot] = best[1]
+            self._own_rank0[slot] = True
+
+    def _set_candidates(self, ue_ids: Sequence[str], candidates, usable: np.ndarray,
+                        targets: Sequence[str | None]) -> None:
+        """Keep (K > 1) or forget the UEs' ranked candidates (see :meth:`set_predictions`); a
+        single candidate is kept only where it is not the UE's predicted target."""
         if candidates is None or self.cfg.targets_k <= 1:
             if self._cands:
                 for u in ue_ids:
@@ -539,7 +575,7 @@ class SchedulerEngine:
             return
         if len(candidates) != len(ue_ids):
             raise ValueError("set_predictions: candidates of a different length than ue_ids")
-        for u, ok, cs in zip(ue_ids, usable.tolist(), candidates):
+        for u, ok, cs, tgt in zip(ue_ids, usable.tolist(), candidates, targets):
             merged: dict[str, float] = {}
             for agent, p in (cs or ()) if ok else ():
                 p = float(p)
@@ -550,10 +586,10 @@ class SchedulerEngine:
             total = sum(merged.values())
             if total > 1.0:
                 merged = {a: p / total for a, p in merged.items()}
-            if len(merged) > 1:
+            if len(merged) > 1 or (merged and tgt not in merged):
                 self._cands[u] = tuple(sorted(merged.items(), key=lambda ap: -ap[1]))
             else:
-                self._cands.pop(u, None)      # one candidate: the primary alone
+                self._cands.pop(u, None)      # none, or the primary alone
 
     # -- the cycle ----------------------------------------------------------------------------
     def cycle(self, now: float) -> list[Action]:
@@ -649,18 +685,20 @@ class SchedulerEngine:
             sm = self._sm[slot]
             if sm is None or sm.session_id in self._left:   # parked: not extended
                 continue
+            k_max = self.cfg.targets_k - int(self._own_rank0[slot])   # the own agent is one
             cands = self._cands.get(sm.ue_id)
             if cands is None:                  # the primary alone is a candidate now
                 actions += [sm.drop_extra(t, "left the target choice: one candidate left")
                             for t in sm.extras]
-            elif len(sm.prepared) < self.cfg.targets_k or sm.extras:
-                actions += self._extend_one(slot, sm, cands, now, ahead)
+            elif len(sm.prepared) < k_max or sm.extras:
+                actions += self._extend_one(slot, sm, cands, now, ahead, k_max)
         return actions
 
     def _extend_one(self, slot: int, sm: SessionMigration, cands: tuple[tuple[str, float], ...],
-                    now: float, ahead: float) -> list[Action]:
+                    now: float, ahead: float, k_max: int) -> list[Action]:
         """The extra TriggerActions of one PREPARING session (docs/model.md §4.1, Eq. 11):
-        :func:`choose_targets` over its UE's candidates (the source's agent left out) at the
+        :func:`choose_targets` over its UE's candidates (the source's agent left out), at most
+        ``k_max`` targets in all (K, less one where the own agent was the top candidate), at the
         session's K_curr and T_remain_hat; a chosen target not yet prepared is triggered once
         its own window is reached and admission passes (memory for its level: S_kv(K_HO) for
         FULL, S_kv(L_hist) for PREFIX). A refusal defers that target alone; a target whose
@@ -682,15 +720,16 @@ class SchedulerEngine:
         s_kv, block = int(self._s_kv[slot]), int(self._block[slot])
         rates = {a: (self.telemetry.prefill_rate(a, now),
                      self.telemetry.goodput_bytes_per_s(sm.source, a, now)) for a, _ in cands}
+        knobs = {**self.cfg.target_choice(), "k_max": k_max}
         choice = choose_targets([Candidate(a, p, *rates[a]) for a, p in cands], k_curr=k_curr,
                                 t_remain=t_remain, block_size=block, r_d=r_d, s_kv=s_kv,
-                                c_sync=self.cfg.c_sync_s, **self.cfg.target_choice())
+                                c_sync=self.cfg.c_sync_s, **knobs)
         chosen = {plan.target for plan in choice.prepared}
         actions: list[Action] = [sm.drop_extra(t, "left the target choice")
                                  for t in sm.extras if t not in chosen]
         for plan in choice.prepared:
             if plan.target in sm.prepared or plan.target in sm.declined \
-                    or len(sm.prepared) >= self.cfg.targets_k:
+                    or len(sm.prepared) >= k_max:
                 continue
             if plan.level is Level.PREFIX:
                 if sm.scheme != pallas_pb2.SCHEME_PALLAS:

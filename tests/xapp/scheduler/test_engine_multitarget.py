@@ -280,3 +280,66 @@ def test_drop_extra_refuses_the_primary_an_unprepared_target_and_other_states():
     whole = CancelAction("s9", 1, "a", "b", "x")
     assert whole.peer_field is None and not whole.to_proto().HasField("target")
     assert sm.drop_extra("c", "x").peer_field == "target" and sm.epoch == 1
+
+
+# -- the predicted target on the session's own agent (a three-sector site, a cell of the same
+# -- edge server): the best candidate elsewhere is the one to prepare, and the own agent is one
+# -- of the K (docs/model.md §4.1).
+OWN = [("b", 0.3), ("c", 0.1)]          # what the control loop hands over: the own agent "a" left out
+
+
+def predict_own(eng, cands=OWN, p_own=0.6):
+    """The predictor names a cell of the session's own agent "a" with probability ``p_own``."""
+    return eng.set_predictions(["ue1"], ["a"], [T_HO], [p_own], candidates=[cands])
+
+
+def test_own_agent_first_prepares_the_next_candidate_at_rank0(cfg):
+    eng = engine(k2(cfg))
+    assert predict_own(eng) == []
+    sm = eng.session("s1")
+    assert sm.state is S.PLANNED and sm.target == "b" and eng._conf[0] == pytest.approx(0.3)
+    t, acts = run(eng)
+    assert [(a.target, a.rank, a.epoch, a.predicted_handover_time) for a in acts] == [("b", 0, 1, T_HO)]
+    assert eng.cycle(t + 0.1) == []                  # "a" counts as one of K = 2: c stays unprepared
+    acts = eng.on_handover("ue1", "b", T_HO)
+    assert acts[-1].prepared_target == "b"
+
+
+def test_own_agent_first_with_k3_prepares_two_others(cfg):
+    eng = engine(dataclasses.replace(cfg, targets_k=3))
+    predict_own(eng)
+    t, acts = run(eng)
+    assert [(a.target, a.rank) for a in acts] == [("b", 0), ("c", 1)]
+
+
+def test_own_agent_first_with_k1_prepares_nothing(cfg):
+    eng = engine(cfg)
+    predict_own(eng)
+    assert eng.session("s1").target is None
+    assert run(eng)[1] == []
+    assert eng.on_handover("ue1", "b", T_HO)[-1].prepared_target is None
+
+
+def test_own_agent_first_respects_split_and_floor(cfg):
+    for knobs, own_p in (({"targets_split": 0.5}, 0.6), ({"targets_p_floor": 0.35}, 0.5)):
+        eng = engine(k2(cfg, **knobs))
+        predict_own(eng, p_own=own_p)
+        assert eng.session("s1").target is None, knobs
+        assert run(eng)[1] == [], knobs
+
+
+def test_own_agent_named_later_keeps_the_prepared_next_candidate(cfg):
+    eng, t, _ = triggered_pair(cfg)                  # b (rank 0) and c (rank 1) prepared
+    assert predict_own(eng) == []                    # now the own agent first, b next: kept
+    sm = eng.session("s1")
+    assert sm.state is S.PREPARING and sm.target == "b" and sm.epoch == 1
+    assert predict_own(eng, [("d", 0.2)]) == [CancelAction("s1", 1, "a", "b", "target changed")]
+    assert eng.session("s1").target == "d"
+
+
+def test_a_single_candidate_is_kept_only_beside_another_target(cfg):
+    eng = engine(k2(cfg))
+    predict(eng, "b", [("b", 0.5)])
+    assert "ue1" not in eng._cands                   # the primary alone
+    predict_own(eng, [("b", 0.3)])
+    assert eng._cands["ue1"] == (("b", 0.3),)
