@@ -269,7 +269,8 @@ def failover_lines(rep: Mapping[str, Any]) -> list[str]:
     """The report's lines for the replay's output (one fail-over)."""
     nodes = rep.get("nodes") or []
     by = ", ".join(f"{r} ({n})" for r, n in sorted((rep.get("owned_again_by") or {}).items())) or "nobody"
-    held = "held" if rep.get("within_bound") else "NOT HELD"
+    wb = rep.get("within_bound")
+    held = "nothing to take over" if wb is None else "held" if wb else "NOT HELD"
     lo, hi = rep.get("reowned_min_s"), rep.get("reowned_max_s")
     span = "-" if hi is None else f"{lo:.2f}-{hi:.2f} s"
     unhandled = sum(int(r.get("indications_unhandled") or 0) for r in nodes)

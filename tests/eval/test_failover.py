@@ -256,3 +256,14 @@ def test_pallas_report_renders_the_failover_of_a_summary():
     assert "- pallas: fail-over: xapp-1 SIGKILLed at 40.0 s holding 3 E2 node(s)" in page
     assert "- pallas: sessions xapp-1 owned at the kill: 3" in page
     assert "fail-over" not in rpg.render_run(base, "none")
+
+
+def test_a_killed_replica_that_held_no_node_is_said_so_not_failed():
+    """Rendezvous can leave a replica without a node (4 gNBs over 3 replicas gave 1/0/3 on the
+    default drive): its kill has nothing to take over, which the line says instead of NOT HELD."""
+    evs = [e for e in _events() if not (e["replica"] == "xapp-1" and e["kind"] == "lease")]
+    evs.append(_ev(T0 - 5, "xapp-1", "lease", claimed=[], released=[], lost=[], owned=[]))
+    rep = _report(sorted(evs, key=lambda e: e["t"]))
+    assert rep["nodes"] == [] and rep["within_bound"] is None
+    first = failover_lines(rep)[0]
+    assert "holding 0 E2 node(s)" in first and "nothing to take over" in first and "NOT HELD" not in first
