@@ -141,8 +141,10 @@ def failover_report(events: Sequence[Mapping[str, Any]], *, killed: str, t_kill:
             trace's record times plus the replay's offset); None: not counted.
         rows: per handover ``(UE, wall time, session id, outcome)`` (outcome ``"commit"``: a
             prepared commit; ``"no-session"``: none to move).
-        sessions: session id -> what the UE saw (``error``: str, ``agents_after_kill``: list of
-            the agents that delivered its tokens after the kill), added to its session's line.
+        sessions: session id -> what the UE saw (``error``: str; ``finished``: bool, the UE got
+            its whole output, which makes a session nobody decided a defined end;
+            ``agents_after_kill``: list of the agents that delivered its tokens after the kill),
+            added to its session's line.
 
     Returns a JSON-ready dict (module docstring): ``nodes`` (per node of the killed replica:
     who owned it again and after how long, indications unhandled meanwhile), ``reowned_max_s``,
@@ -234,6 +236,11 @@ def _sessions(events: Sequence[Mapping[str, Any]], killed: str, t_kill: float,
                "end": how, "by": by, "defined": ok}
         if seen and sid in seen:
             row.update({k: seen[sid][k] for k in ("error", "agents_after_kill") if k in seen[sid]})
+            if not ok and seen[sid].get("finished"):
+                # nobody decided, but the UE got its whole output: served to the end where it was
+                # (the dead replica's preparation is left to its lease at the target)
+                row.update(end=how.split(",")[0] + ", then finished its output: served to the end",
+                           defined=True)
         rows.append(row)
     return {"sessions": rows, "sessions_by_end": dict(Counter(r["end"] for r in rows)),
             "undefined_sessions": sum(1 for r in rows if not r["defined"])}

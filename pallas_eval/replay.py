@@ -567,6 +567,7 @@ def failover_of(run: SchemeRun, plan: dict, rows: Sequence[HandoverRow]) -> dict
     from pallas_eval.failover import failover_report
     t_kill = float(run.kill["t"])
     seen = {s.session_id: {"error": s.error,
+                           "finished": not s.error and len(s.times) >= s.max_tokens,
                            "agents_after_kill": sorted({a for t, a in zip(s.times, s.agents) if t >= t_kill})}
             for s in run.sessions}
     return failover_report(run.events, killed=run.kill["replica"], t_kill=t_kill, start_at=run.start_at,

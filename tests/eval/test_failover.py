@@ -267,3 +267,18 @@ def test_a_killed_replica_that_held_no_node_is_said_so_not_failed():
     assert rep["nodes"] == [] and rep["within_bound"] is None
     first = failover_lines(rep)[0]
     assert "holding 0 E2 node(s)" in first and "nothing to take over" in first and "NOT HELD" not in first
+
+
+def test_a_session_left_open_that_finished_its_output_is_a_defined_end():
+    """The kill of 3 replicas on the default drive left 4 sessions prepared by the dead replica
+    and decided by nobody; each completed its output token-exact at its source. Such a session
+    is served to the end (its preparation left to the target's lease), not an undefined state;
+    one that did not finish stays undefined."""
+    evs = _events()
+    for finished, undefined in ((True, 0), (False, 1)):
+        rep = failover_report(evs, killed="xapp-1", t_kill=KILL, start_at=T0, lease_s=LEASE, heartbeat_s=BEAT,
+                              indications=_indications(), rows=(),
+                              sessions={"s2": {"error": "", "finished": finished, "agents_after_kill": ["edge-1"]}})
+        s2 = next(s for s in rep["sessions"] if s["session"] == "s2")
+        assert s2["defined"] is finished and rep["undefined_sessions"] == undefined
+        assert s2["end"].startswith("open") and ("served to the end" in s2["end"]) is finished
