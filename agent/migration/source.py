@@ -175,6 +175,15 @@ class Source:
             log.warning("release_failed", session=sid, epoch=out.epoch,
                         peer=out.target.address, error=repr(exc))
 
+    async def _release_unanswered(self, out: Outbound, exc: Exception) -> None:
+        """A Prepare that raised (its deadline passed, the call was cut, the peer is gone) may
+        still have been admitted at the target, its answer lost on the way back: release the
+        target's (session, epoch) now, awaited before the caller answers, so the reservation and
+        the warm-up end at once instead of at the lease's expiry, and no later Prepare of the
+        same epoch at that target can be hit by this Release (issue 45). Best effort: a peer
+        that is gone logs ``release_failed`` and its lease expires there."""
+        await self._release(out, f"prepare unanswered at the source: {type(exc).__name__}")
+
     def block_split(self, s: Session, split_tokens: int) -> int:
         """The block-aligned split: ``split_tokens`` (0 = every whole block so far) rounded down."""
         bs = self.ctx.block_size
@@ -276,6 +285,7 @@ class Source:
                 out.to(SourceState.FAILED)
             self.ctx.outbound.discard(out)
             log.warning("prepare_failed", session=sid, epoch=epoch, error=repr(exc))
+            await self._release_unanswered(out, exc)
             return self.ctx.reply(S.STATUS_ERROR, s, epoch, message=f"prepare failed: {exc!r}")
         if rep is None:
             return self.ended_reply(out)
@@ -567,6 +577,7 @@ class Source:
             rep = await asyncio.wait_for(self._prepare(out), deadline - time.monotonic())
         except Exception as exc:
             self.ctx.outbound.discard(out)
+            await self._release_unanswered(out, exc)
             return self.ctx.reply(S.STATUS_ERROR, s, epoch, scheme=scheme,
                                   message=f"prepare at the target failed: {exc!r}")
         if rep is None:

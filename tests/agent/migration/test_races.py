@@ -156,3 +156,66 @@ def test_a_commit_racing_its_attempts_lost_lease_answers_non_ok_and_serves_on():
     assert rep.state == pb.SESSION_SERVING and state == SessionState.SERVING
     assert frozen_at is None and synced is None and outbound == 0
     assert len(released) == 1 and "before the commit" in released[0], released
+
+
+class AdmitsLate(Held):
+    """A target that admits the Prepare at once and then holds its answer until ``go``: the
+    answer of an admitted attempt lost on the way back (a loaded target, a cut link)."""
+
+    async def on_prepare(self, req):
+        rep = await self.inner.on_prepare(req)
+        self.entered["prepare"].set()
+        await self.go["prepare"].wait()
+        return rep
+
+
+async def _late_pair(**src_cfg):
+    src, _, _ = _engine(**src_cfg)
+    tgt, _, _ = _engine(lease_s=30.0)
+    tgt.ctx.agent_id = "t"
+    handler = AdmitsLate(tgt.target)
+    server, addr = await serve_peer_transfer(handler, "127.0.0.1:0")
+    s = _serving(src, n_prompt=100, outputs=tuple(range(30)), max_tokens=60)
+    return src, tgt, handler, server, pb.PeerEndpoint(agent_id="t", address=addr), s
+
+
+def test_a_trigger_whose_prepare_times_out_after_the_target_admitted_it_frees_the_target():
+    """The Prepare's deadline passes after the target admitted the attempt: the Trigger
+    answers STATUS_ERROR and, before it answers, releases the target, which holds no lease
+    and no reservation (it kept both until the lease expired before)."""
+    async def run():
+        src, tgt, h, server, ep, s = await _late_pair(rpc_timeout_s=0.5)
+        try:
+            rep = await src.trigger("s", 1, ep, split_tokens=96)
+            held = sorted(tgt.ctx.inbound), tgt.held()["reserved_bytes"]
+            h.go["prepare"].set()
+            return rep, held, [r[0].reason for r in h.releases], s.state
+        finally:
+            await _close(src, tgt, server)
+
+    rep, (inbound, reserved), reasons, state = asyncio.run(run())
+    assert rep.status == pb.STATUS_ERROR and "prepare failed" in rep.message, rep
+    assert inbound == [] and reserved == 0, (inbound, reserved)
+    assert len(reasons) == 1 and "prepare unanswered" in reasons[0], reasons
+    assert state == SessionState.SERVING
+
+
+def test_a_commit_whose_reactive_prepare_outlives_its_deadline_frees_the_target():
+    """A commit at an unprepared target whose Prepare is admitted there but not answered
+    before the commit's deadline: the commit answers non-OK, the session serves on here, and
+    the target is released before the answer."""
+    async def run():
+        src, tgt, h, server, ep, s = await _late_pair(commit_deadline_s=0.5)
+        try:
+            rep = await src.commit("s", 1, ep)
+            held = sorted(tgt.ctx.inbound), tgt.held()["reserved_bytes"]
+            h.go["prepare"].set()
+            return rep, held, [r[0].reason for r in h.releases], s.state
+        finally:
+            await _close(src, tgt, server)
+
+    rep, (inbound, reserved), reasons, state = asyncio.run(run())
+    assert rep.status != pb.STATUS_OK and "prepare at the target failed" in rep.message, rep
+    assert inbound == [] and reserved == 0, (inbound, reserved)
+    assert len(reasons) == 1 and "prepare unanswered" in reasons[0], reasons
+    assert state == SessionState.SERVING
