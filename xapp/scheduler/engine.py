@@ -74,6 +74,8 @@ EXTRA_TARGETS = Counter("pallas_scheduler_extra_targets_total",
                         "Extra targets (beside a UE's primary, issue 45) by event: prepared "
                         "(their Trigger sent) or dropped (withdrawn by a targeted Cancel when "
                         "they left the target choice)", ["event"])
+for _event in ("prepared", "dropped"):   # exposed from the start, as the descriptor declares it
+    EXTRA_TARGETS.labels(_event)
 
 
 class SchedulerEngine:
