@@ -150,6 +150,14 @@ class MigrationEngine:
         try:
             async with lock:
                 rep = await work(s)
+        except asyncio.CancelledError:
+            # The work was cut (agent stopping): callers waiting on this one get an error
+            # reply, and a later repeat runs afresh instead of waiting on it for ever.
+            if e.replies.get(method) is fut:
+                del e.replies[method]
+            fut.set_result(self.ctx.reply(S.STATUS_ERROR, sid, epoch,
+                                          message=f"{method} was cancelled before it ended"))
+            raise
         except Exception as exc:  # noqa: BLE001 - an internal failure is a reply
             log.exception("control_failed", method=method, session=sid, epoch=epoch)
             rep = self.ctx.reply(S.STATUS_ERROR, sid, epoch,
@@ -282,8 +290,17 @@ class MigrationEngine:
                 return await self._failed_at_source(s, epoch, opening.scheme)
             deadline = time.monotonic() + self.ctx.cfg.commit_deadline_s
             back = self._freeze(s, opening.freeze_at)
-            rep = await self.source.commit(s, epoch, actual_target, opening,
-                                           self.pinned_scheme(session_id), deadline)
+            try:
+                rep = await self.source.commit(s, epoch, actual_target, opening,
+                                               self.pinned_scheme(session_id), deadline)
+            except asyncio.CancelledError:
+                # Cut mid-way (the agent stopping, its caller's task cancelled): unless the
+                # target took over, the session serves on here unfrozen, so what was held back
+                # (tokens past the commit point, a finish) is published, not lost (the K=2
+                # soak found a copy left FINISHED with 15 of its tokens still held).
+                if s.state != SessionState.HANDED_OVER:
+                    self._serve_on(s, back)
+                raise
             return self._settle_commit(s, epoch, rep, spec, opening.scheme, back)
 
         return await self._once("commit", session_id, epoch, work, allow_closed=("cancelled",))
@@ -348,16 +365,22 @@ class MigrationEngine:
             self.ctx.ledger.entry(s.session_id, epoch).closed = "committed"
             MIGRATIONS.labels("source", use.name, "fallback" if use is not spec else "committed").inc()
             return rep
-        if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
-            s.set_state(SessionState.SERVING if back != SessionState.RESUMED else back)
-        if s.state == SessionState.SERVING and any(o.live for o in self.ctx.outbound.of(s.session_id)):
-            s.set_state(SessionState.MIGRATING)   # the other targets' attempts stay prepared
-        s.unfreeze()
+        self._serve_on(s, back)
         if s.state == SessionState.FAILED:
             rep.message = f"{rep.message}; the session failed at the source meanwhile: {s.error}"
         rep.state = s.state.proto
         MIGRATIONS.labels("source", use.name, "error").inc()
         return rep
+
+    def _serve_on(self, s: Session, back: SessionState) -> None:
+        """A commit that did not hand ``s`` over: it serves on here in the state it had before
+        the freeze (``back``; MIGRATING while another target's attempt stays prepared), and
+        :meth:`Session.unfreeze` publishes what was held back during the commit."""
+        if s.state in (SessionState.MIGRATING, SessionState.COMMITTING):
+            s.set_state(SessionState.SERVING if back != SessionState.RESUMED else back)
+        if s.state == SessionState.SERVING and any(o.live for o in self.ctx.outbound.of(s.session_id)):
+            s.set_state(SessionState.MIGRATING)   # the other targets' attempts stay prepared
+        s.unfreeze()
 
     # ------------------------------------------------------------------ accounting
     def held(self) -> dict[str, int]:

@@ -219,3 +219,38 @@ def test_a_commit_whose_reactive_prepare_outlives_its_deadline_frees_the_target(
     assert inbound == [] and reserved == 0, (inbound, reserved)
     assert len(reasons) == 1 and "prepare unanswered" in reasons[0], reasons
     assert state == SessionState.SERVING
+
+
+def test_a_commit_cut_mid_way_publishes_what_it_held_back_and_a_repeat_runs_afresh():
+    """A session that finished at the source (30 of 30 tokens, "length") is committed at an
+    unprepared target with the UE at token 15, so 15 tokens are held back; the commit is
+    cancelled while its Prepare waits at the target (the agent stopping, found by the K=2
+    soak: that copy ended FINISHED with 15 tokens never published). The session keeps all 30
+    tokens, unfrozen, FINISHED; a waiter on the cut call gets an error reply and a repeat of the
+    commit runs afresh instead of waiting for ever."""
+    async def run():
+        src, tgt, h, server, ep, s = await _pair()
+        try:
+            s.sampling.max_tokens = 30
+            s.set_state(SessionState.FINISHED, finish_reason="length")
+            call = asyncio.ensure_future(src.commit("s", 1, ep, ue_tokens=15))
+            await h.entered["prepare"].wait()
+            held = len(s.held_token_ids)
+            waiter = asyncio.ensure_future(src.commit("s", 1, ep, ue_tokens=15))
+            await asyncio.sleep(0)
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+            waited = await asyncio.wait_for(waiter, 5)
+            after = (len(s.output_token_ids), s.held_token_ids, s.frozen_at, s.state,
+                     s.finish_reason)
+            h.go["prepare"].set()
+            repeat = await asyncio.wait_for(src.commit("s", 1, ep, ue_tokens=30), 10)
+            return held, waited, after, repeat
+        finally:
+            await _close(src, tgt, server)
+
+    held, waited, after, repeat = asyncio.run(run())
+    assert held == 15
+    assert waited.status == pb.STATUS_ERROR and "cancelled" in waited.message, waited
+    assert after == (30, [], None, SessionState.FINISHED, "length"), after
+    assert repeat.status == pb.STATUS_OK and repeat.state == pb.SESSION_HANDED_OVER, repeat
