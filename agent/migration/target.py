@@ -316,6 +316,7 @@ class Target:
                                        left(min(req.warmup_wait_s, self.ctx.cfg.warmup_timeout_s)))
             except Exception as exc:  # a slow or failed warm-up only costs recomputation
                 log.info("warmup_not_awaited", session=sid, epoch=epoch, error=repr(exc))
+            await self._abort_warmup(inb)
         load = self._load_range(req, inb)
         now = time.time()
         session = self._resumed_session(req, inb, now)
@@ -338,6 +339,23 @@ class Target:
                  warmup_wait_s=round(time.monotonic() - t_in, 4))
         return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=got,
                                     blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
+
+    @staticmethod
+    async def _abort_warmup(inb: Inbound) -> None:
+        """Stop a warm-up still running when the resumed request is submitted (the source chose
+        not to wait for it, or the wait it allowed ran out): the resumed request prefills every
+        token the cache lacks itself, and the warm-up would prefill the same prefix tokens
+        beside it. vLLM's engine chunks a long prefill (``long_prefill_token_threshold``), so
+        both ran in the same steps and the engine computed those tokens twice (measured,
+        default replay on efc672d: a 474-token commit chose "recompute" 0.4 s into its 448-token
+        warm-up, reused 256 tokens and the Sync took 0.21 s, against 35 ms estimated).
+        Cancelling the task closes its HTTP request, which aborts it in vLLM; the whole blocks
+        it computed so far stay in vLLM's prefix cache, and the resumed request reuses them."""
+        if inb.warmup is None or inb.warmup.done():
+            return
+        await cancel_and_wait(inb.warmup)
+        log.info("warmup_aborted", session=inb.session_id, epoch=inb.epoch,
+                 prefix=inb.prefix_len, ran_s=round(time.monotonic() - inb.t_warmup, 4))
 
     async def _submit_resume(self, req: pallas_pb2.SyncRequest, inb: Inbound, session: Session,
                              old: Session | None, load: tuple[int, int], now: float, left,

@@ -26,16 +26,23 @@ class FakeVllmClient:
         self.prefill_s = prefill_s
         self.prefills: list[list[int]] = []
         self.started: list[tuple[Session, dict]] = []
+        self.prefilling = 0          # warm-up prefills in flight
+        self.prefilling_at_start: list[int] = []   # ... when each request started
 
     async def prefill(self, ids, **kw):
         self.prefills.append(list(ids))
-        await asyncio.sleep(self.prefill_s)
+        self.prefilling += 1
+        try:
+            await asyncio.sleep(self.prefill_s)
+        finally:
+            self.prefilling -= 1
         return {"prompt_tokens": len(ids), "prompt_tokens_details": {"cached_tokens": self.cached}}
 
     cached = 0
 
     def start(self, session, *, kv_transfer_params=None):
         self.started.append((session, kv_transfer_params))
+        self.prefilling_at_start.append(self.prefilling)
 
     async def abort(self, session):
         pass

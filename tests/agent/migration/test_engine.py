@@ -200,6 +200,41 @@ def test_sync_waits_for_the_warmup_no_longer_than_the_source_allows():
                                                     sampling=pb.SamplingParams(max_tokens=5)))
         assert rep.status == pb.STATUS_OK
         assert asyncio.get_running_loop().time() - t0 < 1.0
+        assert eng.prefilling_at_start == [0]   # the warm-up it stopped waiting for was aborted
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("wait_s", [0.0, 0.02])
+def test_a_resume_never_prefills_beside_its_own_warmup(wait_s):
+    """A Sync that does not wait for the whole warm-up (the source chose recompute, or the
+    wait it allowed ran out) aborts it before the resumed request starts: vLLM would otherwise
+    prefill the prefix twice, chunk by chunk in the same steps (default replay, efc672d)."""
+    async def run():
+        m, hub, eng = _engine()
+        eng.prefill_s = 5.0
+        assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        warmup = m.ctx.inbound["s"].warmup
+        rep = await m.target.on_sync(pb.SyncRequest(session_id="s", epoch=1, token_ids=list(range(80)),
+                                                    prompt_tokens=70, split_tokens=64, warmup_wait_s=wait_s,
+                                                    sampling=pb.SamplingParams(max_tokens=5)))
+        assert rep.status == pb.STATUS_OK and len(eng.started) == 1
+        assert eng.prefilling_at_start == [0] and warmup.cancelled()
+        await m.close()
+    asyncio.run(run())
+
+
+def test_a_finished_warmup_is_left_alone_at_the_sync():
+    async def run():
+        m, hub, eng = _engine()
+        eng.prefill_s = 0.0
+        assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
+        warmup = m.ctx.inbound["s"].warmup
+        await warmup
+        rep = await m.target.on_sync(pb.SyncRequest(session_id="s", epoch=1, token_ids=list(range(80)),
+                                                    prompt_tokens=70, split_tokens=64, warmup_wait_s=0.0,
+                                                    sampling=pb.SamplingParams(max_tokens=5)))
+        assert rep.status == pb.STATUS_OK and not warmup.cancelled()
+        await m.close()
     asyncio.run(run())
 
 
