@@ -151,6 +151,10 @@ class SchedulerEngine:
         self._reservations: dict[str, dict[str, tuple[int, float]]] = {}
         # The UEs' ranked candidate targets, (agent, p) best first, kept only while K > 1.
         self._cands: dict[str, tuple[tuple[str, float], ...]] = {}
+        # UE -> its latest prediction as set_predictions took it (target, t_HO, confidence,
+        # allowed, candidates): a session first seen between two of its UE's reports is
+        # planned with it at once (ingest_telemetry), not at the UE's next report
+        self._ue_pred: dict[str, tuple] = {}
 
     # -- run-time configuration ----------------------------------------------------------------
     def reconfigure(self, cfg: SchedulerConfig | None = None, *, scheme: int | None = None,
@@ -404,7 +408,9 @@ class SchedulerEngine:
 
         Rates and server state go to the store. Sessions the report's agent serves update
         their K; unknown ones are registered if the agent's model (s_kv, block size) is
-        known; sessions their serving agent reports ``finished`` are removed (cancelling a
+        known, and planned at once with their UE's latest prediction (the inputs
+        :meth:`set_predictions` last took for that UE; the control loop predicts a UE only at
+        its next radio report, up to 1 s later on the drive logs); sessions their serving agent reports ``finished`` are removed (cancelling a
         running attempt).
         Reports about sessions the agent does not serve (say, the target of a preparation)
         only feed the rates of tracked sessions; an untracked session's rate is not kept. Memory reservations at the agent are kept (see :meth:`reserved_at`).
@@ -416,6 +422,7 @@ class SchedulerEngine:
         agent = report.agent_id
         model = self.telemetry.model_of(agent)
         actions: list[Action] = []
+        new_ues: list[str] = []
         for s in samples:
             slot = self._slot.get(s.session_id)
             if s.state is SessionState.HANDED_OVER:      # passed on only with follow_moves
@@ -438,6 +445,7 @@ class SchedulerEngine:
                 self.add_session(s.session_id, agent, ue_id=s.ue_id, s_kv=model.kv_bytes_per_token,
                                  block_size=model.block_size, now=s.time, tokens=s.tokens,
                                  remaining_tokens=s.remaining_tokens, model=model)
+                new_ues.append(s.ue_id)
             elif self._sm[slot].source == agent:  # type: ignore[union-attr]
                 self.update_session(s.session_id, s.tokens, s.time, s.remaining_tokens)
                 if model is not None and self._model[slot] is None:
@@ -451,6 +459,11 @@ class SchedulerEngine:
         for s in samples:   # rates of sessions not tracked (ended, or another agent's) are not kept
             if s.session_id not in self._slot:
                 self.telemetry.forget_session(s.session_id)
+        for ue in dict.fromkeys(new_ues):   # a new session: its UE's latest prediction at once
+            p = self._ue_pred.get(ue)
+            if p is not None:
+                actions += self.set_predictions([ue], [p[0]], [p[1]], [p[2]], [p[3]],
+                                                candidates=None if p[4] is None else [p[4]])
         return actions
 
     # -- predictions --------------------------------------------------------------------------
@@ -490,6 +503,15 @@ class SchedulerEngine:
         if not (len(targets) == t_ho.size == conf.size == allow.size == n):
             raise ValueError("set_predictions: sequences of different lengths")
         usable = (conf >= self.min_confidence) & np.isfinite(t_ho)
+        if candidates is not None and len(candidates) != n:
+            raise ValueError("set_predictions: candidates of a different length than ue_ids")
+        pred = self._ue_pred
+        for i, (u, tgt) in enumerate(zip(ue_ids, targets)):   # kept for the UE's next session
+            if tgt is None:
+                pred.pop(u, None)
+            else:
+                pred[u] = (tgt, float(t_ho[i]), float(conf[i]), bool(allow[i]),
+                           None if candidates is None else candidates[i])
         self._set_candidates(ue_ids, candidates, usable, targets)
         actions: list[Action] = []
         agent_idx = self._agent_idx
