@@ -33,7 +33,10 @@ Per cycle (:meth:`SchedulerEngine.cycle`):
    targeted Cancel (:meth:`SessionMigration.drop_extra`); the primary holds by step 3's rule.
    A UE whose predicted target is its session's own agent has that agent counted as one of the
    K, and its most likely candidate on another agent is the session's primary
-   (:meth:`SchedulerEngine._next_after_own`). With K = 1 nothing of this runs.
+   (:meth:`SchedulerEngine._next_after_own`). Within ``targets_return_s`` of a UE's handover,
+   a PLANNED session of it whose target is the agent it left is due at once, whatever its
+   predicted t_HO (the return rule, :meth:`SchedulerEngine._returns_due`). With K = 1 nothing
+   of this runs.
 """
 
 from __future__ import annotations
@@ -151,6 +154,9 @@ class SchedulerEngine:
         self._reservations: dict[str, dict[str, tuple[int, float]]] = {}
         # The UEs' ranked candidate targets, (agent, p) best first, kept only while K > 1.
         self._cands: dict[str, tuple[tuple[str, float], ...]] = {}
+        # K > 1: UE -> (index of the agent it left at its last handover, until when a
+        # prediction naming that agent is due at once, s); :meth:`_returns_due`
+        self._returns: dict[str, tuple[int, float]] = {}
         # UE -> its latest prediction as set_predictions took it (target, t_HO, confidence,
         # allowed, candidates): a session first seen between two of its UE's reports is
         # planned with it at once (ingest_telemetry), not at the UE's next report
@@ -623,6 +629,8 @@ class SchedulerEngine:
         t0 = time.perf_counter()
         actions: list[Action] = []
         self._expire_reservations(now)
+        if self._returns:
+            self._returns_due(now)
         if self.proactive and self._n:
             n = self._n
             ahead = now + self.ho_timing.margin_s       # plan for the HO coming M early
@@ -638,6 +646,20 @@ class SchedulerEngine:
         CYCLE_SECONDS.observe(time.perf_counter() - t0)
         self._count(actions)
         return actions
+
+    def _returns_due(self, now: float) -> None:
+        """K > 1, the return rule (docs/model.md §4.1): within ``targets_return_s`` of a UE's
+        handover, a PLANNED session of that UE whose target is the agent the UE left is due at
+        once (its t_HO brought to ``now`` at the latest, so Eq. 9 fires this cycle with the
+        window T_remain_hat allows): a ping-pong back, which the predictor names with a dwell
+        time still far off, meets a prepared target. Entries past their time are forgotten."""
+        for ue, (agent, until) in list(self._returns.items()):
+            if now > until:
+                del self._returns[ue]
+                continue
+            for slot in self._ue_slots.get(ue, ()):
+                if self._planned[slot] and self._target[slot] == agent and self._source[slot] != agent:
+                    self._t_ho[slot] = min(self._t_ho[slot], now)
 
     def _decide(self, cand: np.ndarray, now: float, ahead: float) -> list[Action]:
         """Eq. 9 and admission for the candidate slots ``cand`` at ``now``; T_remain_hat is
@@ -792,10 +814,13 @@ class SchedulerEngine:
         it over.
         """
         actions: list[Action] = []
+        hold = self.cfg.targets_return_s if self.cfg.targets_k > 1 else 0.0
         for slot in list(self._ue_slots.get(ue_id, ())):
             sm = self._sm[slot]
             if sm is None:
                 continue
+            if hold > 0 and sm.source != actual_target:       # the agent left: due back at once
+                self._returns[ue_id] = (self._agent(sm.source), now + hold)
             if sm.session_id in self._left:
                 log.info("commit_skipped_parked", session=sm.session_id, ue=ue_id,
                          handed_over_by=self._left[sm.session_id], target=actual_target)
