@@ -60,6 +60,7 @@ _RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "targets_p_floor": (0.0, True, 1.0, True),
     "targets_backhaul_share": (0.0, True, 8.0, True),
     "targets_prefill_s": (0.0, True, 60.0, True),
+    "targets_return_s": (0.0, True, 60.0, True),
     "warmup_cost_weight": (0.0, True, 100.0, True),
 }
 
@@ -67,7 +68,8 @@ _RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
 _OPTIONAL = frozenset({"fixed_window_s", "targets_backhaul_share", "targets_prefill_s"})
 #: Fields the descriptor may leave out (they have defaults; added after descriptors existed).
 _DEFAULTED = frozenset({"ho_timing_quantile", "ho_timing_max_margin_s", "ho_timing_window",
-                        "targets_k", "targets_split", "targets_p_floor", "warmup_cost_weight"})
+                        "targets_k", "targets_split", "targets_p_floor", "targets_return_s",
+                        "warmup_cost_weight"})
 #: Fields that must hold whole numbers.
 _INTEGRAL = frozenset({"ho_timing_window", "targets_k"})
 
@@ -100,6 +102,9 @@ class SchedulerConfig:
       ``targets_prefill_s`` (None: unbounded): the choice of up to K targets per UE
       (docs/model.md §4.1; :meth:`target_choice`, read by
       :func:`xapp.scheduler.targets.choose_targets`). K = 1 is the single target.
+    - ``targets_return_s``, s, [0, 60]: with K > 1, for this long after a UE's handover the
+      agent it left is due at once when the prediction names it (a ping-pong back; docs/model.md
+      §4.1, :meth:`xapp.scheduler.engine.SchedulerEngine.cycle`); 0 turns it off. Default 10 s.
     - ``warmup_cost_weight`` lambda, s of SIT per s of wasted warm-up prefill, [0, 100]: the
       expected-benefit rule (:mod:`xapp.scheduler.benefit`, docs/model.md §4.2) lets a trigger
       fire only where p (SIT_fallback - SIT) >= (1 - p) lambda L_hist / r_p, p the
@@ -132,6 +137,7 @@ class SchedulerConfig:
     targets_p_floor: float = 0.0
     targets_backhaul_share: float | None = None
     targets_prefill_s: float | None = None
+    targets_return_s: float = 10.0
     warmup_cost_weight: float = 0.0
 
     def __post_init__(self) -> None:

@@ -33,7 +33,10 @@ Per cycle (:meth:`SchedulerEngine.cycle`):
    targeted Cancel (:meth:`SessionMigration.drop_extra`); the primary holds by step 3's rule.
    A UE whose predicted target is its session's own agent has that agent counted as one of the
    K, and its most likely candidate on another agent is the session's primary
-   (:meth:`SchedulerEngine._next_after_own`). With K = 1 nothing of this runs.
+   (:meth:`SchedulerEngine._next_after_own`). Within ``targets_return_s`` of a UE's handover,
+   a PLANNED session of it whose target is the agent it left is due at once, whatever its
+   predicted t_HO (the return rule, :meth:`SchedulerEngine._returns_due`). With K = 1 nothing
+   of this runs.
 """
 
 from __future__ import annotations
@@ -153,6 +156,13 @@ class SchedulerEngine:
         self._reservations: dict[str, dict[str, tuple[int, float]]] = {}
         # The UEs' ranked candidate targets, (agent, p) best first, kept only while K > 1.
         self._cands: dict[str, tuple[tuple[str, float], ...]] = {}
+        # K > 1: UE -> (index of the agent it left at its last handover, until when a
+        # prediction naming that agent is due at once, s); :meth:`_returns_due`
+        self._returns: dict[str, tuple[int, float]] = {}
+        # UE -> its latest prediction as set_predictions took it (target, t_HO, confidence,
+        # allowed, candidates): a session first seen between two of its UE's reports is
+        # planned with it at once (ingest_telemetry), not at the UE's next report
+        self._ue_pred: dict[str, tuple] = {}
 
     # -- run-time configuration ----------------------------------------------------------------
     def reconfigure(self, cfg: SchedulerConfig | None = None, *, scheme: int | None = None,
@@ -406,7 +416,9 @@ class SchedulerEngine:
 
         Rates and server state go to the store. Sessions the report's agent serves update
         their K; unknown ones are registered if the agent's model (s_kv, block size) is
-        known; sessions their serving agent reports ``finished`` are removed (cancelling a
+        known, and planned at once with their UE's latest prediction (the inputs
+        :meth:`set_predictions` last took for that UE; the control loop predicts a UE only at
+        its next radio report, up to 1 s later on the drive logs); sessions their serving agent reports ``finished`` are removed (cancelling a
         running attempt).
         Reports about sessions the agent does not serve (say, the target of a preparation)
         only feed the rates of tracked sessions; an untracked session's rate is not kept. Memory reservations at the agent are kept (see :meth:`reserved_at`).
@@ -418,6 +430,7 @@ class SchedulerEngine:
         agent = report.agent_id
         model = self.telemetry.model_of(agent)
         actions: list[Action] = []
+        new_ues: list[str] = []
         for s in samples:
             slot = self._slot.get(s.session_id)
             if s.state is SessionState.HANDED_OVER:      # passed on only with follow_moves
@@ -440,6 +453,7 @@ class SchedulerEngine:
                 self.add_session(s.session_id, agent, ue_id=s.ue_id, s_kv=model.kv_bytes_per_token,
                                  block_size=model.block_size, now=s.time, tokens=s.tokens,
                                  remaining_tokens=s.remaining_tokens, model=model)
+                new_ues.append(s.ue_id)
             elif self._sm[slot].source == agent:  # type: ignore[union-attr]
                 self.update_session(s.session_id, s.tokens, s.time, s.remaining_tokens)
                 if model is not None and self._model[slot] is None:
@@ -453,6 +467,11 @@ class SchedulerEngine:
         for s in samples:   # rates of sessions not tracked (ended, or another agent's) are not kept
             if s.session_id not in self._slot:
                 self.telemetry.forget_session(s.session_id)
+        for ue in dict.fromkeys(new_ues):   # a new session: its UE's latest prediction at once
+            p = self._ue_pred.get(ue)
+            if p is not None:
+                actions += self.set_predictions([ue], [p[0]], [p[1]], [p[2]], [p[3]],
+                                                candidates=None if p[4] is None else [p[4]])
         return actions
 
     # -- predictions --------------------------------------------------------------------------
@@ -492,6 +511,15 @@ class SchedulerEngine:
         if not (len(targets) == t_ho.size == conf.size == allow.size == n):
             raise ValueError("set_predictions: sequences of different lengths")
         usable = (conf >= self.min_confidence) & np.isfinite(t_ho)
+        if candidates is not None and len(candidates) != n:
+            raise ValueError("set_predictions: candidates of a different length than ue_ids")
+        pred = self._ue_pred
+        for i, (u, tgt) in enumerate(zip(ue_ids, targets)):   # kept for the UE's next session
+            if tgt is None:
+                pred.pop(u, None)
+            else:
+                pred[u] = (tgt, float(t_ho[i]), float(conf[i]), bool(allow[i]),
+                           None if candidates is None else candidates[i])
         self._set_candidates(ue_ids, candidates, usable, targets)
         actions: list[Action] = []
         agent_idx = self._agent_idx
@@ -603,6 +631,8 @@ class SchedulerEngine:
         t0 = time.perf_counter()
         actions: list[Action] = []
         self._expire_reservations(now)
+        if self._returns:
+            self._returns_due(now)
         if self.proactive and self._n:
             n = self._n
             ahead = now + self.ho_timing.margin_s       # plan for the HO coming M early
@@ -618,6 +648,20 @@ class SchedulerEngine:
         CYCLE_SECONDS.observe(time.perf_counter() - t0)
         self._count(actions)
         return actions
+
+    def _returns_due(self, now: float) -> None:
+        """K > 1, the return rule (docs/model.md §4.1): within ``targets_return_s`` of a UE's
+        handover, a PLANNED session of that UE whose target is the agent the UE left is due at
+        once (its t_HO brought to ``now`` at the latest, so Eq. 9 fires this cycle with the
+        window T_remain_hat allows): a ping-pong back, which the predictor names with a dwell
+        time still far off, meets a prepared target. Entries past their time are forgotten."""
+        for ue, (agent, until) in list(self._returns.items()):
+            if now > until:
+                del self._returns[ue]
+                continue
+            for slot in self._ue_slots.get(ue, ()):
+                if self._planned[slot] and self._target[slot] == agent and self._source[slot] != agent:
+                    self._t_ho[slot] = min(self._t_ho[slot], now)
 
     def _decide(self, cand: np.ndarray, now: float, ahead: float) -> list[Action]:
         """Eq. 9 and admission for the candidate slots ``cand`` at ``now``; T_remain_hat is
@@ -772,10 +816,13 @@ class SchedulerEngine:
         it over.
         """
         actions: list[Action] = []
+        hold = self.cfg.targets_return_s if self.cfg.targets_k > 1 else 0.0
         for slot in list(self._ue_slots.get(ue_id, ())):
             sm = self._sm[slot]
             if sm is None:
                 continue
+            if hold > 0 and sm.source != actual_target:       # the agent left: due back at once
+                self._returns[ue_id] = (self._agent(sm.source), now + hold)
             if sm.session_id in self._left:
                 log.info("commit_skipped_parked", session=sm.session_id, ue=ue_id,
                          handed_over_by=self._left[sm.session_id], target=actual_target)

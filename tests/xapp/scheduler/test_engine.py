@@ -482,3 +482,24 @@ def test_actions_carry_the_rates_they_were_decided_with(cfg):
     assert (r.s_kv, r.block_size, r.bandwidth) == (S_KV, BLOCK, cfg.default_goodput_bytes_per_s)
     assert r.r_p == pytest.approx(eng.telemetry.prefill_rate("b", t + 0.05)) and r.r_p < 2700.0
     assert r.r_d == pytest.approx(eng.telemetry.decode_rate("s1", t + 0.05)) and r.r_d < 30.0
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_session_first_seen_between_reports_is_planned_with_its_ues_prediction(cfg, k):
+    """The UE's next session (a new request) appears in the agent's telemetry between two of
+    the UE's radio reports: it takes the UE's latest prediction at once, so a handover due now
+    is prepared this cycle, not one report (up to 1 s on the drive logs) later."""
+    eng = make_engine(dataclasses.replace(cfg, targets_k=k))
+    sess = lambda sid, state="serving": pallas_pb2.SessionTelemetry(   # noqa: E731
+        session_id=sid, ue_id="ue9", tokens=1000, decode_rate=30.0, state=state)
+    eng.ingest_telemetry(server_report("a", T0, sessions=[sess("s1")]))
+    eng.set_predictions(["ue9"], ["b"], [T0 + 0.5], [0.8], candidates=[[("b", 0.8), ("c", 0.1)]])
+    assert {a.session_id for a in eng.cycle(T0)} == {"s1"}
+    eng.ingest_telemetry(server_report("a", T0 + 0.2, sessions=[sess("s1", "finished"), sess("s2")]))
+    assert eng.session("s2").state is S.PLANNED and eng.session("s2").target == "b"
+    trig = eng.cycle(T0 + 0.2)                   # K = 2: c too, under the same epoch
+    assert [(a.session_id, a.target) for a in trig][:1] == [("s2", "b")]
+    assert {a.session_id for a in trig} == {"s2"}
+    eng.set_predictions(["ue9"], [None], [np.nan], [0.0])                 # withdrawn: forgotten
+    eng.ingest_telemetry(server_report("a", T0 + 0.3, sessions=[sess("s3")]))
+    assert eng.session("s3").target is None and eng.cycle(T0 + 0.3) == []

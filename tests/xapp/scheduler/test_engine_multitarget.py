@@ -343,3 +343,49 @@ def test_a_single_candidate_is_kept_only_beside_another_target(cfg):
     assert "ue1" not in eng._cands                   # the primary alone
     predict_own(eng, [("b", 0.3)])
     assert eng._cands["ue1"] == (("b", 0.3),)
+
+
+# -- the return rule: the agent a UE just left (targets_return_s, docs/model.md §4.1) ------------
+def handed_to_b(cfg):
+    """s1 of ue1 prepared at b and handed over a -> b at T_HO, the commit answered; (engine)."""
+    eng = engine(cfg)
+    eng.set_predictions(["ue1"], ["b"], [T_HO], [0.9])
+    run(eng)
+    commit = eng.on_handover("ue1", "b", T_HO)
+    eng.on_reply(commit[-1], OK)
+    assert eng.session("s1").source == "b"
+    return eng
+
+
+def back_to_a(eng, t_ho, now=T_HO + 0.5):
+    """The predictor names a again (the agent left) with a dwell time ``t_ho``; cycles at ``now``."""
+    eng.set_predictions(["ue1"], ["a"], [t_ho], [0.7])
+    for agent in ("a", "b", "c"):
+        eng.ingest_telemetry(server_report(agent, now))
+    return eng.cycle(now)
+
+
+def test_the_agent_just_left_is_prepared_at_once_when_named_with_a_far_time(cfg):
+    eng = handed_to_b(k2(cfg))
+    acts = back_to_a(eng, T_HO + 30.0)                # dwell time far off: Eq. 9 would wait
+    assert [(type(a), a.source, a.target, a.rank) for a in acts] == [(TriggerAction, "b", "a", 0)]
+    assert acts[0].window_s == 0.0 and acts[0].predicted_handover_time == T_HO + 0.5
+    assert eng.on_handover("ue1", "a", T_HO + 2.0)[-1].prepared_target == "a"
+
+
+def test_the_return_rule_holds_for_targets_return_s_only(cfg):
+    eng = handed_to_b(k2(cfg, targets_return_s=4.0))
+    assert back_to_a(eng, T_HO + 30.0, now=T_HO + 4.5) == []   # the hold is over
+    assert eng._returns == {}
+    eng = handed_to_b(k2(cfg, targets_return_s=4.0))
+    assert len(back_to_a(eng, T_HO + 30.0, now=T_HO + 3.9)) == 1
+
+
+def test_the_return_rule_is_off_with_k1_or_zero_hold_and_moves_no_other_target(cfg):
+    for c in (cfg, k2(cfg, targets_return_s=0.0)):
+        eng = handed_to_b(c)
+        assert back_to_a(eng, T_HO + 30.0) == [], c.targets_k
+    eng = handed_to_b(k2(cfg))
+    eng.set_predictions(["ue1"], ["c"], [T_HO + 30.0], [0.7])      # not the agent left
+    assert eng.cycle(T_HO + 0.5) == []
+    assert eng.session("s1").t_ho is None or eng.session("s1").t_ho == T_HO + 30.0
