@@ -105,14 +105,15 @@ def apply_instance(controls: Mapping[str, Any], payload: Mapping[str, Any]) -> d
     """Return a copy of ``controls`` with one policy instance's knobs applied.
 
     ``alpha``, ``t_max_s``, ``dt_s`` (docs/model.md Eqs. 8-9) and ``targets_k``,
-    ``targets_split``, ``targets_backhaul_share`` (docs/model.md §4.1) replace
+    ``targets_split``, ``targets_backhaul_share``, ``targets_return_s`` (docs/model.md §4.1) replace
     ``controls.scheduler`` fields of the same names; ``fallback`` replaces ``controls.fallback``; ``proactive.enabled``
     replaces ``controls.proactive.enabled`` and ``proactive.cells`` / ``proactive.slices`` are
     merged key by key into the configured rules. ``payload`` must already satisfy the policy
     type's schema; the result is not validated here.
     """
     out = copy.deepcopy(dict(controls))
-    for k in ("alpha", "t_max_s", "dt_s", "targets_k", "targets_split", "targets_backhaul_share"):
+    for k in ("alpha", "t_max_s", "dt_s", "targets_k", "targets_split", "targets_backhaul_share",
+              "targets_return_s"):
         if k in payload:
             out["scheduler"][k] = payload[k]
     if "fallback" in payload:

@@ -186,10 +186,13 @@ def test_an_a1_instance_sets_k_split_and_budget():
     root = Path(__file__).resolve().parents[3] / "descriptors"
     controls = json.loads((root / "config-file.json").read_text())["controls"]
     ptype = json.loads((root / "policytype-26001.json").read_text())["create_schema"]
-    payload = {"targets_k": 2, "targets_split": 0.9, "targets_backhaul_share": 1.5 * SHARE}
+    payload = {"targets_k": 2, "targets_split": 0.9, "targets_backhaul_share": 1.5 * SHARE,
+               "targets_return_s": 0.0}
     Draft7Validator(ptype).validate(payload)
     cfg = SchedulerConfig.from_dict(apply_instance(controls, payload)["scheduler"])
-    assert (cfg.targets_k, cfg.targets_split) == (2, 0.9)
+    assert (cfg.targets_k, cfg.targets_split, cfg.targets_return_s) == (2, 0.9, 0.0)
+    assert SchedulerConfig.from_dict(controls["scheduler"]).targets_return_s == 10.0
+    assert not Draft7Validator(ptype).is_valid({"targets_return_s": 61})
     assert levels(choose_targets(split_pair(), **cfg.target_choice(), **SESSION)) == \
         {"a": Level.FULL, "b": Level.PREFIX}
     assert SchedulerConfig.from_dict(controls["scheduler"]).targets_k == 1
