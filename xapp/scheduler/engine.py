@@ -418,8 +418,8 @@ class SchedulerEngine:
         their K; unknown ones are registered if the agent's model (s_kv, block size) is
         known, and planned at once with their UE's latest prediction (the inputs
         :meth:`set_predictions` last took for that UE; the control loop predicts a UE only at
-        its next radio report, up to 1 s later on the drive logs); sessions their serving agent reports ``finished`` are removed (cancelling a
-        running attempt).
+        its next radio report, up to 1 s later on the drive logs); sessions their serving agent
+        reports ``finished`` are removed (cancelling a running attempt).
         Reports about sessions the agent does not serve (say, the target of a preparation)
         only feed the rates of tracked sessions; an untracked session's rate is not kept. Memory reservations at the agent are kept (see :meth:`reserved_at`).
         The agent's epoch of a session it serves moves the session's next attempt past it

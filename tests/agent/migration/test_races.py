@@ -50,13 +50,14 @@ class Held:
         return rep
 
 
-async def _pair(hold=("prepare",), lease_s=30.0):
-    """Source engine "b" serving "s" (100-token prompt) and a target engine "t" behind a
-    :class:`Held` handler over gRPC. Returns (src, tgt, handler, server, endpoint, session)."""
-    src, _, _ = _engine()
+async def _pair(hold=("prepare",), lease_s=30.0, handler_class=None, **src_cfg):
+    """Source engine "b" (``src_cfg``: its MigrationConfig fields) serving "s" (100-token
+    prompt) and a target engine "t" behind a :class:`Held` handler (or ``handler_class``) over
+    gRPC. Returns (src, tgt, handler, server, endpoint, session)."""
+    src, _, _ = _engine(**src_cfg)
     tgt, _, _ = _engine(lease_s=lease_s)
     tgt.ctx.agent_id = "t"
-    handler = Held(tgt.target, hold)
+    handler = (handler_class or Held)(tgt.target, hold)
     server, addr = await serve_peer_transfer(handler, "127.0.0.1:0")
     s = _serving(src, n_prompt=100, outputs=tuple(range(30)), max_tokens=60)
     return src, tgt, handler, server, pb.PeerEndpoint(agent_id="t", address=addr), s
@@ -169,31 +170,26 @@ class AdmitsLate(Held):
         return rep
 
 
-async def _late_pair(**src_cfg):
-    src, _, _ = _engine(**src_cfg)
-    tgt, _, _ = _engine(lease_s=30.0)
-    tgt.ctx.agent_id = "t"
-    handler = AdmitsLate(tgt.target)
-    server, addr = await serve_peer_transfer(handler, "127.0.0.1:0")
-    s = _serving(src, n_prompt=100, outputs=tuple(range(30)), max_tokens=60)
-    return src, tgt, handler, server, pb.PeerEndpoint(agent_id="t", address=addr), s
+async def _unanswered(call, **src_cfg):
+    """Run ``call(src, endpoint)`` against a target that admits the Prepare and holds its
+    answer (:class:`AdmitsLate`); returns (reply, target's inbound sessions, its reserved
+    bytes, the Releases' reasons, the session's state), read right after the reply."""
+    src, tgt, h, server, ep, s = await _pair(handler_class=AdmitsLate, **src_cfg)
+    try:
+        rep = await call(src, ep)
+        inbound, reserved = sorted(tgt.ctx.inbound), tgt.held()["reserved_bytes"]
+        h.go["prepare"].set()
+        return rep, inbound, reserved, [r[0].reason for r in h.releases], s.state
+    finally:
+        await _close(src, tgt, server)
 
 
 def test_a_trigger_whose_prepare_times_out_after_the_target_admitted_it_frees_the_target():
     """The Prepare's deadline passes after the target admitted the attempt: the Trigger
     answers STATUS_ERROR and, before it answers, releases the target, which holds no lease
     and no reservation (it kept both until the lease expired before)."""
-    async def run():
-        src, tgt, h, server, ep, s = await _late_pair(rpc_timeout_s=0.5)
-        try:
-            rep = await src.trigger("s", 1, ep, split_tokens=96)
-            held = sorted(tgt.ctx.inbound), tgt.held()["reserved_bytes"]
-            h.go["prepare"].set()
-            return rep, held, [r[0].reason for r in h.releases], s.state
-        finally:
-            await _close(src, tgt, server)
-
-    rep, (inbound, reserved), reasons, state = asyncio.run(run())
+    rep, inbound, reserved, reasons, state = asyncio.run(_unanswered(
+        lambda src, ep: src.trigger("s", 1, ep, split_tokens=96), rpc_timeout_s=0.5))
     assert rep.status == pb.STATUS_ERROR and "prepare failed" in rep.message, rep
     assert inbound == [] and reserved == 0, (inbound, reserved)
     assert len(reasons) == 1 and "prepare unanswered" in reasons[0], reasons
@@ -204,17 +200,8 @@ def test_a_commit_whose_reactive_prepare_outlives_its_deadline_frees_the_target(
     """A commit at an unprepared target whose Prepare is admitted there but not answered
     before the commit's deadline: the commit answers non-OK, the session serves on here, and
     the target is released before the answer."""
-    async def run():
-        src, tgt, h, server, ep, s = await _late_pair(commit_deadline_s=0.5)
-        try:
-            rep = await src.commit("s", 1, ep)
-            held = sorted(tgt.ctx.inbound), tgt.held()["reserved_bytes"]
-            h.go["prepare"].set()
-            return rep, held, [r[0].reason for r in h.releases], s.state
-        finally:
-            await _close(src, tgt, server)
-
-    rep, (inbound, reserved), reasons, state = asyncio.run(run())
+    rep, inbound, reserved, reasons, state = asyncio.run(_unanswered(
+        lambda src, ep: src.commit("s", 1, ep), commit_deadline_s=0.5))
     assert rep.status != pb.STATUS_OK and "prepare at the target failed" in rep.message, rep
     assert inbound == [] and reserved == 0, (inbound, reserved)
     assert len(reasons) == 1 and "prepare unanswered" in reasons[0], reasons
