@@ -264,6 +264,7 @@ class ControlLoop:
         (lock order: the engine lock, then the tracks lock)."""
         self.ues.pop(ue_id, None)
         self._pending_ho.pop(ue_id, None)
+        self.engine.forget_ue(ue_id)
         forget = getattr(self.predictor, "forget", None)
         with self._tracks_lock:
             self.tracks.release(ue_id)

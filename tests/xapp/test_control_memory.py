@@ -126,6 +126,7 @@ def test_ten_thousand_ues_leave_nothing_behind():
     assert len(app.engine.telemetry.decode) == 0
     assert app.engine._reservations == {}
     assert app.dispatcher.gate._inflight == {} and app.dispatcher.gate._held == {}
+    assert app.engine._ue_pred == {} and app.engine._cands == {} and app.engine._returns == {}
 
 
 def test_memory_is_flat_over_rounds_of_churn():
@@ -141,6 +142,34 @@ def test_memory_is_flat_over_rounds_of_churn():
     last, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert last - first < 64 * 1024, (first, last)        # 1,500 more UEs: no per-UE residue
+
+
+def test_a_ue_that_falls_silent_leaves_no_prediction_in_the_engine():
+    """The engine keeps each UE's latest prediction for the UE's next session (a session first
+    seen between two reports is planned at once); a UE that goes silent without a release
+    notice took that entry with it only when its prediction was withdrawn, so churn of UEs
+    that simply vanish grew it without bound (found in review of the share branch)."""
+    app = _app()
+    _churn(app, 50, 0)
+    assert len(app.ues) == 0 and app.predictor.forgotten == 50
+    assert app.engine._ue_pred == {}
+
+
+def test_a_ue_pushed_out_of_the_capped_table_leaves_no_prediction_either():
+    app = _app()
+    app.control.max_ues = 3
+    now = time.time()
+    for i in range(5):
+        r = MeasurementReport(now, str(i), CELL_A, -80.0)
+        app.tracks.add(r)
+        app.control.on_report(r)
+        app.engine.set_predictions([str(i)], ["edge-b"], [now + 1.0], [1.0])
+    assert set(app.engine._ue_pred) >= {"3", "4"}
+    r = MeasurementReport(now, "5", CELL_A, -80.0)            # pushes "2" out
+    app.tracks.add(r)
+    app.control.on_report(r)
+    assert list(app.ues) == ["3", "4", "5"]
+    assert not {"0", "1", "2"} & set(app.engine._ue_pred)
 
 
 def test_the_ue_table_is_capped_least_recently_heard_first():

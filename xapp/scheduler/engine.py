@@ -475,6 +475,16 @@ class SchedulerEngine:
         return actions
 
     # -- predictions --------------------------------------------------------------------------
+    def forget_ue(self, ue_id: str) -> None:
+        """Drop what the engine keeps per UE beyond its sessions: the latest prediction (kept
+        for the UE's next session), its ranked candidates and its return rule. The xApp calls
+        it when it forgets the UE (gone silent, or pushed out of its capped UE table), so that
+        UEs that vanish without a release notice leave nothing here. Sessions are untouched:
+        they end with their agents' reports. An unknown UE is a no-op."""
+        self._ue_pred.pop(ue_id, None)
+        self._cands.pop(ue_id, None)
+        self._returns.pop(ue_id, None)
+
     def set_prediction(self, ue_id: str, target: str | None, t_ho: float | None,
                        confidence: float = 1.0, proactive: bool = True) -> list[Action]:
         """The predictor's latest (target agent, t_HO, confidence) for ``ue_id``.
