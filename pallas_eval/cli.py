@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "replay's start (its leases left to expire); the summary reports the fail-over "
                         "(pallas_eval.failover)")
     _add_experiment_parser(sub)
+    cmp_ = sub.add_parser("compare", help="pair two builds' replays of the same drive and seed handover by "
+                                          "handover: the mean SIT difference with its 95%% interval")
+    cmp_.add_argument("a", help="arm A: a pallas replay output folder, or several comma-separated (averaged)")
+    cmp_.add_argument("b", help="arm B, likewise")
+    cmp_.add_argument("--scheme", default="pallas", help="the scheme whose SIT is compared")
+    cmp_.add_argument("--json", action="store_true", help="one JSON object instead of text")
     rep = sub.add_parser("report", help="render replay runs' summary.json as a Markdown results page")
     rep.add_argument("runs", nargs="+", help="pallas replay output folders (each holds summary.json)")
     rep.add_argument("--markdown", action="store_true", help="Markdown (the only format; the default)")
@@ -325,6 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_replay(a)
     if a.cmd == "experiment":
         return cmd_experiment(a)
+    if a.cmd == "compare":
+        from pallas_eval.compare import main_compare
+        return main_compare(a.a, a.b, a.scheme, a.json)
     if a.cmd == "report":
         from pallas_eval.results_page import main_report
         return main_report(a.runs, a.out, a.title, a.append)
