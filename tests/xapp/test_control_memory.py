@@ -280,3 +280,16 @@ def test_a_transport_with_a_defer_hook_is_told_while_a_cycle_runs():
         assert seen == [True] and tr.defer() is False      # True inside the cycle only
     finally:
         app.stop()
+
+
+def test_the_kept_prediction_is_the_last_one_given_for_a_ue():
+    """set_predictions keeps each UE's latest prediction for its next session; within one call
+    the last entry of a UE wins, a withdrawn one (target None) is dropped."""
+    eng = _app().engine
+    eng.set_predictions(["u", "v"], ["edge-a", "edge-b"], [1.0, 2.0], [0.9, 0.8])
+    assert eng._ue_pred["u"][:3] == ("edge-a", 1.0, 0.9) and "v" in eng._ue_pred
+    eng.set_predictions(["u", "u", "v", "v"], [None, "edge-b", "edge-a", None],
+                        [float("nan"), 3.0, 4.0, float("nan")], [0.0, 0.7, 0.6, 0.0])
+    assert eng._ue_pred["u"][:3] == ("edge-b", 3.0, 0.7) and "v" not in eng._ue_pred
+    eng.set_predictions(["u"], [None], [float("nan")], [0.0])
+    assert eng._ue_pred == {}

@@ -523,13 +523,16 @@ class SchedulerEngine:
         usable = (conf >= self.min_confidence) & np.isfinite(t_ho)
         if candidates is not None and len(candidates) != n:
             raise ValueError("set_predictions: candidates of a different length than ue_ids")
+        # kept for the UE's next session (ingest_telemetry): one dict update at C speed, then
+        # the withdrawn ones dropped (benchmarks/scheduler.py "predict", 10,000 UEs: 2.5 ms a
+        # call against 3.9 with a per-UE loop indexing the arrays)
         pred = self._ue_pred
-        for i, (u, tgt) in enumerate(zip(ue_ids, targets)):   # kept for the UE's next session
-            if tgt is None:
-                pred.pop(u, None)
-            else:
-                pred[u] = (tgt, float(t_ho[i]), float(conf[i]), bool(allow[i]),
-                           None if candidates is None else candidates[i])
+        pred.update(zip(ue_ids, zip(targets, t_ho.tolist(), conf.tolist(), allow.tolist(),
+                                    candidates if candidates is not None else (None,) * n)))
+        if None in targets:                                  # the last entry of a UE wins
+            for u, tgt in zip(ue_ids, targets):
+                if tgt is None and u in pred and pred[u][0] is None:
+                    del pred[u]
         self._set_candidates(ue_ids, candidates, usable, targets)
         actions: list[Action] = []
         agent_idx = self._agent_idx
