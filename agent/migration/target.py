@@ -317,6 +317,7 @@ class Target:
             except Exception as exc:  # a slow or failed warm-up only costs recomputation
                 log.info("warmup_not_awaited", session=sid, epoch=epoch, error=repr(exc))
             await self._abort_warmup(inb)
+        warmup_wait = time.monotonic() - t_in
         load = self._load_range(req, inb)
         now = time.time()
         session = self._resumed_session(req, inb, now)
@@ -336,7 +337,7 @@ class Target:
             return got
         log.info("resumed", session=sid, epoch=epoch, n_tokens=len(req.token_ids), reused=got,
                  blocks_in=inb.blocks_in, rejected=inb.blocks_rejected,
-                 warmup_wait_s=round(time.monotonic() - t_in, 4))
+                 warmup_wait_s=round(warmup_wait, 4), sync_s=round(time.monotonic() - t_in, 4))
         return pallas_pb2.SyncReply(status=S.STATUS_OK, reused_tokens=got,
                                     blocks_received=inb.blocks_in, bytes_received=inb.bytes_in)
 
