@@ -187,6 +187,14 @@ def test_sync_resumes_with_reduced_sampling_and_load_params():
     asyncio.run(run())
 
 
+def _sync_80(warmup_wait_s: float) -> pb.SyncRequest:
+    """The Sync of session "s" (epoch 1) at 80 tokens over a 64-token prefix, allowing the
+    target ``warmup_wait_s`` for its warm-up."""
+    return pb.SyncRequest(session_id="s", epoch=1, token_ids=list(range(80)), prompt_tokens=70,
+                          split_tokens=64, warmup_wait_s=warmup_wait_s,
+                          sampling=pb.SamplingParams(max_tokens=5))
+
+
 def test_sync_waits_for_the_warmup_no_longer_than_the_source_allows():
     async def run():
         m, hub, eng = _engine()
@@ -195,9 +203,7 @@ def test_sync_waits_for_the_warmup_no_longer_than_the_source_allows():
         prog = await m.target.on_progress(pb.ProgressRequest(session_id="s", epoch=1))
         assert prog.status == pb.STATUS_OK and not prog.warmup_done and prog.prefix_tokens == 64
         t0 = asyncio.get_running_loop().time()
-        rep = await m.target.on_sync(pb.SyncRequest(session_id="s", epoch=1, token_ids=list(range(80)),
-                                                    prompt_tokens=70, split_tokens=64, warmup_wait_s=0.05,
-                                                    sampling=pb.SamplingParams(max_tokens=5)))
+        rep = await m.target.on_sync(_sync_80(warmup_wait_s=0.05))
         assert rep.status == pb.STATUS_OK
         assert asyncio.get_running_loop().time() - t0 < 1.0
         assert eng.prefilling_at_start == [0]   # the warm-up it stopped waiting for was aborted
@@ -214,9 +220,7 @@ def test_a_resume_never_prefills_beside_its_own_warmup(wait_s):
         eng.prefill_s = 5.0
         assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
         warmup = m.ctx.inbound["s"].warmup
-        rep = await m.target.on_sync(pb.SyncRequest(session_id="s", epoch=1, token_ids=list(range(80)),
-                                                    prompt_tokens=70, split_tokens=64, warmup_wait_s=wait_s,
-                                                    sampling=pb.SamplingParams(max_tokens=5)))
+        rep = await m.target.on_sync(_sync_80(warmup_wait_s=wait_s))
         assert rep.status == pb.STATUS_OK and len(eng.started) == 1
         assert eng.prefilling_at_start == [0] and warmup.cancelled()
         await m.close()
@@ -230,9 +234,7 @@ def test_a_finished_warmup_is_left_alone_at_the_sync():
         assert (await m.target.on_prepare(_prep(prefix=64))).status == pb.STATUS_OK
         warmup = m.ctx.inbound["s"].warmup
         await warmup
-        rep = await m.target.on_sync(pb.SyncRequest(session_id="s", epoch=1, token_ids=list(range(80)),
-                                                    prompt_tokens=70, split_tokens=64, warmup_wait_s=0.0,
-                                                    sampling=pb.SamplingParams(max_tokens=5)))
+        rep = await m.target.on_sync(_sync_80(warmup_wait_s=0.0))
         assert rep.status == pb.STATUS_OK and not warmup.cancelled()
         await m.close()
     asyncio.run(run())
