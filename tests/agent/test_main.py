@@ -134,6 +134,8 @@ def test_a_wrong_model_path_is_named_at_start(tmp_path, monkeypatch, capsys):
     assert model_path_error(str(tmp_path / "good")) is None
     assert model_path_error("Qwen/Qwen3-14B") is None and model_path_error("gpt2") is None
     assert "has no config.json" in model_path_error(str(tmp_path / "empty"))
+    (tmp_path / "cwd").mkdir()             # the relative paths resolve here, not around the checkout
+    monkeypatch.chdir(tmp_path / "cwd")
     for bad in ("/models/Qwen3-14b", "./models/x", "../x", "models/org/name", "~/nowhere-pallas"):
         assert model_path_error(bad) == f"model path {bad!r} does not exist", bad
     monkeypatch.setenv("PALLAS_INSECURE", "1")
