@@ -95,7 +95,9 @@ def drive_log_config() -> PredictorConfig:
     neighbour and CVH timing raised ~70 and ~20 false alarms/h for 1-2 points of timed@3.
     Issue 43: the handover place and the learned dwell give a time only with edge evidence
     (``combined.edge_evidence``), the place only from a score of 0.6 (62.1 -> 14.2 false
-    alarms/h, the same right@2; docs/drive-data.md §5). Its one home is the descriptor profile
+    alarms/h, the same right@2; docs/drive-data.md §5); the successor table reads the UE's last
+    four cells and the previous cell gets a return vote in the first 8 s on a cell (right@2
+    54.2% -> 57.7%, docs/drive-data.md §5.1). Its one home is the descriptor profile
     ``descriptors/profiles/drive-log.json``, which ``pallas replay --xapp-profile drive-log``
     merges into the xApp's controls (fields it leaves out take PredictorConfig's defaults)."""
     return PredictorConfig.from_dict(load_profile(DRIVE_LOG_PROFILE)["predictor"], where="drive-log profile")

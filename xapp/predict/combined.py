@@ -196,37 +196,77 @@ class HistoryPredictor:
     name = "history"
 
     def __init__(self, trans: TransitionModel, knowledge: Knowledge | None = None,
-                 calibrator: Calibrator | None = None) -> None:
+                 calibrator: Calibrator | None = None, order: int = 2) -> None:
         self.trans = trans
         self.knowledge = knowledge
         self.calibrator = calibrator or Calibrator()
+        #: how many cells of the UE's route (the serving one included) condition the successor
+        #: table: 2 = (previous, serving); more take the knowledge's online route of the UE
+        #: (``TransitionModel.probs_route``), Python per UE
+        self.order = order
 
-    def pairs(self, v: TrackView, ues: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The distinct (serving A, previous C) pairs of the batch (P, 2) and each UE's pair (U,)."""
+    def previous(self, v: TrackView, ues: Sequence[str]) -> np.ndarray:
+        """Per UE (U,): the cell served before the current one, from the view's window, else the
+        knowledge's online record; -1 unknown."""
         prev = previous_cells(v)
         if self.knowledge is not None and ues:
             miss = np.flatnonzero(prev < 0)
             if miss.size:
                 pc = self.knowledge.previous_cell
                 prev[miss] = [pc(ues[i]) if ues[i] else -1 for i in miss.tolist()]
+        return prev
+
+    def pairs(self, v: TrackView, ues: Sequence[str], prev: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct (serving A, previous C) pairs of the batch (P, 2) and each UE's pair (U,)
+        (``prev``: the UEs' previous cells if already known, ``previous``)."""
+        if prev is None:
+            prev = self.previous(v, ues)
         pairs = np.stack([v.serving_cell[:, -1], prev], 1)
         if len(pairs) <= 1:                      # one UE (the per-UE API): nothing to merge
             return pairs, np.zeros(len(pairs), np.int64)
         return unique_pairs(pairs)
 
+    def routes(self, v: TrackView, ues: Sequence[str], prev: np.ndarray | None = None
+               ) -> tuple[list[tuple[int, ...]], np.ndarray]:
+        """The distinct routes of the batch that condition the successor tables (oldest cell
+        first, the serving one last: (C, A), or (A,) with no previous cell, or up to ``order``
+        cells from the knowledge's online route where it ends with the serving and previous
+        cells) and each UE's index into them (U,)."""
+        if prev is None:
+            prev = self.previous(v, ues)
+        sc = v.serving_cell[:, -1]
+        if self.order <= 2 or self.knowledge is None or not ues:
+            uniq, inv = self.pairs(v, ues, prev)
+            return [(c, a) if c >= 0 else (a,) for a, c in uniq.tolist()], inv
+        kr = self.knowledge.route
+        ids: dict[tuple[int, ...], int] = {}
+        inv = np.empty(len(sc), np.int64)
+        for i, (a, c) in enumerate(zip(sc.tolist(), prev.tolist())):
+            r = kr(ues[i]) if ues[i] else ()
+            if len(r) >= 3 and r[-1] == a and r[-2] == c:
+                key = r[-self.order:]
+            else:
+                key = (c, a) if c >= 0 else (a,)
+            inv[i] = ids.setdefault(key, len(ids))
+        return list(ids), inv
+
+    def _tables(self, v: TrackView, ues: Sequence[str], prev: np.ndarray | None = None
+                ) -> tuple[list[dict[int, float]], np.ndarray]:
+        keys, inv = self.routes(v, ues, prev)
+        pr = self.trans.probs_route
+        return [pr(k) for k in keys], inv
+
     def tables(self, v: TrackView, ues: Sequence[str]) -> list[dict[int, float]]:
-        """Per UE, {B: P(B | A, C)} (shared, read-only dicts; one computation per (A, C))."""
-        uniq, inv = self.pairs(v, ues)
-        pr = self.trans.probs_cached
-        tabs = [pr(a, c) for a, c in uniq.tolist()]
+        """Per UE, {B: P(B | A, C[, the cells before])} (shared, read-only dicts; one
+        computation per distinct route)."""
+        tabs, inv = self._tables(v, ues)
         return [tabs[k] for k in inv.tolist()]
 
-    def summary(self, v: TrackView, ues: Sequence[str]) -> "_Summary":
+    def summary(self, v: TrackView, ues: Sequence[str], prev: np.ndarray | None = None) -> "_Summary":
         """The successor tables of the batch summarised (``_Summary``), Python per distinct
-        (A, C) pair only."""
-        uniq, inv = self.pairs(v, ues)
-        pr = self.trans.probs_cached
-        return _Summary.of([pr(a, c) for a, c in uniq.tolist()], inv)
+        route only."""
+        tabs, inv = self._tables(v, ues, prev)
+        return _Summary.of(tabs, inv)
 
     def probs(self, view: TrackView, ue_id: str = "") -> dict[int, float]:
         return dict(self.tables(batch_of_one(view), [ue_id])[0])
@@ -315,12 +355,14 @@ class _Summary:
 class CombinedPredictor:
     """Fuses the predictors and says which one spoke (``Prediction.source``).
 
-    Target: argmax over cells B of P_hist(B | A, C) + w_cvh s_cvh [B = CVH target]
-    + w_places s_places [B = places target] + w_a3 s_a3 [B = A3 target], the s being the
-    predictors' raw scores (A3 only when its neighbour resolves to a cell id, and, unless nothing
-    else votes, only when its handover is due within ``a3_trust_s``: further ahead its forecasts
-    flip between neighbours); ties go to the cell named first (successor table order, then CVH,
-    places, A3).
+    Target: argmax over cells B of P_hist(B | A, C[, the cells before: ``HistoryPredictor.order``])
+    + w_cvh s_cvh [B = CVH target] + w_places s_places [B = places target] + w_a3 s_a3 [B = A3
+    target] + w_return p_return(elapsed) [B = C], the s being the predictors' raw scores (A3 only
+    when its neighbour resolves to a cell id, and, unless nothing else votes, only when its
+    handover is due within ``a3_trust_s``: further ahead its forecasts flip between neighbours;
+    the return vote only in the first ``return_max_s`` seconds on A, p_return the learned odds of
+    going back to the previous cell C after that long on a cell, ``maps.ReturnModel``); ties go
+    to the cell named first (successor table order, then CVH, places, A3, the return).
     Time, first that applies: A3 for that target when due within ``a3_trust_s`` (0.4 s, about
     TTT + HO delay: the entry condition already holds, the most exact clock); the handover place ahead for that
     target (if its score reaches ``places_time_min_score``); A3 for that target, or for an
@@ -340,8 +382,10 @@ class CombinedPredictor:
                  time_from_cvh: bool = False, places_time_min_score: float = 0.0,
                  time_from_dwell: bool = False, dwell_min_lead_s: float = 0.5, dwell_residual: bool = False,
                  dwell_edge: bool = False, dwell_edge_margin_db: float = 3.0,
-                 dwell_edge_slope_db_s: float = 0.5, places_edge: bool = False) -> None:
+                 dwell_edge_slope_db_s: float = 0.5, places_edge: bool = False, w_return: float = 0.0,
+                 return_max_s: float = 6.0) -> None:
         self.places_edge = places_edge
+        self.w_return, self.return_max_s = w_return, return_max_s
         self.a3, self.cvh, self.places, self.hist = a3, cvh, places, hist
         self.time_from_dwell, self.dwell_min_lead_s = time_from_dwell, dwell_min_lead_s
         self.dwell_residual, self.dwell_edge = dwell_residual, dwell_edge
@@ -366,7 +410,25 @@ class CombinedPredictor:
         cv = cvh_batch(v, now, self.cvh.assoc, self.cvh.cfg, mo)
         edge = f.has | edge_evidence(v, now, self.a3.cfg.window_s, self.a3.cfg.offset_db + self.a3.cfg.hysteresis_db
                                      - self.dwell_edge_margin_db, self.dwell_edge_slope_db_s)
-        return _Sources(sc, f, a3_cell, pl, cv, self.hist.summary(v, ues), self._entered(v, ues), edge)
+        prev = self.hist.previous(v, ues)
+        entered = self._entered(v, ues)
+        return _Sources(sc, f, a3_cell, pl, cv, self.hist.summary(v, ues, prev), entered, edge, prev,
+                        self._p_return(prev, now - entered))
+
+    def _p_return(self, prev: np.ndarray, elapsed: np.ndarray) -> np.ndarray:
+        """Per UE (U,): the learned odds that the next handover returns to the previous cell
+        (``maps.ReturnModel``) while the time spent on the serving cell is under
+        ``return_max_s``; 0 where the return vote is off, the previous cell or the entry time is
+        unknown, or there is no knowledge."""
+        kn = self.hist.knowledge
+        U = len(prev)
+        if self.w_return <= 0 or kn is None or U == 0:
+            return np.zeros(U)
+        use = (prev >= 0) & np.isfinite(elapsed) & (elapsed < self.return_max_s)
+        if not use.any():
+            return np.zeros(U)
+        p = kn.returns.p_return(np.where(use, elapsed, 0.0))
+        return np.where(use, np.nan_to_num(p, nan=0.0), 0.0)
 
     def _entered(self, v: TrackView, ues: Sequence[str]) -> np.ndarray:
         """Per UE (U,): when its serving cell began serving it, s (trace clock): the last change
@@ -416,12 +478,14 @@ class CombinedPredictor:
         U = len(sc)
         empty = (h.n == 0) & ~cv.has & ~pl.has
         a3v = f.has & (a3_cell >= 0) & ((f.t_ho - now <= self.a3_trust_s) | empty)
-        # the candidates: the table's first best cell, then the voted cells (CVH, places, A3)
-        vcell = [cv.cell, pl.cell, a3_cell]
-        vok = [cv.has, pl.has, a3v]
-        vval = [self.w_cvh * cv.score, self.w_places * pl.score, self.w_a3 * f.score]
+        # the candidates: the table's first best cell, then the voted cells (CVH, places, A3, the
+        # previous cell's return vote)
+        vcell = [cv.cell, pl.cell, a3_cell, src.prev]
+        vok = [cv.has, pl.has, a3v, src.p_ret > 0]
+        vval = [self.w_cvh * cv.score, self.w_places * pl.score, self.w_a3 * f.score, self.w_return * src.p_ret]
+        nv = len(vcell)
         cells, ok, base, pos = [h.cell], [h.n > 0], [h.p], [np.zeros(U, np.int64)]
-        for j in range(3):
+        for j in range(nv):
             hit, p, q = h.lookup(vcell[j])
             first_new = np.full(U, j)
             for k in range(j - 1, -1, -1):
@@ -435,7 +499,7 @@ class CombinedPredictor:
         pos[0] = np.where(hit0, q0, 0)
         C = np.stack(cells, 1)
         S = np.stack(base, 1)
-        for j in range(3):
+        for j in range(nv):
             S = S + np.where(vok[j][:, None] & (C == vcell[j][:, None]), vval[j][:, None], 0.0)
         OK = np.stack(ok, 1)
         S = np.where(OK, S, -np.inf)
@@ -444,7 +508,7 @@ class CombinedPredictor:
         rows = np.arange(U)
         has = OK.any(axis=1)
         target = np.where(has, C[rows, k], -1)
-        total = h.total + sum(np.where(vok[j], vval[j], 0.0) for j in range(3))
+        total = h.total + sum(np.where(vok[j], vval[j], 0.0) for j in range(nv))
         with np.errstate(invalid="ignore", divide="ignore"):
             conf = self.calibrator(np.where(total > 0, mx / np.where(total > 0, total, 1.0), 0.0))
         a3_is = f.has & (a3_cell == target)
@@ -472,7 +536,7 @@ class CombinedPredictor:
         cols_b = [tp[:, j] for j in range(TOP_K)] + base[1:]
         Cc = np.stack(cols_c, 1)
         Sc = np.stack(cols_b, 1)
-        for j in range(3):
+        for j in range(nv):
             Sc = Sc + np.where(vok[j][:, None] & (Cc == vcell[j][:, None]), vval[j][:, None], 0.0)
         rc, rs = rank_candidates(Cc, np.stack(cols_ok, 1), Sc, TOP_K)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -527,6 +591,8 @@ class _Sources:
     h: _Summary
     entered: np.ndarray
     edge: np.ndarray
+    prev: np.ndarray = None      # (U,) the cell served before the current one, -1 unknown
+    p_ret: np.ndarray = None     # (U,) the return vote's odds (0: no vote), ``_p_return``
 
 
 def edge_evidence(v: TrackView, now: np.ndarray, window_s: float, min_gap_db: float,
@@ -607,7 +673,7 @@ class HandoverPredictor:
         self.a3 = A3Forecaster(cfg.a3, k.nrt, cal.get("a3"))
         self.cvh = CVHPredictor(cfg.cvh, k.assoc, cal.get("cvh"))
         self.places = PlacesPredictor(cfg.cvh, k.places, k.assoc, cal.get("places"))
-        self.history = HistoryPredictor(k.trans, k, cal.get("history"))
+        self.history = HistoryPredictor(k.trans, k, cal.get("history"), cfg.history.order)
         self.combined = CombinedPredictor(self.a3, self.cvh, self.places, self.history, cfg.w_cvh, cfg.w_places,
                                           calibrator=cal.get("combined"),
                                           time_from_anonymous_a3=cfg.time_from_anonymous_a3,
@@ -618,7 +684,8 @@ class HandoverPredictor:
                                           dwell_residual=cfg.dwell_residual, dwell_edge=cfg.dwell_edge,
                                           dwell_edge_margin_db=cfg.dwell_edge_margin_db,
                                           dwell_edge_slope_db_s=cfg.dwell_edge_slope_db_s,
-                                          places_edge=cfg.places_edge)
+                                          places_edge=cfg.places_edge, w_return=cfg.w_return,
+                                          return_max_s=cfg.return_max_s)
         self.combined.rank_calibrators[1:] = [cal.get(f"combined@{j + 1}", Calibrator()) for j in range(1, TOP_K)]
         self.active = {"a3": self.a3, "cvh": self.cvh, "places": self.places, "history": self.history,
                        "combined": self.combined}[cfg.mode]

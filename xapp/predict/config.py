@@ -118,11 +118,20 @@ class HistoryConfig:
 
     ``smoothing``: additive smoothing of the first-order table; ``backoff_weight``: weight of
     the first-order estimate against the second-order counts (the ping-pong return C -> A -> C
-    is a second-order transition).
+    is a second-order transition), and of each shorter route's estimate against a longer
+    route's counts. ``order``: how many cells of the UE's route, the serving one included,
+    condition the table (2, the least: previous and serving; up to ``maps.TransitionModel.MAX_ORDER``, 4,
+    from the UE's online route in the knowledge, one Python step per UE and cycle). The drive-log
+    profile takes 4 (issue 43: docs/drive-data.md §5).
     """
 
     smoothing: float = 0.5
     backoff_weight: float = 1.0
+    order: int = 2
+
+    def validate(self, where: str = "history") -> None:
+        if not 2 <= self.order <= 4:
+            raise ValueError(f"{where}.order must be 2 to 4 (maps.TransitionModel.MAX_ORDER)")
 
 
 @dataclass(frozen=True)
@@ -161,6 +170,13 @@ class PredictorConfig:
     All three are on in the drive-log profile (``pallas_tools.evaluate.drive_log_config``) and
     off by default: on the replay's generated drives they cost the timed share at T - 1 s
     (``benchmarks/replay_predictions.py``: 29% -> 23% without history, 82% -> 81% with 16 drives).
+    ``w_return``: weight of the return vote, a vote for the cell served before the current one
+    of ``w_return`` times the learned odds that the next handover goes back there given the
+    time spent on the current cell (``maps.ReturnModel``, over every cell pair: the successor
+    table knows a ping-pong return only where that (previous, serving) pair's return was
+    seen), cast only in the first ``return_max_s`` seconds on the cell (later the odds fall
+    to the table's own share; 0 turns the vote off, the default). The drive-log profile sets it
+    (UCC drives, issue 43: docs/drive-data.md §5).
     ``min_confidence``: predictions below it are not reported.
     ``ue_silence_s``: a UE with no report for this long (trace clock) has gone: its track and
     predictor state are freed (issue 14, bounded memory under churn)."""
@@ -181,6 +197,8 @@ class PredictorConfig:
     dwell_edge_margin_db: float = 3.0
     dwell_edge_slope_db_s: float = 0.5
     places_edge: bool = False
+    w_return: float = 0.0
+    return_max_s: float = 6.0
     ue_silence_s: float = 30.0
     a3: A3Config = field(default_factory=A3Config)
     cvh: CVHConfig = field(default_factory=CVHConfig)
@@ -196,6 +214,8 @@ class PredictorConfig:
             raise ValueError(f"{where}.window_reports must be >= 2")
         if not self.ue_silence_s > 0:
             raise ValueError(f"{where}.ue_silence_s must be > 0")
+        if self.w_return < 0 or self.return_max_s < 0:
+            raise ValueError(f"{where}: w_return and return_max_s must be >= 0")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None, where: str = "predictor") -> "PredictorConfig":

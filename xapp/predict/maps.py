@@ -15,6 +15,9 @@
   e.g. ``pallas_tools.radio.Network.neighbour_relations()`` or an operator's configuration).
 
 - ``HandoverPlaces``: where each cell's handovers happened (position, heading, target).
+- ``DwellModel``: how long UEs stayed on a cell before handing over to each neighbour.
+- ``ReturnModel``: how often the next handover goes back to the previous cell, by the time
+  spent on the current one (the ping-pong return over every cell pair).
 
 ``Knowledge`` bundles them, learns offline from whole drives (positions interpolated
 between GPS fixes, which is fine offline) and online from each new report (causal: only the
@@ -187,24 +190,41 @@ class AssociationMap:
 
 
 class TransitionModel:
-    """Handover counts: first order A -> B and second order (C, A) -> B.
+    """Handover counts: first order A -> B, second order (C, A) -> B, and the longer routes
+    (..., D, C, A) -> B up to ``MAX_ORDER`` cells.
 
     ``probs(serving, previous)`` returns {B: P(B | A=serving, C=previous)}, the second-order
     estimate smoothed towards the first-order one: P = (n2(C,A,B) + beta * P1(B|A)) / (N2 + beta),
     P1 = (n1(A,B) + s) / (N1(A) + s |B seen from A|).
+    ``probs_route(route)`` conditions on the route (the cells served, oldest first, ending with
+    the serving cell) the same way, one cell further back at a time: P_k = (n_k(route[-k:], B) +
+    beta * P_{k-1}(B)) / (N_k + beta), as long as that longer route was seen. The route tells the
+    way the UE is driving where one previous cell does not (the same cell pair is crossed on
+    different roads); on the UCC drives the successor alone names 46.2% of the connected
+    handovers with two cells and 47.9% with four (leave-one-drive-out, learning online).
     """
+
+    #: the longest route (cells, the serving one included) whose successors are counted
+    MAX_ORDER = 4
 
     def __init__(self, smoothing: float = 0.5, backoff_weight: float = 1.0) -> None:
         self.s = smoothing
         self.beta = backoff_weight
         self.n1: dict[int, Counter] = defaultdict(Counter)
         self.n2: dict[tuple[int, int], Counter] = defaultdict(Counter)
-        self._memo: dict[tuple[int, int], dict[int, float]] = {}   # probs, cleared on any change
+        #: route (3 to MAX_ORDER cells, oldest first, the source last) -> successor counts
+        self.nk: dict[tuple[int, ...], Counter] = defaultdict(Counter)
+        self._memo: dict[tuple[int, ...], dict[int, float]] = {}   # probs, cleared on any change
 
-    def add(self, prev: int, src: int, dst: int, n: int = 1) -> None:
+    def add(self, prev: int, src: int, dst: int, n: int = 1, earlier: Sequence[int] = ()) -> None:
+        """``n`` handovers src -> dst after ``prev`` (-1 unknown); ``earlier``: the cells served
+        before ``prev``, oldest first (the longer routes, up to ``MAX_ORDER`` cells)."""
         self.n1[src][dst] += n
         if prev >= 0:
             self.n2[(prev, src)][dst] += n
+            back = tuple(earlier)[-(self.MAX_ORDER - 2):] if self.MAX_ORDER > 2 else ()
+            for q in range(1, len(back) + 1):
+                self.nk[back[-q:] + (prev, src)][dst] += n
         self._memo.clear()
 
     def probs_cached(self, serving: int, previous: int = -1) -> dict[int, float]:
@@ -217,6 +237,31 @@ class TransitionModel:
             p = self._memo[k] = self.probs(serving, previous)
         return p
 
+    def probs_route(self, route: tuple[int, ...]) -> dict[int, float]:
+        """{B: P(B | route)} (class doc), memoised until the counts change (do not modify the
+        dict returned). ``route``: the cells served, oldest first, the serving cell last; a
+        route of one or two cells is ``probs(serving, previous)``."""
+        if len(route) <= 2:
+            return self.probs_cached(route[-1], route[0] if len(route) == 2 else -1)
+        key = (-2,) + route               # apart from the (serving, previous) keys
+        p = self._memo.get(key)
+        if p is not None:
+            return p
+        p = self.probs_cached(route[-1], route[-2])
+        for q in range(3, len(route) + 1):
+            c = self.nk.get(route[-q:])
+            if not c:
+                break
+            pos = {b: m for b, m in c.items() if m > 0}
+            if not pos:
+                break
+            tot = sum(pos.values())
+            p = {b: (pos.get(b, 0) + self.beta * p.get(b, 0.0)) / (tot + self.beta) for b in {**p, **pos}}
+        if len(self._memo) > 100_000:
+            self._memo.clear()
+        self._memo[key] = p
+        return p
+
     def merge(self, other: "TransitionModel", sign: int = 1) -> None:
         self._memo.clear()
         for a, c in other.n1.items():
@@ -225,6 +270,9 @@ class TransitionModel:
         for k, c in other.n2.items():
             for b, n in c.items():
                 self.n2[k][b] += sign * n
+        for k, c in other.nk.items():
+            for b, n in c.items():
+                self.nk[k][b] += sign * n
 
     def probs(self, serving: int, previous: int = -1) -> dict[int, float]:
         c1 = self.n1.get(serving)
@@ -250,6 +298,8 @@ class TransitionModel:
             t.n1[a] = Counter(c)
         for k, c in self.n2.items():
             t.n2[k] = Counter(c)
+        for k, c in self.nk.items():
+            t.nk[k] = Counter(c)
         return t
 
 
@@ -537,6 +587,81 @@ class DwellModel:
         return d
 
 
+class ReturnModel:
+    """How often a UE hands back to the cell it came from, by the time it has spent on the
+    current one: the ping-pong return C -> A -> C as one pattern over every cell, not per
+    (C, A) pair (the ``TransitionModel`` knows a return only where that pair's return was seen).
+    Two histograms of dwell times on A, s (``bin_s`` bins up to ``max_s``), of the handovers
+    out of A that had a known previous cell C: those that went back to C and those that went
+    elsewhere. Counts, so ``merge`` with a sign subtracts a drive.
+
+    ``p_return(elapsed)``: P(next target = C | still on A after ``elapsed`` s), the share of
+    returns among the dwells longer than ``elapsed``, smoothed towards the overall share with
+    ``prior`` pseudo-counts. The UCC drives (leave-one-drive-out, 2 s before the handover): 0.60
+    in the first 3 s on a cell, 0.44 after 12 s, 0.17 after 30 s (``docs/drive-data.md`` §5)."""
+
+    def __init__(self, bin_s: float = 0.5, max_s: float = 300.0, prior: float = 5.0) -> None:
+        if bin_s <= 0 or max_s <= bin_s:
+            raise ValueError(f"need 0 < bin_s < max_s, got {bin_s}, {max_s}")
+        self.bin_s, self.max_s, self.prior = float(bin_s), float(max_s), float(prior)
+        self.back: Counter = Counter()      # bin -> returns to the previous cell
+        self.on: Counter = Counter()        # bin -> handovers elsewhere
+        self._cum: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def add(self, dwell_s: float, returned: bool, n: int = 1) -> None:
+        """One dwell of ``dwell_s`` s that ended in a return (``returned``) or a handover
+        elsewhere (NaN or negative dwells are ignored)."""
+        if not (dwell_s == dwell_s) or dwell_s < 0:
+            return
+        k = int(min(dwell_s, self.max_s) // self.bin_s)
+        (self.back if returned else self.on)[k] += n
+        self._cum = None
+
+    def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(bin upper ends, s; returns longer than each bin's start; all longer), cached."""
+        if self._cum is None:
+            nb = int(self.max_s // self.bin_s) + 1
+            back = np.zeros(nb)
+            on = np.zeros(nb)
+            for c, arr in ((self.back, back), (self.on, on)):
+                for k, v in c.items():
+                    if 0 <= k < nb:
+                        arr[k] += max(v, 0)
+            # counts of dwells in bins >= k (reversed cumulative sum)
+            rb = np.cumsum(back[::-1])[::-1]
+            ra = rb + np.cumsum(on[::-1])[::-1]
+            self._cum = (np.arange(nb) * self.bin_s, rb, ra)
+        return self._cum
+
+    def p_return(self, elapsed_s: np.ndarray) -> np.ndarray:
+        """P(the next handover returns to the previous cell | ``elapsed_s`` s spent on the
+        current one), any shape; the overall share past every learned dwell (with no prior);
+        NaN elapsed gives NaN; 0 with no data."""
+        e = np.asarray(elapsed_s, dtype=np.float64)
+        starts, rb, ra = self._tables()
+        if ra[0] <= 0:
+            return np.where(np.isnan(e), np.nan, 0.0)
+        overall = rb[0] / ra[0]
+        # dwells longer than e: the bins from the one holding e on (a dwell in e's own bin may
+        # be shorter than e; counting it keeps the estimate smooth at 1 s resolution)
+        k = np.clip(np.floor(np.nan_to_num(e, nan=0.0) / self.bin_s), 0, len(ra) - 1).astype(np.int64)
+        den = ra[k] + self.prior
+        with np.errstate(invalid="ignore", divide="ignore"):
+            p = np.where(den > 0, (rb[k] + self.prior * overall) / np.where(den > 0, den, 1.0), overall)
+        return np.where(np.isnan(e), np.nan, p)
+
+    def merge(self, other: "ReturnModel", sign: int = 1) -> None:
+        for mine, theirs in ((self.back, other.back), (self.on, other.on)):
+            for k, n in theirs.items():
+                mine[k] += sign * n
+        self._cum = None
+
+    def copy(self) -> "ReturnModel":
+        r = ReturnModel(self.bin_s, self.max_s, self.prior)
+        r.back, r.on = Counter(self.back), Counter(self.on)
+        return r
+
+
 @dataclass
 class Knowledge:
     """Association map, transition model and NRT together; learn offline and online."""
@@ -547,11 +672,15 @@ class Knowledge:
     places: HandoverPlaces = field(default_factory=HandoverPlaces)
     max_dr_m: float = 200.0
     dwell: DwellModel = field(default_factory=DwellModel)
+    returns: ReturnModel = field(default_factory=ReturnModel)
     # online: when each UE's current serving cell began serving it (s; freed by ``forget``)
     _entered: dict[str, float] = field(default_factory=dict, repr=False)
     # online state per UE: (previous report's time, its serving cell, the cell before the
     # current serving, last fix (t, lat, lon, speed, heading) or None); freed by ``forget``
     _ue: dict[str, tuple[float, int, int, tuple | None]] = field(default_factory=dict, repr=False)
+    # online: each UE's last TransitionModel.MAX_ORDER serving cells, oldest first, the current
+    # one last (freed by ``forget``)
+    _route: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def create(cls, tile_m: float = 35.0, smoothing: float = 0.5, backoff_weight: float = 1.0) -> "Knowledge":
@@ -593,10 +722,14 @@ class Knowledge:
                 self.places.add(h.source_cell, h.target_cell, float(hx), float(hy), float(hk))
         prev_cell = -1
         since = float(reps[0].time)
+        route: list[int] = []                  # the cells served before prev_cell, oldest first
         for h in drive.handovers:
-            self.trans.add(prev_cell, h.source_cell, h.target_cell)
+            self.trans.add(prev_cell, h.source_cell, h.target_cell, earlier=route)
+            if prev_cell >= 0:
+                route = (route + [prev_cell])[-TransitionModel.MAX_ORDER:]
             if prev_cell >= 0:                 # the first dwell began before the log did
                 self.dwell.add(h.source_cell, h.target_cell, 0.5 * (h.time + h.prev_time) - since)
+                self.returns.add(0.5 * (h.time + h.prev_time) - since, h.target_cell == prev_cell)
             since = 0.5 * (h.time + h.prev_time)
             prev_cell = h.source_cell
         for i, r in enumerate(reps):
@@ -618,12 +751,17 @@ class Knowledge:
         if r.lat == r.lat and r.lon == r.lon and (fix is None or (r.lat, r.lon) != (fix[1], fix[2])):
             self.assoc.add_latlon(r.lat, r.lon, r.serving_cell)
             fix = (r.time, r.lat, r.lon, r.speed_mps, r.heading_deg)
+        route = self._route.get(r.ue_id, ())
+        if not route or route[-1] != r.serving_cell:
+            self._route[r.ue_id] = (route + (r.serving_cell,))[-TransitionModel.MAX_ORDER:]
         if prev_cell is not None and prev_cell != r.serving_cell:
-            self.trans.add(before, prev_cell, r.serving_cell)
+            self.trans.add(before, prev_cell, r.serving_cell, earlier=route[:-2])
             t_ho = 0.5 * (r.time + prev_t)
             entered = self._entered.get(r.ue_id)
             if entered is not None:
                 self.dwell.add(prev_cell, r.serving_cell, t_ho - entered)
+                if before >= 0:
+                    self.returns.add(t_ho - entered, r.serving_cell == before)
             self._entered[r.ue_id] = t_ho
             before = prev_cell
             if fix is not None and self.assoc.frame is not None and fix[3] == fix[3] and fix[4] == fix[4]:
@@ -641,6 +779,11 @@ class Knowledge:
         st = self._ue.get(ue_id)
         return st[2] if st else -1
 
+    def route(self, ue_id: str) -> tuple[int, ...]:
+        """The last cells that served ``ue_id``, oldest first, the current one last, as seen
+        online (up to ``TransitionModel.MAX_ORDER``; empty if none)."""
+        return self._route.get(ue_id, ())
+
     def entered(self, ue_id: str) -> float:
         """When the current serving cell began serving ``ue_id``, as seen online (the midpoint
         of the two reports around the change), s; NaN before its first handover here."""
@@ -650,6 +793,7 @@ class Knowledge:
         """Drop the online state of a UE that left (what it taught the maps stays)."""
         self._ue.pop(ue_id, None)
         self._entered.pop(ue_id, None)
+        self._route.pop(ue_id, None)
 
     @property
     def ues(self) -> int:
@@ -662,10 +806,11 @@ class Knowledge:
         self.nrt.merge(other.nrt, sign)
         self.places.merge(other.places, sign)
         self.dwell.merge(other.dwell, sign)
+        self.returns.merge(other.returns, sign)
 
     def copy(self) -> "Knowledge":
         return Knowledge(self.assoc.copy(), self.trans.copy(), self.nrt.copy(), self.places.copy(), self.max_dr_m,
-                         self.dwell.copy())
+                         self.dwell.copy(), self.returns.copy())
 
     @classmethod
     def from_drives(cls, drives: Iterable[Drive], tile_m: float = 35.0, smoothing: float = 0.5,

@@ -39,3 +39,9 @@ def test_the_xapp_with_the_profile_runs_the_predictor_the_scoring_command_scores
     # and the profile changes what it exists for: the shipped xApp's predictor is not it
     assert load_controls(shipped).predictor != drive_log_config()
     assert drive_log_config().dwell_edge and drive_log_config().places_edge and drive_log_config().dwell_residual
+
+
+def test_the_profile_reads_the_route_and_casts_the_return_vote():
+    # issue 43: the route's successor table and the return vote raise right@2 on the UCC drives
+    cfg = drive_log_config()
+    assert cfg.history.order == 4 and cfg.w_return > 0 and cfg.return_max_s > 0
