@@ -1,0 +1,80 @@
+"""``python -m pallas_tools.rerank``: the candidate dump replays the combination exactly, and the
+numpy figures (ceiling, baselines, linear re-ranker) are consistent."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pallas_tools import rerank as R
+from pallas_tools.evaluate import _generated, evaluate, profile_config
+
+
+@pytest.fixture(scope="module")
+def drives():
+    return _generated(3, 2, 150.0, None, 0.2)
+
+
+@pytest.fixture(scope="module")
+def dumped(drives):
+    d = R.dump(drives, profile_config(drives))
+    d["meta"] = json.loads(str(d["meta"]))
+    return d
+
+
+def test_dump_shapes_and_labels(dumped, drives):
+    d = dumped
+    N, I, H = len(d["inst"]), len(d["t"]), sum(len(x.handovers) for x in drives)
+    assert d["X"].shape == (N, R.F) and d["cell"].shape == d["y"].shape == (N,)
+    assert I == sum(len(x.reports) for x in drives) and N > I
+    assert d["ho_at"].shape == (H, len(R.LEADS)) and d["ho_target"].shape == (H,)
+    assert np.all(np.diff(d["inst"]) >= 0)                   # rows grouped by instant
+    # a candidate is never the serving cell, and no instant lists a cell twice
+    assert not np.any(d["cell"] == d["serving"][d["inst"]])
+    pairs = d["inst"] * (1 << 40) + d["cell"]
+    assert len(np.unique(pairs)) == N
+    # a positive row names the target of the handover that ends its instant's dwell
+    pos = d["y"].astype(bool)
+    assert pos.any() and np.all(d["cell"][pos] == d["next_target"][d["inst"][pos]])
+    # causal: the scored instant of a lead L lies at least L before the handover's first report on B
+    ok = d["ho_at"][:, 1] >= 0
+    assert np.all(d["serving"][d["ho_at"][ok, 1]] != d["ho_target"][ok])
+
+
+def test_combination_row_is_what_evaluate_scores(dumped, drives):
+    res = evaluate(drives, profile_config(drives), ("combined",))
+    c = res["combined"]["connected"]
+    comb = np.full((len(dumped["t"]), 1), -1, np.int64)
+    comb[:, 0] = dumped["target"]
+    for L in R.LEADS:
+        assert R.right_at(dumped, comb, L) == pytest.approx(c[f"right@{L:g}"], abs=1e-4)
+    assert dumped["meta"]["false_alarms_per_h"] == pytest.approx(res["combined"]["false_alarms_per_h"], abs=0.01)
+
+
+def test_ceiling_bounds_every_ranker(dumped):
+    d = dumped
+    ceil = R.right_at(d, R.ceiling_named(d), 2.0)
+    rows = dict((n, R.report_rows(d, c)) for n, c in R.baseline_table(d))
+    lin = R.cross_fit(d, R.linear_fit_predict(d))
+    rows["linear"] = R.report_rows(d, R.top_cells(d, lin))
+    for n, r in rows.items():
+        assert r["right@2"] <= ceil + 1e-12, n
+        if "top3@2" in r:
+            assert r["right@2"] <= r["top2@2"] <= r["top3@2"] <= ceil + 1e-12, n
+    assert 0.0 < ceil <= 1.0
+
+
+def test_top_cells_orders_within_each_instant():
+    d = {"t": np.zeros(3), "inst": np.array([0, 0, 0, 2, 2]), "cell": np.array([5, 6, 7, 8, 9])}
+    top = R.top_cells(d, np.array([0.1, 0.9, 0.5, 0.2, 0.2]), 2)
+    assert top.tolist() == [[6, 7], [-1, -1], [8, 9]]
+
+
+def test_fit_cli_reads_a_dump_without_lightgbm(tmp_path, dumped, capsys):
+    p = tmp_path / "d.npz"
+    np.savez_compressed(p, **{**dumped, "meta": np.array(json.dumps(dumped["meta"]))})
+    assert R.main(["--fit", str(p), "--no-gbm", "--folds", "2"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out["rows"]) >= {"ceiling (target among candidates)", "linear conditional logit"}
