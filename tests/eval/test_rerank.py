@@ -57,7 +57,7 @@ def test_ceiling_bounds_every_ranker(dumped):
     d = dumped
     ceil = R.right_at(d, R.ceiling_named(d), 2.0)
     rows = dict((n, R.report_rows(d, c)) for n, c in R.baseline_table(d))
-    lin = R.cross_fit(d, R.linear_fit_predict(d))
+    lin = R.cross_fit(d, R.linear_fit_predict)
     rows["linear"] = R.report_rows(d, R.top_cells(d, lin))
     for n, r in rows.items():
         assert r["right@2"] <= ceil + 1e-12, n
@@ -78,3 +78,21 @@ def test_fit_cli_reads_a_dump_without_lightgbm(tmp_path, dumped, capsys):
     assert R.main(["--fit", str(p), "--no-gbm", "--folds", "2"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out["rows"]) >= {"ceiling (target among candidates)", "linear conditional logit"}
+
+
+def test_nested_training_dump_leaves_the_held_out_drives_out(drives, dumped):
+    cfg = profile_config(drives)
+    sub = R.dump(drives, cfg, only=[1, 2], exclude=[0])
+    assert set(np.unique(sub["drive"]).tolist()) == {1, 2} and sub["X"].shape[1] == R.F
+    # drive 1's successor statistics lose what drive 0 taught them: some rows must differ
+    a = dumped["X"][dumped["drive"][dumped["inst"]] == 1]
+    b = sub["X"][sub["drive"][sub["inst"]] == 1]
+    assert a.shape == b.shape and not np.array_equal(np.nan_to_num(a), np.nan_to_num(b))
+    d = dict(dumped)
+    for q, held in enumerate(R.folds_of(3, 3)):
+        s = R.dump(drives, cfg, only=[n for n in range(3) if n not in held], exclude=held.tolist())
+        d.update({R.nested_key(q) + k: v for k, v in s.items() if k != "meta"})
+    sc = R.cross_fit(d, R.linear_fit_predict, 3, nested=True)
+    assert R.right_at(d, R.top_cells(d, sc)[:, :1]) <= R.right_at(d, R.ceiling_named(d)) + 1e-12
+    with pytest.raises(ValueError, match="nested"):
+        R.cross_fit(dumped, R.linear_fit_predict, 3, nested=True)
