@@ -96,3 +96,19 @@ def test_nested_training_dump_leaves_the_held_out_drives_out(drives, dumped):
     assert R.right_at(d, R.top_cells(d, sc)[:, :1]) <= R.right_at(d, R.ceiling_named(d)) + 1e-12
     with pytest.raises(ValueError, match="nested"):
         R.cross_fit(dumped, R.linear_fit_predict, 3, nested=True)
+
+
+def test_stacked_protocol_learns_knowledge_from_a_third_group(drives, capsys):
+    dumps = R.stacked_dumps(drives, profile_config(drives), 3)
+    # group q's dump holds the two other drives, with knowledge from drive q alone
+    assert [sorted(np.unique(x["drive"]).tolist()) for x in dumps] == [[1, 2], [0, 2], [0, 1]]
+    for x in dumps:
+        x["meta"] = json.loads(str(x["meta"]))
+    res = R.stacked_report(dumps, gbm=False)
+    rows = res["rows"]
+    ceil = rows["ceiling (target among candidates)"]["right@2"]
+    for name, r in rows.items():
+        assert 0.0 <= r["right@2"] <= ceil + 1e-9, name
+    assert "linear conditional logit (stacked)" in rows
+    sub = R._subset(dumps[0], np.array([2]))
+    assert np.all(sub["drive"] == 2) and sub["inst"].max() < len(sub["t"]) and sub["X"].shape[0] == len(sub["inst"])
