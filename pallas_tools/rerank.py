@@ -64,7 +64,8 @@ on a second and scored on a third (every ordered pair; each drive scored twice),
 scored on the same dumps.
 
 Measured on ../shared/data/ucc-5g (907 connected-mode handovers; right@2):
-- plain LOO: ceiling 80.9%, combination 54.2%, linear 53.5%, LightGBM 61.1% (first 44 features);
+- plain LOO: ceiling 80.9%, combination 54.2%, linear 53.5%, LightGBM 61.1% (top-3 76.1%; the 43
+  features before the map shares and fix age were added);
 - clean 3-fold (``--nested 3 --group-knowledge``): ceiling 78.1%, combination 52.6%, linear 50.4%,
   LightGBM 45.3% (it learned the deficit cue, absent at test);
 - stacked 3 groups (``--stack 3``; knowledge from 13 drives): ceiling 73.2%, combination 46.7%,
