@@ -294,26 +294,34 @@ def summarise(per_drive: list[dict], cls: str) -> dict:
     return out
 
 
+def drive_knowledge(drives: Sequence[Drive], cfg: PredictorConfig) -> tuple[Knowledge, list[Knowledge]]:
+    """The knowledge of every drive, for leave-one-drive-out: (the total, one part per drive in
+    ``drives``' order, all in the total's map frame). A drive's held-out knowledge is
+    ``total.copy()`` with its part merged at weight -1."""
+    tile, sm, bw = cfg.cvh.tile_m, cfg.history.smoothing, cfg.history.backoff_weight
+    parts: list[Knowledge] = []
+    total = Knowledge.create(tile, sm, bw)
+    for d in drives:
+        kd = Knowledge.create(tile, sm, bw)
+        kd.assoc.frame = total.assoc.frame
+        kd.learn_drive(d)
+        if total.assoc.frame is None:
+            total.assoc.frame = kd.assoc.frame
+        total.merge(kd)
+        parts.append(kd)
+    return total, parts
+
+
 def evaluate(drives: Sequence[Drive], cfg: PredictorConfig, modes: Sequence[str] = MODES,
              map_from: Sequence[Drive] | None = None, tol_s: float = 2.0, log=None) -> dict:
     """Leave-one-drive-out (or ``map_from``) evaluation. Returns {mode: summary}, plus the raw
     T_avail lists under ``_tavail`` for plotting."""
-    tile, sm, bw = cfg.cvh.tile_m, cfg.history.smoothing, cfg.history.backoff_weight
     if map_from is not None:
+        tile, sm, bw = cfg.cvh.tile_m, cfg.history.smoothing, cfg.history.backoff_weight
         base = Knowledge.from_drives(map_from, tile, sm, bw)
         folds = [(d, None) for d in drives]
     else:
-        parts = []
-        total = Knowledge.create(tile, sm, bw)
-        for d in drives:
-            kd = Knowledge.create(tile, sm, bw)
-            kd.assoc.frame = total.assoc.frame
-            kd.learn_drive(d)
-            if total.assoc.frame is None:
-                total.assoc.frame = kd.assoc.frame
-            total.merge(kd)
-            parts.append(kd)
-        base = total
+        base, parts = drive_knowledge(drives, cfg)
         folds = list(zip(drives, parts))
     scored: dict[str, list[dict]] = {m: [] for m in modes}
     for i, (d, part) in enumerate(folds):

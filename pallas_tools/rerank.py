@@ -309,20 +309,9 @@ def dump(drives, cfg, log=None, only: Sequence[int] | None = None, exclude: Sequ
     the module doc, instants and rows numbered over the dumped drives, ``drive`` the index into
     ``drives``."""
     group_of = {int(n): g.tolist() for g in folds_of(len(drives), groups) for n in g} if groups else {}
-    from pallas_tools.evaluate import Trace, score_drive
-    from xapp.predict.maps import Knowledge
+    from pallas_tools.evaluate import Trace, drive_knowledge, score_drive
 
-    tile, sm, bw = cfg.cvh.tile_m, cfg.history.smoothing, cfg.history.backoff_weight
-    parts = []
-    total = Knowledge.create(tile, sm, bw)
-    for d in drives:
-        kd = Knowledge.create(tile, sm, bw)
-        kd.assoc.frame = total.assoc.frame
-        kd.learn_drive(d)
-        if total.assoc.frame is None:
-            total.assoc.frame = kd.assoc.frame
-        total.merge(kd)
-        parts.append(kd)
+    total, parts = drive_knowledge(drives, cfg)
     acc: dict[str, list] = {k: [] for k in ("X", "inst", "cell", "y", "t", "serving", "target", "t_ho",
                                             "next_target", "drive", "ho_drive", "ho_target", "ho_idle", "ho_at")}
     off = 0
