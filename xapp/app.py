@@ -223,8 +223,9 @@ class PallasXapp:
     @staticmethod
     def _build_predictor(config: XappConfig, nrt: Mapping[int, int] | None) -> TrackPredictor:
         """The handover predictor of the configuration; with ``association_map.path`` it
-        starts from what it learns from those drive-test CSVs (ValueError if unusable)."""
-        from xapp.predict import HandoverPredictor, PredictorConfig, knowledge_from_drives_at
+        starts from what it learns from those drive-test CSVs, with ``association_map.calibration``
+        it maps its raw scores through those tables (ValueError if either is unusable)."""
+        from xapp.predict import HandoverPredictor, PredictorConfig, knowledge_from_drives_at, load_calibrators
 
         cfg = config.predictor
         if isinstance(cfg, Mapping):
@@ -239,7 +240,12 @@ class PallasXapp:
                                                  cfg.history.smoothing, cfg.history.backoff_weight)
             log.info("association map learned", path=config.association_map_path,
                      tiles=len(knowledge.assoc))
-        p = HandoverPredictor(cfg, knowledge=knowledge)
+        calibrators = None
+        cal_path = getattr(config, "calibration_path", "")
+        if cal_path:
+            calibrators = load_calibrators(cal_path)
+            log.info("predictor calibration loaded", path=cal_path, tables=sorted(calibrators))
+        p = HandoverPredictor(cfg, knowledge=knowledge, calibrators=calibrators)
         for pci, cell in (nrt or {}).items():
             p.knowledge.nrt.add_serving(int(pci), int(cell))
         return p

@@ -243,7 +243,10 @@ class XappConfig:
       parameters; its ``default_goodput_bytes_per_s`` is the Mbit/s value converted once);
       ``predictor``: :class:`xapp.predict.config.PredictorConfig`; ``association_map_path``:
       drive-test CSVs (a file or a folder) the predictor learns its association map, handover
-      places and successors from at start ("" = start empty, learn online).
+      places and successors from at start ("" = start empty, learn online);
+      ``calibration_path``: the confidence calibration tables the predictor maps its raw scores
+      with (``pallas_tools.evaluate --save-calibration``; "" = none, the raw scores pass as
+      probabilities).
     - ``agents`` (agent id -> :class:`AgentEndpoint`), ``cells`` (cell id -> agent id).
     - ``e2``: :class:`E2SubscriptionConfig`; ``a1``: :class:`A1Config`.
     - ``controls``: a private deep copy of the validated ``controls`` mapping this object was
@@ -264,6 +267,7 @@ class XappConfig:
     a1: A1Config
     controls: Mapping[str, Any]
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    calibration_path: str = ""
 
     def agent_for_cell(self, cell_id: int) -> AgentEndpoint | None:
         """The agent serving the UEs of cell ``cell_id``, or None when the cell has no edge agent
@@ -411,6 +415,7 @@ def load_controls(controls: Any, *, schema_path: str | os.PathLike | None = None
         scheduler=scheduler,
         predictor=predictor,
         association_map_path=c["association_map"]["path"],
+        calibration_path=c["association_map"].get("calibration", ""),
         agents=MappingProxyType({aid: AgentEndpoint(aid, a["e2_node_id"], a["control_address"],
                                                     a["peer_address"])
                                  for aid, a in c["agents"].items()}),

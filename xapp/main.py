@@ -428,7 +428,8 @@ def build_xapp(config: XappConfig, mode: str, a: argparse.Namespace) -> Built:
     of the mode, the replica's part in a scale-out (``controls.cluster``, :func:`open_cluster`)
     and :class:`xapp.app.PallasXapp` over them. Starts nothing but the event log's
     file. Raises :class:`StartRefused` (one line) for flags of the wrong mode, TLS files absent
-    or unusable, an unreadable trace, ``--nrt``, ``--record`` or ``--handovers``, a store
+    or unusable, an unreadable trace, ``--nrt``, ``--record``, ``--handovers`` or
+    ``association_map.calibration``, a store
     that cannot be reached, a replica endpoint that cannot be resolved
     (:func:`subscription_host`) or a cluster that cannot be joined."""
     from pallas_common.tls import TlsError
@@ -436,13 +437,16 @@ def build_xapp(config: XappConfig, mode: str, a: argparse.Namespace) -> Built:
     from xapp.store import StoreError
     _check_flags(mode, a)
     try:
+        if config.calibration_path:    # read again by the predictor; refused here in one line
+            from xapp.predict.base import load_calibrators
+            load_calibrators(config.calibration_path)
         security = link_security(config.controls, mode, a.insecure, a.tls)
         first = first_trace_record(a.trace) if mode == "test" else None
         nrt = load_nrt(a.nrt) if a.nrt else None
         recorder = _recorder(a)
     except TlsError as e:
         raise StartRefused(f"TLS: {e}") from None
-    except ValueError as e:    # --trace, --nrt, --record: one line each
+    except ValueError as e:    # --trace, --nrt, --record, the calibration: one line each
         raise StartRefused(str(e)) from None
     try:
         store = open_xapp_store(config.controls, mode, a.store)

@@ -10,7 +10,8 @@ Evaluation (offline, outside the xApp): ``python -m pallas_tools.evaluate``.
 """
 
 from xapp.predict.a3 import A3Batch, A3Forecaster, forecast_batch
-from xapp.predict.base import Calibrator, Prediction, Predictor, Stabiliser, reliability, theil_sen
+from xapp.predict.base import (Calibrator, Prediction, Predictor, Stabiliser, load_calibrators, reliability,
+                               theil_sen)
 from xapp.predict.combined import CombinedPredictor, HandoverPredictor, HistoryPredictor, Predictions
 from xapp.predict.config import A3Config, CVHConfig, HistoryConfig, PredictorConfig, StabilityConfig
 from xapp.predict.cvh import CVHPredictor, PlacesPredictor
@@ -18,7 +19,7 @@ from xapp.predict.maps import (AssociationMap, HandoverPlaces, Knowledge, Neighb
                                knowledge_from_drives_at)
 
 __all__ = [
-    "A3Forecaster", "Calibrator", "Prediction", "Predictor", "Stabiliser", "reliability", "theil_sen",
+    "A3Forecaster", "Calibrator", "Prediction", "load_calibrators", "Predictor", "Stabiliser", "reliability", "theil_sen",
     "CombinedPredictor", "HandoverPredictor", "HistoryPredictor", "A3Config", "CVHConfig", "HistoryConfig",
     "PredictorConfig", "StabilityConfig", "CVHPredictor", "AssociationMap", "Knowledge", "NeighbourRelations",
     "TransitionModel", "A3Batch", "forecast_batch", "Predictions", "PlacesPredictor", "HandoverPlaces",

@@ -397,6 +397,38 @@ class Calibrator:
         return float(self.values[min(max(i, 0), len(self.values) - 1)])
 
 
+def load_calibrators(path: str) -> dict[str, "Calibrator"]:
+    """The calibration tables at ``path``, as ``python -m pallas_tools.evaluate --save-calibration``
+    writes them: a JSON object {mode name (``combined``, ``combined@2``, ...): {"edges", "values"}}.
+    Returns {mode: Calibrator} for ``HandoverPredictor(calibrators=...)``.
+
+    Raises:
+        ValueError: the file cannot be read, is not JSON, is larger than 1 MiB, is not an object
+        of tables, or a table is malformed (``Calibrator.from_dict``).
+    """
+    import json
+    from pathlib import Path
+
+    f = Path(path)
+    try:
+        if f.stat().st_size > 1 << 20:
+            raise ValueError(f"calibration: {f} is larger than 1 MiB")
+        raw = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"calibration: cannot read {f}: {e}") from e
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"calibration: {f} must be a non-empty JSON object of tables")
+    out: dict[str, Calibrator] = {}
+    for mode, tab in raw.items():
+        if not isinstance(tab, dict):
+            raise ValueError(f"calibration: {f}: table {mode!r} is not an object")
+        try:
+            out[str(mode)] = Calibrator.from_dict(tab)
+        except ValueError as e:
+            raise ValueError(f"calibration: {f}: table {mode!r}: {e}") from e
+    return out
+
+
 def reliability(conf: Sequence[float], correct: Sequence[bool], n_bins: int = 5) -> list[dict]:
     """Reliability table: per confidence bin (equal width), mean confidence, observed accuracy, count."""
     c = np.asarray(conf, dtype=np.float64)
