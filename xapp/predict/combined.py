@@ -591,8 +591,8 @@ class _Sources:
     h: _Summary
     entered: np.ndarray
     edge: np.ndarray
-    prev: np.ndarray = None      # (U,) the cell served before the current one, -1 unknown
-    p_ret: np.ndarray = None     # (U,) the return vote's odds (0: no vote), ``_p_return``
+    prev: np.ndarray             # (U,) the cell served before the current one, -1 unknown
+    p_ret: np.ndarray            # (U,) the return vote's odds (0: no vote), ``_p_return``
 
 
 def edge_evidence(v: TrackView, now: np.ndarray, window_s: float, min_gap_db: float,

@@ -725,9 +725,8 @@ class Knowledge:
         route: list[int] = []                  # the cells served before prev_cell, oldest first
         for h in drive.handovers:
             self.trans.add(prev_cell, h.source_cell, h.target_cell, earlier=route)
-            if prev_cell >= 0:
-                route = (route + [prev_cell])[-TransitionModel.MAX_ORDER:]
             if prev_cell >= 0:                 # the first dwell began before the log did
+                route = (route + [prev_cell])[-TransitionModel.MAX_ORDER:]
                 self.dwell.add(h.source_cell, h.target_cell, 0.5 * (h.time + h.prev_time) - since)
                 self.returns.add(0.5 * (h.time + h.prev_time) - since, h.target_cell == prev_cell)
             since = 0.5 * (h.time + h.prev_time)
